@@ -1,0 +1,97 @@
+# dpscope: the user interface. Every target depends on `setup`, so a fresh clone works
+# with nothing done first. Variables can be overridden: `make profile-ddp NPROC=4 MODEL=mlp`.
+SHELL := /bin/bash
+.DEFAULT_GOAL := help
+
+PYTHON   ?= python3
+VENV     ?= .venv
+PY       := $(VENV)/bin/python
+STAMP    := $(VENV)/.requirements.stamp
+
+# --- workload ---------------------------------------------------------------------------
+NPROC    ?= 2
+BACKEND  ?= auto
+MODEL    ?= resnet18
+DATASET  ?= synthetic
+EPOCHS   ?= 1
+STEPS    ?= 12
+BATCH    ?= 64
+SEEDS    ?= 0
+RUNS     ?= runs
+ARGS     ?=
+# --- profiler schedule (torch.profiler.schedule) -------------------------------------------
+PROF_WAIT   ?= 1
+PROF_WARMUP ?= 1
+PROF_ACTIVE ?= 3
+PROF_REPEAT ?= 1
+# --- report / tensorboard ----------------------------------------------------------------
+REPORT_DIR ?= reports
+PORT       ?= 6006
+
+PROFILE_FLAGS = --profile-wait $(PROF_WAIT) --profile-warmup $(PROF_WARMUP) \
+                --profile-active $(PROF_ACTIVE) --profile-repeat $(PROF_REPEAT)
+RUN_FLAGS = --model $(MODEL) --dataset $(DATASET) --epochs $(EPOCHS) --max-steps $(STEPS) \
+            --batch-size $(BATCH) --runs-dir $(RUNS) $(PROFILE_FLAGS)
+
+.PHONY: help setup profile-single profile-dp profile-ddp profile-all report demo tensorboard \
+        bench-analysis gpu-check test lint format clean
+
+help:
+	@echo "dpscope targets: setup profile-single profile-dp profile-ddp profile-all report demo"
+	@echo "                 tensorboard bench-analysis gpu-check test lint format clean"
+	@echo "see README.md for every variable (NPROC BACKEND MODEL DATASET EPOCHS STEPS BATCH SEEDS RUNS ARGS ...)"
+
+# Re-install only when requirements.txt changed (the stamp is newer otherwise).
+$(STAMP): requirements.txt
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -r requirements.txt
+	@touch $(STAMP)
+
+setup: $(STAMP)
+
+profile-single: setup
+	@for s in $(SEEDS); do $(PY) -m workloads.launch --mode single --seed $$s $(RUN_FLAGS) $(ARGS) || exit $$?; done
+
+profile-dp: setup
+	@for s in $(SEEDS); do $(PY) -m workloads.launch --mode dp --seed $$s $(RUN_FLAGS) $(ARGS) || exit $$?; done
+
+profile-ddp: setup
+	@for s in $(SEEDS); do $(PY) -m workloads.launch --mode ddp --nproc $(NPROC) --backend $(BACKEND) --seed $$s $(RUN_FLAGS) $(ARGS) || exit $$?; done
+
+profile-all: setup
+	@for s in $(SEEDS); do $(PY) -m workloads.launch --mode all --nproc $(NPROC) --seed $$s $(RUN_FLAGS) $(ARGS) || exit $$?; done
+
+report: setup
+	$(PY) -m analysis.report $(RUNS) --out $(REPORT_DIR)
+
+# Small defaults so the whole demo finishes in minutes on a 2-core CPU.
+demo: setup
+	$(MAKE) --no-print-directory profile-all MODEL=$(if $(filter command line,$(origin MODEL)),$(MODEL),smallcnn) \
+	    STEPS=$(if $(filter command line,$(origin STEPS)),$(STEPS),12) RUNS=$(RUNS)
+	$(MAKE) --no-print-directory report RUNS=$(RUNS) REPORT_DIR=$(REPORT_DIR)
+
+tensorboard: setup
+	$(PY) -m profiler.tensorboard --logdir $(RUNS) --port $(PORT)
+
+bench-analysis: setup
+	$(PY) -m pip install -q -r requirements-bench.txt
+	$(PY) -m analysis.bench
+
+gpu-check: setup
+	$(PY) -m workloads.gpu_check --runs-dir $(RUNS)/gpu-check
+
+lint: setup
+	$(PY) -m ruff check .
+	$(PY) -m ruff format --check .
+
+format: setup
+	$(PY) -m ruff format .
+	$(PY) -m ruff check --fix .
+
+test: setup
+	$(PY) -m ruff check .
+	$(PY) -m pytest
+
+clean:
+	rm -rf $(RUNS) $(filter-out $(REPORT_DIR)/README.md,$(wildcard $(REPORT_DIR)/*)) .pytest_cache .ruff_cache

@@ -1,0 +1,64 @@
+"""Shared fixtures: real run folders made once per session by the real launcher (torchrun).
+
+Tests across issues (instrumentation, analysis, report) reuse these two runs so the suite stays
+well under 10 minutes on 2 cores.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+SHARED = REPO.parent / "shared"
+
+
+def launch(args: list[str], *, timeout: float = 240, check: bool = True) -> subprocess.CompletedProcess:
+    """Run `python -m workloads.launch ARGS` from the repo root; return the finished process."""
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    proc = subprocess.run(
+        [sys.executable, "-m", "workloads.launch", *args],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+    if check and proc.returncode != 0:
+        raise AssertionError(
+            f"launcher failed ({proc.returncode})\nSTDOUT:\n{proc.stdout}\nSTDERR:\n{proc.stderr}"
+        )
+    return proc
+
+
+def read_run(run_dir: Path) -> dict:
+    return json.loads((run_dir / "run.json").read_text())
+
+
+TINY = ["--model", "mlp", "--dataset", "synthetic", "--max-steps", "8", "--batch-size", "64",
+        "--epochs", "1", "--seed", "0"]
+
+
+@pytest.fixture(scope="session")
+def runs_dir(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("runs")
+
+
+@pytest.fixture(scope="session")
+def single_mlp_run(runs_dir: Path) -> Path:
+    """A profiled single-device MLP run (8 steps, global batch 64)."""
+    launch(["--mode", "single", "--run-id", "single-mlp", "--runs-dir", str(runs_dir), *TINY])
+    return runs_dir / "single-mlp"
+
+
+@pytest.fixture(scope="session")
+def ddp_mlp_run(runs_dir: Path) -> Path:
+    """A profiled 2-rank gloo DDP MLP run through torchrun (8 steps, global batch 64)."""
+    launch(["--mode", "ddp", "--nproc", "2", "--backend", "gloo", "--run-id", "ddp-gloo-mlp",
+            "--runs-dir", str(runs_dir), *TINY])
+    return runs_dir / "ddp-gloo-mlp"
