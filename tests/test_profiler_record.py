@@ -1,0 +1,72 @@
+"""Unit tests of profiler.record: atomic writers, the steps.csv columns, the env block."""
+
+from __future__ import annotations
+
+import csv
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from profiler import record
+from tests.conftest import REPO
+
+
+def test_steps_columns_match_the_contract():
+    doc = (REPO / "docs" / "run-folder.md").read_text()
+    block = doc.split("Columns (fixed order):", 1)[1].split("\n\n", 1)[0]
+    documented = [c.strip() for c in block.replace("`", "").replace("\n", " ").split(",")]
+    assert record.STEPS_COLUMNS == documented
+
+
+def test_write_json_atomic_replaces_and_leaves_no_temp(tmp_path: Path):
+    target = tmp_path / "sub" / "run.json"
+    record.write_json_atomic(target, {"a": 1})
+    record.write_json_atomic(target, {"a": 2, "b": [1, None]})
+    assert json.loads(target.read_text()) == {"a": 2, "b": [1, None]}
+    assert [p.name for p in target.parent.iterdir()] == ["run.json"]
+
+
+def test_write_json_atomic_keeps_old_file_on_failure(tmp_path: Path):
+    target = tmp_path / "run.json"
+    record.write_json_atomic(target, {"ok": True})
+    with pytest.raises(ValueError):
+        record.write_json_atomic(target, {"bad": float("nan")})
+    assert json.loads(target.read_text()) == {"ok": True}
+    assert [p.name for p in tmp_path.iterdir()] == ["run.json"]
+
+
+def test_write_csv_atomic_columns_and_none(tmp_path: Path):
+    target = tmp_path / "steps.csv"
+    rows = [{c: i for i, c in enumerate(record.STEPS_COLUMNS)}]
+    rows[0]["cuda_allocated_bytes"] = None
+    record.write_csv_atomic(target, rows, record.STEPS_COLUMNS)
+    with target.open() as f:
+        read = list(csv.DictReader(f))
+    assert list(read[0]) == record.STEPS_COLUMNS
+    assert read[0]["cuda_allocated_bytes"] == "" and read[0]["step"] == "2"
+    with pytest.raises(ValueError):
+        record.write_csv_atomic(target, [{"nope": 1}], record.STEPS_COLUMNS)
+    assert len(target.read_text().splitlines()) == 2  # the earlier file survived
+
+
+def test_collect_env_fields():
+    env = record.collect_env(threads_per_rank=3)
+    assert set(env) == {
+        "os",
+        "platform",
+        "python",
+        "torch",
+        "cuda",
+        "nccl",
+        "gpus",
+        "cpu_model",
+        "cpu_cores",
+        "threads_per_rank",
+        "hostname",
+    }
+    assert env["threads_per_rank"] == 3 and env["cpu_cores"] >= 1
+    assert re.match(r"\d+\.\d+", env["python"]) and env["torch"]
+    assert isinstance(env["gpus"], list)
+    json.dumps(env)  # must be serialisable as-is
