@@ -1,0 +1,148 @@
+"""The profiler session: a thin, schedule-driven wrapper around `torch.profiler.profile`.
+
+The training loop drives it with `start()`, `step()` once per optimizer step, and `stop()` (or
+uses it as a context manager). Traces are written by torch's own `tensorboard_trace_handler`, so
+every file is standard Kineto JSON named `<worker>.<time_ns>.pt.trace.json.gz`: the name the
+TensorBoard profiler plugin needs to find the file and to take the worker from it. torch adds
+`distributedInfo` (backend, rank, world_size) to the trace when a process group is initialised.
+
+With `enabled=False` every method is a no-op, so `--no-profile` runs measure the profiler's
+overhead against otherwise identical runs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from types import TracebackType
+
+from torch.profiler import ProfilerActivity, profile, schedule, tensorboard_trace_handler
+
+__all__ = ["TRACE_GLOB", "ProfileConfig", "ProfilerSession"]
+
+# Every file the session writes matches this; the TensorBoard plugin reads only these names.
+TRACE_GLOB = "*.pt.trace.json.gz"
+
+
+@dataclass(kw_only=True)
+class ProfileConfig:
+    """When and what torch.profiler records (run.json `config.profile`)."""
+
+    enabled: bool = True
+    """False turns the profiler off entirely (overhead comparisons, `--no-profile`)."""
+    wait: int = 1
+    """Steps skipped at the start of each cycle (>= 0)."""
+    warmup: int = 1
+    """Steps traced but discarded, so tracing start-up cost stays out of the trace (>= 0)."""
+    active: int = 3
+    """Steps recorded into one trace file per cycle (>= 1)."""
+    repeat: int = 1
+    """Number of wait/warmup/active cycles; 0 repeats until the run ends (one trace per cycle)."""
+    record_shapes: bool = True
+    """Record operator input shapes (collectives then carry their tensor dims)."""
+    profile_memory: bool = True
+    """Record tensor allocations and frees."""
+    with_stack: bool = False
+    """Record Python stacks; off by default because it multiplies the trace size."""
+
+    def __post_init__(self) -> None:
+        for name in ("wait", "warmup", "repeat"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"profile {name} must be >= 0, got {getattr(self, name)}")
+        if self.active < 1:
+            raise ValueError(
+                f"profile active must be >= 1, got {self.active}; use enabled=False (--no-profile) "
+                "to turn profiling off"
+            )
+
+    def steps_per_cycle(self) -> int:
+        """Optimizer steps one wait/warmup/active cycle takes."""
+        return self.wait + self.warmup + self.active
+
+    def to_dict(self) -> dict:
+        """The run.json `config.profile` object."""
+        return asdict(self)
+
+
+class ProfilerSession:
+    """Wraps `torch.profiler.profile`; a no-op when `cfg.enabled` is False.
+
+    `worker_name` is `rank<r>` for single-device and DDP runs and `dp` for DataParallel (one
+    process); it becomes the worker name in TensorBoard and the prefix of each trace file.
+    """
+
+    def __init__(
+        self, cfg: ProfileConfig, *, trace_dir: Path, worker_name: str, use_cuda: bool
+    ) -> None:
+        if not worker_name or "." in worker_name:
+            # The plugin splits the file name at the first '.', so a dot would corrupt the worker.
+            raise ValueError(f"worker_name must be non-empty and without '.', got {worker_name!r}")
+        self.cfg = cfg
+        self.trace_dir = Path(trace_dir)
+        self.worker_name = worker_name
+        self.use_cuda = use_cuda
+        self._written: list[Path] = []
+        self._prof: profile | None = None
+        self._running = False
+
+    def _on_trace_ready(self, prof: profile) -> None:
+        # torch's handler picks the file name itself; diff the folder to learn which file it wrote.
+        before = set(self.trace_dir.glob(f"{self.worker_name}.{TRACE_GLOB}"))
+        tensorboard_trace_handler(str(self.trace_dir), worker_name=self.worker_name, use_gzip=True)(
+            prof
+        )
+        after = set(self.trace_dir.glob(f"{self.worker_name}.{TRACE_GLOB}"))
+        self._written.extend(sorted(after - before))
+
+    def start(self) -> None:
+        """Begin the schedule (step 0 is the first `wait` step). Idempotent."""
+        if not self.cfg.enabled or self._running:
+            return
+        activities = [ProfilerActivity.CPU]
+        if self.use_cuda:
+            activities.append(ProfilerActivity.CUDA)
+        self.trace_dir.mkdir(parents=True, exist_ok=True)
+        self._prof = profile(
+            activities=activities,
+            schedule=schedule(
+                wait=self.cfg.wait,
+                warmup=self.cfg.warmup,
+                active=self.cfg.active,
+                repeat=self.cfg.repeat,
+            ),
+            on_trace_ready=self._on_trace_ready,
+            record_shapes=self.cfg.record_shapes,
+            profile_memory=self.cfg.profile_memory,
+            with_stack=self.cfg.with_stack,
+        )
+        self._prof.start()
+        self._running = True
+
+    def step(self) -> None:
+        """Advance the schedule; call once at the end of every optimizer step."""
+        if self._running:
+            assert self._prof is not None
+            self._prof.step()
+
+    def stop(self) -> None:
+        """Stop profiling; a cycle cut short by the end of the run is still written. Idempotent."""
+        if self._running:
+            assert self._prof is not None
+            self._running = False
+            self._prof.stop()
+
+    def __enter__(self) -> ProfilerSession:
+        self.start()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.stop()
+
+    def trace_files(self) -> list[Path]:
+        """Trace files this session has written so far, oldest first."""
+        return list(self._written)
