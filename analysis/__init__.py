@@ -1,0 +1,13 @@
+"""dpscope analysis: Kineto traces and run folders in, metrics out. Never imports torch.
+
+- `analysis.traces.analyze_trace_dir`: per-rank compute/comm/overlap, per-collective bandwidth,
+  stragglers, for any folder of per-rank traces (`python -m analysis traces DIR`).
+- `analysis.runs.compare_runs`: speedup, efficiency, phases, memory imbalance and accuracy across
+  run folders (`python -m analysis runs RUNS_DIR`).
+
+Definitions of every number: docs/analysis.md.
+"""
+
+from analysis.errors import AnalysisError
+
+__all__ = ["AnalysisError"]

@@ -1,0 +1,235 @@
+"""`python -m analysis traces DIR` and `python -m analysis runs RUNS_DIR...`: tables and JSON.
+
+Bad input never shows a traceback: AnalysisError becomes one `error: ...` line on stderr and exit
+code 2; per-file problems are printed as one line each while the good files are still analysed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from analysis.errors import AnalysisError
+
+__all__ = ["main"]
+
+
+def _fmt(value: Any, digits: int = 1) -> Any:
+    if value is None or (isinstance(value, float) and not math.isfinite(value)):
+        return "-"
+    if isinstance(value, float):
+        return f"{value:,.{digits}f}"
+    return value
+
+
+def _table(rows: list[dict], columns: dict[str, str], digits: int = 1) -> str:
+    """Render `rows` with `columns` {key: header-with-unit} as a plain aligned table."""
+    frame = pd.DataFrame(
+        [{h: _fmt(r.get(k), digits) for k, h in columns.items()} for r in rows],
+        columns=list(columns.values()),
+    )
+    return frame.to_string(index=False)
+
+
+def _write_json(result: dict, out: Path | None) -> None:
+    if out is None:
+        return
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(f".{out.name}.tmp")
+    tmp.write_text(json.dumps(result, indent=2, allow_nan=False) + "\n", encoding="utf-8")
+    tmp.replace(out)  # atomic: a reader never sees half a JSON file
+    print(f"wrote {out}")
+
+
+def print_traces(result: dict) -> None:
+    """Per-rank, per-collective and straggler tables of a traces JSON."""
+    print(
+        f"traces: {result['trace_dir']}  kind={result['kind']}  world_size={result['world_size']}"
+    )
+    rows = [{**r, **{f"tb_{k}": v for k, v in r["tb_split"].items()}} for r in result["ranks"]]
+    print(
+        _table(
+            rows,
+            {
+                "rank": "rank",
+                "steps": "steps",
+                "step_time_us_mean": "step µs",
+                "compute_us": "compute µs",
+                "comm_us": "comm µs",
+                "exposed_comm_us": "exposed µs",
+                "overlap_pct": "overlap %",
+                "idle_pct": "idle %",
+                "data_wait_us": "data-wait µs",
+                "tb_computation": "tb comp µs",
+                "tb_overlapping": "tb overlap µs",
+                "tb_communication": "tb comm µs",
+                "tb_other": "tb other µs",
+            },
+        )
+    )
+    if result["collectives"]:
+        print("\ncollectives (latency = per-call mean over ranks; GB = 1e9 bytes)")
+        print(
+            _table(
+                result["collectives"],
+                {
+                    "name": "collective",
+                    "calls": "calls",
+                    "bytes_total": "bytes",
+                    "bytes_avg": "bytes/call",
+                    "latency_us_total": "latency µs",
+                    "latency_us_avg": "µs/call",
+                    "transfer_us_total": "transfer µs",
+                    "sync_us_total": "sync µs",
+                    "algbw_gbps": "algbw GB/s",
+                    "busbw_gbps": "busbw GB/s",
+                },
+                2,
+            )
+        )
+    if len(result["stragglers"]) > 1:
+        print("\nstragglers (start skew of matching collectives vs the earliest rank)")
+        print(
+            _table(
+                result["stragglers"],
+                {
+                    "rank": "rank",
+                    "start_skew_us_mean": "skew mean µs",
+                    "start_skew_us_max": "skew max µs",
+                    "straggler_score": "score",
+                },
+                2,
+            )
+        )
+        spread = result["step_time_spread"]
+        if spread:
+            print(
+                f"step-time spread: min {_fmt(spread['min_us'])} µs, max {_fmt(spread['max_us'])}"
+                f" µs, spread {_fmt(spread['spread_pct'])} %"
+            )
+    _print_skipped(result["skipped"], "file")
+
+
+def _print_skipped(skipped: list[dict], key: str) -> None:
+    if skipped:
+        print(f"\nskipped {len(skipped)}:")
+        for s in skipped:
+            print(f"  {s[key]}: {s['reason']}")
+
+
+def print_runs(result: dict) -> None:
+    """Run and group tables of a runs JSON."""
+    rows = [
+        {
+            **r,
+            "phases": "/".join(
+                _fmt(r["phases_s"][p] * 1e3) for p in ("data", "forward", "backward", "optimizer")
+            )
+            if r["phases_s"]
+            else None,
+        }
+        for r in result["runs"]
+    ]
+    print(
+        _table(
+            rows,
+            {
+                "run_id": "run",
+                "status": "status",
+                "mode": "mode",
+                "backend": "backend",
+                "world_size": "n",
+                "samples_per_s": "samples/s",
+                "speedup": "speedup ×",
+                "scaling_efficiency": "efficiency",
+                "phases": "data/fwd/bwd/opt ms",
+                "comm_pct": "comm %",
+                "exposed_comm_pct": "exposed %",
+                "overlap_pct": "overlap %",
+                "memory_imbalance_max_over_mean": "mem max/mean",
+                "top1_pct": "top-1 %",
+                "test_loss": "test loss",
+            },
+            2,
+        )
+    )
+    for run in result["runs"]:
+        if run["error"]:
+            print(f"  {run['run_id']}: {run['status']}: {run['error'].get('message')}")
+        for warning in run["warnings"]:
+            print(f"  warning: {warning}")
+    if result["groups"]:
+        print("\ngroups (mean ± sample std over seeds)")
+        rows = [
+            {
+                **g,
+                **{
+                    s: None
+                    if g[f"{s}_mean"] is None
+                    else f"{g[f'{s}_mean']:.3g}"
+                    + ("" if g[f"{s}_std"] is None else f" ± {g[f'{s}_std']:.2g}")
+                    for s in ("samples_per_s", "speedup", "scaling_efficiency", "top1_pct")
+                },
+            }
+            for g in result["groups"]
+        ]
+        print(
+            _table(
+                rows,
+                {
+                    "model": "model",
+                    "mode": "mode",
+                    "backend": "backend",
+                    "world_size": "n",
+                    "n_seeds": "seeds",
+                    "samples_per_s": "samples/s",
+                    "speedup": "speedup ×",
+                    "scaling_efficiency": "efficiency",
+                    "top1_pct": "top-1 %",
+                    "comm_pct_mean": "comm %",
+                },
+            )
+        )
+    _print_skipped(result["skipped"], "path")
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m analysis", description=__doc__.splitlines()[0])
+    sub = p.add_subparsers(dest="command", required=True)
+    t = sub.add_parser("traces", help="analyse one folder of per-rank Kineto traces")
+    t.add_argument("trace_dir", type=Path)
+    t.add_argument("--workers", type=int, default=None, help="load processes (default: cores)")
+    r = sub.add_parser("runs", help="compare run folders (speedup, memory, accuracy, comm)")
+    r.add_argument("runs_dirs", type=Path, nargs="+", metavar="RUNS_DIR")
+    r.add_argument("--no-traces", action="store_true", help="skip trace analysis")
+    for s in (t, r):
+        s.add_argument("--json", type=Path, default=None, metavar="OUT", help="write JSON here")
+        s.add_argument("--no-progress", action="store_true", help="no progress bar")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    progress = not args.no_progress
+    try:
+        if args.command == "traces":
+            from analysis.traces import analyze_trace_dir
+
+            result = analyze_trace_dir(args.trace_dir, workers=args.workers, progress=progress)
+            print_traces(result)
+        else:
+            from analysis.runs import compare_runs
+
+            result = compare_runs(args.runs_dirs, progress=progress, traces=not args.no_traces)
+            print_runs(result)
+        _write_json(result, args.json)
+    except AnalysisError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    return 0

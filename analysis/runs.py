@@ -1,0 +1,327 @@
+"""Cross-run comparison: speedup, scaling efficiency, phases, memory imbalance, accuracy parity.
+
+Reads run folders only (docs/run-folder.md): `run.json`, `steps.csv` and `traces/`. Every number is
+defined in docs/analysis.md; the JSON shape is the "runs JSON" schema there (schema_version 1).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import statistics
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from analysis.errors import AnalysisError
+
+__all__ = ["SCHEMA_VERSION", "compare_runs", "find_run_dirs", "load_run"]
+
+SCHEMA_VERSION = 1
+PHASES = ("data", "forward", "backward", "optimizer")
+# The config/env fields copied verbatim into each run entry.
+CONFIG_FIELDS = (
+    "mode",
+    "backend",
+    "world_size",
+    "model",
+    "dataset",
+    "scaling",
+    "global_batch",
+    "per_device_batch",
+    "seed",
+    "amp",
+    "devices",
+)
+ENV_FIELDS = ("os", "hostname", "torch", "cuda", "nccl", "threads_per_rank")
+GROUP_KEY = ("model", "dataset", "scaling", "mode", "backend", "world_size", "os")
+GROUP_STATS = (
+    "samples_per_s",
+    "speedup",
+    "scaling_efficiency",
+    "test_loss",
+    "top1_pct",
+    "top5_pct",
+)
+
+
+def find_run_dirs(paths: Sequence[Path]) -> tuple[list[Path], list[dict]]:
+    """Expand `paths` (run folders or folders of run folders) into run folders, sorted by name.
+
+    Returns (run_dirs, skipped) where skipped lists {path, reason} for paths holding no run.
+    """
+    run_dirs: list[Path] = []
+    skipped: list[dict] = []
+    for path in map(Path, paths):
+        if (path / "run.json").is_file():
+            run_dirs.append(path)
+        elif path.is_dir():
+            children = sorted(
+                p for p in path.iterdir() if p.is_dir() and not p.name.startswith(".")
+            )
+            found = [p for p in children if (p / "run.json").is_file()]
+            skipped += [
+                {"path": str(p), "reason": "no run.json — not a run folder"}
+                for p in children
+                if p not in found
+            ]
+            if not found:
+                skipped.append(
+                    {
+                        "path": str(path),
+                        "reason": "no run folders (no */run.json) — "
+                        "point at a runs folder written by `python -m workloads.launch`",
+                    }
+                )
+            run_dirs += found
+        else:
+            skipped.append({"path": str(path), "reason": "does not exist — check the path"})
+    return run_dirs, skipped
+
+
+def _nan_to_none(x: Any) -> Any:
+    return None if x is None or (isinstance(x, float) and not math.isfinite(x)) else x
+
+
+def _phases(steps: pd.DataFrame) -> tuple[dict | None, list[dict]]:
+    """Mean seconds per non-warm-up step of each phase, over all ranks and per rank."""
+    body = steps[steps["warmup"] == 0]
+    if body.empty:  # a run shorter than its warm-up: fall back to every step rather than nothing
+        body = steps
+    if body.empty:
+        return None, []
+    cols = [f"{p}_s" for p in PHASES]
+    overall = {p: float(body[f"{p}_s"].mean()) for p in PHASES}
+    per_rank = body.groupby("rank")[[*cols, "step_time_s"]].mean().reset_index()
+    rows = [
+        {
+            "rank": int(r["rank"]),
+            **{p: float(r[f"{p}_s"]) for p in PHASES},
+            "step_time": float(r["step_time_s"]),
+        }
+        for r in per_rank.to_dict("records")
+    ]
+    return overall, rows
+
+
+def _memory(entries: list[dict]) -> dict:
+    """Peak memory and imbalance over the run's memory entries (one per rank/device).
+
+    Uses `peak_allocated_bytes` (CUDA) when every entry has it, else `peak_rss_bytes` (CPU runs).
+    """
+    out = {
+        "memory_metric": None,
+        "peak_memory_bytes": None,
+        "memory_imbalance_max_over_mean": None,
+        "memory_imbalance_range_over_max": None,
+    }
+    for field in ("peak_allocated_bytes", "peak_rss_bytes"):
+        values = [e.get(field) for e in entries]
+        if values and all(isinstance(v, int | float) for v in values):
+            hi, lo, mean = max(values), min(values), statistics.fmean(values)
+            out.update(
+                memory_metric=field,
+                peak_memory_bytes=int(hi),
+                memory_imbalance_max_over_mean=hi / mean if mean > 0 else None,
+                memory_imbalance_range_over_max=(hi - lo) / hi if hi > 0 else None,
+            )
+            break
+    return out
+
+
+def _num_devices(config: dict) -> int:
+    """Devices a run spreads over: DDP ranks, DP's GPUs, 1 for single (efficiency's divisor)."""
+    if config.get("mode") == "dp":
+        return max(1, len(set(config.get("devices") or [])))
+    return int(config.get("world_size") or 1)
+
+
+def load_run(run_dir: Path) -> dict:
+    """One run entry of the runs JSON, without the cross-run fields (baseline, speedup, ...).
+
+    Raises AnalysisError when run.json is missing or unreadable; a missing steps.csv or bad traces
+    only add a line to the entry's `warnings`.
+    """
+    run_json = run_dir / "run.json"
+    try:
+        rec = json.loads(run_json.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise AnalysisError(run_json, "missing", "not a run folder") from None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise AnalysisError(
+            run_json, f"unreadable ({err})", "the run was interrupted while writing; re-run it"
+        ) from None
+    if not isinstance(rec, dict) or not isinstance(rec.get("config"), dict):
+        raise AnalysisError(run_json, "has no `config` object", "re-run with the current launcher")
+    config, env = rec["config"], rec.get("env") or {}
+    metrics = rec.get("metrics") or {}
+    step_time = metrics.get("step_time_s") or {}
+    best = (rec.get("eval") or {}).get("best") or {}
+    entry: dict[str, Any] = {
+        "run_id": rec.get("run_id", run_dir.name),
+        "path": str(run_dir),
+        "status": rec.get("status"),
+        "error": rec.get("error"),
+        **{k: config.get(k) for k in CONFIG_FIELDS},
+        **{k: env.get(k) for k in ENV_FIELDS},
+        "num_devices": _num_devices(config),
+        "samples_per_s": metrics.get("samples_per_s"),
+        "step_time_s_mean": step_time.get("mean"),
+        "step_time_s_p95": step_time.get("p95"),
+        "wall_time_s": metrics.get("wall_time_s"),
+        "baseline_run_id": None,
+        "speedup": None,
+        "scaling_efficiency": None,
+        "phases_s": None,
+        "phases_per_rank_s": [],
+        "comm_pct": None,
+        "exposed_comm_pct": None,
+        "overlap_pct": None,
+        "memory": metrics.get("memory") or [],
+        **_memory(metrics.get("memory") or []),
+        "test_loss": best.get("test_loss"),
+        "top1_pct": best.get("top1_pct"),
+        "top5_pct": best.get("top5_pct"),
+        "trace_files": [str(t) for t in rec.get("traces") or []],
+        "trace": None,
+        "warnings": [],
+    }
+    steps_csv = run_dir / "steps.csv"
+    if steps_csv.is_file():
+        try:
+            entry["phases_s"], entry["phases_per_rank_s"] = _phases(pd.read_csv(steps_csv))
+        except (ValueError, KeyError, pd.errors.ParserError) as err:
+            entry["warnings"].append(f"{steps_csv}: unreadable ({err}) — phases left empty")
+    elif entry["status"] == "ok":
+        entry["warnings"].append(f"{steps_csv}: missing — phases left empty")
+    return entry
+
+
+def _attach_trace(entry: dict, run_dir: Path, *, progress: bool) -> None:
+    """Analyse the run's traces/ folder and copy the run-level trace metrics into `entry`."""
+    trace_dir = run_dir / "traces"
+    if not trace_dir.is_dir() or not any(trace_dir.iterdir()):
+        return
+    try:  # TEMPORARY until analysis/traces.py lands (next commit)
+        from analysis.traces import analyze_trace_dir
+    except ModuleNotFoundError:
+        return
+
+    try:
+        trace = analyze_trace_dir(trace_dir, progress=progress)
+    except AnalysisError as err:
+        entry["warnings"].append(str(err))
+        return
+    entry["trace"] = trace
+    entry["warnings"] += [f"{s['file']}: {s['reason']}" for s in trace["skipped"]]
+    ranks = [r for r in trace["ranks"] if r["step_time_us_mean"]]
+    if ranks:
+        entry["comm_pct"] = statistics.fmean(
+            100 * r["comm_us"] / r["step_time_us_mean"] for r in ranks
+        )
+        entry["exposed_comm_pct"] = statistics.fmean(
+            100 * r["exposed_comm_us"] / r["step_time_us_mean"] for r in ranks
+        )
+        overlaps = [r["overlap_pct"] for r in ranks if r["overlap_pct"] is not None]
+        entry["overlap_pct"] = statistics.fmean(overlaps) if overlaps else None
+
+
+def _baseline_key(run: dict) -> tuple:
+    # Strong scaling keeps the global batch, weak scaling the per-device batch: the baseline must
+    # have processed the same problem for the ratio to mean "what parallelism bought".
+    batch = run["global_batch"] if run["scaling"] == "strong" else run["per_device_batch"]
+    return run["model"], run["dataset"], run["scaling"], run["amp"], batch
+
+
+def _link_baselines(runs: list[dict]) -> None:
+    """Fill baseline_run_id, speedup and scaling_efficiency of every ok run."""
+    singles = [
+        r for r in runs if r["mode"] == "single" and r["status"] == "ok" and r["samples_per_s"]
+    ]
+    for run in runs:
+        if run["status"] != "ok" or not run["samples_per_s"]:
+            continue
+        same = [s for s in singles if _baseline_key(s) == _baseline_key(run)]
+        seeded = [s for s in same if s["seed"] == run["seed"]]
+        base = (seeded or same or [None])[0]
+        if base is None:
+            continue
+        run["baseline_run_id"] = base["run_id"]
+        run["speedup"] = run["samples_per_s"] / base["samples_per_s"]
+        run["scaling_efficiency"] = run["speedup"] / run["num_devices"]
+
+
+def _mean_std(values: Iterable[Any]) -> tuple[float | None, float | None]:
+    vals = [float(v) for v in values if isinstance(v, int | float) and math.isfinite(v)]
+    if not vals:
+        return None, None
+    return statistics.fmean(vals), (statistics.stdev(vals) if len(vals) > 1 else None)
+
+
+def _groups(runs: list[dict]) -> list[dict]:
+    """Mean ± sample std (n−1) over the seeds of each configuration; only ok runs count."""
+    buckets: dict[tuple, list[dict]] = {}
+    for run in runs:
+        if run["status"] == "ok":
+            buckets.setdefault(tuple(run[k] for k in GROUP_KEY), []).append(run)
+    groups = []
+    for key, members in buckets.items():
+        group: dict[str, Any] = dict(zip(GROUP_KEY, key, strict=True))
+        group["n_seeds"] = len({m["seed"] for m in members})
+        group["n_runs"] = len(members)
+        group["run_ids"] = [m["run_id"] for m in members]
+        for stat in GROUP_STATS:
+            group[f"{stat}_mean"], group[f"{stat}_std"] = _mean_std(m[stat] for m in members)
+        group["comm_pct_mean"] = _mean_std(m["comm_pct"] for m in members)[0]
+        groups.append(group)
+    order = {"single": 0, "dp": 1, "ddp": 2}
+    return sorted(
+        groups,
+        key=lambda g: (
+            str(g["model"]),
+            str(g["dataset"]),
+            str(g["scaling"]),
+            order.get(g["mode"], 9),
+            str(g["backend"]),
+            g["world_size"] or 0,
+        ),
+    )
+
+
+def compare_runs(paths: Sequence[Path], *, progress: bool = True, traces: bool = True) -> dict:
+    """The runs JSON (schema_version 1) for run folders or folders of run folders in `paths`.
+
+    `traces=False` skips trace analysis (trace fields stay null). Raises AnalysisError only when
+    no run could be read at all; unreadable folders are listed under `skipped`.
+    """
+    run_dirs, skipped = find_run_dirs(paths)
+    runs = []
+    for run_dir in run_dirs:
+        try:
+            entry = load_run(run_dir)
+        except AnalysisError as err:
+            skipped.append({"path": str(run_dir), "reason": f"{err.what} — {err.fix}"})
+            continue
+        if traces and entry["status"] == "ok":
+            _attach_trace(entry, run_dir, progress=progress)
+        runs.append(entry)
+    if not runs:
+        where = ", ".join(map(str, paths)) or "(no paths)"
+        raise AnalysisError(
+            where, "no readable run folders", "run `make profile-all` first or pass the runs folder"
+        )
+    order = {"single": 0, "dp": 1, "ddp": 2}
+    runs.sort(key=lambda r: (order.get(r["mode"], 9), str(r["run_id"])))
+    _link_baselines(runs)
+    for run in runs:
+        for key, value in run.items():
+            if isinstance(value, float):
+                run[key] = _nan_to_none(value)
+    return {
+        "schema_version": SCHEMA_VERSION,
+        "runs": runs,
+        "groups": _groups(runs),
+        "skipped": skipped,
+    }
