@@ -1,0 +1,205 @@
+"""Column specs of every report table: key in the row dict, header label, unit and display kind.
+
+Units live in the headers so every number on the page has one; `kind` picks the display format.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+__all__ = ["Column", "C"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class Column:
+    """One table column: `key` in the row dict, header `label` with its `unit`, display `kind`."""
+
+    key: str
+    label: str
+    unit: str = ""
+    kind: str = "text"  # text | num | int | bytes | frac_pct | pm | link
+    digits: int = 2
+    std_key: str | None = None  # kind "pm": the row key holding the standard deviation
+    wrap: bool = False  # long free text (reasons, links) may wrap; ids and numbers never do
+
+    def __post_init__(self) -> None:
+        kinds = {"text", "num", "int", "bytes", "frac_pct", "pm", "links"}
+        if self.kind not in kinds:
+            raise ValueError(f"Column {self.key}: kind must be one of {sorted(kinds)}")
+        if self.kind == "pm" and not self.std_key:
+            raise ValueError(f"Column {self.key}: kind 'pm' needs std_key")
+
+    @property
+    def header(self) -> str:
+        return f"{self.label} ({self.unit})" if self.unit else self.label
+
+    @property
+    def numeric(self) -> bool:
+        return self.kind not in ("text", "links")
+
+
+C = Column  # short alias for the specs below
+
+SUMMARY_COLS = [
+    C(key="run_id", label="Run"),
+    C(key="status", label="Status"),
+    C(key="mode", label="Mode"),
+    C(key="backend", label="Backend"),
+    C(key="world_size", label="World size", unit="ranks", kind="int"),
+    C(key="samples_per_s", label="Throughput", unit="samples/s", kind="num", digits=1),
+    C(key="speedup", label="Speedup vs single", unit="×", kind="num"),
+    C(key="scaling_efficiency", label="Scaling efficiency", unit="%", kind="frac_pct"),
+    C(key="comm_pct", label="Comm share", unit="% of step", kind="num", digits=1),
+    C(key="exposed_comm_pct", label="Exposed comm", unit="% of step", kind="num", digits=1),
+    C(key="peak_memory_bytes", label="Peak memory", unit="MiB", kind="bytes"),
+    C(key="memory_imbalance_max_over_mean", label="Memory imbalance", unit="max/mean", kind="num"),
+    C(key="top1_pct", label="Top-1", unit="%", kind="num"),
+    C(key="os", label="Platform"),
+    C(key="label", label="Label"),
+    C(key="reason", label="Reason / notes", wrap=True),
+]
+PHASE_COLS = [
+    C(key="run_id", label="Run"),
+    C(key="rank", label="Rank", kind="int"),
+    C(key="data_s", label="Data wait", unit="s/step", kind="num", digits=4),
+    C(key="forward_s", label="Forward", unit="s/step", kind="num", digits=4),
+    C(
+        key="backward_compute_s",
+        label="Backward (excl. exposed comm)",
+        unit="s/step",
+        kind="num",
+        digits=4,
+    ),
+    C(key="exposed_comm_s", label="Exposed comm", unit="s/step", kind="num", digits=4),
+    C(key="optimizer_s", label="Optimizer", unit="s/step", kind="num", digits=4),
+    C(key="other_s", label="Other", unit="s/step", kind="num", digits=4),
+    C(key="step_time_s", label="Step", unit="s/step", kind="num", digits=4),
+]
+COLLECTIVE_COLS = [
+    C(key="run_id", label="Run"),
+    C(key="name", label="Collective"),
+    C(key="calls", label="Calls", unit="count", kind="int"),
+    C(key="bytes_total", label="Bytes total", unit="MiB", kind="bytes"),
+    C(key="bytes_avg", label="Bytes per call", unit="MiB", kind="bytes"),
+    C(key="latency_us_avg", label="Latency per call", unit="µs", kind="num", digits=1),
+    C(key="latency_us_total", label="Latency total", unit="µs", kind="num", digits=0),
+    C(key="transfer_us_total", label="Transfer", unit="µs", kind="num", digits=0),
+    C(key="sync_us_total", label="Sync wait", unit="µs", kind="num", digits=0),
+    C(key="algbw_gbps", label="algbw", unit="GB/s", kind="num", digits=3),
+    C(key="busbw_gbps", label="busbw", unit="GB/s", kind="num", digits=3),
+]
+OVERLAP_COLS = [
+    C(key="run_id", label="Run"),
+    C(key="rank", label="Rank", kind="int"),
+    C(key="steps", label="Steps analysed", unit="count", kind="int"),
+    C(key="step_time_us_mean", label="Step", unit="µs", kind="num", digits=0),
+    C(key="comm_us", label="Comm", unit="µs/step", kind="num", digits=0),
+    C(key="exposed_comm_us", label="Exposed comm", unit="µs/step", kind="num", digits=0),
+    C(key="overlap_pct", label="Overlap (HTA)", unit="% of comm", kind="num", digits=1),
+    C(key="tb_computation", label="tb: computation", unit="µs/step", kind="num", digits=0),
+    C(key="tb_overlapping", label="tb: overlapping", unit="µs/step", kind="num", digits=0),
+    C(key="tb_communication", label="tb: communication", unit="µs/step", kind="num", digits=0),
+    C(key="tb_other", label="tb: other", unit="µs/step", kind="num", digits=0),
+]
+STRAGGLER_COLS = [
+    C(key="run_id", label="Run"),
+    C(key="rank", label="Rank", kind="int"),
+    C(
+        key="start_skew_us_mean",
+        label="Collective start skew, mean",
+        unit="µs",
+        kind="num",
+        digits=1,
+    ),
+    C(key="start_skew_us_max", label="Collective start skew, max", unit="µs", kind="num", digits=1),
+    C(key="straggler_score", label="Straggler score", unit="ratio", kind="num"),
+    C(key="spread_pct", label="Step-time spread over ranks", unit="%", kind="num", digits=1),
+]
+MEMORY_COLS = [
+    C(key="run_id", label="Run"),
+    C(key="rank", label="Rank", kind="int"),
+    C(key="device", label="Device"),
+    C(key="peak_allocated_bytes", label="Peak allocated", unit="MiB", kind="bytes"),
+    C(key="peak_reserved_bytes", label="Peak reserved", unit="MiB", kind="bytes"),
+    C(key="nvml_used_bytes", label="NVML used", unit="MiB", kind="bytes"),
+    C(key="peak_rss_bytes", label="Peak RSS", unit="MiB", kind="bytes"),
+    C(key="memory_imbalance_max_over_mean", label="Run imbalance", unit="max/mean", kind="num"),
+    C(key="memory_imbalance_range_over_max", label="Run imbalance", unit="range/max", kind="num"),
+]
+SPEEDUP_COLS = [
+    C(key="model", label="Model"),
+    C(key="mode", label="Mode"),
+    C(key="backend", label="Backend"),
+    C(key="os", label="Platform"),
+    C(key="world_size", label="World size", unit="ranks", kind="int"),
+    C(key="n_seeds", label="Seeds", unit="count", kind="int"),
+    C(
+        key="samples_per_s_mean",
+        label="Throughput",
+        unit="samples/s, mean ± std",
+        kind="pm",
+        digits=1,
+        std_key="samples_per_s_std",
+    ),
+    C(
+        key="speedup_mean",
+        label="Speedup vs single",
+        unit="×, mean ± std",
+        kind="pm",
+        std_key="speedup_std",
+    ),
+    C(
+        key="scaling_efficiency_mean",
+        label="Scaling efficiency",
+        unit="ratio, mean ± std",
+        kind="pm",
+        std_key="scaling_efficiency_std",
+    ),
+    C(key="comm_pct_mean", label="Comm share", unit="% of step, mean", kind="num", digits=1),
+]
+ACCURACY_COLS = [
+    C(key="model", label="Model"),
+    C(key="dataset", label="Dataset"),
+    C(key="mode", label="Mode"),
+    C(key="backend", label="Backend"),
+    C(key="world_size", label="World size", unit="ranks", kind="int"),
+    C(key="os", label="Platform"),
+    C(key="n_seeds", label="Seeds", unit="count", kind="int"),
+    C(
+        key="test_loss_mean",
+        label="Test loss",
+        unit="nats, mean ± std",
+        kind="pm",
+        digits=4,
+        std_key="test_loss_std",
+    ),
+    C(key="top1_pct_mean", label="Top-1", unit="%, mean ± std", kind="pm", std_key="top1_pct_std"),
+    C(key="top5_pct_mean", label="Top-5", unit="%, mean ± std", kind="pm", std_key="top5_pct_std"),
+    C(
+        key="samples_per_s_mean",
+        label="Throughput",
+        unit="samples/s, mean ± std",
+        kind="pm",
+        digits=1,
+        std_key="samples_per_s_std",
+    ),
+]
+ENV_COLS = [
+    C(key="os", label="Platform"),
+    C(key="backend", label="Backend"),
+    C(key="run_id", label="Run"),
+    C(key="python", label="Python"),
+    C(key="torch", label="torch"),
+    C(key="cuda", label="CUDA"),
+    C(key="nccl", label="NCCL"),
+    C(key="devices", label="Devices"),
+    C(key="threads_per_rank", label="Threads per rank", unit="count", kind="int"),
+    C(key="hostname", label="Host"),
+]
+TRACE_COLS = [
+    C(key="run_id", label="Run"),
+    C(key="status", label="Status"),
+    C(key="kind", label="Trace kind"),
+    C(key="trace_links", label="Trace files", kind="links", wrap=True),
+    C(key="log_links", label="Logs", kind="links", wrap=True),
+]

@@ -1,0 +1,253 @@
+"""Seaborn figures for the report, each returned as a `data:image/svg+xml;base64,...` URI.
+
+An SVG inside `<img>` is inert (no scripts, no shared ids between figures), stays sharp at any
+width, and needs no network; text is drawn as paths so no font is fetched. Each function returns
+None when it has nothing to draw, and the page then says so instead of showing an empty plot.
+"""
+
+from __future__ import annotations
+
+import base64
+import io
+
+import matplotlib
+
+matplotlib.use("Agg")  # no display, ever: the report runs headless and in CI
+
+import matplotlib.pyplot as plt  # noqa: E402
+import pandas as pd  # noqa: E402
+import seaborn as sns  # noqa: E402
+
+__all__ = [
+    "accuracy_figure",
+    "comm_figure",
+    "environment_figure",
+    "memory_figure",
+    "phases_figure",
+    "speedup_figure",
+    "step_times_figure",
+    "summary_figure",
+]
+
+RC = {"svg.fonttype": "path", "svg.hashsalt": "dpscope", "figure.dpi": 100}
+MIB = 2**20
+
+
+def _uri(fig: plt.Figure) -> str:
+    buf = io.BytesIO()
+    fig.savefig(buf, format="svg", bbox_inches="tight", metadata={"Date": None})
+    plt.close(fig)
+    return "data:image/svg+xml;base64," + base64.b64encode(buf.getvalue()).decode("ascii")
+
+
+def _theme() -> None:
+    sns.set_theme(style="whitegrid", context="notebook", rc=RC)
+
+
+def _height(n_rows: int) -> float:
+    return min(2.0 + 0.38 * n_rows, 14.0)
+
+
+def summary_figure(runs: pd.DataFrame) -> str | None:
+    """Throughput per run (samples/s), coloured by mode."""
+    df = runs.dropna(subset=["samples_per_s"])
+    if df.empty:
+        return None
+    _theme()
+    fig, ax = plt.subplots(figsize=(8, _height(len(df))))
+    sns.barplot(data=df, x="samples_per_s", y="label", hue="mode", dodge=False, ax=ax)
+    ax.set(xlabel="throughput (samples/s)", ylabel="")
+    return _uri(fig)
+
+
+def speedup_figure(runs: pd.DataFrame) -> str | None:
+    """Throughput and speedup vs world size, ideal linear line, error bars = std over seeds."""
+    df = runs.dropna(subset=["samples_per_s", "world_size"])
+    if df.empty:
+        return None
+    _theme()
+    df = df.assign(series=df["series"])
+    fig, (a1, a2) = plt.subplots(1, 2, figsize=(10, 4))
+    sns.lineplot(
+        data=df,
+        x="world_size",
+        y="samples_per_s",
+        hue="series",
+        marker="o",
+        errorbar="sd",
+        err_style="bars",
+        ax=a1,
+    )
+    a1.set(xlabel="world size (ranks)", ylabel="throughput (samples/s)", title="Throughput")
+    sp = df.dropna(subset=["speedup"])
+    top = max(df["world_size"].max(), 2)
+    a2.plot([1, top], [1, top], ls="--", color="0.5", label="ideal (linear)")
+    if not sp.empty:
+        sns.lineplot(
+            data=sp,
+            x="world_size",
+            y="speedup",
+            hue="series",
+            marker="o",
+            errorbar="sd",
+            err_style="bars",
+            ax=a2,
+        )
+    a2.set(xlabel="world size (ranks)", ylabel="speedup vs single (×)", title="Speedup")
+    for ax in (a1, a2):
+        ax.xaxis.get_major_locator().set_params(integer=True)
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    return _uri(fig)
+
+
+PHASES = [
+    ("data_s", "data wait"),
+    ("forward_s", "forward"),
+    ("backward_compute_s", "backward"),
+    ("exposed_comm_s", "exposed comm"),
+    ("optimizer_s", "optimizer"),
+    ("other_s", "other"),
+]
+
+
+def phases_figure(phases: pd.DataFrame) -> str | None:
+    """Stacked per-step time (ms) per run and rank."""
+    if phases.empty:
+        return None
+    _theme()
+    df = phases.set_index("bar")[[k for k, _ in PHASES]].fillna(0.0) * 1e3
+    df.columns = [name for _, name in PHASES]
+    fig, ax = plt.subplots(figsize=(9, _height(len(df))))
+    df.iloc[::-1].plot.barh(
+        stacked=True, ax=ax, color=sns.color_palette("deep", len(PHASES)), width=0.7
+    )
+    ax.set(xlabel="time per step (ms)", ylabel="")
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    return _uri(fig)
+
+
+TB = [
+    ("tb_computation", "computation"),
+    ("tb_overlapping", "overlapping"),
+    ("tb_communication", "communication"),
+    ("tb_other", "other"),
+]
+
+
+def comm_figure(overlap: pd.DataFrame, collectives: pd.DataFrame) -> str | None:
+    """Top: tb-profiler split per rank (µs/step). Bottom: sync vs transfer per collective (µs)."""
+    has_tb = not overlap.empty and overlap[[k for k, _ in TB]].notna().any().any()
+    panels = [p for p, ok in (("tb", has_tb), ("coll", not collectives.empty)) if ok]
+    if not panels:
+        return None
+    _theme()
+    sizes = {"tb": len(overlap), "coll": len(collectives)}
+    fig, axes = plt.subplots(
+        len(panels),
+        1,
+        figsize=(9, sum(_height(sizes[p]) for p in panels)),
+        height_ratios=[sizes[p] + 2 for p in panels],
+        squeeze=False,
+    )
+    for ax, panel in zip(axes[:, 0], panels, strict=True):
+        if panel == "tb":
+            df = overlap.set_index("bar")[[k for k, _ in TB]].fillna(0.0)
+            df.columns = [name for _, name in TB]
+            colors, title, xlabel = (
+                sns.color_palette("muted", 4),
+                "tb-profiler split per rank",
+                "per-step time (µs)",
+            )
+        else:
+            df = collectives.set_index("bar")[["transfer_us_total", "sync_us_total"]].fillna(0.0)
+            df.columns = ["transfer", "sync wait"]
+            colors, title, xlabel = (
+                sns.color_palette("pastel", 2),
+                "Collectives: sync wait vs transfer",
+                "total time (µs)",
+            )
+        df.iloc[::-1].plot.barh(stacked=True, ax=ax, color=colors, width=0.7)
+        ax.set(xlabel=xlabel, ylabel="", title=title)
+        ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    fig.tight_layout()
+    return _uri(fig)
+
+
+def memory_figure(memory: pd.DataFrame) -> str | None:
+    """Peak allocated / reserved / RSS (MiB) per run, rank and device."""
+    cols = {
+        "peak_allocated_bytes": "peak allocated",
+        "peak_reserved_bytes": "peak reserved",
+        "peak_rss_bytes": "peak RSS",
+    }
+    if memory.empty:
+        return None
+    long = memory.melt(
+        id_vars=["bar"], value_vars=list(cols), var_name="metric", value_name="bytes"
+    )
+    long = long.dropna(subset=["bytes"])
+    if long.empty:
+        return None
+    long = long.assign(MiB=long["bytes"].astype(float) / MIB, metric=long["metric"].map(cols))
+    _theme()
+    fig, ax = plt.subplots(
+        figsize=(9, _height(len(memory) * max(long["metric"].nunique(), 1) / 1.5))
+    )
+    sns.barplot(data=long, x="MiB", y="bar", hue="metric", ax=ax)
+    ax.set(xlabel="memory (MiB)", ylabel="")
+    return _uri(fig)
+
+
+def accuracy_figure(runs: pd.DataFrame) -> str | None:
+    """Top-1 and test loss per mode; error bars = std over seeds."""
+    df = runs.dropna(subset=["top1_pct"])
+    if df.empty:
+        return None
+    _theme()
+    fig, (a1, a2) = plt.subplots(1, 2, figsize=(10, 3.6))
+    # Points, not bars: accuracy differences of a point or two vanish on a 0-based bar axis.
+    kw = {
+        "x": "series",
+        "errorbar": "sd",
+        "hue": "series",
+        "legend": False,
+        "linestyle": "none",
+        "capsize": 0.15,
+    }
+    sns.pointplot(data=df, y="top1_pct", ax=a1, **kw)
+    a1.set(xlabel="", ylabel="top-1 (%)", title="Top-1 accuracy")
+    sns.pointplot(data=df, y="test_loss", ax=a2, **kw)
+    a2.set(xlabel="", ylabel="test loss (nats)", title="Test loss")
+    for ax in (a1, a2):
+        ax.tick_params(axis="x", rotation=20)
+        for label in ax.get_xticklabels():
+            label.set_horizontalalignment("right")
+    fig.tight_layout()
+    return _uri(fig)
+
+
+def environment_figure(runs: pd.DataFrame) -> str | None:
+    """Throughput by platform, side by side per backend/mode."""
+    df = runs.dropna(subset=["samples_per_s"])
+    if df.empty:
+        return None
+    _theme()
+    fig, ax = plt.subplots(figsize=(8, 3.6))
+    sns.barplot(data=df, x="os", y="samples_per_s", hue="series", errorbar="sd", ax=ax)
+    ax.set(xlabel="platform", ylabel="throughput (samples/s)")
+    ax.legend(fontsize=8)
+    return _uri(fig)
+
+
+def step_times_figure(steps: pd.DataFrame) -> str | None:
+    """Per-step time (ms) of every profiled step, one line per run and rank, from the traces."""
+    if steps.empty:
+        return None
+    _theme()
+    fig, ax = plt.subplots(figsize=(9, 3.8))
+    sns.lineplot(data=steps, x="step", y="step_time_ms", hue="bar", marker="o", ax=ax)
+    ax.set(xlabel="profiler step", ylabel="step time (ms)")
+    ax.xaxis.get_major_locator().set_params(integer=True)
+    ax.legend(fontsize=8)
+    return _uri(fig)

@@ -1,0 +1,298 @@
+"""Report tables: rows built from the runs JSON of `compare_runs`, one column spec per table.
+
+Every cell keeps the raw JSON value (written to the CSV and to the HTML `data-value` attribute, so
+tests and sorting see the exact numbers) next to its display text; units live in the headers.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote
+
+import pandas as pd
+
+from analysis.report.columns import (
+    ACCURACY_COLS,
+    COLLECTIVE_COLS,
+    ENV_COLS,
+    MEMORY_COLS,
+    OVERLAP_COLS,
+    PHASE_COLS,
+    SPEEDUP_COLS,
+    STRAGGLER_COLS,
+    SUMMARY_COLS,
+    TRACE_COLS,
+    Column,
+)
+
+__all__ = ["Column", "Table", "all_tables", "fmt", "run_label", "run_reason"]
+
+MIB = 2**20
+
+
+@dataclass(kw_only=True)
+class Table:
+    """A titled table; `csv` names the file it is also written to (None: HTML only)."""
+
+    id: str
+    columns: list[Column]
+    rows: list[dict[str, Any]] = field(default_factory=list)
+    csv: str | None = None
+
+    @property
+    def visible_columns(self) -> list[Column]:
+        """Columns to show: a numeric column empty in every row (e.g. CUDA memory on CPU) is hidden."""
+        return [
+            c
+            for c in self.columns
+            if not c.numeric or any(not _missing(r.get(c.key)) for r in self.rows)
+        ]
+
+    def frame(self) -> pd.DataFrame:
+        keys = []
+        for c in self.columns:
+            keys.append(c.key)
+            if c.std_key:
+                keys.append(c.std_key)
+        return pd.DataFrame(
+            [{k: _csv_value(r.get(k)) for k in keys} for r in self.rows], columns=keys
+        )
+
+
+def _csv_value(v: Any) -> Any:
+    if isinstance(v, list):
+        return ";".join(str(x.get("text", x)) if isinstance(x, dict) else str(x) for x in v)
+    return v
+
+
+def _missing(v: Any) -> bool:
+    return v is None or (isinstance(v, float) and math.isnan(v))
+
+
+def fmt(value: Any, col: Column, row: dict[str, Any] | None = None) -> str:
+    """Display text for one cell (units are in the header); missing values show as an em dash."""
+    if _missing(value):
+        return "—"
+    if col.kind == "bytes":
+        return f"{value / MIB:,.1f}"
+    if col.kind == "frac_pct":
+        return f"{value * 100:.1f}"
+    if col.kind == "int":
+        return f"{int(value):,}"
+    if col.kind in ("num", "pm"):
+        text = f"{value:,.{col.digits}f}"
+        std = (row or {}).get(col.std_key) if col.kind == "pm" else None
+        return f"{text} ± {std:,.{col.digits}f}" if not _missing(std) else text
+    if isinstance(value, list):
+        return ", ".join(map(str, value))
+    return str(value)
+
+
+def run_reason(run: dict[str, Any]) -> str:
+    """One line saying why a run has no numbers ('' when it is fine)."""
+    err = run.get("error")
+    if not err:
+        return ""
+    if isinstance(err, dict):
+        where = f" (rank {err['rank']})" if err.get("rank") is not None else ""
+        return f"{err.get('message') or 'failed'}{where}"
+    return str(err)
+
+
+def run_label(run: dict[str, Any]) -> str:
+    """Short label for figures: mode, backend, world size and seed."""
+    parts = [str(run.get("mode") or "?")]
+    if run.get("backend") not in (None, "none", "dp"):
+        parts.append(str(run["backend"]))
+    parts.append(f"n{run.get('world_size') or '?'}")
+    if run.get("seed") is not None:
+        parts.append(f"s{run['seed']}")
+    return "·".join(parts)
+
+
+def unique_labels(runs: list[dict[str, Any]]) -> dict[str, str]:
+    """run_id -> label, adding the OS and then a counter where labels would collide."""
+    labels = {r["run_id"]: run_label(r) for r in runs}
+    oses = {r.get("os") for r in runs}
+    if len(oses) > 1:
+        labels = {r["run_id"]: f"{labels[r['run_id']]}·{r.get('os') or '?'}" for r in runs}
+    seen: dict[str, int] = {}
+    for rid, lab in list(labels.items()):
+        seen[lab] = seen.get(lab, 0) + 1
+        if seen[lab] > 1:
+            labels[rid] = f"{lab}#{seen[lab]}"
+    return labels
+
+
+def _ok(run: dict[str, Any]) -> bool:
+    return run.get("status") == "ok"
+
+
+def _trace_ranks(run: dict[str, Any]) -> dict[int, dict[str, Any]]:
+    trace = run.get("trace") or {}
+    return {r["rank"]: r for r in trace.get("ranks") or []}
+
+
+def _link(path: Path, out_dir: Path) -> dict[str, str]:
+    rel = Path(os.path.relpath(path.resolve(), out_dir.resolve())).as_posix()
+    return {"href": quote(rel), "text": path.name}
+
+
+def summary_rows(data: dict[str, Any], labels: dict[str, str]) -> list[dict[str, Any]]:
+    rows = [
+        {
+            **{c.key: r.get(c.key) for c in SUMMARY_COLS},
+            "label": labels.get(r["run_id"], ""),
+            "reason": run_reason(r),
+        }
+        for r in data.get("runs", [])
+    ]
+    for s in data.get("skipped", []):
+        rows.append({"run_id": Path(s["path"]).name, "status": "unreadable", "reason": s["reason"]})
+    return rows
+
+
+def phase_rows(data: dict[str, Any]) -> list[dict[str, Any]]:
+    """Per run and rank: steps.csv phases, with exposed comm carved out of DDP's backward.
+
+    DDP's allreduce runs inside backward (bucket hooks), so exposed comm is already part of
+    backward_s; stacking it on top would count it twice.
+    """
+    rows = []
+    for run in filter(_ok, data.get("runs", [])):
+        ranks = _trace_ranks(run)
+        for p in run.get("phases_per_rank_s") or []:
+            tr = ranks.get(p["rank"], {})
+            exposed = tr.get("exposed_comm_us")
+            exposed_s = exposed / 1e6 if exposed is not None else None
+            back = p.get("backward")
+            back_c = (
+                back - min(exposed_s, back)
+                if back is not None and exposed_s is not None and run.get("mode") == "ddp"
+                else back
+            )
+            parts = [p.get("data"), p.get("forward"), back, p.get("optimizer")]
+            other = None
+            if p.get("step_time") is not None and None not in parts:
+                other = max(p["step_time"] - sum(parts), 0.0)
+            rows.append(
+                {
+                    "run_id": run["run_id"],
+                    "rank": p["rank"],
+                    "data_s": p.get("data"),
+                    "forward_s": p.get("forward"),
+                    "backward_s": back,
+                    "backward_compute_s": back_c,
+                    "exposed_comm_s": exposed_s if run.get("mode") == "ddp" else None,
+                    "optimizer_s": p.get("optimizer"),
+                    "other_s": other,
+                    "step_time_s": p.get("step_time"),
+                }
+            )
+    return rows
+
+
+def trace_rows(data: dict[str, Any]) -> tuple[list, list, list]:
+    """Collectives, per-rank overlap and straggler rows from each run's analysed traces."""
+    coll, overlap, strag = [], [], []
+    for run in data.get("runs", []):
+        trace = run.get("trace") or {}
+        rid = run["run_id"]
+        coll += [{"run_id": rid, **c} for c in trace.get("collectives") or []]
+        for r in trace.get("ranks") or []:
+            tb = r.get("tb_split") or {}
+            overlap.append(
+                {
+                    "run_id": rid,
+                    **{
+                        k: r.get(k)
+                        for k in (
+                            "rank",
+                            "steps",
+                            "step_time_us_mean",
+                            "comm_us",
+                            "exposed_comm_us",
+                            "overlap_pct",
+                        )
+                    },
+                    **{f"tb_{k}": v for k, v in tb.items()},
+                }
+            )
+        spread = (trace.get("step_time_spread") or {}).get("spread_pct")
+        strag += [{"run_id": rid, **s, "spread_pct": spread} for s in trace.get("stragglers") or []]
+    return coll, overlap, strag
+
+
+def memory_rows(data: dict[str, Any]) -> list[dict[str, Any]]:
+    rows = []
+    for run in filter(_ok, data.get("runs", [])):
+        for m in run.get("memory") or []:
+            rows.append(
+                {
+                    "run_id": run["run_id"],
+                    **m,
+                    "memory_imbalance_max_over_mean": run.get("memory_imbalance_max_over_mean"),
+                    "memory_imbalance_range_over_max": run.get("memory_imbalance_range_over_max"),
+                }
+            )
+    return rows
+
+
+def env_rows(data: dict[str, Any]) -> list[dict[str, Any]]:
+    rows = [{c.key: r.get(c.key) for c in ENV_COLS} for r in data.get("runs", [])]
+    # Platform first, then backend: Linux vs Windows and NCCL vs GLOO end up next to each other.
+    return sorted(rows, key=lambda r: (str(r["os"]), str(r["backend"]), str(r["run_id"])))
+
+
+def trace_link_rows(data: dict[str, Any], out_dir: Path) -> list[dict[str, Any]]:
+    rows = []
+    for run in data.get("runs", []):
+        folder = Path(run["path"])
+        logs = sorted((folder / "logs").glob("*.log")) if (folder / "logs").is_dir() else []
+        rows.append(
+            {
+                "run_id": run["run_id"],
+                "status": run.get("status"),
+                "kind": (run.get("trace") or {}).get("kind"),
+                "trace_links": [_link(folder / t, out_dir) for t in run.get("trace_files") or []],
+                "log_links": [_link(p, out_dir) for p in logs],
+            }
+        )
+    return rows
+
+
+def all_tables(data: dict[str, Any], out_dir: Path) -> dict[str, Table]:
+    """Every report table keyed by id; CSV names are the ones the report promises."""
+    labels = unique_labels(data.get("runs", []))
+    coll, overlap, strag = trace_rows(data)
+    return {
+        "summary": Table(
+            id="summary", columns=SUMMARY_COLS, rows=summary_rows(data, labels), csv="summary.csv"
+        ),
+        "phases": Table(id="phases", columns=PHASE_COLS, rows=phase_rows(data), csv="phases.csv"),
+        "collectives": Table(
+            id="collectives", columns=COLLECTIVE_COLS, rows=coll, csv="collectives.csv"
+        ),
+        "overlap": Table(id="overlap", columns=OVERLAP_COLS, rows=overlap, csv="overlap.csv"),
+        "stragglers": Table(
+            id="stragglers", columns=STRAGGLER_COLS, rows=strag, csv="stragglers.csv"
+        ),
+        "memory": Table(id="memory", columns=MEMORY_COLS, rows=memory_rows(data), csv="memory.csv"),
+        "speedup": Table(
+            id="speedup", columns=SPEEDUP_COLS, rows=list(data.get("groups", [])), csv="speedup.csv"
+        ),
+        "accuracy": Table(
+            id="accuracy",
+            columns=ACCURACY_COLS,
+            rows=list(data.get("groups", [])),
+            csv="accuracy.csv",
+        ),
+        "environment": Table(
+            id="environment", columns=ENV_COLS, rows=env_rows(data), csv="environment.csv"
+        ),
+        "traces": Table(id="traces", columns=TRACE_COLS, rows=trace_link_rows(data, out_dir)),
+    }
