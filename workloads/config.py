@@ -1,0 +1,269 @@
+"""The training configuration: one keyword-only dataclass, its CLI, and its run.json record.
+
+`TrainConfig` is the single source of truth for the flags of `python -m workloads.train`; the
+launcher builds its parser from the same fields (`add_config_arguments`) and hands the validated
+config to every rank with `to_argv`, so the two CLIs cannot drift apart.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+from profiler.session import ProfileConfig
+
+__all__ = [
+    "MODES",
+    "TrainConfig",
+    "add_config_arguments",
+    "batch_split",
+    "config_from_namespace",
+    "config_record",
+    "default_run_id",
+    "to_argv",
+]
+
+MODES = ("single", "dp", "ddp")
+MODELS = ("resnet18", "resnet50", "smallcnn", "mlp")
+DATASETS = ("synthetic", "digits", "cifar10", "cifar100")
+COMM_HOOKS = ("none", "fp16", "bf16", "powersgd")
+
+
+def _opt(default: Any, help: str, choices: tuple | None = None) -> Any:  # noqa: A002
+    """A dataclass field whose help text doubles as its one-line doc and its CLI help."""
+    return field(default=default, metadata={"help": help, "choices": choices})
+
+
+@dataclass(kw_only=True)
+class TrainConfig:
+    """Everything one training run needs; validated once, identical on every rank."""
+
+    mode: str = _opt(
+        "single", "single | dp (nn.DataParallel) | ddp (one process per device)", MODES
+    )
+    backend: str = _opt(
+        "auto", "process-group backend for ddp: auto | nccl | gloo", ("auto", "nccl", "gloo")
+    )
+    device: str = _opt("auto", "auto (CUDA when present) | cpu | cuda", ("auto", "cpu", "cuda"))
+    dp_gpus: int = _opt(0, "GPUs nn.DataParallel spreads over (0 = all visible)")
+    model: str = _opt("resnet18", "model architecture", MODELS)
+    dataset: str = _opt("synthetic", "dataset", DATASETS)
+    data_dir: str = _opt("data", "folder holding cifar10/cifar100 (torchvision layout)")
+    download: bool = _opt(
+        False, "download cifar10/cifar100 into --data-dir if absent (needs internet)"
+    )
+    epochs: int = _opt(1, "training epochs (the run stops at --max-steps first if that is set)")
+    max_steps: int = _opt(0, "maximum optimizer steps over the whole run (0 = no limit)")
+    batch_size: int = _opt(64, "GLOBAL batch for --scaling strong; per-device batch for weak")
+    scaling: str = _opt(
+        "strong", "strong: fixed global batch | weak: fixed per-device batch", ("strong", "weak")
+    )
+    lr: float = _opt(0.05, "SGD learning rate")
+    momentum: float = _opt(0.9, "SGD momentum")
+    weight_decay: float = _opt(5e-4, "SGD weight decay")
+    amp: str = _opt(
+        "none",
+        "autocast dtype: none | bf16 | fp16 (GradScaler on CUDA fp16)",
+        ("none", "bf16", "fp16"),
+    )
+    sync_bn: bool = _opt(False, "convert BatchNorm to SyncBatchNorm under ddp")
+    num_workers: int = _opt(0, "DataLoader worker processes per rank")
+    pin_memory: bool = _opt(False, "DataLoader pin_memory (useful with CUDA)")
+    seed: int = _opt(0, "seed of model init and of the global data order (one run per seed)")
+    warmup_steps: int = _opt(2, "first steps kept out of throughput (marked warmup=1 in steps.csv)")
+    bucket_cap_mb: float = _opt(25.0, "DDP gradient bucket size in MiB")
+    gradient_as_bucket_view: bool = _opt(
+        False, "DDP: gradients are views into the buckets (saves a copy)"
+    )
+    static_graph: bool = _opt(False, "DDP static_graph")
+    find_unused_parameters: bool = _opt(False, "DDP find_unused_parameters")
+    comm_hook: str = _opt("none", "DDP gradient communication hook", COMM_HOOKS)
+    profile: bool = _opt(True, "trace with torch.profiler (--no-profile for overhead comparisons)")
+    profile_wait: int = _opt(1, "profiler schedule: steps skipped per cycle")
+    profile_warmup: int = _opt(1, "profiler schedule: traced-but-discarded steps per cycle")
+    profile_active: int = _opt(3, "profiler schedule: recorded steps per cycle")
+    profile_repeat: int = _opt(1, "profiler schedule: cycles (0 = until the run ends)")
+    profile_with_stack: bool = _opt(False, "record Python stacks in traces (much larger files)")
+    checkpoint: bool = _opt(False, "save checkpoint.pt (rank 0, atomic) after every epoch")
+    init_method: str = _opt(
+        "", "process-group init_method, e.g. file:///path (default: torchrun env://)"
+    )
+    runs_dir: str = _opt("runs", "folder that receives one run folder per run")
+    run_id: str = _opt(
+        "", "run folder name (default: <mode>-<backend>-<model>-<dataset>-n<world>-s<seed>-<time>)"
+    )
+
+    def __post_init__(self) -> None:
+        for name in (
+            "mode",
+            "backend",
+            "device",
+            "model",
+            "dataset",
+            "scaling",
+            "amp",
+            "comm_hook",
+        ):
+            choices = _FIELDS[name].metadata["choices"]
+            if getattr(self, name) not in choices:
+                raise ValueError(
+                    f"--{_flag(name)} must be one of {', '.join(choices)}; got {getattr(self, name)!r}"
+                )
+        for name in ("epochs", "batch_size"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"--{_flag(name)} must be >= 1; got {getattr(self, name)}")
+        for name in (
+            "max_steps",
+            "num_workers",
+            "warmup_steps",
+            "dp_gpus",
+            "lr",
+            "momentum",
+            "weight_decay",
+        ):
+            if getattr(self, name) < 0:
+                raise ValueError(f"--{_flag(name)} must be >= 0; got {getattr(self, name)}")
+        if self.bucket_cap_mb <= 0:
+            raise ValueError(f"--bucket-cap-mb must be > 0; got {self.bucket_cap_mb}")
+        if self.max_steps and self.warmup_steps >= self.max_steps:
+            raise ValueError(
+                f"--warmup-steps ({self.warmup_steps}) leaves no measured step of --max-steps "
+                f"({self.max_steps}); raise --max-steps or lower --warmup-steps"
+            )
+        if self.init_method and not self.init_method.startswith(("file://", "tcp://", "env://")):
+            raise ValueError(
+                f"--init-method must start with file://, tcp:// or env://; got {self.init_method!r}"
+            )
+        if "/" in self.run_id or "\\" in self.run_id:
+            raise ValueError(
+                f"--run-id is a folder name, not a path; got {self.run_id!r} (use --runs-dir)"
+            )
+
+    @property
+    def rendezvous(self) -> str:
+        """run.json `config.rendezvous`: `file` for a file:// init_method, else `c10d` (TCP store)."""
+        return "file" if self.init_method.startswith("file://") else "c10d"
+
+    def profile_kwargs(self) -> dict:
+        """Keyword arguments for profiler.session.ProfileConfig."""
+        return {
+            "enabled": self.profile,
+            "wait": self.profile_wait,
+            "warmup": self.profile_warmup,
+            "active": self.profile_active,
+            "repeat": self.profile_repeat,
+            "with_stack": self.profile_with_stack,
+        }
+
+
+_FIELDS = {f.name: f for f in dataclasses.fields(TrainConfig)}
+
+
+def _flag(name: str) -> str:
+    return name.replace("_", "-")
+
+
+def add_config_arguments(parser: argparse.ArgumentParser, *, exclude: tuple[str, ...] = ()) -> None:
+    """Add one `--flag` per TrainConfig field (booleans get `--x/--no-x`), defaults as in the class."""
+    for f in dataclasses.fields(TrainConfig):
+        if f.name in exclude:
+            continue
+        kwargs: dict[str, Any] = {"default": f.default, "help": f.metadata["help"], "dest": f.name}
+        if isinstance(f.default, bool):
+            kwargs["action"] = argparse.BooleanOptionalAction
+        else:
+            kwargs["type"] = type(f.default)
+            if f.metadata["choices"]:
+                kwargs["choices"] = f.metadata["choices"]
+        parser.add_argument(f"--{_flag(f.name)}", **kwargs)
+
+
+def config_from_namespace(ns: argparse.Namespace, **overrides: Any) -> TrainConfig:
+    """Build (and so validate) a TrainConfig from parsed arguments plus explicit overrides."""
+    values = {name: getattr(ns, name) for name in _FIELDS if hasattr(ns, name)}
+    values.update(overrides)
+    return TrainConfig(**values)
+
+
+def to_argv(cfg: TrainConfig) -> list[str]:
+    """The `workloads.train` command line that reproduces `cfg` exactly."""
+    argv: list[str] = []
+    for f in dataclasses.fields(TrainConfig):
+        value = getattr(cfg, f.name)
+        if isinstance(value, bool):
+            argv.append(f"--{_flag(f.name)}" if value else f"--no-{_flag(f.name)}")
+        else:
+            argv += [f"--{_flag(f.name)}", str(value)]
+    return argv
+
+
+def batch_split(cfg: TrainConfig, replicas: int) -> tuple[int, int]:
+    """(global_batch, per_device_batch) for `replicas` model replicas (DDP ranks or DP GPUs).
+
+    Strong scaling keeps the global batch, so each device gets global / replicas; weak scaling
+    keeps the per-device batch, so the global batch grows with the replicas.
+    """
+    if cfg.scaling == "weak":
+        return cfg.batch_size * replicas, cfg.batch_size
+    if cfg.batch_size % replicas:
+        raise ValueError(
+            f"--batch-size {cfg.batch_size} (global, --scaling strong) is not divisible by "
+            f"{replicas} devices; pick a multiple of {replicas} or use --scaling weak"
+        )
+    return cfg.batch_size, cfg.batch_size // replicas
+
+
+def default_run_id(cfg: TrainConfig, *, backend: str, world_size: int) -> str:
+    """`<mode>-<backend>-<model>-<dataset>-n<world_size>-s<seed>-<YYYYmmddTHHMMSS>` (UTC)."""
+    stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%S")
+    return f"{cfg.mode}-{backend}-{cfg.model}-{cfg.dataset}-n{world_size}-s{cfg.seed}-{stamp}"
+
+
+def config_record(
+    cfg: TrainConfig,
+    *,
+    backend: str,
+    world_size: int,
+    nnodes: int,
+    nproc_per_node: int,
+    devices: list[str],
+    replicas: int,
+) -> dict:
+    """The run.json `config` object (docs/run-folder.md)."""
+    global_batch, per_device_batch = batch_split(cfg, replicas)
+    return {
+        "mode": cfg.mode,
+        "backend": backend,
+        "world_size": world_size,
+        "nnodes": nnodes,
+        "nproc_per_node": nproc_per_node,
+        "devices": devices,
+        "model": cfg.model,
+        "dataset": cfg.dataset,
+        "global_batch": global_batch,
+        "per_device_batch": per_device_batch,
+        "scaling": cfg.scaling,
+        "amp": cfg.amp,
+        "seed": cfg.seed,
+        "epochs": cfg.epochs,
+        "max_steps": cfg.max_steps,
+        "lr": cfg.lr,
+        "momentum": cfg.momentum,
+        "weight_decay": cfg.weight_decay,
+        "sync_bn": cfg.sync_bn,
+        "num_workers": cfg.num_workers,
+        "pin_memory": cfg.pin_memory,
+        "warmup_steps": cfg.warmup_steps,
+        "rendezvous": cfg.rendezvous,
+        "ddp": {
+            "bucket_cap_mb": cfg.bucket_cap_mb,
+            "gradient_as_bucket_view": cfg.gradient_as_bucket_view,
+            "static_graph": cfg.static_graph,
+            "find_unused_parameters": cfg.find_unused_parameters,
+            "comm_hook": cfg.comm_hook,
+        },
+        "profile": ProfileConfig(**cfg.profile_kwargs()).to_dict(),
+    }

@@ -1,0 +1,207 @@
+"""Where this process stands: decided ONCE from torchrun's environment, then consulted only here.
+
+`init_context` reads RANK / LOCAL_RANK / WORLD_SIZE (set by torchrun), picks the device, pins
+CUDA *before* `init_process_group` (so NCCL binds each rank to its own GPU) and returns one
+frozen `RunContext`. `wrap_model` / `unwrap_model` are the only places that know about
+DataParallel and DistributedDataParallel; the training loop never branches on the mode.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+from dataclasses import dataclass
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.nn.parallel import DataParallel, DistributedDataParallel
+
+from workloads.config import TrainConfig
+
+__all__ = [
+    "RunContext",
+    "cpu_cores",
+    "init_context",
+    "rank",
+    "resolve_backend",
+    "teardown",
+    "unwrap_model",
+    "wrap_model",
+]
+
+
+@dataclass(frozen=True, kw_only=True)
+class RunContext:
+    """The process's place in the run (rank, device, world); identical semantics in every mode."""
+
+    mode: str
+    """single | dp | ddp."""
+    rank: int
+    """Global rank (0 outside DDP)."""
+    local_rank: int
+    """Rank on this node; the CUDA device index under DDP."""
+    world_size: int
+    """Number of processes (1 for single and DP)."""
+    local_world_size: int
+    """Processes on this node (torchrun --nproc-per-node)."""
+    nnodes: int
+    """Nodes in the job."""
+    backend: str
+    """nccl | gloo for DDP, none otherwise."""
+    device: torch.device
+    """Where this process's batch and (primary) replica live."""
+    devices: tuple[torch.device, ...]
+    """Every device this process computes on (DP: all its GPUs)."""
+
+    @property
+    def is_main(self) -> bool:
+        """Rank 0 writes the run record and checkpoints."""
+        return self.rank == 0
+
+    @property
+    def replicas(self) -> int:
+        """Model replicas the global batch is split over (DDP ranks or DP GPUs)."""
+        return self.world_size if self.mode == "ddp" else len(self.devices)
+
+
+def rank() -> int:
+    """Global rank, 0 when no process group exists (single, DP, before init)."""
+    return dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
+
+
+def cpu_cores() -> int:
+    """CPU cores this process may run on (affinity-aware where the OS tells us)."""
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1
+
+
+def resolve_backend(requested: str, *, use_cuda: bool) -> str:
+    """`auto` is nccl on Linux with CUDA devices and gloo otherwise (CPU, Windows, macOS)."""
+    if requested != "auto":
+        return requested
+    return "nccl" if use_cuda and platform.system() == "Linux" else "gloo"
+
+
+def _use_cuda(cfg: TrainConfig) -> bool:
+    if cfg.device == "cpu":
+        return False
+    available = torch.cuda.is_available()
+    if cfg.device == "cuda" and not available:
+        raise ValueError("--device cuda but torch sees no CUDA device; use --device cpu or auto")
+    return available
+
+
+def init_context(cfg: TrainConfig) -> RunContext:
+    """Decide rank, world and device from the environment, and join the process group for DDP."""
+    use_cuda = _use_cuda(cfg)
+    if cfg.mode == "ddp":
+        missing = [k for k in ("RANK", "LOCAL_RANK", "WORLD_SIZE") if k not in os.environ]
+        if missing:
+            raise ValueError(
+                f"--mode ddp needs torchrun's {', '.join(missing)}; start it with "
+                "`python -m workloads.launch --mode ddp ...` (or torchrun -m workloads.train)"
+            )
+        global_rank = int(os.environ["RANK"])
+        local_rank = int(os.environ["LOCAL_RANK"])
+        world_size = int(os.environ["WORLD_SIZE"])
+        local_world = int(os.environ.get("LOCAL_WORLD_SIZE", world_size))
+        backend = resolve_backend(cfg.backend, use_cuda=use_cuda)
+        if use_cuda:
+            # Before init_process_group: NCCL creates its communicator on the current device.
+            torch.cuda.set_device(local_rank)
+            device = torch.device("cuda", local_rank)
+        else:
+            device = torch.device("cpu")
+        kwargs: dict = {"backend": backend, "timeout": timedelta(minutes=10)}
+        if cfg.init_method:
+            # file:// (or tcp://) rendezvous: rank and world size must be given explicitly.
+            kwargs.update(init_method=cfg.init_method, rank=global_rank, world_size=world_size)
+        dist.init_process_group(**kwargs)
+        return RunContext(
+            mode="ddp",
+            rank=global_rank,
+            local_rank=local_rank,
+            world_size=world_size,
+            local_world_size=local_world,
+            nnodes=max(1, world_size // max(1, local_world)),
+            backend=backend,
+            device=device,
+            devices=(device,),
+        )
+    if cfg.mode == "dp":
+        if not use_cuda:
+            raise ValueError(
+                "--mode dp needs at least one CUDA device (nn.DataParallel is GPU-only)"
+            )
+        count = cfg.dp_gpus or torch.cuda.device_count()
+        if count > torch.cuda.device_count():
+            raise ValueError(
+                f"--dp-gpus {count} is above the {torch.cuda.device_count()} visible GPUs"
+            )
+        devices = tuple(torch.device("cuda", i) for i in range(count))
+    else:
+        devices = (torch.device("cuda", 0) if use_cuda else torch.device("cpu"),)
+    if use_cuda:
+        torch.cuda.set_device(devices[0])
+    return RunContext(
+        mode=cfg.mode,
+        rank=0,
+        local_rank=0,
+        world_size=1,
+        local_world_size=1,
+        nnodes=1,
+        backend="none",
+        device=devices[0],
+        devices=devices,
+    )
+
+
+def teardown() -> None:
+    """Leave the process group (if any) so NCCL/gloo shut down cleanly."""
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def _register_comm_hook(model: DistributedDataParallel, hook: str) -> None:
+    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook
+
+    if hook == "fp16":
+        model.register_comm_hook(None, default_hooks.fp16_compress_hook)
+    elif hook == "bf16":
+        model.register_comm_hook(None, default_hooks.bf16_compress_hook)
+    elif hook == "powersgd":
+        # Rank-1 PowerSGD; plain allreduce for the first 2 steps (PowerSGD needs >= 2 to warm up
+        # its error feedback), so a short profiled run still sees the compressed path.
+        state = powerSGD_hook.PowerSGDState(
+            process_group=None, matrix_approximation_rank=1, start_powerSGD_iter=2
+        )
+        model.register_comm_hook(state, powerSGD_hook.powerSGD_hook)
+
+
+def wrap_model(model: nn.Module, ctx: RunContext, cfg: TrainConfig) -> nn.Module:
+    """Move `model` to the context's device and wrap it for the mode (the one place that does)."""
+    if ctx.mode == "ddp" and cfg.sync_bn:
+        model = nn.SyncBatchNorm.convert_sync_batchnorm(model)
+    model = model.to(ctx.device)
+    if ctx.mode == "dp":
+        return DataParallel(model, device_ids=[d.index for d in ctx.devices])
+    if ctx.mode == "ddp":
+        ddp = DistributedDataParallel(
+            model,
+            device_ids=[ctx.local_rank] if ctx.device.type == "cuda" else None,
+            bucket_cap_mb=cfg.bucket_cap_mb,
+            gradient_as_bucket_view=cfg.gradient_as_bucket_view,
+            static_graph=cfg.static_graph,
+            find_unused_parameters=cfg.find_unused_parameters,
+        )
+        _register_comm_hook(ddp, cfg.comm_hook)
+        return ddp
+    return model
+
+
+def unwrap_model(model: nn.Module) -> nn.Module:
+    """The plain module inside a DataParallel / DDP wrapper (what checkpoints and eval use)."""
+    return model.module if isinstance(model, DataParallel | DistributedDataParallel) else model

@@ -1,0 +1,200 @@
+"""Datasets (all delivered as 3x32x32) and the one sampler every mode draws its batches from.
+
+Identical data order in every mode: each epoch has ONE global permutation seeded by
+`seed + epoch`; optimizer step s consumes positions [s*G, (s+1)*G) of it (G = global batch), and
+replica r takes the contiguous slice [r*B, (r+1)*B) of that global batch (B = G / replicas).
+Single-device and DataParallel runs are one replica of the same sampler (they take all G), so a
+DDP step sees exactly the samples the single-device step sees, only split across ranks.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch.utils.data import DataLoader, Dataset, Sampler, Subset, TensorDataset
+
+__all__ = [
+    "DataError",
+    "Datasets",
+    "GlobalBatchSampler",
+    "build_datasets",
+    "check_available",
+    "eval_loader",
+    "train_loader",
+]
+
+# The synthetic data is fixed (independent of --seed): seeds vary init and order, not the task.
+_SYNTHETIC_SEED = 1234
+SYNTHETIC_TRAIN = 2048
+SYNTHETIC_TEST = 512
+_CIFAR_FOLDERS = {"cifar10": "cifar-10-batches-py", "cifar100": "cifar-100-python"}
+
+
+class DataError(ValueError):
+    """A dataset is missing or unusable; the message says what to do."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class Datasets:
+    """Train and test splits plus the number of classes."""
+
+    train: Dataset
+    test: Dataset
+    num_classes: int
+
+
+def _synthetic(num_classes: int = 10) -> Datasets:
+    # Labels come from a fixed random linear teacher on an 8x8 version of the image, and the
+    # 32x32 input is that image upsampled plus noise: learnable by the MLP and by the CNNs alike.
+    g = torch.Generator().manual_seed(_SYNTHETIC_SEED)
+    n = SYNTHETIC_TRAIN + SYNTHETIC_TEST
+    low = torch.randn(n, 3, 8, 8, generator=g)
+    teacher = torch.randn(3 * 8 * 8, num_classes, generator=g)
+    labels = (low.flatten(1) @ teacher).argmax(dim=1)
+    images = F.interpolate(low, size=(32, 32), mode="bilinear", align_corners=False)
+    images += 0.3 * torch.randn(images.shape, generator=g)
+    return Datasets(
+        train=TensorDataset(images[:SYNTHETIC_TRAIN], labels[:SYNTHETIC_TRAIN]),
+        test=TensorDataset(images[SYNTHETIC_TRAIN:], labels[SYNTHETIC_TRAIN:]),
+        num_classes=num_classes,
+    )
+
+
+def _digits() -> Datasets:
+    from sklearn.datasets import load_digits  # ships with scikit-learn: no download
+
+    bunch = load_digits()
+    x = torch.tensor(bunch.images, dtype=torch.float32) / 16.0  # (N, 8, 8) in [0, 1]
+    y = torch.tensor(bunch.target, dtype=torch.long)
+    # Grey 8x8 -> 3x32x32 so every model (built for CIFAR shapes) runs unchanged.
+    x = F.interpolate(x[:, None], size=(32, 32), mode="bilinear", align_corners=False)
+    x = ((x - 0.5) / 0.5).expand(-1, 3, -1, -1).contiguous()
+    perm = torch.randperm(len(y), generator=torch.Generator().manual_seed(_SYNTHETIC_SEED))
+    n_test = len(y) // 5
+    test, train = perm[:n_test], perm[n_test:]
+    return Datasets(
+        train=TensorDataset(x[train], y[train]),
+        test=TensorDataset(x[test], y[test]),
+        num_classes=10,
+    )
+
+
+def check_available(name: str, data_dir: str, *, download: bool) -> None:
+    """Raise DataError (one line, with the fix) when a dataset cannot be loaded offline."""
+    if name in _CIFAR_FOLDERS and not download:
+        folder = Path(data_dir) / _CIFAR_FOLDERS[name]
+        if not folder.is_dir():
+            raise DataError(
+                f"{name} not found at {folder}: pass --download (needs internet) or point "
+                f"--data-dir at the folder that contains {_CIFAR_FOLDERS[name]}"
+            )
+
+
+def _cifar(name: str, data_dir: str, *, download: bool) -> Datasets:
+    from torchvision import datasets, transforms
+
+    check_available(name, data_dir, download=download)
+    cls, num_classes = (datasets.CIFAR10, 10) if name == "cifar10" else (datasets.CIFAR100, 100)
+    tf = transforms.Compose(
+        [
+            transforms.ToTensor(),
+            transforms.Normalize((0.4914, 0.4822, 0.4465), (0.247, 0.243, 0.261)),
+        ]
+    )
+    try:
+        train = cls(root=data_dir, train=True, transform=tf, download=download)
+        test = cls(root=data_dir, train=False, transform=tf, download=download)
+    except (
+        RuntimeError,
+        OSError,
+    ) as exc:  # torchvision: "Dataset not found or corrupted", URL errors
+        raise DataError(f"{name} could not be loaded from --data-dir {data_dir}: {exc}") from exc
+    return Datasets(train=train, test=test, num_classes=num_classes)
+
+
+def build_datasets(name: str, data_dir: str = "data", *, download: bool = False) -> Datasets:
+    """The train/test splits of `name` (synthetic | digits | cifar10 | cifar100)."""
+    if name == "synthetic":
+        return _synthetic()
+    if name == "digits":
+        return _digits()
+    if name in _CIFAR_FOLDERS:
+        return _cifar(name, data_dir, download=download)
+    raise DataError(f"--dataset must be one of synthetic, digits, cifar10, cifar100; got {name!r}")
+
+
+class GlobalBatchSampler(Sampler[list[int]]):
+    """Yields this replica's share of each global batch of the epoch's global permutation."""
+
+    def __init__(
+        self, *, num_samples: int, global_batch: int, rank: int, replicas: int, seed: int
+    ) -> None:
+        if global_batch % replicas:
+            raise ValueError(f"global batch {global_batch} is not divisible by {replicas} replicas")
+        if num_samples < global_batch:
+            raise DataError(
+                f"the training split has {num_samples} samples, fewer than one global batch of "
+                f"{global_batch}; lower --batch-size"
+            )
+        self.num_samples = num_samples
+        self.global_batch = global_batch
+        self.per_replica = global_batch // replicas
+        self.rank = rank
+        self.seed = seed
+        self.epoch = 0
+        self.start = 0
+
+    def set_epoch(self, epoch: int, *, start: int = 0) -> None:
+        """Select the epoch's permutation; `start` skips steps already done (resuming)."""
+        self.epoch = epoch
+        self.start = start
+
+    def __len__(self) -> int:
+        """Optimizer steps per epoch (the last partial global batch is dropped)."""
+        return self.num_samples // self.global_batch
+
+    def __iter__(self):
+        g = torch.Generator().manual_seed(self.seed + self.epoch)
+        perm = torch.randperm(self.num_samples, generator=g)
+        lo = self.rank * self.per_replica
+        for step in range(self.start, len(self)):
+            batch = perm[step * self.global_batch : (step + 1) * self.global_batch]
+            yield batch[lo : lo + self.per_replica].tolist()
+
+
+def train_loader(
+    dataset: Dataset, sampler: GlobalBatchSampler, *, num_workers: int, pin_memory: bool
+) -> DataLoader:
+    """DataLoader over the global-order sampler (its batches are this replica's share)."""
+    return DataLoader(
+        dataset,
+        batch_sampler=sampler,
+        num_workers=num_workers,
+        pin_memory=pin_memory,
+        persistent_workers=num_workers > 0,
+    )
+
+
+def eval_loader(
+    dataset: Dataset,
+    *,
+    rank: int,
+    world_size: int,
+    batch_size: int,
+    num_workers: int,
+    pin_memory: bool,
+) -> DataLoader:
+    """This rank's contiguous shard of the test split, without padding, so that the sums over
+    all ranks cover every test sample exactly once (same numbers as a single-device eval)."""
+    n = len(dataset)
+    lo, hi = rank * n // world_size, (rank + 1) * n // world_size
+    return DataLoader(
+        Subset(dataset, range(lo, hi)),
+        batch_size=batch_size,
+        shuffle=False,
+        num_workers=num_workers,
+        pin_memory=pin_memory,
+    )

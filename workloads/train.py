@@ -1,0 +1,364 @@
+"""The training entrypoint for every mode: `python -m workloads.train` (what torchrun starts).
+
+One loop for single, DataParallel and DDP: the mode only changes the RunContext (decided once)
+and the wrapper (workloads.context.wrap_model). Each optimizer step is timed in four phases
+(data, forward, backward, optimizer), advances the profiler schedule and samples memory. At the
+end every rank's step rows and memory peaks are gathered to rank 0, which writes steps.csv and
+run.json atomically. Each rank logs to `logs/rank<r>.log`; a rank that raises also writes
+`logs/rank<r>.error.json` and exits 1 so the launcher can name it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import sys
+import time
+import traceback
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+from tqdm import tqdm
+
+from profiler.memory import MemoryTracker
+from profiler.record import (
+    SCHEMA_VERSION,
+    STEPS_COLUMNS,
+    collect_env,
+    write_csv_atomic,
+    write_json_atomic,
+)
+from profiler.session import ProfileConfig, ProfilerSession
+from profiler.timers import StepTimer
+from workloads.checkpoint import LoopState, save_checkpoint
+from workloads.config import (
+    TrainConfig,
+    add_config_arguments,
+    batch_split,
+    config_from_namespace,
+    config_record,
+    default_run_id,
+)
+from workloads.context import (
+    RunContext,
+    cpu_cores,
+    init_context,
+    teardown,
+    unwrap_model,
+    wrap_model,
+)
+from workloads.data import GlobalBatchSampler, build_datasets, eval_loader, train_loader
+from workloads.models import build_model
+from workloads.runlog import rank_log, utc_now, write_error_record
+from workloads.summary import best_epoch, step_metrics
+
+__all__ = ["evaluate", "main", "train"]
+
+# Hidden test hook: rank DPSCOPE_FAIL_RANK raises at optimizer step DPSCOPE_FAIL_STEP (default 0).
+FAIL_RANK_ENV, FAIL_STEP_ENV = "DPSCOPE_FAIL_RANK", "DPSCOPE_FAIL_STEP"
+
+
+def _set_threads(ctx: RunContext) -> int:
+    """CPU ranks share the cores evenly (cores // processes per node); GPU runs keep torch's default."""
+    if ctx.device.type == "cpu":
+        torch.set_num_threads(max(1, cpu_cores() // ctx.local_world_size))
+    return torch.get_num_threads()
+
+
+def _ddp_info(model: nn.Module) -> dict | None:
+    """Bucket layout and gradient volume of a DDP model (None for other modes)."""
+    if not isinstance(model, nn.parallel.DistributedDataParallel):
+        return None
+    params = [p for p in model.module.parameters() if p.requires_grad]
+    # Bucket sizes as the DDP reducer reports them: after the first steps the reducer rebuilds its
+    # buckets in gradient-ready order (`rebuilt_bucket_sizes`); before that, or with static
+    # bucketing, its initial reverse-parameter-order assignment (`bucket_sizes`).
+    info = model._get_ddp_logging_data()
+    sizes = info.get("rebuilt_bucket_sizes") or info.get("bucket_sizes") or ""
+    bucket_sizes = [int(s) for s in re.findall(r"\d+", str(sizes))]
+    return {
+        "num_buckets": len(bucket_sizes),
+        "bucket_sizes_bytes": bucket_sizes,
+        "grad_bytes_total": sum(p.numel() * p.element_size() for p in params),
+        "param_count": sum(p.numel() for p in params),
+    }
+
+
+@torch.no_grad()
+def evaluate(model: nn.Module, loader, ctx: RunContext, *, epoch: int) -> dict:
+    """Test loss / top-1 / top-5 over the whole test split. Each rank evaluates its shard with
+    the unwrapped module (no collectives per batch) and the sums are all-reduced, so every mode
+    reports the same numbers."""
+    model.eval()
+    sums = torch.zeros(4, dtype=torch.float64, device=ctx.device)  # loss, top1, top5, samples
+    for x, y in loader:
+        x, y = x.to(ctx.device), y.to(ctx.device)
+        out = model(x).float()
+        top = out.topk(min(5, out.shape[1]), dim=1).indices
+        sums += torch.stack(
+            [
+                F.cross_entropy(out, y, reduction="sum").double(),
+                (top[:, 0] == y).sum().double(),
+                (top == y[:, None]).any(dim=1).sum().double(),
+                torch.tensor(float(len(y)), dtype=torch.float64, device=ctx.device),
+            ]
+        )
+    if ctx.mode == "ddp":
+        dist.all_reduce(sums)
+    model.train()
+    loss, top1, top5, n = sums.tolist()
+    return {
+        "epoch": epoch,
+        "test_loss": loss / n,
+        "top1_pct": 100.0 * top1 / n,
+        "top5_pct": 100.0 * top5 / n,
+        "samples": int(n),
+    }
+
+
+def _maybe_fail(rank: int, step: int) -> None:
+    if (
+        os.environ.get(FAIL_RANK_ENV) == str(rank)
+        and int(os.environ.get(FAIL_STEP_ENV, "0")) == step
+    ):
+        raise RuntimeError(
+            f"injected failure on rank {rank} at step {step} ({FAIL_RANK_ENV} test hook)"
+        )
+
+
+def train(cfg: TrainConfig, ctx: RunContext, run_dir: Path) -> None:
+    """Train, evaluate each epoch, and (rank 0) write steps.csv and run.json."""
+    start = time.perf_counter()
+    threads = _set_threads(ctx)
+    use_cuda = ctx.device.type == "cuda"
+    data = build_datasets(cfg.dataset, cfg.data_dir, download=cfg.download)
+    global_batch, per_device = batch_split(cfg, ctx.replicas)
+    # DP is one replica of the sampler (DataParallel splits the batch itself); DDP ranks take shares.
+    sampler = GlobalBatchSampler(
+        num_samples=len(data.train),
+        global_batch=global_batch,
+        rank=ctx.rank,
+        replicas=ctx.world_size,
+        seed=cfg.seed,
+    )
+    loader = train_loader(
+        data.train, sampler, num_workers=cfg.num_workers, pin_memory=cfg.pin_memory
+    )
+    test_loader = eval_loader(
+        data.test,
+        rank=ctx.rank,
+        world_size=ctx.world_size,
+        batch_size=256,
+        num_workers=cfg.num_workers,
+        pin_memory=cfg.pin_memory,
+    )
+    torch.manual_seed(cfg.seed)  # the same initial weights in every mode and on every rank
+    model = wrap_model(build_model(cfg.model, num_classes=data.num_classes), ctx, cfg)
+    optimizer = torch.optim.SGD(
+        model.parameters(), lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay
+    )
+    amp_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(cfg.amp)
+    scaler = torch.amp.GradScaler(ctx.device.type, enabled=use_cuda and cfg.amp == "fp16")
+    timer = StepTimer(device=ctx.device)
+    memory = MemoryTracker(rank=ctx.rank, devices=list(ctx.devices))
+    profiler = ProfilerSession(
+        ProfileConfig(**cfg.profile_kwargs()),
+        trace_dir=run_dir / "traces",
+        worker_name="dp" if ctx.mode == "dp" else f"rank{ctx.rank}",
+        use_cuda=use_cuda,
+    )
+    state = LoopState()
+    rows: list[dict] = []
+    epoch_times: list[float] = []
+    planned = cfg.epochs * len(sampler)
+    planned = min(planned, cfg.max_steps) if cfg.max_steps else planned
+    print(
+        f"[rank{ctx.rank}] mode={ctx.mode} backend={ctx.backend} device={ctx.device} "
+        f"world={ctx.world_size} threads={threads} global_batch={global_batch} per_device={per_device} "
+        f"steps={planned}",
+        flush=True,
+    )
+    bar = tqdm(
+        total=planned,
+        desc=f"{ctx.mode} train",
+        unit="step",
+        disable=not ctx.is_main,
+        file=sys.__stderr__,
+    )
+    memory.start()
+    profiler.start()
+    while state.epoch < cfg.epochs and state.step < planned:
+        sampler.set_epoch(state.epoch, start=state.epoch_step)
+        epoch_start = time.perf_counter()
+        batches = iter(loader)
+        while state.epoch_step < len(sampler) and state.step < planned:
+            timer.start_step()
+            with timer.phase("data"):
+                x, y = next(batches)
+                x = x.to(ctx.device, non_blocking=True)
+                y = y.to(ctx.device, non_blocking=True)
+            _maybe_fail(ctx.rank, state.step)
+            with timer.phase("forward"):
+                with torch.autocast(
+                    ctx.device.type, dtype=amp_dtype, enabled=amp_dtype is not None
+                ):
+                    loss = F.cross_entropy(model(x), y)
+            with timer.phase("backward"):
+                scaler.scale(loss).backward()
+            with timer.phase("optimizer"):
+                scaler.step(optimizer)
+                scaler.update()
+                optimizer.zero_grad(set_to_none=True)
+            times = timer.end_step()
+            profiler.step()
+            sample = memory.step_sample()
+            if state.step == 0:
+                memory.mark_first_step()
+            rows.append(
+                {
+                    "rank": ctx.rank,
+                    "epoch": state.epoch,
+                    "step": state.step,
+                    "warmup": int(state.step < cfg.warmup_steps),
+                    **times,
+                    "samples": len(y),
+                    "loss": float(loss.item()),
+                    "rss_bytes": sample["rss_bytes"],
+                    "cuda_allocated_bytes": sample["cuda_allocated_bytes"],
+                }
+            )
+            state.step += 1
+            state.epoch_step += 1
+            bar.update(1)
+            bar.set_postfix(loss=f"{rows[-1]['loss']:.4f}", refresh=False)
+        epoch_times.append(time.perf_counter() - epoch_start)
+        result = evaluate(unwrap_model(model), test_loader, ctx, epoch=state.epoch)
+        state.evals.append(result)
+        print(
+            f"[rank{ctx.rank}] epoch {state.epoch}: {state.epoch_step} steps, "
+            f"test_loss {result['test_loss']:.4f} top1 {result['top1_pct']:.2f}% top5 {result['top5_pct']:.2f}%",
+            flush=True,
+        )
+        state.epoch += 1
+        state.epoch_step = 0
+        if cfg.checkpoint and ctx.is_main:
+            save_checkpoint(run_dir / "checkpoint.pt", model, optimizer, state)
+    bar.close()
+    profiler.stop()
+    memory.stop()
+    _finish(
+        cfg,
+        ctx,
+        run_dir,
+        model=model,
+        rows=rows,
+        memory=memory,
+        profiler=profiler,
+        evals=state.evals,
+        epoch_times=epoch_times,
+        threads=threads,
+        start=start,
+    )
+
+
+def _finish(
+    cfg, ctx, run_dir, *, model, rows, memory, profiler, evals, epoch_times, threads, start
+) -> None:
+    """Gather every rank's rows and memory to rank 0, which writes steps.csv and run.json."""
+    mine = {
+        "rows": rows,
+        "device": [str(d) for d in ctx.devices],
+        "memory": memory.summary(),
+        "memory_after_first_step": memory.summary_after_first_step(),
+        "traces": [p.relative_to(run_dir).as_posix() for p in profiler.trace_files()],
+    }
+    if ctx.mode == "ddp":
+        gathered = [None] * ctx.world_size if ctx.is_main else None
+        dist.gather_object(mine, gathered, dst=0)
+    else:
+        gathered = [mine]
+    ddp_info = _ddp_info(model)
+    if not ctx.is_main:
+        return
+    all_rows = sorted(
+        (r for g in gathered for r in g["rows"]), key=lambda r: (r["step"], r["rank"])
+    )
+    write_csv_atomic(run_dir / "steps.csv", all_rows, STEPS_COLUMNS)
+    previous = run_dir / "run.json"
+    created = json.loads(previous.read_text()).get("created_at") if previous.is_file() else None
+    devices = [d for g in gathered for d in g["device"]]
+    record = {
+        "schema_version": SCHEMA_VERSION,
+        "run_id": cfg.run_id,
+        "status": "ok",
+        "error": None,
+        "created_at": created or utc_now(),
+        "finished_at": utc_now(),
+        "config": config_record(
+            cfg,
+            backend=ctx.backend,
+            world_size=ctx.replicas,
+            nnodes=ctx.nnodes,
+            nproc_per_node=ctx.local_world_size,
+            devices=devices,
+            replicas=ctx.replicas,
+        ),
+        "env": collect_env(threads_per_rank=threads),
+        "metrics": {
+            **step_metrics(all_rows),
+            "epoch_time_s": epoch_times,
+            "wall_time_s": time.perf_counter() - start,
+            "memory": [m for g in gathered for m in g["memory"]],
+            "memory_after_first_step": [m for g in gathered for m in g["memory_after_first_step"]],
+            "ddp": ddp_info,
+        },
+        "eval": {"epochs": evals, "best": best_epoch(evals)},
+        "traces": sorted(t for g in gathered for t in g["traces"]),
+    }
+    write_json_atomic(run_dir / "run.json", record)
+    print(f"[rank0] wrote {run_dir / 'run.json'}", flush=True)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m workloads.train",
+        description="One training run (single | dp | ddp). DDP ranks are started by torchrun; "
+        "use `python -m workloads.launch` to get the run folder and torchrun set up for you.",
+    )
+    add_config_arguments(parser)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    ns = parser.parse_args(argv)
+    try:
+        cfg = config_from_namespace(ns)
+    except ValueError as exc:
+        parser.error(str(exc))
+    if not cfg.run_id:
+        if cfg.mode == "ddp":
+            parser.error("--run-id is required for ddp (every rank must write the same run folder)")
+        cfg.run_id = default_run_id(cfg, backend="none", world_size=1)
+    env_rank = int(os.environ.get("RANK", "0"))
+    run_dir = Path(cfg.runs_dir) / cfg.run_id
+    with rank_log(run_dir / "logs" / f"rank{env_rank}.log"):
+        try:
+            ctx = init_context(cfg)
+            train(cfg, ctx, run_dir)
+            return 0
+        except BaseException as exc:  # noqa: BLE001 - every failure must leave a record for the launcher
+            traceback.print_exc()
+            write_error_record(run_dir, rank=env_rank, exc=exc)
+            return 1
+        finally:
+            teardown()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
