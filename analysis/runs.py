@@ -204,10 +204,7 @@ def _attach_trace(entry: dict, run_dir: Path, *, progress: bool) -> None:
     trace_dir = run_dir / "traces"
     if not trace_dir.is_dir() or not any(trace_dir.iterdir()):
         return
-    try:  # TEMPORARY until analysis/traces.py lands (next commit)
-        from analysis.traces import analyze_trace_dir
-    except ModuleNotFoundError:
-        return
+    from analysis.traces import analyze_trace_dir  # only runs with traces need the trace engine
 
     try:
         trace = analyze_trace_dir(trace_dir, progress=progress)

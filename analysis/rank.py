@@ -1,0 +1,217 @@
+"""Reduce one rank's trace to its summary: per-step compute/comm/overlap/idle/data-wait, the
+rank-level HTA figures, tb-profiler's split, and the collective instances for cross-rank matching.
+
+Steps are the `ProfilerStep#N` ranges. The last one is dropped when there are two or more (HTA's
+rule: the profiler stops inside it, so its GPU work is cut off); a trace without any is analysed
+as one step spanning its CPU ops (tb-profiler's rule) and says so in `warnings`.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from analysis.classify import COMM, COMPUTE, Classified, Ranges, classify
+from analysis.collectives import rank_instances
+from analysis.errors import AnalysisError
+from analysis.intervals import Intervals, clip, intersection_us, merge, total_us, union_us
+from analysis.loader import load_trace
+
+__all__ = ["summarize_file"]
+
+
+def _windows(c: Classified, path: Path, warnings: list[str]) -> tuple[np.ndarray, np.ndarray, list]:
+    """Analysed step windows (start, end, step number) in µs relative to the rank's origin."""
+    if len(c.steps) == 0:
+        lo, hi = c.cpu_span
+        if hi <= lo:
+            raise AnalysisError(
+                path,
+                "no ProfilerStep ranges and no CPU ops",
+                "profile with torch.profiler and call prof.step() every step",
+            )
+        warnings.append(
+            f"{path}: no ProfilerStep#N ranges — analysed the whole trace as one step;"
+            " call prof.step() every iteration for per-step numbers"
+        )
+        return np.array([lo]), np.array([hi]), [None]
+    n = len(c.steps) - 1 if len(c.steps) >= 2 else 1  # HTA drops the last, incomplete step
+    return c.steps.start[:n], c.steps.end[:n], c.step_numbers[:n]
+
+
+def _sel(r: Ranges, mask: np.ndarray) -> Intervals:
+    return r.start[mask], r.end[mask]
+
+
+def _outside_comm(c: Classified) -> np.ndarray:
+    """Mask of compute ops not nested inside a collective annotation on the same thread (the
+    copies a gloo thread makes while reducing belong to the collective, not to computation)."""
+    keep = np.ones(len(c.compute_ops), dtype=bool)
+    op_tids = np.asarray(c.compute_ops.tids, dtype=object)
+    a_tids = np.asarray(c.anchors.tids, dtype=object)
+    for tid in set(c.anchors.tids):
+        ms, me = merge(*_sel(c.anchors, a_tids == tid))
+        on = np.flatnonzero(op_tids == tid)
+        idx = np.searchsorted(ms, c.compute_ops.start[on], side="right") - 1
+        inside = (idx >= 0) & (me[np.clip(idx, 0, None)] > c.compute_ops.start[on])
+        keep[on[inside]] = False
+    return keep
+
+
+def _step_rows(c: Classified, lo: np.ndarray, hi: np.ndarray, numbers: list) -> list[dict]:
+    gpu = len(c.kernels) > 0
+    if gpu:  # a kernel belongs to the step whose CPU range launched it (HTA attributes the same)
+        k_step = np.searchsorted(lo, c.launch_us, side="right") - 1
+        valid = (k_step >= 0) & (c.launch_us <= hi[np.clip(k_step, 0, None)])
+        if numbers == [None]:  # one whole-trace window: every kernel is in it
+            k_step, valid = np.zeros(len(c.kernels), dtype=np.int64), np.ones(len(c.kernels), bool)
+    else:
+        ops = _sel(c.compute_ops, _outside_comm(c))
+        comm_all = merge(c.anchors.start, c.anchors.end)
+    data_all = merge(c.data.start, c.data.end)
+    rows = []
+    for i, (s, e) in enumerate(zip(lo.tolist(), hi.tolist(), strict=True)):
+        if gpu:
+            mine = valid & (k_step == i)
+            comp = merge(*_sel(c.kernels, mine & (c.kernel_cls == COMPUTE)))
+            comm = merge(*_sel(c.kernels, mine & (c.kernel_cls == COMM)))
+            busy = total_us(merge(*_sel(c.kernels, mine)))
+        else:
+            comp, comm = clip(merge(*ops), s, e), clip(comm_all, s, e)
+            busy = union_us(comp, comm)
+        comp_us, comm_us, overlap_us = total_us(comp), total_us(comm), intersection_us(comp, comm)
+        rows.append(
+            {
+                "step": numbers[i],
+                "step_time_us": e - s,
+                "compute_us": comp_us,
+                "comm_us": comm_us,
+                "exposed_comm_us": comm_us - overlap_us,
+                "overlap_us": overlap_us,
+                "busy_us": busy,
+                "idle_us": max(0.0, (e - s) - busy),
+                "data_wait_us": total_us(clip(data_all, s, e)),
+            }
+        )
+    return rows
+
+
+def _hta_breakdown(c: Classified, lo: np.ndarray, hi: np.ndarray) -> dict:
+    """HTA's temporal breakdown and comm/comp overlap over the kernels the analysed steps launched."""
+    k_step = np.searchsorted(lo, c.launch_us, side="right") - 1
+    mine = (k_step >= 0) & (c.launch_us <= hi[np.clip(k_step, 0, None)])
+    if lo.size == 1 and len(c.steps) == 0:
+        mine[:] = True
+    allk = merge(*_sel(c.kernels, mine))
+    if allk[0].size == 0:
+        return {
+            "kernel_time_us": None,
+            "idle_us": None,
+            "compute_pct": None,
+            "non_compute_pct": None,
+            "idle_pct": None,
+            "overlap_pct": None,
+        }
+    comp = merge(*_sel(c.kernels, mine & (c.kernel_cls == COMPUTE)))
+    comm = merge(*_sel(c.kernels, mine & (c.kernel_cls == COMM)))
+    span = float(allk[1][-1] - allk[0][0])
+    idle = span - total_us(allk)
+    comm_us = total_us(comm)
+    return {
+        "kernel_time_us": span,
+        "idle_us": idle,
+        "compute_pct": 100 * total_us(comp) / span,
+        "non_compute_pct": 100 * (span - total_us(comp) - idle) / span,
+        "idle_pct": 100 * idle / span,
+        "overlap_pct": 100 * intersection_us(comp, comm) / comm_us if comm_us else None,
+    }
+
+
+def _tb_split(c: Classified, lo: np.ndarray, hi: np.ndarray) -> dict:
+    """tb-profiler's per-step [computation, overlapping, communication, other], averaged (µs)."""
+    if len(c.kernels):
+        comp_all = merge(*_sel(c.kernels, c.kernel_cls == COMPUTE))
+    else:
+        comp_all = merge(c.tb_cpu_ops.start, c.tb_cpu_ops.end)
+    comm_k = _sel(c.kernels, c.kernel_cls == COMM)
+    comm_all = merge(
+        np.concatenate([c.anchors.start, comm_k[0]]), np.concatenate([c.anchors.end, comm_k[1]])
+    )
+    acc = np.zeros(4)
+    for s, e in zip(lo.tolist(), hi.tolist(), strict=True):
+        comp, comm = clip(comp_all, s, e), clip(comm_all, s, e)
+        overlap = intersection_us(comp, comm)
+        acc += [
+            total_us(comp) - overlap,
+            overlap,
+            total_us(comm) - overlap,
+            (e - s) - total_us(comp) - total_us(comm) + overlap,
+        ]
+    acc = np.maximum(acc / max(1, lo.size), 0.0)  # -0.0/-1e-12 from float cancellation
+    return dict(
+        zip(("computation", "overlapping", "communication", "other"), acc.tolist(), strict=True)
+    )
+
+
+def _mean(rows: list[dict], key: str) -> float:
+    return float(np.mean([r[key] for r in rows])) if rows else 0.0
+
+
+def summarize_file(path: Path) -> dict:
+    """Load one trace and reduce it to its summary (events are dropped before returning).
+
+    Raises AnalysisError with a one-line message when the file cannot be analysed.
+    """
+    loaded = load_trace(path)
+    c = classify(loaded.events)
+    loaded.events = []  # the summary is all we keep; free the events now
+    if not len(c.kernels) and not len(c.compute_ops) and not len(c.anchors) and not len(c.steps):
+        raise AnalysisError(
+            path,
+            "no profiler events (no ops, kernels or ProfilerSteps)",
+            "the profiler recorded nothing; check its schedule",
+        )
+    warnings: list[str] = []
+    lo, hi, numbers = _windows(c, loaded.path, warnings)
+    per_step = _step_rows(c, lo, hi, numbers)
+    gpu = len(c.kernels) > 0
+    comm = sum(r["comm_us"] for r in per_step)
+    summary = {
+        "rank": loaded.rank,
+        "file": str(loaded.path),
+        "rank_source": loaded.rank_source,
+        "world_size": loaded.world_size,
+        "backend": loaded.backend,
+        "kind": "gpu" if gpu else "cpu",
+        "origin_us": c.origin_us + loaded.base_time_us,
+        "steps": len(per_step),
+        "step_numbers": numbers,
+        **{
+            k: _mean(per_step, k)
+            for k in (
+                "compute_us",
+                "comm_us",
+                "exposed_comm_us",
+                "data_wait_us",
+                "overlap_us",
+                "idle_us",
+            )
+        },
+        "step_time_us_mean": _mean(per_step, "step_time_us"),
+        "overlap_pct": 100 * sum(r["overlap_us"] for r in per_step) / comm if comm else None,
+        "idle_pct": 100
+        * sum(r["idle_us"] for r in per_step)
+        / max(1e-9, sum(r["step_time_us"] for r in per_step)),
+        "hta": _hta_breakdown(c, lo, hi) if gpu else None,
+        "tb_split": _tb_split(c, lo, hi),
+        "per_step": per_step,
+        "warnings": warnings,
+        "instances": rank_instances(c, float(lo[0]), float(hi[-1])),
+    }
+    if gpu:  # on GPU traces the rank-level idle and overlap follow HTA's definitions exactly
+        summary["idle_pct"] = summary["hta"]["idle_pct"]
+        summary["overlap_pct"] = summary["hta"]["overlap_pct"]
+    for inst in summary["instances"].values():  # to the rank's absolute clock for alignment
+        inst["start_us"] = inst["start_us"] + summary["origin_us"]
+    return summary

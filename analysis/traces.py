@@ -1,0 +1,172 @@
+"""Analyse a folder of per-rank Kineto traces: the "traces JSON" (schema_version 1).
+
+Each file is reduced to its rank summary in its own worker process (events never leave the
+worker), then ranks are aligned on one clock and compared: collectives (transfer vs sync, algbw,
+busbw), stragglers and step-time spread. A bad file costs one line in `skipped`, never the run.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from pathlib import Path
+
+from tqdm import tqdm
+
+from analysis.collectives import combine_collectives
+from analysis.errors import AnalysisError
+from analysis.rank import summarize_file
+
+__all__ = ["SCHEMA_VERSION", "analyze_trace_dir", "find_trace_files"]
+
+SCHEMA_VERSION = 1
+_RANK_FIELDS = (
+    "rank",
+    "file",
+    "rank_source",
+    "kind",
+    "steps",
+    "step_numbers",
+    "step_time_us_mean",
+    "compute_us",
+    "comm_us",
+    "exposed_comm_us",
+    "overlap_us",
+    "data_wait_us",
+    "idle_us",
+    "overlap_pct",
+    "idle_pct",
+    "hta",
+    "tb_split",
+    "per_step",
+    "warnings",
+)
+
+
+def find_trace_files(path: Path) -> list[Path]:
+    """Kineto trace files (`*.json`, `*.json.gz`) under `path`, sorted; a file path is itself."""
+    path = Path(path)
+    if path.is_file():
+        return [path]
+    if not path.is_dir():
+        raise AnalysisError(path, "does not exist", "pass a folder of .pt.trace.json(.gz) files")
+    files = sorted(
+        p
+        for p in path.rglob("*")
+        if p.is_file() and (p.name.endswith(".json") or p.name.endswith(".json.gz"))
+    )
+    if not files:
+        raise AnalysisError(
+            path,
+            "no trace files (*.json, *.json.gz)",
+            "profile a run first or point at its traces/ folder",
+        )
+    return files
+
+
+def _summarize(path: Path) -> tuple[dict | None, str | None]:
+    try:
+        return summarize_file(path), None
+    except AnalysisError as err:
+        return None, f"{err.what} — {err.fix}"
+
+
+def _summaries(files: list[Path], workers: int, progress: bool) -> Iterable[tuple[Path, tuple]]:
+    bar = tqdm(
+        total=len(files),
+        desc="traces",
+        unit="file",
+        disable=not progress or len(files) < 2,
+        leave=False,
+    )
+    with bar:
+        if workers <= 1 or len(files) == 1:
+            for f in files:
+                yield f, _summarize(f)
+                bar.update()
+            return
+        with ProcessPoolExecutor(max_workers=workers) as pool:
+            futures = {pool.submit(_summarize, f): f for f in files}
+            for fut in as_completed(futures):
+                yield futures[fut], fut.result()
+                bar.update()
+
+
+def _assign_ranks(summaries: list[dict], skipped: list[dict], warnings: list[str]) -> list[dict]:
+    """Drop rank-less traces (unless alone) and later duplicates of a rank; never guess a rank."""
+    if len(summaries) == 1 and summaries[0]["rank"] is None:
+        summaries[0]["rank"], summaries[0]["rank_source"] = 0, "assumed (only trace)"
+        warnings.append(
+            f"{summaries[0]['file']}: no rank in distributedInfo or file name — "
+            "treated as rank 0 since it is the only trace"
+        )
+    kept: dict[int, dict] = {}
+    for s in sorted(summaries, key=lambda s: s["file"]):
+        if s["rank"] is None:
+            skipped.append(
+                {
+                    "file": s["file"],
+                    "reason": "no rank in distributedInfo or file name —"
+                    " rename it rank<N>.pt.trace.json.gz or profile under a process group",
+                }
+            )
+        elif s["rank"] in kept:
+            skipped.append(
+                {
+                    "file": s["file"],
+                    "reason": f"duplicate rank {s['rank']} (also in "
+                    f"{kept[s['rank']]['file']}) — keep one trace per rank in the folder",
+                }
+            )
+        else:
+            kept[s["rank"]] = s
+    return [kept[r] for r in sorted(kept)]
+
+
+def analyze_trace_dir(path: Path, *, workers: int | None = None, progress: bool = True) -> dict:
+    """The traces JSON for every trace file in `path` (see docs/analysis.md for each field).
+
+    Raises AnalysisError when no file could be analysed; otherwise bad files are listed in
+    `skipped` with a one-line reason and the rest is analysed.
+    """
+    files = find_trace_files(path)
+    workers = max(1, min(workers or os.cpu_count() or 1, len(files)))
+    skipped: list[dict] = []
+    good: list[dict] = []
+    for f, (summary, error) in _summaries(files, workers, progress):
+        if error:
+            skipped.append({"file": str(f), "reason": error})
+        else:
+            good.append(summary)
+    warnings: list[str] = []
+    ranks = _assign_ranks(good, skipped, warnings)
+    skipped.sort(key=lambda s: s["file"])
+    if not ranks:
+        reasons = "; ".join(f"{Path(s['file']).name}: {s['reason']}" for s in skipped[:3])
+        raise AnalysisError(path, f"no usable trace ({reasons})", "fix or re-profile the traces")
+    origin = min(r["origin_us"] for r in ranks)  # HTA's alignment: earliest event of all ranks = 0
+    for r in ranks:
+        for inst in r["instances"].values():
+            inst["start_us"] = inst["start_us"] - origin
+        warnings += r["warnings"]
+    worlds = [r["world_size"] for r in ranks if r["world_size"]]
+    world_size = max(worlds) if worlds else len(ranks)
+    tables = combine_collectives({r["rank"]: r["instances"] for r in ranks}, world_size)
+    means = [r["step_time_us_mean"] for r in ranks]
+    lo, hi = min(means), max(means)
+    return {
+        "schema_version": SCHEMA_VERSION,
+        "trace_dir": str(path),
+        "world_size": world_size if worlds else None,
+        "kind": "gpu" if any(r["kind"] == "gpu" for r in ranks) else "cpu",
+        "ranks": [{k: r[k] for k in _RANK_FIELDS} for r in ranks],
+        **tables,
+        "step_time_spread": {
+            "min_us": lo,
+            "max_us": hi,
+            "spread_pct": 100 * (hi - lo) / lo if lo > 0 else None,
+        },
+        "skipped": skipped,
+        "warnings": warnings,
+    }
