@@ -52,6 +52,16 @@ def test_trace_has_steps_phases_collectives_and_distributed_info(ddp_traces, ran
         }
         assert set(PHASES) <= inside, (step["name"], sorted(inside)[:20])
 
+    # Chrome/Perfetto trace-event shape: complete events with numeric times on a pid/tid.
+    assert trace["traceEvents"] and all("ph" in e for e in trace["traceEvents"])
+    assert all(
+        isinstance(e["ts"], int | float)
+        and isinstance(e["dur"], int | float)
+        and "pid" in e
+        and "tid" in e
+        for e in events
+    )
+
     reduces = [e for e in events if e["name"] == "gloo:all_reduce"]
     assert reduces, "no gloo:all_reduce in the trace"
     for e in reduces:  # record_shapes: the collective carries the gradient bucket's dims

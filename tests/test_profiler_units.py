@@ -68,6 +68,7 @@ def test_config_validation_and_dict():
         ProfilerSession(ProfileConfig(), trace_dir=Path("x"), worker_name="rank.0", use_cuda=False)
 
 
+@pytest.mark.filterwarnings("ignore:Warning. Profiler clears events")
 def test_session_writes_one_gzip_trace_per_cycle(tmp_path: Path):
     cfg = ProfileConfig(wait=1, warmup=1, active=2, repeat=2)
     with ProfilerSession(cfg, trace_dir=tmp_path, worker_name="rank0", use_cuda=False) as s:
