@@ -1,0 +1,286 @@
+"""Issue 2: the same training in every mode. Real runs through the real launcher (torchrun, gloo).
+
+The equivalence test is the proof of "identical training": single-device with a global batch of
+64 and DDP with 2 x 32 give the same per-step loss and the same final weights.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+
+import pytest
+import torch
+
+from tests.conftest import launch, read_run
+from workloads.checkpoint import load_checkpoint
+from workloads.config import TrainConfig, batch_split, config_record, to_argv
+from workloads.data import GlobalBatchSampler
+from workloads.summary import best_epoch, step_metrics
+from workloads.train import build_parser
+
+RUN_KEYS = {
+    "schema_version",
+    "run_id",
+    "status",
+    "error",
+    "created_at",
+    "finished_at",
+    "config",
+    "env",
+    "metrics",
+    "eval",
+    "traces",
+}
+CONFIG_KEYS = {
+    "mode",
+    "backend",
+    "world_size",
+    "nnodes",
+    "nproc_per_node",
+    "devices",
+    "model",
+    "dataset",
+    "global_batch",
+    "per_device_batch",
+    "scaling",
+    "amp",
+    "seed",
+    "epochs",
+    "max_steps",
+    "lr",
+    "momentum",
+    "weight_decay",
+    "sync_bn",
+    "num_workers",
+    "pin_memory",
+    "warmup_steps",
+    "rendezvous",
+    "ddp",
+    "profile",
+}
+ENV_KEYS = {
+    "os",
+    "platform",
+    "python",
+    "torch",
+    "cuda",
+    "nccl",
+    "gpus",
+    "cpu_model",
+    "cpu_cores",
+    "threads_per_rank",
+    "hostname",
+}
+METRIC_KEYS = {
+    "samples_per_s",
+    "step_time_s",
+    "per_rank",
+    "epoch_time_s",
+    "wall_time_s",
+    "memory",
+    "memory_after_first_step",
+    "ddp",
+}
+STEPS_HEADER = [
+    "rank",
+    "epoch",
+    "step",
+    "warmup",
+    "step_time_s",
+    "data_s",
+    "forward_s",
+    "backward_s",
+    "optimizer_s",
+    "samples",
+    "loss",
+    "rss_bytes",
+    "cuda_allocated_bytes",
+]
+
+
+def read_steps(run_dir) -> list[dict]:
+    with open(run_dir / "steps.csv", newline="") as f:
+        return list(csv.DictReader(f))
+
+
+# --- the global-order sampler and the config (pure, fast) -------------------------------------
+
+
+def test_ddp_shards_partition_the_single_device_batches():
+    single = GlobalBatchSampler(num_samples=200, global_batch=64, rank=0, replicas=1, seed=3)
+    ranks = [
+        GlobalBatchSampler(num_samples=200, global_batch=64, rank=r, replicas=2, seed=3)
+        for r in range(2)
+    ]
+    for epoch in (0, 1):
+        for s in (single, *ranks):
+            s.set_epoch(epoch)
+        batches = list(single)
+        assert len(batches) == 3 == len(single)  # last partial global batch dropped
+        for step, (full, r0, r1) in enumerate(zip(batches, *ranks, strict=True)):
+            assert r0 + r1 == full, f"epoch {epoch} step {step}"
+    single.set_epoch(0)
+    first = list(single)
+    single.set_epoch(1)
+    assert list(single) != first  # set_epoch changes the order
+    single.set_epoch(0, start=2)
+    assert list(single) == first[2:]  # resuming skips the steps already done
+
+
+def test_batch_split_strong_and_weak():
+    assert batch_split(TrainConfig(batch_size=64), 2) == (64, 32)
+    assert batch_split(TrainConfig(batch_size=64, scaling="weak"), 4) == (256, 64)
+    with pytest.raises(ValueError, match="not divisible by 3"):
+        batch_split(TrainConfig(batch_size=64), 3)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"model": "vgg"}, "--model must be one of"),
+        ({"batch_size": 0}, "--batch-size must be >= 1"),
+        ({"max_steps": 2, "warmup_steps": 2}, "raise --max-steps"),
+        ({"comm_hook": "int8"}, "--comm-hook must be one of"),
+        ({"run_id": "a/b"}, "not a path"),
+    ],
+)
+def test_config_rejects_bad_values_with_the_fix(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        TrainConfig(**kwargs)
+
+
+def test_to_argv_round_trips_through_the_train_parser():
+    cfg = TrainConfig(mode="ddp", model="mlp", amp="bf16", profile=False, sync_bn=True, lr=0.1)
+    ns = build_parser().parse_args(to_argv(cfg))
+    assert TrainConfig(**vars(ns)) == cfg
+    record = config_record(
+        cfg,
+        backend="gloo",
+        world_size=2,
+        nnodes=1,
+        nproc_per_node=2,
+        devices=["cpu", "cpu"],
+        replicas=2,
+    )
+    assert set(record) == CONFIG_KEYS and record["per_device_batch"] == 32
+
+
+def test_step_metrics_exclude_warmup_and_use_the_slowest_rank():
+    rows = [
+        {"rank": r, "warmup": int(s == 0), "step_time_s": t, "samples": 32}
+        for r, times in ((0, [9.0, 1.0, 1.0]), (1, [9.0, 2.0, 2.0]))
+        for s, t in enumerate(times)
+    ]
+    m = step_metrics(rows)
+    assert m["samples_per_s"] == pytest.approx(4 * 32 / 4.0)  # 128 samples / rank 1's 4 s
+    assert [p["samples_per_s"] for p in m["per_rank"]] == pytest.approx([32.0, 16.0])
+    assert m["step_time_s"]["mean"] == pytest.approx(1.5)
+    assert (
+        best_epoch([{"epoch": 0, "top1_pct": 50.0}, {"epoch": 1, "top1_pct": 40.0}])["epoch"] == 0
+    )
+
+
+# --- real runs ---------------------------------------------------------------------------
+
+
+def _check_complete(run_dir, *, mode, world):
+    run = read_run(run_dir)
+    assert set(run) == RUN_KEYS
+    assert run["status"] == "ok" and run["error"] is None and run["schema_version"] == 1
+    cfg = run["config"]
+    assert set(cfg) == CONFIG_KEYS
+    assert (cfg["mode"], cfg["world_size"], cfg["global_batch"]) == (mode, world, 64)
+    assert cfg["per_device_batch"] == 64 // world and cfg["devices"] == ["cpu"] * world
+    assert set(run["env"]) == ENV_KEYS and run["env"]["threads_per_rank"] >= 1
+    metrics = run["metrics"]
+    assert set(metrics) == METRIC_KEYS
+    assert metrics["samples_per_s"] > 0 and len(metrics["per_rank"]) == world
+    assert all(p["steps"] == 6 for p in metrics["per_rank"])  # 8 steps - 2 warm-up
+    assert [m["rank"] for m in metrics["memory"]] == list(range(world))
+    assert all(m["peak_rss_bytes"] > 0 for m in metrics["memory"])
+    assert len(run["eval"]["epochs"]) == 1 and run["eval"]["best"] == run["eval"]["epochs"][0]
+    assert run["eval"]["best"]["samples"] == 512
+    assert run["traces"] and all((run_dir / t).is_file() for t in run["traces"])
+    with open(run_dir / "steps.csv", newline="") as f:
+        assert next(csv.reader(f)) == STEPS_HEADER
+    rows = read_steps(run_dir)
+    assert len(rows) == 8 * world
+    assert sorted({int(r["rank"]) for r in rows}) == list(range(world))
+    assert [int(r["warmup"]) for r in rows if r["rank"] == "0"] == [1, 1, 0, 0, 0, 0, 0, 0]
+    assert all(int(r["samples"]) == 64 // world for r in rows)
+    for r in range(world):
+        assert (run_dir / "logs" / f"rank{r}.log").read_text().strip()
+    return run
+
+
+def test_single_run_writes_a_complete_run_folder(single_mlp_run):
+    run = _check_complete(single_mlp_run, mode="single", world=1)
+    assert run["config"]["backend"] == "none" and run["metrics"]["ddp"] is None
+
+
+def test_ddp_gloo_run_writes_a_complete_run_folder(ddp_mlp_run):
+    run = _check_complete(ddp_mlp_run, mode="ddp", world=2)
+    assert run["config"]["backend"] == "gloo" and run["config"]["nproc_per_node"] == 2
+    assert run["env"]["threads_per_rank"] == max(1, run["env"]["cpu_cores"] // 2)
+    ddp = run["metrics"]["ddp"]
+    assert ddp["num_buckets"] == len(ddp["bucket_sizes_bytes"]) >= 1
+    assert sum(ddp["bucket_sizes_bytes"]) == ddp["grad_bytes_total"] == 4 * ddp["param_count"]
+    assert "torch.distributed.run" in (ddp_mlp_run / "logs" / "launcher.log").read_text()
+
+
+def test_every_mode_reports_the_same_eval(single_mlp_run, ddp_mlp_run):
+    single, ddp = read_run(single_mlp_run)["eval"]["best"], read_run(ddp_mlp_run)["eval"]["best"]
+    assert ddp["samples"] == single["samples"]
+    assert ddp["test_loss"] == pytest.approx(single["test_loss"], abs=1e-4)
+    assert ddp["top1_pct"] == pytest.approx(single["top1_pct"], abs=0.5)
+
+
+@pytest.fixture(scope="module")
+def equivalence_runs(runs_dir):
+    common = [
+        "--model",
+        "mlp",
+        "--dataset",
+        "synthetic",
+        "--max-steps",
+        "20",
+        "--batch-size",
+        "64",
+        "--epochs",
+        "1",
+        "--seed",
+        "7",
+        "--no-profile",
+        "--checkpoint",
+        "--runs-dir",
+        str(runs_dir),
+    ]
+    launch(["--mode", "single", "--run-id", "eq-single", *common])
+    launch(["--mode", "ddp", "--nproc", "2", "--backend", "gloo", "--run-id", "eq-ddp", *common])
+    return runs_dir / "eq-single", runs_dir / "eq-ddp"
+
+
+def test_single_and_ddp_train_identically(equivalence_runs):
+    single_dir, ddp_dir = equivalence_runs
+    single = {int(r["step"]): float(r["loss"]) for r in read_steps(single_dir)}
+    per_rank: dict[int, list[float]] = {}
+    for r in read_steps(ddp_dir):
+        per_rank.setdefault(int(r["step"]), []).append(float(r["loss"]))
+    assert sorted(single) == sorted(per_rank) == list(range(20))
+    for step, loss in single.items():
+        assert len(per_rank[step]) == 2
+        # DDP's loss is the mean of the two half-batch means = the single full-batch mean.
+        assert sum(per_rank[step]) / 2 == pytest.approx(loss, abs=1e-5), f"step {step}"
+    assert single[19] < single[0]  # it actually trains
+    a = load_checkpoint(single_dir / "checkpoint.pt")
+    b = load_checkpoint(ddp_dir / "checkpoint.pt")
+    assert a["loop"]["step"] == b["loop"]["step"] == 20
+    assert a["model"].keys() == b["model"].keys()
+    for name, w in a["model"].items():
+        assert not name.startswith("module.")  # unwrapped state_dict
+        torch.testing.assert_close(b["model"][name], w, atol=1e-5, rtol=0)
+    ev = json.loads(a["loop"]["evals"])[0]
+    assert read_run(ddp_dir)["eval"]["best"]["test_loss"] == pytest.approx(
+        ev["test_loss"], abs=1e-5
+    )
