@@ -113,6 +113,8 @@ def print_traces(result: dict) -> None:
                 f"step-time spread: min {_fmt(spread['min_us'])} µs, max {_fmt(spread['max_us'])}"
                 f" µs, spread {_fmt(spread['spread_pct'])} %"
             )
+    for warning in result.get("warnings", []):
+        print(f"warning: {warning}")
     _print_skipped(result["skipped"], "file")
 
 

@@ -57,7 +57,7 @@ _KERNEL_OP_RE = re.compile(r"nccl(?:Dev)?Kernel_([A-Za-z]+)")
 def bus_factor(name: str, n: int) -> float | None:
     """nccl-tests busbw factor for collective `name` over `n` ranks (None: no bus model)."""
     key = name.split(":", 1)[-1].replace("_", "").lower()
-    if n < 1:
+    if n < 2:  # one rank moves nothing over a bus
         return None
     if "allreduce" in key:
         return 2 * (n - 1) / n

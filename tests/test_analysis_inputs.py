@@ -1,0 +1,146 @@
+"""Bad input: each bad file costs one clear line naming it, the good ranks are still analysed, and
+the CLI exits non-zero only when nothing is usable. Also: analysis/ never imports torch."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from analysis.errors import AnalysisError
+from analysis.traces import analyze_trace_dir
+from tests.conftest import REPO, SHARED
+
+PAIR = SHARED / "traces" / "hta" / "trace_filter"
+TB_NCCL = SHARED / "traces" / "tbplugin" / "test_distributed_nccl"
+
+
+def cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "analysis", *args, "--no-progress"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+@pytest.fixture(scope="module")
+def bad_dir(tmp_path_factory) -> Path:
+    """Two good ranks (0, 1) plus one file per kind of bad input."""
+    d = tmp_path_factory.mktemp("bad")
+    shutil.copy(PAIR / "sampled_rank-0.json.gz", d / "rank0.pt.trace.json.gz")
+    shutil.copy(PAIR / "sampled_rank-1.json.gz", d / "rank1.pt.trace.json.gz")
+    raw = (PAIR / "sampled_rank-1.json.gz").read_bytes()
+    (d / "rank2.truncated.pt.trace.json.gz").write_bytes(raw[: len(raw) // 2])
+    (d / "rank3.notjson.pt.trace.json").write_text("this is not JSON {")
+    (d / "rank4.noevents.pt.trace.json").write_text(json.dumps({"schemaVersion": 1}))
+    # Same content as rank 0 (distributedInfo says rank 0) under another name: a duplicate.
+    shutil.copy(PAIR / "sampled_rank-0.json.gz", d / "rank9.copy.pt.trace.json.gz")
+    # No distributedInfo and no rank in the name: never silently mapped to rank 0.
+    shutil.copy(TB_NCCL / "worker1.pt.trace.json", d / "anonymous.pt.trace.json")
+    return d
+
+
+@pytest.fixture(scope="module")
+def bad_result(bad_dir) -> dict:
+    return analyze_trace_dir(bad_dir, progress=False)
+
+
+def test_good_ranks_survive_bad_files(bad_result):
+    assert [r["rank"] for r in bad_result["ranks"]] == [0, 1]
+    assert bad_result["ranks"][0]["file"].endswith("rank0.pt.trace.json.gz")
+
+
+@pytest.mark.parametrize(
+    ("name", "words"),
+    [
+        ("rank2.truncated.pt.trace.json.gz", "truncated or corrupt gzip"),
+        ("rank3.notjson.pt.trace.json", "not a Kineto JSON trace"),
+        ("rank4.noevents.pt.trace.json", "no `traceEvents`"),
+        ("rank9.copy.pt.trace.json.gz", "duplicate rank 0"),
+        ("anonymous.pt.trace.json", "no rank in distributedInfo or file name"),
+    ],
+)
+def test_each_bad_file_is_skipped_with_its_reason(bad_result, name, words):
+    (hit,) = [s for s in bad_result["skipped"] if Path(s["file"]).name == name]
+    assert words in hit["reason"] and " — " in hit["reason"] and "\n" not in hit["reason"]
+
+
+def test_cli_lists_skipped_and_writes_json(bad_dir, tmp_path):
+    out = tmp_path / "t.json"
+    proc = cli("traces", str(bad_dir), "--json", str(out))
+    assert proc.returncode == 0, proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert "skipped 5:" in proc.stdout
+    for name in ("rank2.truncated", "rank3.notjson", "rank4.noevents", "rank9.copy", "anonymous"):
+        assert name in proc.stdout
+    data = json.loads(out.read_text())
+    assert data["schema_version"] == 1 and len(data["ranks"]) == 2 and len(data["skipped"]) == 5
+
+
+def test_no_profiler_step_is_analysed_as_one_step_with_a_warning(tmp_path):
+    shutil.copy(TB_NCCL / "worker0.pt.trace.json", tmp_path / "rank0.pt.trace.json")
+    proc = cli("traces", str(tmp_path))
+    assert proc.returncode == 0, proc.stderr
+    assert "rank0.pt.trace.json: no ProfilerStep#N ranges" in proc.stdout
+
+
+def test_single_rankless_trace_is_rank_zero_with_a_warning(tmp_path):
+    shutil.copy(TB_NCCL / "worker0.pt.trace.json", tmp_path / "dp.123.pt.trace.json")
+    result = analyze_trace_dir(tmp_path, progress=False)
+    assert result["ranks"][0]["rank"] == 0
+    assert any("treated as rank 0" in w for w in result["warnings"])
+
+
+def test_event_less_trace_and_spacing_of_distributed_info(tmp_path):
+    (tmp_path / "x.pt.trace.json").write_text(
+        '{ "distributedInfo" :\n {"rank":  7 ,"world_size":8},"traceEvents":[] }'
+    )
+    with pytest.raises(AnalysisError, match="no profiler events"):
+        analyze_trace_dir(tmp_path, progress=False)
+
+
+@pytest.mark.parametrize(
+    ("setup", "words"),
+    [
+        (lambda d: None, "no trace files"),
+        (lambda d: (d / "a.pt.trace.json").write_text("[1, 2"), "no usable trace"),
+        (
+            lambda d: (d / "rank0.json.gz").write_bytes(gzip.compress(b'{"traceEvents": "x"}')),
+            "not a Kineto JSON trace",
+        ),
+    ],
+)
+def test_nothing_usable_is_one_error_line_and_nonzero_exit(tmp_path, setup, words):
+    setup(tmp_path)
+    proc = cli("traces", str(tmp_path))
+    assert proc.returncode == 2
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith(f"error: {tmp_path}") and words in lines[0]
+    assert " — " in lines[0]
+
+
+def test_runs_cli_on_missing_folder(tmp_path):
+    proc = cli("runs", str(tmp_path / "nope"))
+    assert proc.returncode == 2 and proc.stderr.startswith("error: ")
+    assert "Traceback" not in proc.stderr
+
+
+def test_analysis_never_imports_torch():
+    code = (
+        "import sys, analysis, analysis.cli, analysis.runs, analysis.traces, analysis.rank, "
+        "analysis.collectives, analysis.classify, analysis.loader, analysis.intervals\n"
+        "from analysis.traces import analyze_trace_dir\n"
+        f"analyze_trace_dir({str(TB_NCCL)!r}, progress=False)\n"
+        "assert 'torch' not in sys.modules, 'analysis imported torch'"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=60
+    )
+    assert proc.returncode == 0, proc.stderr
