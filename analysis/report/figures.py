@@ -48,6 +48,15 @@ def _height(n_rows: int) -> float:
     return min(2.0 + 0.38 * n_rows, 14.0)
 
 
+def _min_span(ax: plt.Axes, values: pd.Series, span: float) -> None:
+    """Show at least `span` around the data: identical runs would otherwise get a 1e-7 axis."""
+    lo, hi = float(values.min()), float(values.max())
+    if hi - lo < span:
+        mid = (hi + lo) / 2
+        ax.set_ylim(mid - span, mid + span)
+    ax.ticklabel_format(axis="y", useOffset=False, style="plain")
+
+
 def summary_figure(runs: pd.DataFrame) -> str | None:
     """Throughput per run (samples/s), coloured by mode."""
     df = runs.dropna(subset=["samples_per_s"])
@@ -196,6 +205,7 @@ def memory_figure(memory: pd.DataFrame) -> str | None:
     )
     sns.barplot(data=long, x="MiB", y="bar", hue="metric", ax=ax)
     ax.set(xlabel="memory (MiB)", ylabel="")
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     return _uri(fig)
 
 
@@ -218,6 +228,8 @@ def accuracy_figure(runs: pd.DataFrame) -> str | None:
     sns.pointplot(data=df, y="top1_pct", ax=a1, **kw)
     a1.set(xlabel="", ylabel="top-1 (%)", title="Top-1 accuracy")
     sns.pointplot(data=df, y="test_loss", ax=a2, **kw)
+    _min_span(a1, df["top1_pct"], 1.0)
+    _min_span(a2, df["test_loss"], 0.01 * max(abs(df["test_loss"].max()), 1e-3))
     a2.set(xlabel="", ylabel="test loss (nats)", title="Test loss")
     for ax in (a1, a2):
         ax.tick_params(axis="x", rotation=20)

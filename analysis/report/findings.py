@@ -101,7 +101,7 @@ def _memory(run: dict[str, Any]) -> Finding | None:
     if pct < limit:
         text = (
             f"{_name(run)} on {run['world_size']} ranks: memory is balanced ({what} differs by "
-            f"{pct:.0f}% between devices, under the {limit:.0f}% threshold)."
+            f"{pct:.0f}% between {'devices' if run.get('mode') == 'dp' else 'ranks'}, under the {limit:.0f}% threshold)."
         )
         return Finding(rule="memory", severity="good", text=text, run_ids=[run["run_id"]])
     text = (

@@ -6,6 +6,7 @@ tests and sorting see the exact numbers) next to its display text; units live in
 
 from __future__ import annotations
 
+import json
 import math
 import os
 from dataclasses import dataclass, field
@@ -88,7 +89,7 @@ def fmt(value: Any, col: Column, row: dict[str, Any] | None = None) -> str:
         std = (row or {}).get(col.std_key) if col.kind == "pm" else None
         return f"{text} ± {std:,.{col.digits}f}" if not _missing(std) else text
     if isinstance(value, list):
-        return ", ".join(map(str, value))
+        return ", ".join(map(str, value)) or "—"
     return str(value)
 
 
@@ -242,8 +243,20 @@ def memory_rows(data: dict[str, Any]) -> list[dict[str, Any]]:
     return rows
 
 
+def _run_env(run: dict[str, Any]) -> dict[str, Any]:
+    # The runs JSON copies only some env fields; python etc. are read from run.json itself.
+    try:
+        env = json.loads((Path(run["path"]) / "run.json").read_text(encoding="utf-8")).get("env")
+    except (OSError, ValueError, AttributeError):
+        return {}
+    return env if isinstance(env, dict) else {}
+
+
 def env_rows(data: dict[str, Any]) -> list[dict[str, Any]]:
-    rows = [{c.key: r.get(c.key) for c in ENV_COLS} for r in data.get("runs", [])]
+    rows = []
+    for run in data.get("runs", []):
+        env = _run_env(run) if any(c.key not in run for c in ENV_COLS) else {}
+        rows.append({c.key: run[c.key] if c.key in run else env.get(c.key) for c in ENV_COLS})
     # Platform first, then backend: Linux vs Windows and NCCL vs GLOO end up next to each other.
     return sorted(rows, key=lambda r: (str(r["os"]), str(r["backend"]), str(r["run_id"])))
 
