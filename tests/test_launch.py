@@ -81,12 +81,14 @@ def test_nproc_above_gpu_count_is_refused(monkeypatch):
         launcher.validate("dp", "auto", nproc=3)
 
 
-def test_cpu_nproc_above_cores_warns(monkeypatch, capsys):
+def test_cpu_nproc_above_cores_warns_and_sync_bn_is_refused(monkeypatch, capsys):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     monkeypatch.setattr(launcher, "cpu_cores", lambda: 2)
     plan = launcher.validate("ddp", "auto", nproc=3)
     assert (plan.backend, plan.threads_per_rank) == ("gloo", 1)
     assert "--nproc 3 exceeds the 2 CPU cores" in capsys.readouterr().err
+    with pytest.raises(launcher.LaunchError, match="--sync-bn needs CUDA"):
+        launcher.validate("ddp", "gloo", nproc=2, sync_bn=True)
 
 
 @pytest.mark.parametrize(

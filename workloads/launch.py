@@ -62,7 +62,13 @@ class Plan:
 
 
 def validate(
-    mode: str, backend: str, *, nproc: int | None, device: str = "auto", nnodes: int = 1
+    mode: str,
+    backend: str,
+    *,
+    nproc: int | None,
+    device: str = "auto",
+    nnodes: int = 1,
+    sync_bn: bool = False,
 ) -> Plan:
     """Check that `mode`/`backend` can run on this machine; raise LaunchError saying why not."""
     system = platform.system()  # looked up per call so tests can patch the platform
@@ -118,6 +124,10 @@ def validate(
         raise LaunchError(
             f"--nproc {count} is above the {gpus} visible GPU(s); use --nproc {gpus} or fewer "
             "(one process per GPU), or --device cpu"
+        )
+    if sync_bn and not use_cuda:
+        raise LaunchError(
+            "--sync-bn needs CUDA devices (SyncBatchNorm is GPU-only); drop --sync-bn on CPU"
         )
     if not use_cuda and count > cpu_cores():
         print(
@@ -311,7 +321,14 @@ def run(args: argparse.Namespace, extra: list[str]) -> int:
     statuses = []
     for mode, backend in ALL_MODES if args.mode == "all" else ((args.mode, args.backend),):
         try:
-            plan = validate(mode, backend, nproc=args.nproc, device=args.device, nnodes=args.nnodes)
+            plan = validate(
+                mode,
+                backend,
+                nproc=args.nproc,
+                device=args.device,
+                nnodes=args.nnodes,
+                sync_bn=args.sync_bn,
+            )
         except LaunchError as exc:
             if args.mode != "all":
                 raise
