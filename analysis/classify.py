@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from analysis.loader import Args, Event, decode_args
+from analysis.loader import Args, Event, decode_args, decode_correlation
 
 __all__ = [
     "COMM",
@@ -194,7 +194,7 @@ def _launches(k: Ranges, runtime: list[Event], origin: float) -> tuple[np.ndarra
     tids = np.full(len(k), None, dtype=object)
     if not len(k) or not runtime:
         return launch, tids
-    rt_corr = np.asarray([decode_args(e).correlation or -1 for e in runtime], dtype=np.int64)
+    rt_corr = np.fromiter((decode_correlation(e) for e in runtime), np.int64, len(runtime))
     order = np.argsort(rt_corr, kind="stable")
     rt_sorted = rt_corr[order]
     k_corr = np.asarray(

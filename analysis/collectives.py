@@ -132,26 +132,31 @@ def _link_kernels(c: Classified, comm_idx: np.ndarray) -> np.ndarray:
 
 
 def _anchor_sizes(c: Classified) -> tuple[list[int | None], list[int | None]]:
-    """Bytes and group size of each anchor: record_param_comms counts, else Input Dims × dtype."""
+    """Bytes and group size of each anchor: from the record_param_comms op that contains the call
+    (or that the call contains) on the same thread, else the call's Input Dims × dtype."""
     anchors, rpc = c.anchors, c.rpc
-    nbytes: list[int | None] = [None] * len(anchors)
-    group: list[int | None] = [None] * len(anchors)
-    r_tids = np.asarray(rpc.tids, dtype=object)
-    for i in range(len(anchors)):  # one row per collective call, not per event
-        on_tid = np.flatnonzero(r_tids == anchors.tids[i])
-        if on_tid.size:
-            s, e = rpc.start[on_tid], rpc.end[on_tid]
-            near = on_tid[
-                ((s <= anchors.start[i]) & (e >= anchors.start[i]))
-                | ((s >= anchors.start[i]) & (s <= anchors.end[i]))
-            ]
-            for j in near:
-                args = rpc.args[j]
-                nbytes[i] = nbytes[i] or _nbytes_from_counts(args, anchors.names[i])
-                group[i] = group[i] or args.group_size
-        if nbytes[i] is None:
+    rpc_of = np.full(len(anchors), -1, dtype=np.int64)
+    a_tids, r_tids = np.asarray(anchors.tids, dtype=object), np.asarray(rpc.tids, dtype=object)
+    for tid in set(rpc.tids) & set(anchors.tids):
+        on_r, on_a = np.flatnonzero(r_tids == tid), np.flatnonzero(a_tids == tid)
+        order = on_r[np.argsort(rpc.start[on_r], kind="stable")]
+        rs, re_ = rpc.start[order], rpc.end[order]
+        a_s, a_e = anchors.start[on_a], anchors.end[on_a]
+        outer = _containing(rs, re_, a_s)
+        inner = np.searchsorted(rs, a_s, side="left")
+        inner_ok = (inner < rs.size) & (rs[np.clip(inner, 0, rs.size - 1)] <= a_e)
+        pick = np.where(outer >= 0, outer, np.where(inner_ok, inner, -1))
+        rpc_of[on_a] = np.where(pick >= 0, order[np.clip(pick, 0, None)], -1)
+    nbytes: list[int | None] = []
+    group: list[int | None] = []
+    for i, j in enumerate(rpc_of.tolist()):  # one row per collective call, not per event
+        r_args = rpc.args[j] if j >= 0 else None
+        size = _nbytes_from_counts(r_args, anchors.names[i]) if r_args else None
+        if size is None:
             a = anchors.args[i]
-            nbytes[i] = _nbytes_from_dims(a.input_dims, a.input_type)
+            size = _nbytes_from_dims(a.input_dims, a.input_type)
+        nbytes.append(size)
+        group.append(r_args.group_size if r_args else None)
     return nbytes, group
 
 
@@ -188,8 +193,13 @@ def rank_instances(c: Classified, lo: float, hi: float) -> dict[str, dict[str, n
         ks_s, ks_e = c.kernels.start[ks], c.kernels.end[ks]
         s = np.append(ks_s, a.start[i])
         e = np.append(ks_e, a.end[i])
-        latency = total_us(merge(s, e))
-        device = total_us(merge(ks_s, ks_e)) if ks else a.end[i] - a.start[i]
+        if len(ks) <= 1:  # the common case, in closed form: |call ∪ kernel|
+            device = float(ks_e.sum() - ks_s.sum()) if ks else a.end[i] - a.start[i]
+            hidden = max(0.0, min(e.min(), e.max()) - max(s.min(), s.max())) if ks else 0.0
+            latency = float((e - s).sum()) - hidden
+        else:
+            latency = total_us(merge(s, e))
+            device = total_us(merge(ks_s, ks_e))
         for ka in (c.kernels.args[k] for k in ks):  # size from the kernel when the call lacks it
             nbytes[i] = nbytes[i] or _nbytes_from_counts(ka, a.names[i])
             group[i] = group[i] or ka.group_size
