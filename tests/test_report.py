@@ -350,9 +350,16 @@ def test_failed_skipped_and_corrupt_runs_are_listed(single_mlp_run, ddp_mlp_run,
     assert any("corrupt" in f for f in page.findings) and any("failed" in f for f in page.findings)
 
 
-def test_bad_input_is_one_line_without_traceback(tmp_path):
-    proc = run_cli("-m", "analysis.report", str(tmp_path / "nope"), "--out", str(tmp_path / "out"))
-    assert proc.returncode == 2
-    assert "Traceback" not in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
-    assert "nope" in proc.stderr
+def test_bad_input_is_one_line_without_traceback(tmp_path, capsys):
+    from analysis.report.__main__ import main
+
+    assert main([str(tmp_path / "nope"), "--out", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and len(err.strip().splitlines()) == 1
+    assert "nope" in err and "make profile-all" in err
     assert not (tmp_path / "out").exists()
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    assert main([str(empty), "--out", str(tmp_path / "out"), "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and "empty" in err

@@ -66,6 +66,7 @@ def summary_figure(runs: pd.DataFrame) -> str | None:
     fig, ax = plt.subplots(figsize=(8, _height(len(df))))
     sns.barplot(data=df, x="samples_per_s", y="label", hue="mode", dodge=False, ax=ax)
     ax.set(xlabel="throughput (samples/s)", ylabel="")
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), title="mode")
     return _uri(fig)
 
 

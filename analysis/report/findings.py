@@ -6,6 +6,7 @@ Rules read only the runs JSON of `compare_runs`; they never guess. A rule that l
 
 from __future__ import annotations
 
+import statistics
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -37,81 +38,104 @@ class Finding:
         return asdict(self)
 
 
-def _name(run: dict[str, Any]) -> str:
+def _name(run: dict[str, Any], keys: tuple[str, ...] = ()) -> str:
+    """'DDP (GLOO)', 'DP', 'Single'; prefixed with the model/OS when the report holds several."""
     mode = NAMES.get(run.get("mode"), str(run.get("mode")))
     backend = run.get("backend")
-    return f"{mode} ({backend.upper()})" if mode == "DDP" and backend else mode
+    name = f"{mode} ({backend.upper()})" if mode == "DDP" and backend else mode
+    return " ".join([*(str(run.get(k)) for k in keys), name])
 
 
-def _scaling(run: dict[str, Any]) -> Finding | None:
-    speedup, eff = run.get("speedup"), run.get("scaling_efficiency")
-    if run.get("mode") == "single" or speedup is None or eff is None:
+def _runs_of(group: dict[str, Any], runs: dict[str, dict[str, Any]]) -> list[dict[str, Any]]:
+    return [runs[r] for r in group.get("run_ids") or [] if r in runs]
+
+
+def _seeds(members: list[dict[str, Any]]) -> str:
+    return f", mean of {len(members)} runs" if len(members) > 1 else ""
+
+
+def _scaling(
+    group: dict[str, Any], runs: dict[str, dict[str, Any]], multi: tuple[str, ...]
+) -> Finding | None:
+    """Speedup and efficiency of one mode/backend/world-size group, plus its exposed comm."""
+    speedup, eff = group.get("speedup_mean"), group.get("scaling_efficiency_mean")
+    if group.get("mode") == "single" or speedup is None or eff is None:
         return None
     t = THRESHOLDS
-    verdict = (
-        "good scaling"
-        if eff >= t["efficiency_good"]
-        else "poor scaling"
-        if eff < t["efficiency_poor"]
-        else "fair scaling"
-    )
+    members = _runs_of(group, runs)
+    if eff >= t["efficiency_good"]:
+        verdict = "good scaling"
+    elif eff < t["efficiency_poor"]:
+        verdict = "poor scaling"
+    else:
+        verdict = "fair scaling"
+    unit = "devices" if group.get("mode") == "dp" else "ranks"
     text = (
-        f"{_name(run)} on {run['world_size']} ranks reached {speedup:.2f}× vs single "
-        f"({eff * 100:.0f}% efficiency: {verdict}; ≥ {t['efficiency_good'] * 100:.0f}% is good, "
-        f"< {t['efficiency_poor'] * 100:.0f}% is poor)."
+        f"{_name(group, multi)} on {group['world_size']} {unit} reached {speedup:.2f}× vs single "
+        f"({eff * 100:.0f}% efficiency{_seeds(members)}: {verdict}; "
+        f"≥ {t['efficiency_good'] * 100:.0f}% is good, < {t['efficiency_poor'] * 100:.0f}% is poor)."
     )
-    exposed = run.get("exposed_comm_pct")
-    if exposed is not None:
-        word = "allreduce" if run.get("mode") == "ddp" else "communication"
-        text += f" {exposed:.0f}% of step time is exposed {word}"
+    exposed = [m["exposed_comm_pct"] for m in members if m.get("exposed_comm_pct") is not None]
+    if exposed:
+        pct = statistics.fmean(exposed)
+        word = "allreduce" if group.get("mode") == "ddp" else "communication"
+        text += f" {pct:.0f}% of step time is exposed {word}"
         text += (
             f" (above the {t['exposed_comm_pct']:.0f}% threshold: try larger buckets, no_sync "
             "gradient accumulation or a faster backend)."
-            if exposed > t["exposed_comm_pct"]
+            if pct > t["exposed_comm_pct"]
             else f" (within the {t['exposed_comm_pct']:.0f}% threshold)."
         )
-    if speedup < 1:
-        severity = "bad"
-    else:
-        severity = "good" if verdict == "good scaling" else "warn"
-    return Finding(rule="scaling", severity=severity, text=text, run_ids=[run["run_id"]])
+    severity = "bad" if speedup < 1 else "good" if verdict == "good scaling" else "warn"
+    return Finding(
+        rule="scaling", severity=severity, text=text, run_ids=[m["run_id"] for m in members]
+    )
 
 
-def _memory(run: dict[str, Any]) -> Finding | None:
+def _imbalance(run: dict[str, Any]) -> tuple[float, dict, dict] | None:
+    """(% more on the fullest than on the emptiest device, fullest, emptiest) for one run."""
     # GPU runs: what the caching allocator handed out; CPU runs: the process's peak RSS
     # (the same metric compare_runs used for the run's imbalance ratios).
     metric = run.get("memory_metric") or "peak_allocated_bytes"
-
-    def _memory_value(m: dict[str, Any]) -> int | None:
-        return m.get(metric)
-
-    entries = [m for m in run.get("memory") or [] if _memory_value(m)]
+    entries = [m for m in run.get("memory") or [] if m.get(metric)]
     if len(entries) < 2:
         return None
-    hi = max(entries, key=_memory_value)
-    lo = min(entries, key=_memory_value)
-    pct = (_memory_value(hi) / _memory_value(lo) - 1) * 100
+    hi = max(entries, key=lambda m: m[metric])
+    lo = min(entries, key=lambda m: m[metric])
+    return (hi[metric] / lo[metric] - 1) * 100, hi, lo
+
+
+def _memory(
+    group: dict[str, Any], runs: dict[str, dict[str, Any]], multi: tuple[str, ...]
+) -> Finding | None:
+    """Memory balance across the devices/ranks of a group's runs (its worst run speaks)."""
+    scored = [(imb, m) for m in _runs_of(group, runs) if (imb := _imbalance(m))]
+    if not scored:
+        return None
+    (pct, hi, lo), run = max(scored, key=lambda x: x[0][0])
     limit = THRESHOLDS["memory_imbalance_pct"]
-    what = "peak RSS" if metric == "peak_rss_bytes" else "peak allocated"
+    what = "peak RSS" if run.get("memory_metric") == "peak_rss_bytes" else "peak allocated"
+    dp = run.get("mode") == "dp"
+    worst = f", worst of {len(scored)} runs" if len(scored) > 1 else ""
 
     def where(m: dict[str, Any]) -> str:
-        dev = m.get("device")
-        return f"{dev}" if run.get("mode") == "dp" else f"rank {m.get('rank')} ({dev})"
+        return f"{m.get('device')}" if dp else f"rank {m.get('rank')} ({m.get('device')})"
 
+    ids = [m["run_id"] for _, m in scored]
     if pct < limit:
         text = (
-            f"{_name(run)} on {run['world_size']} ranks: memory is balanced ({what} differs by "
-            f"{pct:.0f}% between {'devices' if run.get('mode') == 'dp' else 'ranks'}, under the {limit:.0f}% threshold)."
+            f"{_name(run, multi)} on {run['world_size']} {'devices' if dp else 'ranks'}: memory is "
+            f"balanced ({what} differs by {pct:.0f}%{worst}; the threshold is {limit:.0f}%)."
         )
-        return Finding(rule="memory", severity="good", text=text, run_ids=[run["run_id"]])
+        return Finding(rule="memory", severity="good", text=text, run_ids=ids)
     text = (
-        f"{_name(run)} holds {pct:.0f}% more memory on {where(hi)} than on {where(lo)} "
-        f"({what}; imbalance threshold {limit:.0f}%)."
+        f"{_name(run, multi)} holds {pct:.0f}% more memory on {where(hi)} than on {where(lo)} "
+        f"({what}{worst}; imbalance threshold {limit:.0f}%)."
     )
-    return Finding(rule="memory", severity="warn", text=text, run_ids=[run["run_id"]])
+    return Finding(rule="memory", severity="warn", text=text, run_ids=ids)
 
 
-def _accuracy(groups: list[dict[str, Any]]) -> list[Finding]:
+def _accuracy(groups: list[dict[str, Any]], multi: tuple[str, ...]) -> list[Finding]:
     out = []
     key = ("model", "dataset", "scaling", "os")
     singles = {tuple(g.get(k) for k in key): g for g in groups if g.get("mode") == "single"}
@@ -123,7 +147,7 @@ def _accuracy(groups: list[dict[str, Any]]) -> list[Finding]:
         a, b = g.get("top1_pct_mean"), base.get("top1_pct_mean")
         if a is None or b is None:
             continue
-        name = _name(g)
+        name = _name(g, multi)
         if b - a > limit:
             text = (
                 f"{name} on {g['world_size']} ranks lost accuracy vs single: top-1 {a:.1f}% vs "
@@ -152,11 +176,16 @@ def _backends(groups: list[dict[str, Any]]) -> list[Finding]:
             fast, slow, ratio = ("NCCL", "GLOO", n / gl) if n >= gl else ("GLOO", "NCCL", gl / n)
             limit = THRESHOLDS["backend_ratio"]
             if ratio >= limit:
-                text = f"Backends: {fast} {ratio:.1f}× faster than {slow} on the same run."
+                text = f"Backends: {fast} {ratio:.1f}× faster than {slow} on the same run"
             else:
-                text = f"Backends: NCCL and GLOO within {(limit - 1) * 100:.0f}% of each other."
-            text += f" ({found['nccl']['model']}, {found['nccl']['world_size']} ranks, {found['nccl']['os']})"
-            out.append(Finding(rule="backends", severity="info", text=text))
+                text = "Backends: NCCL and GLOO throughput are a tie on the same run"
+            g = found["nccl"]
+            text += (
+                f" ({g['model']}, {g['world_size']} ranks, {g['os']}; differences under "
+                f"{(limit - 1) * 100:.0f}% count as a tie)."
+            )
+            ids = [*found["nccl"].get("run_ids", []), *found["gloo"].get("run_ids", [])]
+            out.append(Finding(rule="backends", severity="info", text=text, run_ids=ids))
     return out
 
 
@@ -186,19 +215,20 @@ def _dp_vs_ddp(runs: list[dict[str, Any]]) -> list[Finding]:
 
 
 def _failures(data: dict[str, Any]) -> list[Finding]:
-    out = []
+    """Runs without numbers, one finding per distinct status and reason."""
+    by_reason: dict[tuple[str, str], list[str]] = {}
     for r in data.get("runs", []):
         if r.get("status") != "ok":
             err = r.get("error")
             why = (err.get("message") if isinstance(err, dict) else err) or "no reason recorded"
-            out.append(
-                Finding(
-                    rule="run_status",
-                    severity="bad" if r.get("status") == "failed" else "info",
-                    text=f"Run {r['run_id']} is {r.get('status')}: {why}",
-                    run_ids=[r["run_id"]],
-                )
-            )
+            by_reason.setdefault((str(r.get("status")), str(why)), []).append(r["run_id"])
+    out = []
+    for (status, why), ids in by_reason.items():
+        n = f"{len(ids)} runs are" if len(ids) > 1 else "1 run is"
+        severity = "bad" if status == "failed" else "info"
+        out.append(
+            Finding(rule="run_status", severity=severity, text=f"{n} {status}: {why}", run_ids=ids)
+        )
     for s in data.get("skipped", []):
         out.append(
             Finding(
@@ -211,13 +241,15 @@ def _failures(data: dict[str, Any]) -> list[Finding]:
 
 
 def findings(data: dict[str, Any]) -> list[Finding]:
-    """All findings for the runs JSON, in reading order: status, scaling, memory, accuracy, backends."""
-    runs = data.get("runs", [])
-    ok = [r for r in runs if r.get("status") == "ok"]
-    out = _failures(data)
-    out += [f for f in map(_scaling, ok) if f]
-    out += [f for f in map(_memory, ok) if f]
-    out += _accuracy(data.get("groups", []))
-    out += _backends(data.get("groups", []))
-    out += _dp_vs_ddp(runs)
-    return out
+    """All findings for the runs JSON, most important first: scaling, backends, memory, accuracy,
+    then runs that produced no numbers."""
+    runs = {r["run_id"]: r for r in data.get("runs", []) if r.get("status") == "ok"}
+    groups = data.get("groups", [])
+    # Name the model / OS in each sentence only when the report mixes several.
+    multi = tuple(k for k in ("model", "os") if len({g.get(k) for g in groups}) > 1)
+    out = [f for g in groups if (f := _scaling(g, runs, multi))]
+    out += _backends(groups)
+    out += _dp_vs_ddp(list(runs.values()))
+    out += [f for g in groups if (f := _memory(g, runs, multi))]
+    out += _accuracy(groups, multi)
+    return out + _failures(data)
