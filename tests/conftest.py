@@ -18,7 +18,9 @@ REPO = Path(__file__).resolve().parents[1]
 SHARED = REPO.parent / "shared"
 
 
-def launch(args: list[str], *, timeout: float = 240, check: bool = True) -> subprocess.CompletedProcess:
+def launch(
+    args: list[str], *, timeout: float = 240, check: bool = True
+) -> subprocess.CompletedProcess:
     """Run `python -m workloads.launch ARGS` from the repo root; return the finished process."""
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     proc = subprocess.run(
@@ -40,8 +42,8 @@ def read_run(run_dir: Path) -> dict:
     return json.loads((run_dir / "run.json").read_text())
 
 
-TINY = ["--model", "mlp", "--dataset", "synthetic", "--max-steps", "8", "--batch-size", "64",
-        "--epochs", "1", "--seed", "0"]
+# The tiny profiled workload both session runs use (a list of launcher arguments).
+TINY = "--model mlp --dataset synthetic --max-steps 8 --batch-size 64 --epochs 1 --seed 0".split()
 
 
 @pytest.fixture(scope="session")
@@ -59,6 +61,6 @@ def single_mlp_run(runs_dir: Path) -> Path:
 @pytest.fixture(scope="session")
 def ddp_mlp_run(runs_dir: Path) -> Path:
     """A profiled 2-rank gloo DDP MLP run through torchrun (8 steps, global batch 64)."""
-    launch(["--mode", "ddp", "--nproc", "2", "--backend", "gloo", "--run-id", "ddp-gloo-mlp",
-            "--runs-dir", str(runs_dir), *TINY])
+    ddp = "--mode ddp --nproc 2 --backend gloo --run-id ddp-gloo-mlp".split()
+    launch([*ddp, "--runs-dir", str(runs_dir), *TINY])
     return runs_dir / "ddp-gloo-mlp"

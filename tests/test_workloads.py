@@ -19,84 +19,24 @@ from workloads.data import GlobalBatchSampler
 from workloads.summary import best_epoch, step_metrics
 from workloads.train import build_parser
 
-RUN_KEYS = {
-    "schema_version",
-    "run_id",
-    "status",
-    "error",
-    "created_at",
-    "finished_at",
-    "config",
-    "env",
-    "metrics",
-    "eval",
-    "traces",
-}
-CONFIG_KEYS = {
-    "mode",
-    "backend",
-    "world_size",
-    "nnodes",
-    "nproc_per_node",
-    "devices",
-    "model",
-    "dataset",
-    "global_batch",
-    "per_device_batch",
-    "scaling",
-    "amp",
-    "seed",
-    "epochs",
-    "max_steps",
-    "lr",
-    "momentum",
-    "weight_decay",
-    "sync_bn",
-    "num_workers",
-    "pin_memory",
-    "warmup_steps",
-    "rendezvous",
-    "ddp",
-    "profile",
-}
-ENV_KEYS = {
-    "os",
-    "platform",
-    "python",
-    "torch",
-    "cuda",
-    "nccl",
-    "gpus",
-    "cpu_model",
-    "cpu_cores",
-    "threads_per_rank",
-    "hostname",
-}
-METRIC_KEYS = {
-    "samples_per_s",
-    "step_time_s",
-    "per_rank",
-    "epoch_time_s",
-    "wall_time_s",
-    "memory",
-    "memory_after_first_step",
-    "ddp",
-}
-STEPS_HEADER = [
-    "rank",
-    "epoch",
-    "step",
-    "warmup",
-    "step_time_s",
-    "data_s",
-    "forward_s",
-    "backward_s",
-    "optimizer_s",
-    "samples",
-    "loss",
-    "rss_bytes",
-    "cuda_allocated_bytes",
-]
+# The field lists of docs/run-folder.md.
+RUN_KEYS = set(
+    "schema_version run_id status error created_at finished_at config env metrics eval traces".split()
+)
+CONFIG_KEYS = set(
+    """mode backend world_size nnodes nproc_per_node devices model dataset global_batch
+    per_device_batch scaling amp seed epochs max_steps lr momentum weight_decay sync_bn num_workers
+    pin_memory warmup_steps rendezvous ddp profile""".split()
+)
+ENV_KEYS = set(
+    "os platform python torch cuda nccl gpus cpu_model cpu_cores threads_per_rank hostname".split()
+)
+METRIC_KEYS = set(
+    """samples_per_s step_time_s per_rank epoch_time_s wall_time_s memory memory_after_first_step
+    ddp""".split()
+)
+STEPS_HEADER = """rank epoch step warmup step_time_s data_s forward_s backward_s optimizer_s samples loss
+    rss_bytes cuda_allocated_bytes""".split()
 
 
 def read_steps(run_dir) -> list[dict]:
