@@ -1,0 +1,1 @@
+"""Training workloads: config, context, models, data, the training loop and the torchrun launcher."""

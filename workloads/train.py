@@ -23,6 +23,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
+from torch.utils.data import DataLoader
 from tqdm import tqdm
 
 from profiler.memory import MemoryTracker
@@ -90,7 +91,7 @@ def _ddp_info(model: nn.Module) -> dict | None:
 
 
 @torch.no_grad()
-def evaluate(model: nn.Module, loader, ctx: RunContext, *, epoch: int) -> dict:
+def evaluate(model: nn.Module, loader: DataLoader, ctx: RunContext, *, epoch: int) -> dict:
     """Test loss / top-1 / top-5 over the whole test split. Each rank evaluates its shard with
     the unwrapped module (no collectives per batch) and the sums are all-reduced, so every mode
     reports the same numbers."""
@@ -267,7 +268,18 @@ def train(cfg: TrainConfig, ctx: RunContext, run_dir: Path) -> None:
 
 
 def _finish(
-    cfg, ctx, run_dir, *, model, rows, memory, profiler, evals, epoch_times, threads, start
+    cfg: TrainConfig,
+    ctx: RunContext,
+    run_dir: Path,
+    *,
+    model: nn.Module,
+    rows: list[dict],
+    memory: MemoryTracker,
+    profiler: ProfilerSession,
+    evals: list[dict],
+    epoch_times: list[float],
+    threads: int,
+    start: float,
 ) -> None:
     """Gather every rank's rows and memory to rank 0, which writes steps.csv and run.json."""
     mine = {
