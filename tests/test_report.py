@@ -350,7 +350,7 @@ def test_failed_skipped_and_corrupt_runs_are_listed(single_mlp_run, ddp_mlp_run,
     assert any("corrupt" in f for f in page.findings) and any("failed" in f for f in page.findings)
 
 
-def test_bad_input_is_one_line_without_traceback(tmp_path, capsys):
+def test_bad_input_is_one_line_without_traceback(single_mlp_run, tmp_path, capsys):
     from analysis.report.__main__ import main
 
     assert main([str(tmp_path / "nope"), "--out", str(tmp_path / "out")]) == 2
@@ -363,3 +363,8 @@ def test_bad_input_is_one_line_without_traceback(tmp_path, capsys):
     assert main([str(empty), "--out", str(tmp_path / "out"), "--no-progress"]) == 2
     err = capsys.readouterr().err
     assert len(err.strip().splitlines()) == 1 and "empty" in err
+    (tmp_path / "file").write_text("")
+    out = tmp_path / "file" / "out"
+    assert main([str(single_mlp_run), "--out", str(out), "--no-progress"]) == 2
+    err = capsys.readouterr().err
+    assert len(err.strip().splitlines()) == 1 and "cannot write the report" in err

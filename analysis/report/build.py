@@ -158,24 +158,12 @@ def _environment() -> jinja2.Environment:
 def write_report(data: dict[str, Any], out_dir: Path, *, progress: bool = True) -> ReportFiles:
     """Write index.html, summary.json and the CSV tables for a runs JSON into `out_dir`."""
     out_dir = Path(out_dir)
-    try:
-        out_dir.mkdir(parents=True, exist_ok=True)
-    except OSError as exc:
-        raise ReportError(
-            f"cannot create report folder {out_dir}: {exc.strerror}; pass another --out"
-        ) from exc
     tables = all_tables(data, out_dir)
     found = findings(data)
     figs = _figures(data, tables, progress)
     summary = _json_safe(
         {**data, "findings": [f.to_dict() for f in found], "thresholds": THRESHOLDS}
     )
-    csvs = []
-    for table in tables.values():
-        if table.csv:
-            path = out_dir / table.csv
-            _write_atomic(path, table.frame().to_csv(index=False))
-            csvs.append(path)
     html = (
         _environment()
         .get_template("index.html.j2")
@@ -190,9 +178,20 @@ def write_report(data: dict[str, Any], out_dir: Path, *, progress: bool = True) 
             generated_at=datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),
         )
     )
+    # Everything is rendered before the first write, so a failure above leaves the folder as it was.
+    files = {t.csv: t.frame().to_csv(index=False) for t in tables.values() if t.csv}
+    files["summary.json"] = json.dumps(summary, indent=2, allow_nan=False) + "\n"
+    files["index.html"] = html  # last: its appearance means the report is complete
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        for name, text in files.items():
+            _write_atomic(out_dir / name, text)
+    except OSError as exc:
+        raise ReportError(
+            f"cannot write the report into {out_dir}: {exc.strerror or exc}; pass another --out"
+        ) from exc
     index = out_dir / "index.html"
-    _write_atomic(out_dir / "summary.json", json.dumps(summary, indent=2, allow_nan=False) + "\n")
-    _write_atomic(index, html)
+    csvs = [out_dir / t.csv for t in tables.values() if t.csv]
     return ReportFiles(index_html=index, summary_json=out_dir / "summary.json", csvs=csvs)
 
 

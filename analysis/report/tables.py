@@ -139,8 +139,12 @@ def _trace_ranks(run: dict[str, Any]) -> dict[int, dict[str, Any]]:
 
 
 def _link(path: Path, out_dir: Path) -> dict[str, str]:
-    rel = Path(os.path.relpath(path.resolve(), out_dir.resolve())).as_posix()
-    return {"href": quote(rel), "text": path.name}
+    """Link relative to the report (it travels with the runs); absolute across Windows drives."""
+    try:
+        href = quote(Path(os.path.relpath(path.resolve(), out_dir.resolve())).as_posix())
+    except ValueError:  # different drive: no relative path exists
+        href = path.resolve().as_uri()
+    return {"href": href, "text": path.name}
 
 
 def summary_rows(data: dict[str, Any], labels: dict[str, str]) -> list[dict[str, Any]]:
