@@ -8,11 +8,12 @@ are classified once per distinct name (`np.unique`), never per row.
 from __future__ import annotations
 
 import re
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 import numpy as np
 
-from analysis.loader import Args, Event, decode_args, decode_correlation
+from analysis.loader import Args, ChunkSplitError, Event, decode_args, decode_correlation
 
 __all__ = [
     "COMM",
@@ -54,8 +55,8 @@ def kernel_class(name: str, cat: str) -> int:
     return COMPUTE
 
 
-def _arr(values: list[float]) -> np.ndarray:
-    return np.asarray(values, dtype=np.float64)
+def _arr(values) -> np.ndarray:
+    return np.fromiter(values, dtype=np.float64)
 
 
 @dataclass
@@ -65,23 +66,56 @@ class Ranges:
     start: np.ndarray
     end: np.ndarray
     names: list[str] = field(default_factory=list)
-    tids: list = field(default_factory=list)
-    args: list[Args] = field(default_factory=list)
-
-    @classmethod
-    def build(cls, events: list[Event], origin: float, *, keep_args: bool = False) -> Ranges:
-        start = _arr([e.ts for e in events]) - origin
-        end = start + _arr([e.dur for e in events])
-        return cls(
-            start,
-            end,
-            [e.name for e in events],
-            [e.tid for e in events],
-            [decode_args(e) for e in events] if keep_args else [],
-        )
+    tids: np.ndarray = field(default_factory=lambda: np.empty(0, np.int64))  # thread codes
+    args: list[Args | None] = field(default_factory=list)
 
     def __len__(self) -> int:
         return int(self.start.size)
+
+
+class _Columns:
+    """Accumulates one class of events chunk by chunk as compact columns (absolute µs)."""
+
+    def __init__(
+        self, codes: dict, *, names: bool = False, tids: bool = False, args: bool = False
+    ) -> None:
+        # Thread ids become small integer codes (shared by all classes of a rank) and names
+        # share one string per distinct name: no per-event Python objects outlive their chunk,
+        # so freed chunks give their memory back instead of pinning the allocator's arenas.
+        self.codes = codes
+        self.keep = (names, tids, args)
+        self.ts: list[np.ndarray] = []
+        self.dur: list[np.ndarray] = []
+        self.names: list[str] = []
+        self.tids: list[np.ndarray] = []
+        self.args: list[Args] = []
+
+    def add(self, events: list[Event]) -> None:
+        if not events:
+            return
+        self.ts.append(_arr(e.ts for e in events))
+        self.dur.append(_arr(e.dur for e in events))
+        names, tids, args = self.keep
+        if names:
+            self.names += [self.codes.setdefault(("name", e.name), e.name) for e in events]
+        if tids:
+            codes = self.codes
+            self.tids.append(
+                np.fromiter(
+                    (codes.setdefault(e.tid, len(codes)) for e in events), np.int64, len(events)
+                )
+            )
+        if args:
+            self.args += [decode_args(e) for e in events]
+
+    def first(self) -> float:
+        return min((float(t.min()) for t in self.ts), default=np.inf)
+
+    def ranges(self, origin: float) -> Ranges:
+        start = np.concatenate(self.ts) - origin if self.ts else np.empty(0)
+        end = start + (np.concatenate(self.dur) if self.dur else np.empty(0))
+        tids = np.concatenate(self.tids) if self.tids else np.empty(0, np.int64)
+        return Ranges(start, end, self.names, tids, self.args)
 
 
 @dataclass
@@ -92,7 +126,7 @@ class Classified:
     kernels: Ranges  # GPU activities: kernels, memcpy/memset, syncs
     kernel_cls: np.ndarray  # COMPUTE/COMM/MEMORY/OTHER per kernel
     launch_us: np.ndarray  # time of the runtime call that launched each kernel (own ts if unknown)
-    launch_tid: np.ndarray  # tid of that runtime call (None if unknown)
+    launch_tid: np.ndarray  # thread code of that runtime call (-1 if unknown)
     steps: Ranges  # ProfilerStep#N, sorted by start
     step_numbers: list[int]
     anchors: Ranges  # nccl:*/gloo:* collective annotations, with args
@@ -107,103 +141,165 @@ def _is_data(name: str) -> bool:
     return name == "data" or name.startswith(("enumerate(DataLoader)#", "enumerate(DataPipe)#"))
 
 
-def classify(events: list[Event]) -> Classified:
-    """Bucket `events` (complete 'X' events only) into a Classified rank."""
-    kernels, runtime, steps, anchors, rpc, ops, annotations, data = ([] for _ in range(8))
-    for e in events:
-        if e.ph != "X":
-            continue
-        cat = e.cat
-        if cat in _KERNEL_CATS or cat in _MEMORY_CATS or cat in _SYNC_CATS:
-            kernels.append(e)
-        elif cat in _RUNTIME_CATS:
-            runtime.append(e)
-        elif cat in _OP_CATS or cat in _ANNOTATION_CATS:
-            name = e.name
-            if name.startswith("ProfilerStep#"):
-                steps.append(e)
-            elif COMM_OP_RE.match(name):
-                anchors.append(e)
-            elif _is_data(name):
-                data.append(e)
-            elif name == "record_param_comms":
-                rpc.append(e)
-            elif cat in _OP_CATS:
-                ops.append(e)
-            else:
-                annotations.append(e)
-    cpu_like = [e for e in (*ops, *anchors, *rpc, *steps) if e.cat not in _ANNOTATION_CATS]
-    all_x = kernels or cpu_like or steps or anchors or annotations
-    if not all_x:
-        origin = 0.0
-    else:
-        origin = min(
-            min((e.ts for e in kernels), default=np.inf),
-            min((e.ts for e in cpu_like), default=np.inf),
-            min((e.ts for e in steps), default=np.inf),
-            min((e.ts for e in anchors), default=np.inf),
-            min((e.ts for e in annotations), default=np.inf),
+class _Accumulator:
+    """Everything `classify` keeps from the events, filled one chunk at a time."""
+
+    def __init__(self) -> None:
+        codes: dict = {}
+        self.kernels = _Columns(codes, names=True)
+        self.kernel_cls: list[int] = []
+        self.kernel_corr: list[np.ndarray] = []
+        self.runtime = _Columns(codes, tids=True)
+        self.runtime_corr: list[np.ndarray] = []
+        self.steps = _Columns(codes, names=True)
+        self.anchors = _Columns(codes, names=True, tids=True, args=True)
+        self.rpc = _Columns(codes, tids=True, args=True)
+        self.compute = _Columns(codes, tids=True)
+        self.tb_cpu = _Columns(codes)
+        self.data = _Columns(codes)
+        self.cpu_lo, self.cpu_hi = np.inf, -np.inf
+        self.class_of: dict[tuple[str, str], int] = {}  # kernel classes, once per distinct name
+
+    def add(self, events: list[Event]) -> None:
+        kernels, runtime, steps, anchors, rpc, ops, issue, annotations, data = (
+            [] for _ in range(9)
         )
-    cpu_span = (
-        min((e.ts for e in cpu_like), default=origin) - origin,
-        max((e.ts + e.dur for e in cpu_like), default=origin) - origin,
-    )
+        for e in events:
+            if e.ph != "X":
+                continue
+            cat = e.cat
+            if cat in _KERNEL_CATS or cat in _MEMORY_CATS or cat in _SYNC_CATS:
+                kernels.append(e)
+            elif cat in _RUNTIME_CATS:
+                runtime.append(e)
+            elif cat in _OP_CATS or cat in _ANNOTATION_CATS:
+                name = e.name
+                if name.startswith("ProfilerStep#"):
+                    steps.append(e)
+                elif COMM_OP_RE.match(name):
+                    anchors.append(e)
+                elif _is_data(name):
+                    data.append(e)
+                elif name == "record_param_comms":
+                    rpc.append(e)
+                elif cat not in _OP_CATS:
+                    annotations.append(e)
+                elif name.startswith(_ISSUE_OPS):
+                    issue.append(e)
+                else:
+                    ops.append(e)
+        corr = np.empty(len(kernels), np.int64)
+        for i, e in enumerate(kernels):
+            key = (e.name, e.cat)
+            if key not in self.class_of:
+                self.class_of[key] = kernel_class(*key)
+            cls = self.class_of[key]
+            self.kernel_cls.append(cls)
+            args = decode_args(e)
+            corr[i] = args.correlation if args.correlation is not None else -2
+            # Only comm kernels need their args later (linking, sizes); drop the rest now.
+            self.kernels.args.append(args if cls == COMM else None)
+        self.kernel_corr.append(corr)
+        self.kernels.add(kernels)
+        self.runtime.add(runtime)
+        self.runtime_corr.append(
+            np.fromiter((decode_correlation(e) for e in runtime), np.int64, len(runtime))
+        )
+        self.steps.add(steps)
+        self.anchors.add(anchors)
+        self.rpc.add(rpc)
+        self.compute.add(ops)
+        self.tb_cpu.add([*ops, *issue, *rpc, *annotations])
+        self.data.add(data)
+        cpu_like = [
+            e for e in (*ops, *issue, *anchors, *rpc, *steps) if e.cat not in _ANNOTATION_CATS
+        ]
+        if cpu_like:
+            self.cpu_lo = min(self.cpu_lo, min(e.ts for e in cpu_like))
+            self.cpu_hi = max(self.cpu_hi, max(e.ts + e.dur for e in cpu_like))
 
-    k = Ranges.build(kernels, origin, keep_args=True)
-    names, inverse = (
-        np.unique(np.asarray(k.names, dtype=object), return_inverse=True)
-        if len(k)
-        else (np.empty(0, dtype=object), np.empty(0, dtype=np.intp))
-    )
-    cats = {n: c for n, c in zip(k.names, (e.cat for e in kernels), strict=True)}
-    kernel_cls = (
-        np.asarray([kernel_class(n, cats[n]) for n in names], dtype=np.int8)[inverse]
-        if len(k)
-        else np.empty(0, dtype=np.int8)
-    )
-    launch_us, launch_tid = _launches(k, runtime, origin)
+    def finish(self) -> Classified:
+        parts = (
+            self.kernels,
+            self.steps,
+            self.anchors,
+            self.rpc,
+            self.compute,
+            self.tb_cpu,
+            self.data,
+        )
+        origin = min(min(p.first() for p in parts), self.cpu_lo)
+        origin = 0.0 if not np.isfinite(origin) else float(origin)
+        k = self.kernels.ranges(origin)
+        rt = self.runtime.ranges(origin)
+        corr = np.concatenate(self.runtime_corr) if self.runtime_corr else np.empty(0, np.int64)
+        k_corr = np.concatenate(self.kernel_corr) if self.kernel_corr else np.empty(0, np.int64)
+        launch_us, launch_tid = _launches(k, k_corr, rt, corr)
+        steps = self.steps.ranges(origin)
+        order = np.argsort(steps.start, kind="stable")
+        steps = Ranges(steps.start[order], steps.end[order], [steps.names[i] for i in order])
+        anchors = self.anchors.ranges(origin)
+        order = np.argsort(anchors.start, kind="stable")
+        anchors = Ranges(
+            anchors.start[order],
+            anchors.end[order],
+            [anchors.names[i] for i in order],
+            anchors.tids[order],
+            [anchors.args[i] for i in order],
+        )
+        step_numbers = [
+            int(m) if (m := n.split("#", 1)[1].split()[0]).isdigit() else i
+            for i, n in enumerate(steps.names)
+        ]
+        span = (
+            (self.cpu_lo - origin, self.cpu_hi - origin) if np.isfinite(self.cpu_lo) else (0.0, 0.0)
+        )
+        return Classified(
+            origin_us=origin,
+            kernels=k,
+            kernel_cls=np.asarray(self.kernel_cls, dtype=np.int8),
+            launch_us=launch_us,
+            launch_tid=launch_tid,
+            steps=steps,
+            step_numbers=step_numbers,
+            anchors=anchors,
+            rpc=self.rpc.ranges(origin),
+            compute_ops=self.compute.ranges(origin),
+            tb_cpu_ops=self.tb_cpu.ranges(origin),
+            data=self.data.ranges(origin),
+            cpu_span=span,
+        )
 
-    steps.sort(key=lambda e: e.ts)
-    step_numbers = [
-        int(m) if (m := e.name.split("#", 1)[1].split()[0]).isdigit() else i
-        for i, e in enumerate(steps)
-    ]
-    anchors.sort(key=lambda e: e.ts)
-    issue = [e for e in ops if e.name.startswith(_ISSUE_OPS)]
-    compute = [e for e in ops if not e.name.startswith(_ISSUE_OPS)]
-    return Classified(
-        origin_us=float(origin),
-        kernels=k,
-        kernel_cls=kernel_cls,
-        launch_us=launch_us,
-        launch_tid=launch_tid,
-        steps=Ranges.build(steps, origin),
-        step_numbers=step_numbers,
-        anchors=Ranges.build(anchors, origin, keep_args=True),
-        rpc=Ranges.build(rpc, origin, keep_args=True),
-        compute_ops=Ranges.build(compute, origin),
-        tb_cpu_ops=Ranges.build([*compute, *issue, *rpc, *annotations], origin),
-        data=Ranges.build(data, origin),
-        cpu_span=cpu_span,
-    )
+
+def classify(passes: Iterator[Iterator[list[Event]]]) -> Classified:
+    """Bucket the events (complete 'X' events only) of a trace, chunk by chunk, into a
+    Classified rank. `passes` is `LoadedTrace.event_chunks()`: when a chunked pass fails
+    (ChunkSplitError) the next pass decodes everything at once."""
+    for chunks in passes:
+        acc = _Accumulator()
+        try:
+            for events in chunks:
+                acc.add(events)
+        except ChunkSplitError:
+            continue
+        return acc.finish()
+    raise AssertionError("the last pass never raises ChunkSplitError")
 
 
-def _launches(k: Ranges, runtime: list[Event], origin: float) -> tuple[np.ndarray, np.ndarray]:
-    """Launch time and thread of each kernel, joined on the correlation id of its runtime call."""
+def _launches(
+    k: Ranges, k_corr: np.ndarray, rt: Ranges, rt_corr: np.ndarray
+) -> tuple[np.ndarray, np.ndarray]:
+    """Launch time and thread code (-1: unknown) of each kernel, joined on the correlation id of
+    its runtime call."""
     launch = k.start.copy()
-    tids = np.full(len(k), None, dtype=object)
-    if not len(k) or not runtime:
+    tids = np.full(len(k), -1, dtype=np.int64)
+    if not len(k) or not len(rt):
         return launch, tids
-    rt_corr = np.fromiter((decode_correlation(e) for e in runtime), np.int64, len(runtime))
     order = np.argsort(rt_corr, kind="stable")
     rt_sorted = rt_corr[order]
-    k_corr = np.asarray(
-        [a.correlation if a.correlation is not None else -2 for a in k.args], dtype=np.int64
-    )
     pos = np.clip(np.searchsorted(rt_sorted, k_corr), 0, rt_sorted.size - 1)
     hit = rt_sorted[pos] == k_corr
     rt_idx = order[pos]
-    rt_ts = _arr([e.ts for e in runtime]) - origin
-    launch[hit] = rt_ts[rt_idx[hit]]
-    tids[hit] = np.asarray([e.tid for e in runtime], dtype=object)[rt_idx[hit]]
+    launch[hit] = rt.start[rt_idx[hit]]
+    tids[hit] = rt.tids[rt_idx[hit]]
     return launch, tids

@@ -105,8 +105,8 @@ def _link_kernels(c: Classified, comm_idx: np.ndarray) -> np.ndarray:
     launch (correlation id), else the annotation or record_param_comms with its External id."""
     anchors = c.anchors
     link = np.full(comm_idx.size, -1, dtype=np.int64)
-    a_tids = np.asarray(anchors.tids, dtype=object)
-    for tid in set(anchors.tids):
+    a_tids = anchors.tids
+    for tid in np.unique(anchors.tids).tolist():
         on_tid = np.flatnonzero(a_tids == tid)
         sel = np.flatnonzero(c.launch_tid[comm_idx] == tid)
         if sel.size:
@@ -136,8 +136,8 @@ def _anchor_sizes(c: Classified) -> tuple[list[int | None], list[int | None]]:
     (or that the call contains) on the same thread, else the call's Input Dims × dtype."""
     anchors, rpc = c.anchors, c.rpc
     rpc_of = np.full(len(anchors), -1, dtype=np.int64)
-    a_tids, r_tids = np.asarray(anchors.tids, dtype=object), np.asarray(rpc.tids, dtype=object)
-    for tid in set(rpc.tids) & set(anchors.tids):
+    a_tids, r_tids = anchors.tids, rpc.tids
+    for tid in np.intersect1d(rpc.tids, anchors.tids).tolist():
         on_r, on_a = np.flatnonzero(r_tids == tid), np.flatnonzero(a_tids == tid)
         order = on_r[np.argsort(rpc.start[on_r], kind="stable")]
         rs, re_ = rpc.start[order], rpc.end[order]

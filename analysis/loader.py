@@ -12,6 +12,7 @@ from __future__ import annotations
 import gzip
 import re
 import zlib
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -20,6 +21,8 @@ import msgspec
 from analysis.errors import AnalysisError
 
 __all__ = [
+    "CHUNK_BYTES",
+    "ChunkSplitError",
     "Args",
     "Event",
     "LoadedTrace",
@@ -65,7 +68,8 @@ class _Correlation(msgspec.Struct, gc=False):
 
 
 class _Trace(msgspec.Struct):
-    traceEvents: list[Event] | None = None  # noqa: N815 (Kineto's field name)
+    # Raw: decoded later in chunks, so only one chunk of events is alive at a time.
+    traceEvents: msgspec.Raw = msgspec.Raw(b"")  # noqa: N815 (Kineto's field name)
     distributedInfo: msgspec.Raw = msgspec.Raw(b"")  # noqa: N815
     baseTimeNanoseconds: int | None = None  # noqa: N815
     displayTimeUnit: str | None = None  # noqa: N815
@@ -73,6 +77,9 @@ class _Trace(msgspec.Struct):
 
 
 _DECODER = msgspec.json.Decoder(_Trace)
+_EVENTS_DECODER = msgspec.json.Decoder(list[Event])
+_EVENT_SPLIT_RE = re.compile(rb"\}\s*,\s*\{")
+CHUNK_BYTES = 512 << 10  # ~2k events: cache-friendly, and freed chunks are reused at once
 _ARGS_DECODER = msgspec.json.Decoder(Args)
 _CORR_DECODER = msgspec.json.Decoder(_Correlation)
 _EMPTY_ARGS = Args()
@@ -105,17 +112,57 @@ def rank_from_name(path: Path) -> int | None:
     return int(match.group(1)) if match else None
 
 
+class ChunkSplitError(Exception):
+    """A chunk boundary fell inside an event (never seen in Kineto output): decode in one piece."""
+
+
+def _chunks(raw: memoryview, size: int) -> Iterator[list[Event]]:
+    """Decode the `traceEvents` array in pieces split between two events (`}, {`)."""
+    n = len(raw)
+    lo = 1  # after the opening bracket
+    while lo < n - 1:
+        match = _EVENT_SPLIT_RE.search(raw, lo + size) if lo + size < n - 1 else None
+        hi = match.start() + 1 if match else n - 1  # up to and including this event's "}"
+        try:
+            yield _EVENTS_DECODER.decode(b"".join((b"[", raw[lo:hi], b"]")))
+        except msgspec.DecodeError:
+            raise ChunkSplitError from None
+        lo = match.end() - 1 if match else n  # at the next event's "{"
+
+
 @dataclass
 class LoadedTrace:
-    """A decoded trace: events plus what identifies the rank and its clock."""
+    """A decoded trace header; `event_chunks()` yields its events a chunk at a time."""
 
     path: Path
-    events: list[Event]
+    raw_events: memoryview
     rank: int | None
     world_size: int | None
     rank_source: str  # "distributedInfo", "file name" or "none"
     backend: str | None
     base_time_us: float  # baseTimeNanoseconds / 1000, 0 when absent
+
+    def event_chunks(self, *, size: int = CHUNK_BYTES) -> Iterator[Iterator[list[Event]]]:
+        """Yields one chunked pass over the events; if a chunk boundary turns out to be invalid,
+        yields a second pass decoding everything at once (the consumer restarts on it)."""
+        raw = self.raw_events
+        if raw.nbytes < 2 or bytes(raw[:1]) != b"[" or bytes(raw[-1:]) != b"]":
+            raise AnalysisError(
+                self.path, "`traceEvents` is not a list", "this is not a torch.profiler trace"
+            )
+        yield _chunks(raw, size)
+        yield _whole(self.path, raw)
+
+
+def _whole(path: Path, raw: memoryview) -> Iterator[list[Event]]:
+    try:
+        yield _EVENTS_DECODER.decode(raw)
+    except msgspec.DecodeError as err:
+        raise AnalysisError(
+            path,
+            f"not a Kineto JSON trace ({err})",
+            "pass the .pt.trace.json(.gz) files torch.profiler writes",
+        ) from None
 
 
 def _read_bytes(path: Path) -> bytes:
@@ -127,7 +174,11 @@ def _read_bytes(path: Path) -> bytes:
         ) from None
     if data[:2] == b"\x1f\x8b":  # gzip magic: trust the content, not the suffix
         try:
-            return gzip.decompress(data)
+            # The gzip trailer holds the size (mod 4 GiB): one right-sized buffer instead of
+            # gzip.decompress's repeated growth, which briefly doubles the peak memory.
+            size = int.from_bytes(data[-4:], "little") or zlib.DEF_BUF_SIZE
+            out = zlib.decompress(data, wbits=31, bufsize=size)
+            return out if len(out) % (1 << 32) == size % (1 << 32) else gzip.decompress(data)
         except (EOFError, OSError, zlib.error):
             raise AnalysisError(
                 path, "truncated or corrupt gzip", "the trace was cut off while writing; re-profile"
@@ -147,9 +198,7 @@ def load_trace(path: Path) -> LoadedTrace:
             f"not a Kineto JSON trace ({err})",
             "pass the .pt.trace.json(.gz) files torch.profiler writes",
         ) from None
-    finally:
-        del data
-    if trace.traceEvents is None:
+    if not trace.traceEvents:
         raise AnalysisError(path, "no `traceEvents` list", "this is not a torch.profiler trace")
     rank = world = backend = None
     source = "none"
@@ -165,4 +214,5 @@ def load_trace(path: Path) -> LoadedTrace:
     if rank is None and (rank := rank_from_name(path)) is not None:
         source = "file name"
     base_us = (trace.baseTimeNanoseconds or 0) / 1000.0
-    return LoadedTrace(path, trace.traceEvents, rank, world, source, backend, base_us)
+    raw = memoryview(trace.traceEvents).cast("B")
+    return LoadedTrace(path, raw.toreadonly(), rank, world, source, backend, base_us)

@@ -48,9 +48,9 @@ def _outside_comm(c: Classified) -> np.ndarray:
     """Mask of compute ops not nested inside a collective annotation on the same thread (the
     copies a gloo thread makes while reducing belong to the collective, not to computation)."""
     keep = np.ones(len(c.compute_ops), dtype=bool)
-    op_tids = np.asarray(c.compute_ops.tids, dtype=object)
-    a_tids = np.asarray(c.anchors.tids, dtype=object)
-    for tid in set(c.anchors.tids):
+    op_tids = c.compute_ops.tids
+    a_tids = c.anchors.tids
+    for tid in np.unique(c.anchors.tids).tolist():
         ms, me = merge(*_sel(c.anchors, a_tids == tid))
         on = np.flatnonzero(op_tids == tid)
         idx = np.searchsorted(ms, c.compute_ops.start[on], side="right") - 1
@@ -164,8 +164,8 @@ def summarize_file(path: Path) -> dict:
     Raises AnalysisError with a one-line message when the file cannot be analysed.
     """
     loaded = load_trace(path)
-    c = classify(loaded.events)
-    loaded.events = []  # the summary is all we keep; free the events now
+    c = classify(loaded.event_chunks())
+    loaded.raw_events = memoryview(b"")  # the summary is all we keep; free the JSON now
     if not len(c.kernels) and not len(c.compute_ops) and not len(c.anchors) and not len(c.steps):
         raise AnalysisError(
             path,

@@ -113,7 +113,7 @@ def test_event_less_trace_and_spacing_of_distributed_info(tmp_path):
         (lambda d: (d / "a.pt.trace.json").write_text("[1, 2"), "no usable trace"),
         (
             lambda d: (d / "rank0.json.gz").write_bytes(gzip.compress(b'{"traceEvents": "x"}')),
-            "not a Kineto JSON trace",
+            "`traceEvents` is not a list",
         ),
     ],
 )
