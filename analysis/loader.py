@@ -1,11 +1,12 @@
 """Read one Kineto trace (`.json` or `.json.gz`) into typed events, decoding only what we use.
 
-msgspec decodes `traceEvents` into a Struct of the needed fields (ph, cat, name, tid, ts, dur)
-with `args` kept as raw bytes; `args` is decoded later only for the few events that need it
-(kernels, runtime launches, collectives). This is ~4× faster and ~2× leaner than building dicts.
-Rank and world size come from `distributedInfo` (parsed as JSON, so spacing does not matter), else
-from the file name (`rank<N>`, `rank-<N>`, `worker<N>`).
-"""
+The top level is decoded first with `traceEvents` kept raw; the events are then decoded by msgspec
+in ~512 KiB chunks (split between two events) into a Struct of the needed fields (ph, cat, name,
+tid, ts, dur) with `args` kept as raw bytes, decoded later only for the events that need it
+(kernels, runtime launches, collectives). The caller reduces each chunk before the next is decoded,
+so only one chunk of event objects is ever alive. Rank and world size come from `distributedInfo`
+(parsed as JSON, so spacing does not matter), else from the file name (`rank<N>`, `rank-<N>`,
+`worker<N>`)."""
 
 from __future__ import annotations
 
