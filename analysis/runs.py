@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import pandas as pd
+from tqdm import tqdm
 
 from analysis.errors import AnalysisError
 
@@ -295,14 +296,17 @@ def compare_runs(paths: Sequence[Path], *, progress: bool = True, traces: bool =
     """
     run_dirs, skipped = find_run_dirs(paths)
     runs = []
-    for run_dir in run_dirs:
+    bar = tqdm(
+        run_dirs, desc="runs", unit="run", leave=False, disable=not progress or len(run_dirs) < 2
+    )
+    for run_dir in bar:
         try:
             entry = load_run(run_dir)
         except AnalysisError as err:
             skipped.append({"path": str(run_dir), "reason": f"{err.what} — {err.fix}"})
             continue
         if traces and entry["status"] == "ok":
-            _attach_trace(entry, run_dir, progress=progress)
+            _attach_trace(entry, run_dir, progress=False)  # one bar, over the runs
         runs.append(entry)
     if not runs:
         where = ", ".join(map(str, paths)) or "(no paths)"
