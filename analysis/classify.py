@@ -1,8 +1,9 @@
 """Sort one rank's events into columnar arrays by class: GPU kernels (compute / comm / memory /
 other), runtime launches, CPU ops, collective annotations, ProfilerSteps and data-loading ranges.
 
-One pass over the events in Python builds plain lists; everything after is numpy. Kernel names
-are classified once per distinct name (`np.unique`), never per row.
+Events arrive in chunks (see loader.py); each chunk is bucketed in one Python pass and reduced to
+numpy columns before the next, and everything after is numpy. Kernel names are classified once
+per distinct name, never per row.
 """
 
 from __future__ import annotations
