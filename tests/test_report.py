@@ -333,6 +333,9 @@ def test_failed_skipped_and_corrupt_runs_are_listed(single_mlp_run, ddp_mlp_run,
     )
     (skipped / "run.json").write_text(json.dumps(rec))
     shutil.rmtree(skipped / "traces")
+    cut = _copy_run(ddp_mlp_run, runs, "cut-trace")
+    trace = sorted((cut / "traces").glob("*.json.gz"))[-1]
+    trace.write_bytes(trace.read_bytes()[:2000])  # a trace cut off while writing
     corrupt = _copy_run(ddp_mlp_run, runs, "corrupt")
     (corrupt / "run.json").write_text('{"schema_version": 1, "run_')
     proc = run_cli(
@@ -347,7 +350,9 @@ def test_failed_skipped_and_corrupt_runs_are_listed(single_mlp_run, ddp_mlp_run,
     )
     assert rows["skipped"]["status"][0] == "skipped" and "nccl" in rows["skipped"]["reason"][1]
     assert rows["corrupt"]["status"][0] == "unreadable" and rows["corrupt"]["reason"][1]
+    assert rows["cut-trace"]["status"][0] == "ok" and trace.name in rows["cut-trace"]["reason"][1]
     assert any("corrupt" in f for f in page.findings) and any("failed" in f for f in page.findings)
+    assert any("cut-trace" in f and trace.name in f for f in page.findings)
 
 
 def test_bad_input_is_one_line_without_traceback(single_mlp_run, tmp_path, capsys):

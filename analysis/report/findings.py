@@ -229,6 +229,12 @@ def _failures(data: dict[str, Any]) -> list[Finding]:
         out.append(
             Finding(rule="run_status", severity=severity, text=f"{n} {status}: {why}", run_ids=ids)
         )
+    for r in data.get("runs", []):
+        if r.get("status") == "ok" and r.get("warnings"):
+            text = f"Run {r['run_id']} has numbers missing: " + "; ".join(r["warnings"])
+            out.append(
+                Finding(rule="run_warnings", severity="warn", text=text, run_ids=[r["run_id"]])
+            )
     for s in data.get("skipped", []):
         out.append(
             Finding(

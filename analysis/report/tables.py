@@ -152,7 +152,8 @@ def summary_rows(data: dict[str, Any], labels: dict[str, str]) -> list[dict[str,
         {
             **{c.key: r.get(c.key) for c in SUMMARY_COLS},
             "label": labels.get(r["run_id"], ""),
-            "reason": run_reason(r),
+            # ok runs can still miss numbers (a cut-off trace): say which and why.
+            "reason": run_reason(r) or "; ".join(r.get("warnings") or []),
         }
         for r in data.get("runs", [])
     ]
