@@ -42,8 +42,9 @@ def read_run(run_dir: Path) -> dict:
     return json.loads((run_dir / "run.json").read_text())
 
 
-# The tiny profiled workload both session runs use (a list of launcher arguments).
-TINY = "--model mlp --dataset synthetic --max-steps 8 --batch-size 64 --epochs 1 --seed 0".split()
+# The tiny profiled workload both session runs use (a list of launcher arguments). On CPU even
+# where a GPU exists, so the suite checks the same thing on every machine.
+TINY = "--model mlp --dataset synthetic --max-steps 8 --batch-size 64 --epochs 1 --seed 0 --device cpu".split()
 
 
 @pytest.fixture(scope="session")

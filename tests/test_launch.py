@@ -15,19 +15,7 @@ import torch
 from tests.conftest import REPO, launch, read_run
 from workloads import launch as launcher
 
-FAST = [
-    "--model",
-    "mlp",
-    "--dataset",
-    "synthetic",
-    "--max-steps",
-    "4",
-    "--batch-size",
-    "32",
-    "--epochs",
-    "1",
-    "--no-profile",
-]
+FAST = "--model mlp --dataset synthetic --max-steps 4 --batch-size 32 --epochs 1 --no-profile --device cpu".split()
 
 
 def _one_clean_line(text: str) -> str:

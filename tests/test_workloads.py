@@ -192,6 +192,8 @@ def equivalence_runs(runs_dir):
         "--seed",
         "7",
         "--no-profile",
+        "--device",
+        "cpu",
         "--checkpoint",
         "--runs-dir",
         str(runs_dir),
