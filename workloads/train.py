@@ -363,13 +363,18 @@ def main(argv: list[str] | None = None) -> int:
         try:
             ctx = init_context(cfg)
             train(cfg, ctx, run_dir)
-            return 0
         except BaseException as exc:  # noqa: BLE001 - every failure must leave a record for the launcher
             traceback.print_exc()
             write_error_record(run_dir, rank=env_rank, exc=exc)
-            return 1
-        finally:
+        else:
             teardown()
+            return 0
+    # A failed rank leaves at once, without destroying the process group: that would wait on
+    # peers blocked in a collective, torchrun would then SIGTERM this process, and the run
+    # record would show -15 instead of the rank's own exit code.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(1)
 
 
 if __name__ == "__main__":
