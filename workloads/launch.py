@@ -248,9 +248,11 @@ def _execute(cfg: TrainConfig, plan: Plan, args: argparse.Namespace, extra: list
         )
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     if not plan.devices[0].startswith("cuda"):
-        env["OMP_NUM_THREADS"] = str(
-            plan.threads_per_rank
-        )  # what train sets; silences torchrun's note
+        # What train sets anyway; it also silences torchrun's OMP_NUM_THREADS note.
+        env["OMP_NUM_THREADS"] = str(plan.threads_per_rank)
+        # A CUDA build of torch on a machine without a GPU makes Kineto log a harmless
+        # "ERROR ... gpuGetDeviceCount failed" at every trace; level 5 keeps CPU logs clean.
+        env.setdefault("KINETO_LOG_LEVEL", "5")
     log_name = "launcher.log" if is_record_node else f"launcher-node{args.node_rank}.log"
     launcher_log = run_dir / "logs" / log_name
     returncode = _stream(_command(cfg, plan, args, extra), env=env, log_path=launcher_log)
