@@ -156,8 +156,13 @@ class LoadedTrace:
 
 
 def _whole(path: Path, raw: memoryview) -> Iterator[list[Event]]:
+    yield _decode(_EVENTS_DECODER, path, raw)
+
+
+def _decode(decoder: msgspec.json.Decoder, path: Path, raw: bytes | memoryview):
+    """`decoder.decode(raw)`, with a decode failure as one line naming the file."""
     try:
-        yield _EVENTS_DECODER.decode(raw)
+        return decoder.decode(raw)
     except msgspec.DecodeError as err:
         raise AnalysisError(
             path,
@@ -191,14 +196,7 @@ def load_trace(path: Path) -> LoadedTrace:
     """Decode `path`; raises AnalysisError (one line) when it is not a usable Kineto trace."""
     path = Path(path)
     data = _read_bytes(path)
-    try:
-        trace = _DECODER.decode(data)
-    except msgspec.DecodeError as err:
-        raise AnalysisError(
-            path,
-            f"not a Kineto JSON trace ({err})",
-            "pass the .pt.trace.json(.gz) files torch.profiler writes",
-        ) from None
+    trace = _decode(_DECODER, path, data)
     if not trace.traceEvents:
         raise AnalysisError(path, "no `traceEvents` list", "this is not a torch.profiler trace")
     rank = world = backend = None

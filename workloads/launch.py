@@ -154,26 +154,17 @@ def _threads(use_cuda: bool, nproc: int) -> int:
 def _record(
     cfg: TrainConfig, plan: Plan, *, nnodes: int, status: str, error: dict | None = None
 ) -> dict:
+    fields = dict(
+        backend=plan.backend,
+        world_size=plan.replicas,
+        nnodes=nnodes,
+        nproc_per_node=plan.nproc,
+        devices=plan.devices,
+    )
     try:
-        config = config_record(
-            cfg,
-            backend=plan.backend,
-            world_size=plan.replicas,
-            nnodes=nnodes,
-            nproc_per_node=plan.nproc,
-            devices=plan.devices,
-            replicas=plan.replicas,
-        )
+        config = config_record(cfg, **fields, replicas=plan.replicas)
     except ValueError:  # a skipped mode whose replica count does not divide the batch
-        config = config_record(
-            cfg,
-            backend=plan.backend,
-            world_size=plan.replicas,
-            nnodes=nnodes,
-            nproc_per_node=plan.nproc,
-            devices=plan.devices,
-            replicas=1,
-        )
+        config = config_record(cfg, **fields, replicas=1)
     return {
         "schema_version": SCHEMA_VERSION,
         "run_id": cfg.run_id,
