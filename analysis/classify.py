@@ -132,7 +132,7 @@ class Classified:
     step_numbers: list[int]
     anchors: Ranges  # nccl:*/gloo:* collective annotations, with args
     rpc: Ranges  # record_param_comms ops, with args
-    compute_ops: Ranges  # CPU ops counted as computation on a kernel-less trace
+    compute_ops: Ranges  # CPU ops (all threads); computation on a kernel-less trace
     tb_cpu_ops: Ranges  # tb-profiler's CpuOp role (ops + annotations, no comm/steps/data)
     data: Ranges  # `data` record_function ranges and DataLoader __next__ calls
     cpu_span: tuple[float, float]  # first start / last end of CPU ops (tb-profiler's fallback step)
@@ -152,7 +152,7 @@ class _Accumulator:
         self.kernel_corr: list[np.ndarray] = []
         self.runtime = _Columns(codes, tids=True)
         self.runtime_corr: list[np.ndarray] = []
-        self.steps = _Columns(codes, names=True)
+        self.steps = _Columns(codes, names=True, tids=True)  # their thread is the training thread
         self.anchors = _Columns(codes, names=True, tids=True, args=True)
         self.rpc = _Columns(codes, tids=True, args=True)
         self.compute = _Columns(codes, tids=True)
@@ -238,7 +238,9 @@ class _Accumulator:
         launch_us, launch_tid = _launches(k, k_corr, rt, corr)
         steps = self.steps.ranges(origin)
         order = np.argsort(steps.start, kind="stable")
-        steps = Ranges(steps.start[order], steps.end[order], [steps.names[i] for i in order])
+        steps = Ranges(
+            steps.start[order], steps.end[order], [steps.names[i] for i in order], steps.tids[order]
+        )
         anchors = self.anchors.ranges(origin)
         order = np.argsort(anchors.start, kind="stable")
         anchors = Ranges(

@@ -59,6 +59,21 @@ def _outside_comm(c: Classified) -> np.ndarray:
     return keep
 
 
+def _training_thread(c: Classified) -> np.ndarray:
+    """Mask of compute ops on the training thread: the one that records `ProfilerStep#N` (it calls
+    prof.step()); without steps, or when that thread has no ops, the thread with the most CPU-op
+    time. Ops on other threads (a background saver, a prefetcher, gloo's own threads) are not the
+    model's computation, and counting them would hide communication that the training waits on."""
+    tids = c.compute_ops.tids
+    if not tids.size:
+        return np.ones(0, dtype=bool)
+    on_step_thread = np.isin(tids, c.steps.tids)
+    if on_step_thread.any():
+        return on_step_thread
+    busy = {t: total_us(merge(*_sel(c.compute_ops, tids == t))) for t in np.unique(tids).tolist()}
+    return tids == max(busy, key=busy.get)
+
+
 def _step_rows(c: Classified, lo: np.ndarray, hi: np.ndarray, numbers: list) -> list[dict]:
     gpu = len(c.kernels) > 0
     if gpu:  # a kernel belongs to the step whose CPU range launched it (HTA attributes the same)
@@ -67,7 +82,7 @@ def _step_rows(c: Classified, lo: np.ndarray, hi: np.ndarray, numbers: list) -> 
         if numbers == [None]:  # one whole-trace window: every kernel is in it
             k_step, valid = np.zeros(len(c.kernels), dtype=np.int64), np.ones(len(c.kernels), bool)
     else:
-        ops = _sel(c.compute_ops, _outside_comm(c))
+        ops = _sel(c.compute_ops, _outside_comm(c) & _training_thread(c))
         comm_all = merge(c.anchors.start, c.anchors.end)
     data_all = merge(c.data.start, c.data.end)
     rows = []

@@ -143,3 +143,40 @@ def test_engine_on_hand_built_gpu_trace(tmp_path):
     assert calls["bytes"].tolist() == [4000, 0]  # 1000 floats from record_param_comms; 2nd unknown
     assert calls["device_us"].tolist() == [30, 10]
     assert calls["latency_us"].tolist() == [10 + 30, 5 + 10]  # |call ∪ kernel|
+
+
+def _cpu_trace(tmp_path, *, steps: bool) -> dict:
+    """A gloo/CPU rank: training thread 1, gloo thread 2, a background thread 3 (e.g. a saver)."""
+    ev = [
+        _x("cpu_op", "aten::mm", 10, 30, 1),
+        _x("cpu_op", "aten::relu", 40, 5, 1),  # touches mm: training-thread union 10-45
+        _x("user_annotation", "gloo:all_reduce", 30, 40, 2),
+        _x("cpu_op", "aten::add_", 60, 5, 2),  # gloo's own reduction: part of the collective
+        _x("cpu_op", "aten::copy_", 50, 30, 3),  # another thread's op: not the model's compute
+    ]
+    if steps:
+        ev += [
+            _x("user_annotation", "ProfilerStep#1", 0, 100, 1),
+            _x("user_annotation", "ProfilerStep#2", 100, 100, 1),  # last: dropped
+        ]
+    path = tmp_path / f"rank0.{steps}.pt.trace.json"
+    path.write_text(json.dumps({"traceEvents": ev, "distributedInfo": {"rank": 0}}))
+    return summarize_file(path)
+
+
+def test_cpu_trace_counts_compute_on_the_training_thread_only(tmp_path):
+    """Issue rule: on a CPU trace computation is the cpu_ops of the training thread (the one
+    recording ProfilerStep). Counting thread 3 too would give compute 65 and overlap 35."""
+    s = _cpu_trace(tmp_path, steps=True)
+    (step,) = s["per_step"]
+    assert s["kind"] == "cpu" and step["step_time_us"] == 100
+    assert (step["compute_us"], step["comm_us"], step["overlap_us"]) == (35, 40, 15)
+    assert step["exposed_comm_us"] == 25 and step["busy_us"] == 60 and step["idle_us"] == 40
+    assert s["overlap_pct"] == pytest.approx(100 * 15 / 40)
+
+
+def test_cpu_trace_without_steps_takes_the_busiest_thread(tmp_path):
+    s = _cpu_trace(tmp_path, steps=False)
+    (step,) = s["per_step"]
+    assert step["step_time_us"] == 70  # first to last CPU op: 10-80
+    assert (step["compute_us"], step["comm_us"], step["overlap_us"]) == (35, 40, 15)
