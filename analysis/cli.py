@@ -7,8 +7,10 @@ code 2; per-file problems are printed as one line each while the good files are 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import math
+import os
 import sys
 from pathlib import Path
 from typing import Any
@@ -38,13 +40,21 @@ def _table(rows: list[dict], columns: dict[str, str], digits: int = 1) -> str:
 
 
 def _write_json(result: dict, out: Path | None) -> None:
+    """Write the JSON atomically (a reader never sees half a file); an unwritable OUT is one
+    AnalysisError line, never a traceback."""
     if out is None:
         return
-    out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_name(f".{out.name}.tmp")
-    tmp.write_text(json.dumps(result, indent=2, allow_nan=False) + "\n", encoding="utf-8")
-    tmp.replace(out)  # atomic: a reader never sees half a JSON file
-    print(f"wrote {out}")
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        tmp.write_text(json.dumps(result, indent=2, allow_nan=False) + "\n", encoding="utf-8")
+        tmp.replace(out)
+    except OSError as err:
+        with contextlib.suppress(OSError):
+            tmp.unlink(missing_ok=True)
+        raise AnalysisError(
+            out, f"cannot write the JSON ({err.strerror})", "pass a writable file path to --json"
+        ) from None
 
 
 def print_traces(result: dict) -> None:
@@ -224,14 +234,18 @@ def main(argv: list[str] | None = None) -> int:
             from analysis.traces import analyze_trace_dir
 
             result = analyze_trace_dir(args.trace_dir, workers=args.workers, progress=progress)
-            print_traces(result)
         else:
             from analysis.runs import compare_runs
 
             result = compare_runs(args.runs_dirs, progress=progress, traces=not args.no_traces)
-            print_runs(result)
-        _write_json(result, args.json)
+        _write_json(result, args.json)  # before the tables: a closed pipe must not lose it
+        (print_traces if args.command == "traces" else print_runs)(result)
+        if args.json is not None:
+            print(f"wrote {args.json}")
     except AnalysisError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
+    except BrokenPipeError:  # `... | head`: the reader left; say nothing more
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1
     return 0

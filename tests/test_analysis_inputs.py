@@ -132,6 +132,31 @@ def test_runs_cli_on_missing_folder(tmp_path):
     assert "Traceback" not in proc.stderr
 
 
+@pytest.mark.parametrize("where", ["a folder", "under a file"])
+def test_unwritable_json_is_one_error_line(tmp_path, where):
+    (tmp_path / "f").write_text("")
+    out = tmp_path if where == "a folder" else tmp_path / "f" / "t.json"
+    proc = cli("traces", str(PAIR), "--json", str(out))
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr
+    (line,) = proc.stderr.strip().splitlines()
+    assert line.startswith(f"error: {out}: cannot write the JSON") and "--json" in line
+
+
+def test_json_is_written_even_when_the_reader_closes_the_pipe(tmp_path):
+    """`python -m analysis traces DIR --json OUT | head`: the JSON must not be lost, and a
+    closed stdout is no traceback."""
+    out = tmp_path / "t.json"
+    cmd = [sys.executable, "-m", "analysis", "traces", str(PAIR), "--json", str(out)]
+    proc = subprocess.Popen(
+        [*cmd, "--no-progress"], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+    )
+    proc.stdout.close()  # the reader is gone before anything is printed
+    stderr = proc.stderr.read().decode()
+    proc.wait(timeout=120)
+    assert "Traceback" not in stderr
+    assert json.loads(out.read_text())["schema_version"] == 1
+
+
 def test_analysis_never_imports_torch():
     code = (
         "import sys, analysis, analysis.cli, analysis.runs, analysis.traces, analysis.rank, "
