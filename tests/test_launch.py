@@ -80,6 +80,28 @@ def test_cpu_nproc_above_cores_warns_and_sync_bn_is_refused(monkeypatch, capsys)
 
 
 @pytest.mark.parametrize(
+    ("args", "gpus"),
+    [
+        (["--mode", "dp", "--nproc", "2"], 2),
+        (["--mode", "dp", "--dp-gpus", "3", "--batch-size", "48"], 3),
+    ],
+)
+def test_dp_gpu_count_reaches_train(monkeypatch, tmp_path, args, gpus):
+    """The GPUs the DP plan records are the GPUs train is told to use (not every visible one).
+    Validation and the command line only: nothing runs, so a faked 4-GPU machine is enough."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 4)
+    seen = []
+    monkeypatch.setattr(launcher, "_execute", lambda cfg, plan, *_: seen.append((cfg, plan)))
+    cpu_free = [a for a in FAST if a not in ("--device", "cpu")]
+    assert launcher.main(["--runs-dir", str(tmp_path), *cpu_free, *args]) == 0
+    ((cfg, plan),) = seen
+    assert plan.devices == [f"cuda:{i}" for i in range(gpus)] and plan.replicas == gpus
+    argv = launcher.to_argv(cfg)
+    assert argv[argv.index("--dp-gpus") + 1] == str(gpus)
+
+
+@pytest.mark.parametrize(
     ("args", "match"),
     [
         (["--dataset", "cifar10", "--data-dir", "{tmp}/nothing"], "cifar10 not found at"),

@@ -313,11 +313,13 @@ def run(args: argparse.Namespace, extra: list[str]) -> int:
         print(f"workloads.launch: passing to workloads.train: {' '.join(extra)}", file=sys.stderr)
     statuses = []
     for mode, backend in ALL_MODES if args.mode == "all" else ((args.mode, args.backend),):
+        # DP's GPU count is --nproc (as `make profile-all NPROC=` passes it) or --dp-gpus.
+        nproc = (args.nproc or args.dp_gpus or None) if mode == "dp" else args.nproc
         try:
             plan = validate(
                 mode,
                 backend,
-                nproc=args.nproc,
+                nproc=nproc,
                 device=args.device,
                 nnodes=args.nnodes,
                 sync_bn=args.sync_bn,
@@ -325,14 +327,18 @@ def run(args: argparse.Namespace, extra: list[str]) -> int:
         except LaunchError as exc:
             if args.mode != "all":
                 raise
-            plan = _skipped_plan(mode, backend, args.nproc, args.nnodes)
+            plan = _skipped_plan(mode, backend, nproc, args.nnodes)
             cfg = config_from_namespace(args, mode=mode, backend=backend, init_method=init_method)
             cfg.run_id = default_run_id(cfg, backend=plan.backend, world_size=plan.replicas)
             _skip(cfg, plan, args.nnodes, str(exc))
             statuses.append("skipped")
             continue
         resolved = plan.backend if plan.backend != "none" else "auto"
-        cfg = config_from_namespace(args, mode=mode, backend=resolved, init_method=init_method)
+        # The planned DP GPUs must reach train, which otherwise spreads over every visible GPU.
+        dp_gpus = plan.replicas if mode == "dp" else args.dp_gpus
+        cfg = config_from_namespace(
+            args, mode=mode, backend=resolved, init_method=init_method, dp_gpus=dp_gpus
+        )
         batch_split(
             cfg, plan.replicas
         )  # a batch that does not divide fails here, before any process
