@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import csv
 import json
+import threading
 
 import pytest
 import torch
@@ -15,6 +16,7 @@ import torch
 from tests.conftest import launch, read_run
 from workloads.checkpoint import load_checkpoint
 from workloads.config import TrainConfig, batch_split, config_record, to_argv
+from workloads.context import AutocastForward, unwrap_model
 from workloads.data import GlobalBatchSampler
 from workloads.summary import best_epoch, step_metrics
 from workloads.train import build_parser
@@ -88,6 +90,30 @@ def test_batch_split_strong_and_weak():
 def test_config_rejects_bad_values_with_the_fix(kwargs, match):
     with pytest.raises(ValueError, match=match):
         TrainConfig(**kwargs)
+
+
+def test_autocast_forward_keeps_the_dtype_in_other_threads():
+    """DataParallel runs replicas in fresh threads that re-enter autocast with the thread's
+    default dtype; the wrapper keeps the requested one there. Shown on CPU, where the default
+    autocast dtype is bf16 and we ask for fp16 (on CUDA it is the other way round)."""
+    torch.manual_seed(0)
+    layer = torch.nn.Linear(4, 4)
+    wrapped = AutocastForward(layer, device_type="cpu", dtype=torch.float16)
+    x = torch.randn(2, 4)
+    out: dict = {}
+
+    def replica_thread() -> None:  # what parallel_apply's worker does around each replica
+        for name, module in (("plain", layer), ("wrapped", wrapped)):
+            with torch.autocast("cpu", enabled=True):
+                out[name] = module(x).dtype
+
+    with torch.autocast("cpu", dtype=torch.float16):
+        thread = threading.Thread(target=replica_thread)
+        thread.start()
+        thread.join()
+    assert out == {"plain": torch.bfloat16, "wrapped": torch.float16}
+    # Checkpoints and eval see the plain module through any wrapper stack.
+    assert unwrap_model(torch.nn.DataParallel(wrapped)) is layer
 
 
 def test_to_argv_round_trips_through_the_train_parser():

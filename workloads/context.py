@@ -21,6 +21,7 @@ from torch.nn.parallel import DataParallel, DistributedDataParallel
 from workloads.config import TrainConfig
 
 __all__ = [
+    "AutocastForward",
     "RunContext",
     "cpu_cores",
     "init_context",
@@ -181,12 +182,36 @@ def _register_comm_hook(model: DistributedDataParallel, hook: str) -> None:
         model.register_comm_hook(state, powerSGD_hook.powerSGD_hook)
 
 
+class AutocastForward(nn.Module):
+    """Runs the wrapped module's forward under `torch.autocast(device_type, dtype)` in whichever
+    thread calls it.
+
+    DataParallel runs each replica's forward in its own thread and re-enters autocast there with
+    the thread's *default* dtype (float16 on CUDA): the autocast dtype is thread-local, so the
+    caller's bf16 would silently become fp16 on more than one GPU. Autocasting inside forward is
+    the documented fix; it is a no-op where the caller's autocast already matches.
+    """
+
+    def __init__(self, module: nn.Module, *, device_type: str, dtype: torch.dtype) -> None:
+        super().__init__()
+        self.module = module
+        self.device_type = device_type
+        self.dtype = dtype
+
+    def forward(self, *args, **kwargs):
+        with torch.autocast(self.device_type, dtype=self.dtype):
+            return self.module(*args, **kwargs)
+
+
 def wrap_model(model: nn.Module, ctx: RunContext, cfg: TrainConfig) -> nn.Module:
     """Move `model` to the context's device and wrap it for the mode (the one place that does)."""
     if ctx.mode == "ddp" and cfg.sync_bn:
         model = nn.SyncBatchNorm.convert_sync_batchnorm(model)
     model = model.to(ctx.device)
     if ctx.mode == "dp":
+        if cfg.amp != "none":
+            dtype = torch.bfloat16 if cfg.amp == "bf16" else torch.float16
+            model = AutocastForward(model, device_type=ctx.device.type, dtype=dtype)
         return DataParallel(model, device_ids=[d.index for d in ctx.devices])
     if ctx.mode == "ddp":
         ddp = DistributedDataParallel(
@@ -204,4 +229,6 @@ def wrap_model(model: nn.Module, ctx: RunContext, cfg: TrainConfig) -> nn.Module
 
 def unwrap_model(model: nn.Module) -> nn.Module:
     """The plain module inside a DataParallel / DDP wrapper (what checkpoints and eval use)."""
-    return model.module if isinstance(model, DataParallel | DistributedDataParallel) else model
+    while isinstance(model, DataParallel | DistributedDataParallel | AutocastForward):
+        model = model.module
+    return model
