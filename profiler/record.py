@@ -48,12 +48,20 @@ STEPS_COLUMNS: list[str] = [
 ]
 
 
+# The process umask, read once at import (reading it means setting it, so not from threads).
+_UMASK = os.umask(0)
+os.umask(_UMASK)
+
+
 def _write_text_atomic(path: Path, text: str) -> None:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     # Same folder as the target: os.replace is only atomic within one filesystem.
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
+        # mkstemp creates the file 0600; give the record the mode open() would (umask applied),
+        # so a run folder on a shared filesystem is as readable as its traces and logs.
+        os.chmod(tmp, 0o666 & ~_UMASK)
         with os.fdopen(fd, "w", encoding="utf-8", newline="") as f:
             f.write(text)
             f.flush()

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import csv
 import json
+import os
 import re
+import stat
 from pathlib import Path
 
 import pytest
@@ -26,6 +28,15 @@ def test_write_json_atomic_replaces_and_leaves_no_temp(tmp_path: Path):
     record.write_json_atomic(target, {"a": 2, "b": [1, None]})
     assert json.loads(target.read_text()) == {"a": 2, "b": [1, None]}
     assert [p.name for p in target.parent.iterdir()] == ["run.json"]
+
+
+@pytest.mark.skipif(os.name != "posix", reason="POSIX permission bits")
+def test_atomic_records_get_the_usual_file_mode(tmp_path: Path):
+    """Not mkstemp's private 0600: a run folder on a shared filesystem stays readable."""
+    record.write_json_atomic(tmp_path / "run.json", {"a": 1})
+    record.write_csv_atomic(tmp_path / "steps.csv", [], record.STEPS_COLUMNS)
+    for name in ("run.json", "steps.csv"):
+        assert stat.S_IMODE((tmp_path / name).stat().st_mode) == 0o666 & ~record._UMASK
 
 
 def test_write_json_atomic_keeps_old_file_on_failure(tmp_path: Path):
