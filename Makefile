@@ -9,7 +9,8 @@ PY       := $(VENV)/bin/python
 STAMP    := $(VENV)/.requirements.stamp
 
 # --- workload ---------------------------------------------------------------------------
-NPROC    ?= 2
+# NPROC empty: the launcher's default, one DDP process per visible GPU (DP: every GPU), 2 on CPU.
+NPROC    ?=
 BACKEND  ?= auto
 MODEL    ?= resnet18
 DATASET  ?= synthetic
@@ -30,6 +31,7 @@ PORT       ?= 6006
 
 PROFILE_FLAGS = --profile-wait $(PROF_WAIT) --profile-warmup $(PROF_WARMUP) \
                 --profile-active $(PROF_ACTIVE) --profile-repeat $(PROF_REPEAT)
+NPROC_FLAG = $(if $(strip $(NPROC)),--nproc $(NPROC))
 RUN_FLAGS = --model $(MODEL) --dataset $(DATASET) --epochs $(EPOCHS) --max-steps $(STEPS) \
             --batch-size $(BATCH) --runs-dir $(RUNS) $(PROFILE_FLAGS)
 
@@ -57,10 +59,10 @@ profile-dp: setup
 	@for s in $(SEEDS); do $(PY) -m workloads.launch --mode dp --seed $$s $(RUN_FLAGS) $(ARGS) || exit $$?; done
 
 profile-ddp: setup
-	@for s in $(SEEDS); do $(PY) -m workloads.launch --mode ddp --nproc $(NPROC) --backend $(BACKEND) --seed $$s $(RUN_FLAGS) $(ARGS) || exit $$?; done
+	@for s in $(SEEDS); do $(PY) -m workloads.launch --mode ddp $(NPROC_FLAG) --backend $(BACKEND) --seed $$s $(RUN_FLAGS) $(ARGS) || exit $$?; done
 
 profile-all: setup
-	@for s in $(SEEDS); do $(PY) -m workloads.launch --mode all --nproc $(NPROC) --seed $$s $(RUN_FLAGS) $(ARGS) || exit $$?; done
+	@for s in $(SEEDS); do $(PY) -m workloads.launch --mode all $(NPROC_FLAG) --seed $$s $(RUN_FLAGS) $(ARGS) || exit $$?; done
 
 report: setup
 	$(PY) -m analysis.report $(RUNS) --out $(REPORT_DIR)
