@@ -107,3 +107,37 @@ def test_thresholds_are_the_ones_the_text_states():
     ]
     text = next(t for t in texts({"runs": [], "groups": groups}) if "reached" in t)
     assert f"{eff * 100:.0f}% efficiency: good scaling" in text  # the boundary counts as good
+
+
+def test_superlinear_efficiency_is_a_warning_not_praise():
+    """269% efficiency on 2 CPU ranks (seen when the single baseline shared the cores with other
+    work) must not read as "good scaling"."""
+    limit = THRESHOLDS["efficiency_superlinear"]
+    groups = [
+        group("single", "none", sps=200, top1=80.0, run_ids=["s0"]),
+        group("ddp", "gloo", sps=1076, top1=80.0, speedup=5.38, run_ids=["d0"]),
+        group("ddp", "nccl", sps=440, top1=80.0, speedup=2 * limit, run_ids=["n0"]),
+    ]
+    found = findings({"runs": [], "groups": groups})
+    gloo = next(f for f in found if f.text.startswith("DDP (GLOO) on 2 ranks reached"))
+    assert gloo.severity == "warn" and "good scaling" not in gloo.text
+    assert "269% efficiency: above linear;" in gloo.text
+    assert (
+        f"over {limit * 100:.0f}% usually means the single-device baseline was slowed" in gloo.text
+    )
+    assert "re-measure" in gloo.text
+    nccl = next(f for f in found if f.text.startswith("DDP (NCCL) on 2 ranks reached"))
+    assert nccl.severity == "good" and "good scaling" in nccl.text  # the boundary is still good
+
+
+def test_accuracy_findings_name_their_runs_and_dp_devices():
+    groups = [
+        group("single", "none", sps=1000, top1=80.0, run_ids=["s0", "s1"]),
+        group("dp", "none", sps=1500, top1=80.0, speedup=1.5, run_ids=["dp0"]),
+    ]
+    (acc,) = [f for f in findings({"runs": [], "groups": groups}) if f.rule == "accuracy"]
+    assert acc.text.startswith("DP on 2 devices held accuracy") and acc.run_ids == [
+        "dp0",
+        "s0",
+        "s1",
+    ]
