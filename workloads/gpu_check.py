@@ -2,7 +2,8 @@
 the run folders. Prints one PASS/FAIL line per check; exits 0 only if every check passed.
 
 Runs (all on the GPUs present, N = visible GPU count, small model, few steps):
-  single (cuda:0) | dp (N GPUs) | ddp-nccl (N ranks) | ddp-gloo (N ranks, CUDA tensors over gloo) |
+  single (cuda:0) | dp (N GPUs) | dp with --amp bf16 (where the GPU has bf16) |
+  ddp-nccl (N ranks) | ddp-gloo (N ranks, CUDA tensors over gloo) |
   ddp-nccl with --amp fp16 and the fp16 comm hook | ddp-nccl smallcnn with --sync-bn.
 Checks: exit code and status, devices, one memory entry per (rank, CUDA device) with a non-zero
 allocator peak, CUDA memory in steps.csv, GPU kernels and the backend's collectives in the traces,
@@ -51,6 +52,17 @@ def _trace_names(run_dir: Path, run: dict) -> tuple[set[str], set[str]]:
                 name = str(ev.get("name", ""))
                 (kernels if ev.get("cat") == "kernel" else others).add(name)
     return kernels, others
+
+
+def _matmul_input_types(run_dir: Path, run: dict) -> set[str]:
+    """Input dtypes of the traced `aten::addmm` calls (the MLP's linear layers)."""
+    types: set[str] = set()
+    for rel in run.get("traces", []):
+        with gzip.open(run_dir / rel, "rt", encoding="utf-8") as f:
+            for ev in json.load(f).get("traceEvents", []):
+                if ev.get("name") == "aten::addmm":
+                    types.update(str(t) for t in ev.get("args", {}).get("Input type", [])[:3])
+    return types
 
 
 def _losses(run_dir: Path) -> dict[int, float]:
@@ -230,6 +242,10 @@ def main(argv: list[str] | None = None) -> int:
             ],
         ),
     ]
+    if torch.cuda.is_bf16_supported():  # what autocast itself requires for bf16 on CUDA
+        # DataParallel's replica threads must keep bf16 (autocast's dtype is thread-local).
+        dp_bf16 = ["--mode", "dp", "--nproc", str(gpus), *common, "--amp", "bf16"]
+        plan.insert(2, ("dp-bf16", "dp", "none", 1, dp_bf16))
     check = Checker()
     usable: dict[str, Path] = {}
     for label, mode, backend, ranks, launch_args in plan:
@@ -237,6 +253,9 @@ def main(argv: list[str] | None = None) -> int:
         rc = _launch(runs_dir, run_dir.name, launch_args)
         if check_run(check, label, run_dir, rc, mode=mode, backend=backend, ranks=ranks, gpus=gpus):
             usable[label] = run_dir
+            if label == "dp-bf16" and args.model == "mlp":
+                types = _matmul_input_types(run_dir, json.loads((run_dir / "run.json").read_text()))
+                check(label, "matmuls run in bf16", types == {"c10::BFloat16"}, str(types))
     if "single" in usable and args.model == "mlp":
         reference = _losses(usable["single"])
         for label in ("dp", "ddp-nccl"):
