@@ -214,9 +214,21 @@ def test_section_tables_match_analysis_json(built):
                 assert same(row[f"{key}_s"][0], p[key])
             assert same(row["step_time_s"][0], p["step_time"])
             if run["mode"] == "ddp":  # exposed comm carved out of backward, not added on top
-                exp = trace_ranks[p["rank"]]["exposed_comm_us"] / 1e6
+                tr = trace_ranks[p["rank"]]  # the traced share of the step, on steps.csv's step
+                exp = min(
+                    tr["exposed_comm_us"] / tr["step_time_us_mean"] * p["step_time"], p["backward"]
+                )
                 assert same(row["exposed_comm_s"][0], exp)
-                assert same(row["backward_compute_s"][0], p["backward"] - min(exp, p["backward"]))
+                assert same(row["backward_compute_s"][0], p["backward"] - exp)
+                parts = (
+                    "data_s",
+                    "forward_s",
+                    "backward_compute_s",
+                    "exposed_comm_s",
+                    "optimizer_s",
+                )
+                stacked = sum(float(row[k][0]) for k in parts) + float(row["other_s"][0])
+                assert stacked == pytest.approx(p["step_time"], rel=1e-6)  # the bar is the step
         for m in run["memory"]:
             row = page.row("memory", run_id=rid, rank=m["rank"], device=m["device"])
             assert same(row["peak_rss_bytes"][0], m["peak_rss_bytes"])
@@ -262,7 +274,10 @@ def test_findings_come_from_rules_with_stated_thresholds(built):
         f"{ddp['speedup']:.2f}×" in text
         and f"{ddp['scaling_efficiency'] * 100:.0f}% efficiency" in text
     )
-    assert "≥ 80% is good" in text and "% of step time is exposed" in text
+    # The threshold the verdict used is in the sentence (2 CPU ranks of the tiny MLP can beat
+    # linear against a 2-thread single run, which gets the "above linear" caveat).
+    stated = "over 110% usually means" if ddp["scaling_efficiency"] > 1.10 else "≥ 80% is good"
+    assert stated in text and "% of step time is exposed" in text
     assert any("accuracy" in f and "1 pp" in f for f in page.findings)
 
 
@@ -373,3 +388,29 @@ def test_bad_input_is_one_line_without_traceback(single_mlp_run, tmp_path, capsy
     assert main([str(single_mlp_run), "--out", str(out), "--no-progress"]) == 2
     err = capsys.readouterr().err
     assert len(err.strip().splitlines()) == 1 and "cannot write the report" in err
+
+
+def test_speedup_series_never_pool_two_models():
+    """Throughput/speedup lines average over seeds only: runs of another model (or dataset,
+    scaling, OS) in the same report get their own series."""
+    from analysis.report.build import _runs_frame
+
+    def run(rid, model, sps):
+        return {
+            "run_id": rid,
+            "status": "ok",
+            "model": model,
+            "dataset": "synthetic",
+            "scaling": "strong",
+            "mode": "ddp",
+            "backend": "gloo",
+            "world_size": 2,
+            "os": "Linux",
+            "seed": 0,
+            "samples_per_s": sps,
+        }
+
+    df = _runs_frame({"runs": [run("a", "mlp", 2500.0), run("b", "smallcnn", 1060.0)]})
+    assert sorted(df["series"]) == ["ddp (gloo) · mlp", "ddp (gloo) · smallcnn"]
+    one = _runs_frame({"runs": [run("a", "mlp", 2500.0), run("c", "mlp", 2400.0)]})
+    assert set(one["series"]) == {"ddp (gloo)"}

@@ -71,6 +71,9 @@ def _runs_frame(data: dict[str, Any]) -> pd.DataFrame:
     labels = unique_labels(runs)
     keys = [
         "run_id",
+        "model",
+        "dataset",
+        "scaling",
         "mode",
         "backend",
         "world_size",
@@ -85,8 +88,10 @@ def _runs_frame(data: dict[str, Any]) -> pd.DataFrame:
     df["label"] = df["run_id"].map(labels)
     backend = df["backend"].where(~df["backend"].isin(["none", "dp"]) & df["backend"].notna(), "")
     df["series"] = df["mode"].astype(str) + backend.map(lambda b: f" ({b})" if b else "")
-    if df["os"].nunique() > 1:
-        df["series"] += " · " + df["os"].astype(str)
+    # One line per comparable set: never average a model's throughput with another model's.
+    for col in ("model", "dataset", "scaling", "os"):
+        if df[col].nunique() > 1:
+            df["series"] += " · " + df[col].astype(str)
     for col in ("samples_per_s", "speedup", "top1_pct", "test_loss", "world_size"):
         df[col] = pd.to_numeric(df[col], errors="coerce")
     return df

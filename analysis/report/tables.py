@@ -166,18 +166,25 @@ def phase_rows(data: dict[str, Any]) -> list[dict[str, Any]]:
     """Per run and rank: steps.csv phases, with exposed comm carved out of DDP's backward.
 
     DDP's allreduce runs inside backward (bucket hooks), so exposed comm is already part of
-    backward_s; stacking it on top would count it twice.
+    backward_s; stacking it on top would count it twice. The traces cover only the few profiled
+    steps, which run slower than the rest (profiler overhead), so the trace's exposed share of its
+    step is applied to this rank's steps.csv step time, and capped at backward: the bar then adds
+    up to the measured step time instead of outgrowing it.
     """
     rows = []
     for run in filter(_ok, data.get("runs", [])):
         ranks = _trace_ranks(run)
         for p in run.get("phases_per_rank_s") or []:
             tr = ranks.get(p["rank"], {})
-            exposed = tr.get("exposed_comm_us")
-            exposed_s = exposed / 1e6 if exposed is not None else None
-            back = p.get("backward")
+            exposed, traced = tr.get("exposed_comm_us"), tr.get("step_time_us_mean")
+            step, back = p.get("step_time"), p.get("backward")
+            exposed_s = None
+            if exposed is not None and traced and step is not None:
+                exposed_s = exposed / traced * step
+                if back is not None:
+                    exposed_s = min(exposed_s, back)
             back_c = (
-                back - min(exposed_s, back)
+                back - exposed_s
                 if back is not None and exposed_s is not None and run.get("mode") == "ddp"
                 else back
             )
