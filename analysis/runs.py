@@ -288,6 +288,22 @@ def _groups(runs: list[dict]) -> list[dict]:
     )
 
 
+def _unique_id(entry: dict, run_dir: Path, taken: set[str]) -> None:
+    """Run ids key baselines, groups and findings, so two folders with one id (the same
+    `--run-id` on a Linux and a Windows machine, or a copied folder) must not merge: the later
+    one becomes `<id>@<its parent folder>` (then `#2`, `#3`, ...) and says so in `warnings`."""
+    rid = str(entry["run_id"])
+    if rid not in taken:
+        return
+    new, n = f"{rid}@{run_dir.parent.name}", 2
+    while new in taken:
+        new, n = f"{rid}@{run_dir.parent.name}#{n}", n + 1
+    entry["run_id"] = new
+    entry["warnings"].append(
+        f"{run_dir}: run_id {rid!r} is already used by another folder — shown as {new!r}"
+    )
+
+
 def compare_runs(paths: Sequence[Path], *, progress: bool = True, traces: bool = True) -> dict:
     """The runs JSON (schema_version 1) for run folders or folders of run folders in `paths`.
 
@@ -307,6 +323,7 @@ def compare_runs(paths: Sequence[Path], *, progress: bool = True, traces: bool =
             continue
         if traces and entry["status"] == "ok":
             _attach_trace(entry, run_dir, progress=False)  # one bar, over the runs
+        _unique_id(entry, run_dir, {r["run_id"] for r in runs})
         runs.append(entry)
     if not runs:
         where = ", ".join(map(str, paths)) or "(no paths)"

@@ -101,6 +101,24 @@ def test_failed_running_and_corrupt_runs_are_listed(tmp_path, ddp_mlp_run, singl
     assert [g["mode"] for g in result["groups"]] == ["single"]  # only ok runs are grouped
 
 
+def test_same_run_id_in_two_folders_never_merges(tmp_path, ddp_mlp_run, single_mlp_run):
+    """The same --run-id copied from two machines: both runs stay, each with its own numbers."""
+    for machine in ("linux", "windows"):
+        shutil.copytree(single_mlp_run, tmp_path / machine / "single")
+        shutil.copytree(ddp_mlp_run, tmp_path / machine / "ddp")
+    rec = read_run(tmp_path / "windows" / "ddp")
+    rec["metrics"]["samples_per_s"] *= 2  # the other machine was twice as fast
+    (tmp_path / "windows" / "ddp" / "run.json").write_text(json.dumps(rec))
+    result = compare_runs([tmp_path / "linux", tmp_path / "windows"], progress=False, traces=False)
+    runs = {r["run_id"]: r for r in result["runs"]}
+    first, second = read_run(ddp_mlp_run)["run_id"], f"{rec['run_id']}@windows"
+    assert len(runs) == len(result["runs"]) == 4 and {first, second} <= runs.keys()
+    assert runs[second]["samples_per_s"] == pytest.approx(2 * runs[first]["samples_per_s"])
+    assert any("already used" in w for w in runs[second]["warnings"])
+    (ddp,) = [g for g in result["groups"] if g["mode"] == "ddp"]
+    assert sorted(ddp["run_ids"]) == sorted([first, second]) and ddp["n_runs"] == 2
+
+
 def test_memory_imbalance_definitions():
     gpu = [{"peak_allocated_bytes": v, "peak_rss_bytes": 1} for v in (100, 200, 300)]
     m = _memory(gpu)

@@ -244,7 +244,7 @@ def _failures(data: dict[str, Any]) -> list[Finding]:
         )
     for r in data.get("runs", []):
         if r.get("status") == "ok" and r.get("warnings"):
-            text = f"Run {r['run_id']} has numbers missing: " + "; ".join(r["warnings"])
+            text = f"Run {r['run_id']}: " + "; ".join(r["warnings"])
             out.append(
                 Finding(rule="run_warnings", severity="warn", text=text, run_ids=[r["run_id"]])
             )
