@@ -246,6 +246,14 @@ def test_section_tables_match_analysis_json(built):
         row = page.row("accuracy", mode=g["mode"], backend=g["backend"], world_size=g["world_size"])
         for key in ("test_loss_mean", "top1_pct_mean", "top5_pct_mean"):
             assert same(row[key][0], g[key])
+        if g["scaling_efficiency_mean"] is not None:  # shown in %, like the Summary's column
+            row = page.row(
+                "speedup", mode=g["mode"], backend=g["backend"], world_size=g["world_size"]
+            )
+            assert same(row["scaling_efficiency_mean"][0], g["scaling_efficiency_mean"])
+            assert row["scaling_efficiency_mean"][1].startswith(
+                f"{g['scaling_efficiency_mean'] * 100:.1f}"
+            )
     env = page.row("environment", run_id=ddp["run_id"])
     assert env["hostname"][1] == ddp["hostname"] and env["torch"][1] == ddp["torch"]
 

@@ -20,6 +20,7 @@ class Column:
     kind: str = "text"  # text | num | int | bytes | frac_pct | pm | link
     digits: int = 2
     std_key: str | None = None  # kind "pm": the row key holding the standard deviation
+    scale: float = 1.0  # kinds "num"/"pm": shown value = stored value × scale (ratio → %)
     wrap: bool = False  # long free text (reasons, links) may wrap; ids and numbers never do
 
     def __post_init__(self) -> None:
@@ -151,8 +152,10 @@ SPEEDUP_COLS = [
     C(
         key="scaling_efficiency_mean",
         label="Scaling efficiency",
-        unit="ratio, mean ± std",
+        unit="%, mean ± std",
         kind="pm",
+        digits=1,
+        scale=100.0,
         std_key="scaling_efficiency_std",
     ),
     C(key="comm_pct_mean", label="Comm share", unit="% of step, mean", kind="num", digits=1),

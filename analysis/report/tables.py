@@ -85,9 +85,9 @@ def fmt(value: Any, col: Column, row: dict[str, Any] | None = None) -> str:
     if col.kind == "int":
         return f"{int(value):,}"
     if col.kind in ("num", "pm"):
-        text = f"{value:,.{col.digits}f}"
+        text = f"{value * col.scale:,.{col.digits}f}"
         std = (row or {}).get(col.std_key) if col.kind == "pm" else None
-        return f"{text} ± {std:,.{col.digits}f}" if not _missing(std) else text
+        return f"{text} ± {std * col.scale:,.{col.digits}f}" if not _missing(std) else text
     if isinstance(value, list):
         return ", ".join(map(str, value)) or "—"
     return str(value)
