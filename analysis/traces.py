@@ -124,6 +124,23 @@ def _assign_ranks(summaries: list[dict], skipped: list[dict], warnings: list[str
     return [kept[r] for r in sorted(kept)]
 
 
+def _mixed_job_warnings(path: Path, ranks: list[dict], worlds: list[int]) -> list[str]:
+    """Signs that one folder holds traces of different jobs: cross-rank numbers (collective
+    matching, stragglers, step-time spread) then compare unrelated processes."""
+    out = [
+        f"{r['file']}: rank {r['rank']} is outside its world size {r['world_size']} — "
+        "keep one job's traces per folder"
+        for r in ranks
+        if r["world_size"] and r["rank"] >= r["world_size"]
+    ]
+    if len(set(worlds)) > 1:
+        out.append(
+            f"{path}: traces disagree on the world size ({', '.join(map(str, sorted(set(worlds))))})"
+            " — keep one job's traces per folder"
+        )
+    return out
+
+
 def analyze_trace_dir(path: Path, *, workers: int | None = None, progress: bool = True) -> dict:
     """The traces JSON for every trace file in `path` (see docs/analysis.md for each field).
 
@@ -152,6 +169,7 @@ def analyze_trace_dir(path: Path, *, workers: int | None = None, progress: bool 
         warnings += r["warnings"]
     worlds = [r["world_size"] for r in ranks if r["world_size"]]
     world_size = max(worlds) if worlds else len(ranks)
+    warnings += _mixed_job_warnings(path, ranks, worlds)
     tables = combine_collectives({r["rank"]: r["instances"] for r in ranks}, world_size)
     means = [r["step_time_us_mean"] for r in ranks]
     lo, hi = min(means), max(means)

@@ -169,3 +169,18 @@ def test_analysis_never_imports_torch():
         [sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=60
     )
     assert proc.returncode == 0, proc.stderr
+
+
+def test_traces_of_different_jobs_in_one_folder_are_flagged(tmp_path):
+    """A rank outside its world size, or ranks disagreeing on the world size, is a mixed folder:
+    analysed, but said in `warnings` (cross-rank numbers would compare unrelated processes)."""
+    for name, rank, world in (("rank1", 1, 2), ("rank5", 5, 2), ("rank2", 2, 4)):
+        trace = json.loads((TB_NCCL / "worker0.pt.trace.json").read_text())
+        trace["distributedInfo"] = {"backend": "nccl", "rank": rank, "world_size": world}
+        (tmp_path / f"{name}.pt.trace.json").write_text(json.dumps(trace))
+    result = analyze_trace_dir(tmp_path, progress=False)
+    assert [r["rank"] for r in result["ranks"]] == [1, 2, 5]
+    text = "\n".join(result["warnings"])
+    assert "rank 5 is outside its world size 2" in text
+    assert "disagree on the world size (2, 4)" in text
+    assert "rank 1 is outside" not in text and "rank 2 is outside" not in text
