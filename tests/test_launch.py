@@ -241,3 +241,21 @@ def test_mode_all_runs_what_it_can_and_skips_the_rest(tmp_path):
     assert "nccl" in runs[("ddp", "nccl")]["error"]["message"]
     assert runs[("ddp", "nccl")]["metrics"] == {}
     assert "make report" in proc.stdout
+
+
+def test_mode_all_skips_a_mode_whose_batch_does_not_divide(tmp_path):
+    """3 DDP ranks cannot share a global batch of 32: that mode is recorded as skipped with the
+    reason, and the others still run (single here; dp/nccl need CUDA)."""
+    proc = launch(["--mode", "all", "--nproc", "3", "--runs-dir", str(tmp_path), *FAST])
+    runs = {
+        (r["config"]["mode"], r["config"]["backend"]): r
+        for r in (read_run(d) for d in tmp_path.iterdir())
+    }
+    assert {k: r["status"] for k, r in runs.items()} == {
+        ("single", "none"): "ok",
+        ("dp", "none"): "skipped",
+        ("ddp", "nccl"): "skipped",
+        ("ddp", "gloo"): "skipped",
+    }
+    assert "not divisible by 3" in runs[("ddp", "gloo")]["error"]["message"]
+    assert proc.returncode == 0

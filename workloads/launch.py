@@ -339,12 +339,17 @@ def run(args: argparse.Namespace, extra: list[str]) -> int:
         cfg = config_from_namespace(
             args, mode=mode, backend=resolved, init_method=init_method, dp_gpus=dp_gpus
         )
-        batch_split(
-            cfg, plan.replicas
-        )  # a batch that does not divide fails here, before any process
         cfg.run_id = cfg.run_id or default_run_id(
             cfg, backend=plan.backend, world_size=plan.replicas
         )
+        try:  # a batch that does not divide fails here, before any process starts
+            batch_split(cfg, plan.replicas)
+        except ValueError as exc:
+            if args.mode != "all":
+                raise
+            _skip(cfg, plan, args.nnodes, str(exc))  # impossible with this batch: skipped
+            statuses.append("skipped")
+            continue
         statuses.append(_execute(cfg, plan, args, extra))
     if args.node_rank == 0:
         print(
