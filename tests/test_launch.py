@@ -224,13 +224,18 @@ def test_file_rendezvous(runs_dir, tmp_path):
     assert "--init-method file://" in (runs_dir / "file-rdzv" / "logs" / "launcher.log").read_text()
 
 
+def _runs_by_mode(runs_dir) -> dict:
+    """{(mode, backend): run.json} of every run folder under `runs_dir`."""
+    return {
+        (r["config"]["mode"], r["config"]["backend"]): r
+        for r in (read_run(d) for d in runs_dir.iterdir())
+    }
+
+
 @pytest.mark.skipif(torch.cuda.is_available(), reason="expects a CPU-only machine")
 def test_mode_all_runs_what_it_can_and_skips_the_rest(tmp_path):
     proc = launch(["--mode", "all", "--nproc", "2", "--runs-dir", str(tmp_path), *FAST])
-    runs = {
-        (r["config"]["mode"], r["config"]["backend"]): r
-        for r in (read_run(d) for d in tmp_path.iterdir())
-    }
+    runs = _runs_by_mode(tmp_path)
     assert {k: r["status"] for k, r in runs.items()} == {
         ("single", "none"): "ok",
         ("dp", "none"): "skipped",
@@ -243,14 +248,12 @@ def test_mode_all_runs_what_it_can_and_skips_the_rest(tmp_path):
     assert "make report" in proc.stdout
 
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason="expects a CPU-only machine")
 def test_mode_all_skips_a_mode_whose_batch_does_not_divide(tmp_path):
     """3 DDP ranks cannot share a global batch of 32: that mode is recorded as skipped with the
     reason, and the others still run (single here; dp/nccl need CUDA)."""
     proc = launch(["--mode", "all", "--nproc", "3", "--runs-dir", str(tmp_path), *FAST])
-    runs = {
-        (r["config"]["mode"], r["config"]["backend"]): r
-        for r in (read_run(d) for d in tmp_path.iterdir())
-    }
+    runs = _runs_by_mode(tmp_path)
     assert {k: r["status"] for k, r in runs.items()} == {
         ("single", "none"): "ok",
         ("dp", "none"): "skipped",
