@@ -187,65 +187,36 @@ def main(argv: list[str] | None = None) -> int:
         "--seed",
         "0",
     ]
+
+    def argv(mode: str, backend: str = "auto", *extra: str) -> list[str]:
+        """Launcher arguments for one check run; `extra` comes last, so it overrides `common`."""
+        ddp = ["--backend", backend, "--nproc", str(gpus)] if mode == "ddp" else []
+        dp = ["--nproc", str(gpus)] if mode == "dp" else []
+        return ["--mode", mode, *ddp, *dp, *common, *extra]
+
     plan = [
-        ("single", "single", "none", 1, ["--mode", "single", *common]),
-        ("dp", "dp", "none", 1, ["--mode", "dp", "--nproc", str(gpus), *common]),
-        (
-            "ddp-nccl",
-            "ddp",
-            "nccl",
-            gpus,
-            ["--mode", "ddp", "--backend", "nccl", "--nproc", str(gpus), *common],
-        ),
-        (
-            "ddp-gloo",
-            "ddp",
-            "gloo",
-            gpus,
-            ["--mode", "ddp", "--backend", "gloo", "--nproc", str(gpus), *common],
-        ),
+        ("single", "single", "none", 1, argv("single")),
+        ("dp", "dp", "none", 1, argv("dp")),
+        ("ddp-nccl", "ddp", "nccl", gpus, argv("ddp", "nccl")),
+        ("ddp-gloo", "ddp", "gloo", gpus, argv("ddp", "gloo")),
         (
             "ddp-nccl-fp16",
             "ddp",
             "nccl",
             gpus,
-            [
-                "--mode",
-                "ddp",
-                "--backend",
-                "nccl",
-                "--nproc",
-                str(gpus),
-                *common,
-                "--amp",
-                "fp16",
-                "--comm-hook",
-                "fp16",
-            ],
+            argv("ddp", "nccl", *"--amp fp16 --comm-hook fp16".split()),
         ),
         (
             "ddp-nccl-syncbn",
             "ddp",
             "nccl",
             gpus,
-            [
-                "--mode",
-                "ddp",
-                "--backend",
-                "nccl",
-                "--nproc",
-                str(gpus),
-                *common,
-                "--model",
-                "smallcnn",
-                "--sync-bn",
-            ],
+            argv("ddp", "nccl", *"--model smallcnn --sync-bn".split()),
         ),
     ]
     if torch.cuda.is_bf16_supported():  # what autocast itself requires for bf16 on CUDA
         # DataParallel's replica threads must keep bf16 (autocast's dtype is thread-local).
-        dp_bf16 = ["--mode", "dp", "--nproc", str(gpus), *common, "--amp", "bf16"]
-        plan.insert(2, ("dp-bf16", "dp", "none", 1, dp_bf16))
+        plan.insert(2, ("dp-bf16", "dp", "none", 1, argv("dp", "auto", "--amp", "bf16")))
     check = Checker()
     usable: dict[str, Path] = {}
     for label, mode, backend, ranks, launch_args in plan:
