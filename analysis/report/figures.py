@@ -76,33 +76,16 @@ def speedup_figure(runs: pd.DataFrame) -> str | None:
     if df.empty:
         return None
     _theme()
-    df = df.assign(series=df["series"])
     fig, (a1, a2) = plt.subplots(1, 2, figsize=(10, 4))
-    sns.lineplot(
-        data=df,
-        x="world_size",
-        y="samples_per_s",
-        hue="series",
-        marker="o",
-        errorbar="sd",
-        err_style="bars",
-        ax=a1,
-    )
+    # One line per series over world size; error bars = standard deviation over seeds.
+    per_size = dict(x="world_size", hue="series", marker="o", errorbar="sd", err_style="bars")
+    sns.lineplot(data=df, y="samples_per_s", ax=a1, **per_size)
     a1.set(xlabel="world size (ranks)", ylabel="throughput (samples/s)", title="Throughput")
     sp = df.dropna(subset=["speedup"])
     top = max(df["world_size"].max(), 2)
     a2.plot([1, top], [1, top], ls="--", color="0.5", label="ideal (linear)")
     if not sp.empty:
-        sns.lineplot(
-            data=sp,
-            x="world_size",
-            y="speedup",
-            hue="series",
-            marker="o",
-            errorbar="sd",
-            err_style="bars",
-            ax=a2,
-        )
+        sns.lineplot(data=sp, y="speedup", ax=a2, **per_size)
     a2.set(xlabel="world size (ranks)", ylabel="speedup vs single (×)", title="Speedup")
     for ax in (a1, a2):
         ax.xaxis.get_major_locator().set_params(integer=True)
