@@ -61,6 +61,12 @@ class TrainConfig:
     scaling: str = _opt(
         "strong", "strong: fixed global batch | weak: fixed per-device batch", ("strong", "weak")
     )
+    grad_accum_steps: int = _opt(
+        1,
+        "micro-batches per optimizer step (gradient accumulation; DDP all-reduces once per step, "
+        "the others run under no_sync): global batch = per-device micro-batch x world x K, so "
+        "--batch-size keeps its meaning and each device's share is split into K micro-batches",
+    )
     lr: float = _opt(0.05, "SGD learning rate")
     momentum: float = _opt(0.9, "SGD momentum")
     weight_decay: float = _opt(5e-4, "SGD weight decay")
@@ -112,7 +118,7 @@ class TrainConfig:
                 raise ValueError(
                     f"--{_flag(name)} must be one of {', '.join(choices)}; got {getattr(self, name)!r}"
                 )
-        for name in ("epochs", "batch_size"):
+        for name in ("epochs", "batch_size", "grad_accum_steps"):
             if getattr(self, name) < 1:
                 raise ValueError(f"--{_flag(name)} must be >= 1; got {getattr(self, name)}")
         for name in (
@@ -204,16 +210,27 @@ def batch_split(cfg: TrainConfig, replicas: int) -> tuple[int, int]:
     """(global_batch, per_device_batch) for `replicas` model replicas (DDP ranks or DP GPUs).
 
     Strong scaling keeps the global batch, so each device gets global / replicas; weak scaling
-    keeps the per-device batch, so the global batch grows with the replicas.
+    keeps the per-device batch, so the global batch grows with the replicas. Both are per
+    optimizer step: with --grad-accum-steps K each device's share is K micro-batches of
+    per_device_batch / K, which must divide evenly.
     """
     if cfg.scaling == "weak":
-        return cfg.batch_size * replicas, cfg.batch_size
-    if cfg.batch_size % replicas:
+        global_batch, per_device = cfg.batch_size * replicas, cfg.batch_size
+    elif cfg.batch_size % replicas:
         raise ValueError(
             f"--batch-size {cfg.batch_size} (global, --scaling strong) is not divisible by "
             f"{replicas} devices; pick a multiple of {replicas} or use --scaling weak"
         )
-    return cfg.batch_size, cfg.batch_size // replicas
+    else:
+        global_batch, per_device = cfg.batch_size, cfg.batch_size // replicas
+    if per_device % cfg.grad_accum_steps:
+        multiple = cfg.grad_accum_steps * (1 if cfg.scaling == "weak" else replicas)
+        raise ValueError(
+            f"--grad-accum-steps {cfg.grad_accum_steps} does not divide the per-device batch "
+            f"{per_device} ({replicas} devices, --scaling {cfg.scaling}); pick a --batch-size "
+            f"that is a multiple of {multiple}"
+        )
+    return global_batch, per_device
 
 
 def default_run_id(cfg: TrainConfig, *, backend: str, world_size: int) -> str:
@@ -245,6 +262,8 @@ def config_record(
         "dataset": cfg.dataset,
         "global_batch": global_batch,
         "per_device_batch": per_device_batch,
+        "grad_accum_steps": cfg.grad_accum_steps,
+        "micro_batch": per_device_batch // cfg.grad_accum_steps,
         "scaling": cfg.scaling,
         "amp": cfg.amp,
         "seed": cfg.seed,

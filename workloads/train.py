@@ -11,6 +11,7 @@ run.json atomically. Each rank logs to `logs/rank<r>.log`; a rank that raises al
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import re
@@ -132,6 +133,40 @@ def _maybe_fail(rank: int, step: int) -> None:
         )
 
 
+def _forward_backward(
+    model: nn.Module,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    *,
+    accum: int,
+    timer: StepTimer,
+    scaler: torch.amp.GradScaler,
+    amp: torch.dtype | None,
+) -> torch.Tensor:
+    """Forward and backward of one optimizer step over `accum` micro-batches; returns the loss
+    over the rank's whole share (the mean of the equal-sized micro-batch means).
+
+    Micro-batch k is the k-th contiguous chunk of this rank's share, i.e. positions
+    [k*m, (k+1)*m) of it (m = share / accum), so the step still covers exactly the sampler's
+    global batch. Each micro-batch loss is scaled by 1/accum so the accumulated gradient is the
+    share's mean gradient; under DDP all but the last micro-batch run under `no_sync()`, so the
+    bucketed all-reduce happens once per optimizer step. Forward/backward time of every
+    micro-batch adds up in the step's `forward`/`backward` phases.
+    """
+    ddp = isinstance(model, nn.parallel.DistributedDataParallel)
+    losses = []
+    for k, (xm, ym) in enumerate(zip(x.chunk(accum), y.chunk(accum), strict=True)):
+        skip_sync = ddp and k < accum - 1
+        with model.no_sync() if skip_sync else contextlib.nullcontext():
+            with timer.phase("forward"):
+                with torch.autocast(x.device.type, dtype=amp, enabled=amp is not None):
+                    loss = F.cross_entropy(model(xm), ym)
+            with timer.phase("backward"):
+                scaler.scale(loss / accum if accum > 1 else loss).backward()
+        losses.append(loss.detach())
+    return losses[0] if accum == 1 else torch.stack(losses).mean()
+
+
 def train(cfg: TrainConfig, ctx: RunContext, run_dir: Path) -> None:
     """Train, evaluate each epoch, and (rank 0) write steps.csv and run.json."""
     start = time.perf_counter()
@@ -181,6 +216,7 @@ def train(cfg: TrainConfig, ctx: RunContext, run_dir: Path) -> None:
     print(
         f"[rank{ctx.rank}] mode={ctx.mode} backend={ctx.backend} device={ctx.device} "
         f"world={ctx.world_size} threads={threads} global_batch={global_batch} per_device={per_device} "
+        f"grad_accum={cfg.grad_accum_steps} "
         f"steps={planned}",
         flush=True,
     )
@@ -204,13 +240,9 @@ def train(cfg: TrainConfig, ctx: RunContext, run_dir: Path) -> None:
                 x = x.to(ctx.device, non_blocking=True)
                 y = y.to(ctx.device, non_blocking=True)
             _maybe_fail(ctx.rank, state.step)
-            with timer.phase("forward"):
-                with torch.autocast(
-                    ctx.device.type, dtype=amp_dtype, enabled=amp_dtype is not None
-                ):
-                    loss = F.cross_entropy(model(x), y)
-            with timer.phase("backward"):
-                scaler.scale(loss).backward()
+            loss = _forward_backward(
+                model, x, y, accum=cfg.grad_accum_steps, timer=timer, scaler=scaler, amp=amp_dtype
+            )
             with timer.phase("optimizer"):
                 scaler.step(optimizer)
                 scaler.update()
