@@ -99,3 +99,18 @@ test: setup
 
 clean:
 	rm -rf $(RUNS) $(filter-out $(REPORT_DIR)/README.md,$(wildcard $(REPORT_DIR)/*)) .pytest_cache .ruff_cache
+
+# --- DDP tuning (make tune-ddp): workloads.tune measures the DDP knobs on this workload ------
+# STEPS defaults to 30 here unless given on the command line or in the environment.
+TRIALS          ?= 3
+TUNE_ACCUM      ?= 0
+TUNE_BUDGET_S   ?= 0
+TUNE_CANDIDATES ?=
+TUNE_STEPS = $(if $(filter command line environment,$(origin STEPS)),$(STEPS),30)
+
+.PHONY: tune-ddp
+tune-ddp: setup
+	$(PY) -m workloads.tune --model $(MODEL) --dataset $(DATASET) --batch-size $(BATCH) \
+	    $(NPROC_FLAG) --backend $(BACKEND) --epochs $(EPOCHS) --max-steps $(TUNE_STEPS) \
+	    --trials $(TRIALS) --budget-s $(TUNE_BUDGET_S) $(if $(filter 1,$(TUNE_ACCUM)),--accum) \
+	    --candidates "$(TUNE_CANDIDATES)" --runs-dir $(RUNS) $(ARGS)

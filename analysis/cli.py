@@ -32,6 +32,8 @@ def _fmt(value: Any, digits: int = 1) -> Any:
 
 def _table(rows: list[dict], columns: dict[str, str], digits: int = 1) -> str:
     """Render `rows` with `columns` {key: header-with-unit} as a plain aligned table."""
+    if not rows:
+        return "(none)"
     frame = pd.DataFrame(
         [{h: _fmt(r.get(k), digits) for k, h in columns.items()} for r in rows],
         columns=list(columns.values()),
@@ -208,6 +210,10 @@ def print_runs(result: dict) -> None:
                 },
             )
         )
+    for tune in result.get("tunes", []):  # make tune-ddp folders: their verdict, not their trials
+        best = tune["best"]
+        verdict = f"best {best['name']}" if best else "no knob beat the run-to-run noise"
+        print(f"\ntune {tune['tune_id']} ({tune['status']}): {verdict}\n  {tune['command']}")
     _print_skipped(result["skipped"], "path")
 
 

@@ -17,6 +17,7 @@ import pandas as pd
 from tqdm import tqdm
 
 from analysis.errors import AnalysisError
+from analysis.tune import is_tune_dir, load_tunes
 
 __all__ = ["SCHEMA_VERSION", "compare_runs", "find_run_dirs", "load_run"]
 
@@ -58,17 +59,20 @@ def find_run_dirs(paths: Sequence[Path]) -> tuple[list[Path], list[dict]]:
     for path in map(Path, paths):
         if (path / "run.json").is_file():
             run_dirs.append(path)
+        elif is_tune_dir(path):
+            continue  # its trials are summarised by the tuning section (analysis.tune), not listed
         elif path.is_dir():
             children = sorted(
                 p for p in path.iterdir() if p.is_dir() and not p.name.startswith(".")
             )
             found = [p for p in children if (p / "run.json").is_file()]
+            tunes = [p for p in children if p not in found and is_tune_dir(p)]
             skipped += [
                 {"path": str(p), "reason": "no run.json — not a run folder"}
                 for p in children
-                if p not in found
+                if p not in found and p not in tunes
             ]
-            if not found:
+            if not found and not tunes:
                 skipped.append(
                     {
                         "path": str(path),
@@ -325,7 +329,9 @@ def compare_runs(paths: Sequence[Path], *, progress: bool = True, traces: bool =
             _attach_trace(entry, run_dir, progress=False)  # one bar, over the runs
         _unique_id(entry, run_dir, {r["run_id"] for r in runs})
         runs.append(entry)
-    if not runs:
+    tunes, tune_skipped = load_tunes(paths)
+    skipped += tune_skipped
+    if not runs and not tunes:
         where = ", ".join(map(str, paths)) or "(no paths)"
         raise AnalysisError(
             where, "no readable run folders", "run `make profile-all` first or pass the runs folder"
@@ -342,4 +348,5 @@ def compare_runs(paths: Sequence[Path], *, progress: bool = True, traces: bool =
         "runs": runs,
         "groups": _groups(runs),
         "skipped": skipped,
+        "tunes": tunes,
     }

@@ -24,6 +24,7 @@ from tqdm import tqdm
 from analysis.report import figures
 from analysis.report.findings import THRESHOLDS, findings
 from analysis.report.tables import Table, all_tables, fmt, unique_labels
+from analysis.report.tune import tune_sections
 
 __all__ = ["ReportError", "ReportFiles", "build_report", "write_report"]
 
@@ -179,6 +180,7 @@ def write_report(data: dict[str, Any], out_dir: Path, *, progress: bool = True) 
             findings=found,
             figures=figs,
             thresholds=THRESHOLDS,
+            tunes=tune_sections(data),
             n_runs=len(data.get("runs", [])) + len(data.get("skipped", [])),
             generated_at=datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),
         )
