@@ -107,17 +107,17 @@ def build_parser() -> argparse.ArgumentParser:
         "trial's launcher. Accumulation (--accum) " + ACCUM_NOTE + " (global batch = per-device "
         "micro-batch x world x K stays the same).",
     )
-    p.add_argument("--model", default="resnet18")
-    p.add_argument("--dataset", default="synthetic")
+    p.add_argument("--model", default="resnet18", help="MODEL (see workloads.launch --help)")
+    p.add_argument("--dataset", default="synthetic", help="DATASET")
     p.add_argument("--batch-size", type=int, default=64, help="global batch (BATCH)")
     p.add_argument(
         "--nproc", type=int, default=None, help="DDP processes (NPROC; default: GPUs, 2 on CPU)"
     )
-    p.add_argument("--backend", default="auto", choices=("auto", "nccl", "gloo"))
+    p.add_argument("--backend", default="auto", choices=("auto", "nccl", "gloo"), help="BACKEND")
     p.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"))
-    p.add_argument("--epochs", type=int, default=1)
+    p.add_argument("--epochs", type=int, default=1, help="EPOCHS (a trial ends at --max-steps)")
     p.add_argument("--max-steps", type=int, default=30, help="steps per trial (STEPS, default 30)")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seed", type=int, default=0, help="one seed for every trial (same data, init)")
     p.add_argument(
         "--trials", type=int, default=3, help="trials per candidate and per baseline arm (TRIALS)"
     )
@@ -142,7 +142,8 @@ def build_parser() -> argparse.ArgumentParser:
         "--alpha",
         type=float,
         default=tune_stats.ALPHA,
-        help="two-sided level of the significance test",
+        help="significant = exact two-sided Mann-Whitney p of the candidate's trials vs the "
+        "baseline's <= this (default 0.10, the smallest p of 3 + 3 trials)",
     )
     p.add_argument(
         "--loss-tolerance",
