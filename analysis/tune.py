@@ -29,7 +29,7 @@ _NUM = (
     "p_value",
     "loss_max_abs_diff",
 )
-_TEXT = ("name", "status", "reason", "stage", "group")
+_TEXT = ("name", "status", "reason", "note", "stage", "group")
 
 
 def is_tune_dir(path: Path) -> bool:

@@ -211,3 +211,22 @@ def test_budget_stops_early_and_reports_what_finished(tmp_path):
     assert rec["stopped_early"] and "TUNE_BUDGET_S=1" in rec["stop_reason"]
     assert sorted(a["status"] for a in arms) == ["not_run", "not_run", "ok"]
     assert "stopped early" in proc.stdout
+
+
+def test_hostile_and_damaged_tune_json_cost_one_line_not_the_report(tune_dir, tmp_path):
+    rec = json.loads((tune_dir / "tune.json").read_text())
+    rec["candidates"][0]["reason"] = "<script>alert(1)</script>"
+    rec["candidates"][1]["speedup_vs_baseline"] = "fast"  # wrong type: shown as missing
+    rec["command"] = "make profile-ddp ARGS='<b>x</b>'"
+    (tmp_path / "runs" / "tune-evil").mkdir(parents=True)
+    (tmp_path / "runs" / "tune-evil" / "tune.json").write_text(json.dumps(rec))
+    (tmp_path / "runs" / "tune-broken").mkdir()
+    (tmp_path / "runs" / "tune-broken" / "tune.json").write_text("{not json")
+    data = compare_runs([tmp_path / "runs"], progress=False, traces=False)
+    assert [t["tune_id"] for t in data["tunes"]] == ["tune-t"]  # the copy keeps its tune_id
+    assert data["tunes"][0]["candidates"][1]["speedup_vs_baseline"] is None
+    [bad] = data["skipped"]
+    assert bad["path"].endswith("tune.json") and "unreadable" in bad["reason"]
+    html = write_report(data, tmp_path / "report", progress=False).index_html.read_text()
+    assert "<script>alert(1)" not in html and "&lt;script&gt;alert(1)" in html
+    assert "<b>x</b>" not in html and "&lt;b&gt;x&lt;/b&gt;" in html

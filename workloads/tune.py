@@ -221,6 +221,7 @@ class Tuner:
         base = rec["baseline"]
         for k in knobs:
             arm = _arm(k.name, k.args, group=k.group, lossy=k.lossy, stage="single")
+            arm["note"] = k.note
             if k.name in skipped:
                 arm.update(status="skipped", reason=skipped[k.name])
             rec["candidates"].append(arm)

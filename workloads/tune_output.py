@@ -66,7 +66,7 @@ def table_rows(record: dict) -> list[dict]:
                 "p": "" if is_base else _num(arm.get("p_value"), ".3f"),
                 "significant": "" if is_base else ("yes" if arm.get("significant") else "no"),
                 "loss Δ": _num(loss, ".2e") + (" FLAG" if arm.get("loss_flagged") else ""),
-                "note": arm.get("reason") or "",
+                "note": "; ".join(n for n in (arm.get("reason"), arm.get("note")) if n),
             }
         )
     return rows

@@ -28,6 +28,7 @@ class Knob:
     group: str
     args: tuple[str, ...]
     lossy: bool = False
+    note: str = ""
 
 
 KNOBS = (
@@ -80,6 +81,17 @@ def skip_reason(knob: Knob, cfg: TrainConfig, backend: str, replicas: int) -> st
         except ValueError as exc:
             return str(exc)
     return None
+
+
+def knob_note(knob: Knob, cfg: TrainConfig) -> str:
+    """What a reader of the results should know about `knob` on this workload."""
+    if knob.group == "bucket" and float(knob.args[1]) == cfg.bucket_cap_mb:
+        return "same bucket size as the baseline: an A/A check of the run-to-run noise"
+    if knob.group == "accum":
+        return ACCUM_NOTE
+    if knob.group == "comm-hook":
+        return "compresses the gradients it all-reduces (lossy)"
+    return ""
 
 
 def select(names: str, *, accum: bool) -> list[Knob]:
@@ -219,6 +231,7 @@ def prepare(
     except (LaunchError, DataError, ValueError) as exc:
         raise TuneError(str(exc)) from None
     skipped = {k.name: r for k in knobs if (r := skip_reason(k, cfg, plan.backend, plan.replicas))}
+    knobs = [dataclasses.replace(k, note=knob_note(k, cfg)) for k in knobs]
     if len(skipped) == len(knobs):
         reasons = "; ".join(f"{n}: {r}" for n, r in skipped.items())
         raise TuneError(f"no candidate can run on this workload ({reasons})")

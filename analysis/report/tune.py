@@ -36,7 +36,7 @@ TUNE_COLS = [
 def _row(arm: dict[str, Any], *, baseline: bool, tolerance: Any) -> dict[str, Any]:
     lo, hi = arm.get("speedup_min"), arm.get("speedup_max")
     loss, flagged = arm.get("loss_max_abs_diff"), arm.get("loss_flagged")
-    notes = [arm.get("reason") or ""]
+    notes = [arm.get("reason") or "", arm.get("note") or ""]
     if flagged:
         notes.append(f"loss differs from the baseline by more than {tolerance} nats")
     if baseline:
