@@ -250,7 +250,7 @@ def prepare(
         "seed": opts.seed,
         "trials": opts.trials,
         "warmup_steps": cfg.warmup_steps,
-        "args": list(extra),
+        "args": [*(["--device", opts.device] if opts.device != "auto" else []), *extra],
         "accum": opts.accum,
     }
     if not opts.tune_id:
