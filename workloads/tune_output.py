@@ -86,7 +86,9 @@ def print_table(record: dict, tune_dir: Path) -> None:
     if record["stopped_early"]:
         print(f"stopped early: {record['stop_reason']}")
     best = record["best"]
-    if best:
+    if not any(t["status"] == "ok" for t in record["baseline"]["trials"]):
+        print("best: none (no baseline trial finished, so nothing could be compared)")
+    elif best:
         print(f"best: {best['name']} ({best['speedup_vs_baseline']:.3f}× the baseline)")
     else:
         print("best: keep the baseline settings (no knob was faster beyond the run-to-run noise)")
