@@ -273,7 +273,7 @@ class Tuner:
                 name, args, group="combo", lossy=current["lossy"] or knob["lossy"], stage="combo"
             )
             combo["baseline_trials"] = []
-            holder = {"trials": combo["baseline_trials"]}
+            holder = {"args": [], "trials": combo["baseline_trials"]}  # the workload as given
             self.record["candidates"].append(combo)
             self.bar.total += 2 * self.opts.trials
             self.bar.refresh()
