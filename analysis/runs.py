@@ -53,6 +53,8 @@ def find_run_dirs(paths: Sequence[Path]) -> tuple[list[Path], list[dict]]:
     """Expand `paths` (run folders or folders of run folders) into run folders, sorted by name.
 
     Returns (run_dirs, skipped) where skipped lists {path, reason} for paths holding no run.
+    Tune folders (with a tune.json, from `make tune-ddp`) are neither: analysis.tune reads them,
+    and their trial run folders are deliberately not expanded into the comparison.
     """
     run_dirs: list[Path] = []
     skipped: list[dict] = []
