@@ -36,6 +36,15 @@ __all__ = ["Tuner", "main"]
 
 REPO = Path(__file__).resolve().parents[1]
 TUNE_SCHEMA_VERSION = 1
+WINDOWS = os.name == "nt"
+
+
+def _stop_tree(proc: subprocess.Popen, sig: int) -> None:
+    """Send `sig` to the trial's whole process group (POSIX); end its process tree on Windows."""
+    if WINDOWS:
+        subprocess.run(["taskkill", "/F", "/T", "/PID", str(proc.pid)], capture_output=True)
+    else:
+        os.killpg(proc.pid, sig)
 
 
 def _losses(run_dir: Path) -> dict[int, float]:
@@ -133,17 +142,19 @@ class Tuner:
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             text=True,
-            start_new_session=True,  # so a timeout can end torchrun and its ranks too
+            # Its own process group, so a timeout or Ctrl-C can end torchrun and its ranks too.
+            **({"creationflags": subprocess.CREATE_NEW_PROCESS_GROUP} if WINDOWS else {}),
+            start_new_session=not WINDOWS,
         )
         try:
             output, _ = proc.communicate(timeout=self.opts.trial_timeout_s or None)
             timed_out = False
         except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGTERM)
+            _stop_tree(proc, signal.SIGTERM)
             output, _ = proc.communicate()
             timed_out = True
         except KeyboardInterrupt:
-            os.killpg(proc.pid, signal.SIGINT)
+            _stop_tree(proc, signal.SIGINT)
             proc.communicate()
             raise
         duration = time.monotonic() - started
