@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from analysis.loader import Args, ChunkSplitError, Event, decode_args, decode_correlation
+from analysis.tbprofiler import TbAccumulator, TbRoles
 
 __all__ = [
     "COMM",
@@ -133,7 +134,7 @@ class Classified:
     anchors: Ranges  # nccl:*/gloo:* collective annotations, with args
     rpc: Ranges  # record_param_comms ops, with args
     compute_ops: Ranges  # CPU ops (all threads); computation on a kernel-less trace
-    tb_cpu_ops: Ranges  # tb-profiler's CpuOp role (ops + annotations, no comm/steps/data)
+    tb: TbRoles  # what torch-tb-profiler keeps, by its own rules (tbprofiler.py)
     data: Ranges  # `data` record_function ranges and DataLoader __next__ calls
     cpu_span: tuple[float, float]  # first start / last end of CPU ops (tb-profiler's fallback step)
 
@@ -156,15 +157,13 @@ class _Accumulator:
         self.anchors = _Columns(codes, names=True, tids=True, args=True)
         self.rpc = _Columns(codes, tids=True, args=True)
         self.compute = _Columns(codes, tids=True)
-        self.tb_cpu = _Columns(codes)
+        self.tb = TbAccumulator()
         self.data = _Columns(codes)
         self.cpu_lo, self.cpu_hi = np.inf, -np.inf
         self.class_of: dict[tuple[str, str], int] = {}  # kernel classes, once per distinct name
 
     def add(self, events: list[Event]) -> None:
-        kernels, runtime, steps, anchors, rpc, ops, issue, annotations, data = (
-            [] for _ in range(9)
-        )
+        kernels, runtime, steps, anchors, rpc, ops, issue, data = ([] for _ in range(8))
         for e in events:
             if e.ph != "X":
                 continue
@@ -184,7 +183,7 @@ class _Accumulator:
                 elif name == "record_param_comms":
                     rpc.append(e)
                 elif cat not in _OP_CATS:
-                    annotations.append(e)
+                    continue  # user ranges (forward, backward, ...) are not operators
                 elif name.startswith(_ISSUE_OPS):
                     issue.append(e)
                 else:
@@ -210,7 +209,7 @@ class _Accumulator:
         self.anchors.add(anchors)
         self.rpc.add(rpc)
         self.compute.add(ops)
-        self.tb_cpu.add([*ops, *issue, *rpc, *annotations])
+        self.tb.add(events)
         self.data.add(data)
         cpu_like = [
             e for e in (*ops, *issue, *anchors, *rpc, *steps) if e.cat not in _ANNOTATION_CATS
@@ -226,10 +225,9 @@ class _Accumulator:
             self.anchors,
             self.rpc,
             self.compute,
-            self.tb_cpu,
             self.data,
         )
-        origin = min(min(p.first() for p in parts), self.cpu_lo)
+        origin = min(min(p.first() for p in parts), self.cpu_lo, self.tb.first)
         origin = 0.0 if not np.isfinite(origin) else float(origin)
         k = self.kernels.ranges(origin)
         rt = self.runtime.ranges(origin)
@@ -268,7 +266,7 @@ class _Accumulator:
             anchors=anchors,
             rpc=self.rpc.ranges(origin),
             compute_ops=self.compute.ranges(origin),
-            tb_cpu_ops=self.tb_cpu.ranges(origin),
+            tb=self.tb.finish(origin),
             data=self.data.ranges(origin),
             cpu_span=span,
         )

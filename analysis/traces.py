@@ -39,6 +39,8 @@ _RANK_FIELDS = (
     "idle_pct",
     "hta",
     "tb_split",
+    "tb_split_steps",
+    "tb_split_step_time_us_mean",
     "per_step",
     "warnings",
 )
