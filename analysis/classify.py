@@ -136,6 +136,7 @@ class Classified:
     compute_ops: Ranges  # CPU ops (all threads); computation on a kernel-less trace
     tb: TbRoles  # what torch-tb-profiler keeps, by its own rules (tbprofiler.py)
     data: Ranges  # `data` record_function ranges and DataLoader __next__ calls
+    op_events: Ranges  # operators for the per-op table: cpu_op events and collective calls
     cpu_span: tuple[float, float]  # first start / last end of CPU ops (tb-profiler's fallback step)
 
 
@@ -159,6 +160,7 @@ class _Accumulator:
         self.compute = _Columns(codes, tids=True)
         self.tb = TbAccumulator()
         self.data = _Columns(codes)
+        self.op_events = _Columns(codes, names=True, tids=True)
         self.cpu_lo, self.cpu_hi = np.inf, -np.inf
         self.class_of: dict[tuple[str, str], int] = {}  # kernel classes, once per distinct name
 
@@ -211,6 +213,9 @@ class _Accumulator:
         self.compute.add(ops)
         self.tb.add(events)
         self.data.add(data)
+        self.op_events.add(
+            [*ops, *issue, *anchors, *(e for e in (*rpc, *data) if e.cat in _OP_CATS)]
+        )
         cpu_like = [
             e for e in (*ops, *issue, *anchors, *rpc, *steps) if e.cat not in _ANNOTATION_CATS
         ]
@@ -268,6 +273,7 @@ class _Accumulator:
             compute_ops=self.compute.ranges(origin),
             tb=self.tb.finish(origin),
             data=self.data.ranges(origin),
+            op_events=self.op_events.ranges(origin),
             cpu_span=span,
         )
 

@@ -1,4 +1,5 @@
-"""`python -m analysis traces DIR` and `python -m analysis runs RUNS_DIR...`: tables and JSON.
+"""`python -m analysis traces DIR`, `runs RUNS_DIR...`, `ops RUN`, `diff RUN_A RUN_B`: tables
+and JSON.
 
 Bad input never shows a traceback: AnalysisError becomes one `error: ...` line on stderr and exit
 code 2; per-file problems are printed as one line each while the good files are still analysed.
@@ -226,7 +227,9 @@ def _parser() -> argparse.ArgumentParser:
     r = sub.add_parser("runs", help="compare run folders (speedup, memory, accuracy, comm)")
     r.add_argument("runs_dirs", type=Path, nargs="+", metavar="RUNS_DIR")
     r.add_argument("--no-traces", action="store_true", help="skip trace analysis")
-    for s in (t, r):
+    from analysis import opscli  # `ops` and `diff`
+
+    for s in (t, r, *opscli.add_parsers(sub)):
         s.add_argument("--json", type=Path, default=None, metavar="OUT", help="write JSON here")
         s.add_argument("--no-progress", action="store_true", help="no progress bar")
     return p
@@ -240,12 +243,18 @@ def main(argv: list[str] | None = None) -> int:
             from analysis.traces import analyze_trace_dir
 
             result = analyze_trace_dir(args.trace_dir, workers=args.workers, progress=progress)
-        else:
+            printer = print_traces
+        elif args.command == "runs":
             from analysis.runs import compare_runs
 
             result = compare_runs(args.runs_dirs, progress=progress, traces=not args.no_traces)
+            printer = print_runs
+        else:
+            from analysis import opscli
+
+            result, printer = opscli.run(args)
         _write_json(result, args.json)  # before the tables: a closed pipe must not lose it
-        (print_traces if args.command == "traces" else print_runs)(result)
+        printer(result)
         if args.json is not None:
             print(f"wrote {args.json}")
     except AnalysisError as err:

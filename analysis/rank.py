@@ -17,6 +17,7 @@ from analysis.collectives import rank_instances
 from analysis.errors import AnalysisError
 from analysis.intervals import Intervals, clip, intersection_us, merge, total_us, union_us
 from analysis.loader import load_trace
+from analysis.ops import rank_ops
 from analysis.tbprofiler import tb_split
 
 __all__ = ["summarize_file"]
@@ -195,6 +196,7 @@ def summarize_file(path: Path) -> dict:
         / max(1e-9, sum(r["step_time_us"] for r in per_step)),
         "hta": _hta_breakdown(c, lo, hi) if gpu else None,
         "tb_split": tb_split(c.tb),
+        "ops": [],  # filled below, once the mean step time is known
         # tb-profiler averages over its own steps (all ProfilerSteps, device-adjusted on GPU).
         "tb_split_steps": len(c.tb.steps),
         "tb_split_step_time_us_mean": (
@@ -204,6 +206,9 @@ def summarize_file(path: Path) -> dict:
         "warnings": warnings,
         "instances": rank_instances(c, float(lo[0]), float(hi[-1])),
     }
+    summary["ops"], summary["ops_self_us_per_step"] = rank_ops(
+        c, lo, hi, numbers == [None], summary["step_time_us_mean"]
+    )
     if gpu:  # on GPU traces the rank-level idle and overlap follow HTA's definitions exactly
         summary["idle_pct"] = summary["hta"]["idle_pct"]
         summary["overlap_pct"] = summary["hta"]["overlap_pct"]

@@ -41,6 +41,8 @@ _RANK_FIELDS = (
     "tb_split",
     "tb_split_steps",
     "tb_split_step_time_us_mean",
+    "ops",
+    "ops_self_us_per_step",
     "per_step",
     "warnings",
 )
