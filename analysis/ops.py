@@ -99,7 +99,8 @@ def rank_ops(
         if whole_trace:
             k_in[:] = True
         k_dur = k.end - k.start
-        rows += _rows([kernel_key(x) for x in k.names], "gpu", k_in, k_dur, k_dur, n)
+        keys = {x: kernel_key(x) for x in set(k.names)}  # once per distinct name
+        rows += _rows([keys[x] for x in k.names], "gpu", k_in, k_dur, k_dur, n)
     for r in rows:
         r["pct_of_step"] = 100 * r["self_us_per_step"] / step_time_us if step_time_us else None
     rows.sort(key=lambda r: (-r["self_us_per_step"], r["name"]))

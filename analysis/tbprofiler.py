@@ -117,15 +117,11 @@ class TbAccumulator:
 
     def add(self, events: list[Event]) -> None:
         kinds, cpu, linked = self.kinds, self.cpu, self.linked
-        for e in events:
-            if e.ph != "X":
-                continue
-            cat = e.cat
-            kind = kinds.get(cat, -1)
-            if kind == -1:
-                kind = kinds[cat] = _TYPE.get(cat.lower())
-            if kind is None:
-                continue
+        for cat in {e.cat for e in events}.difference(kinds):
+            kinds[cat] = _TYPE.get(cat.lower())
+        keep = {cat for cat, kind in kinds.items() if kind is not None}
+        for e in [e for e in events if e.cat in keep and e.ph == "X"]:  # most events are dropped
+            kind = kinds[e.cat]
             name, ts = e.name, e.ts
             end = ts + e.dur
             if kind == _ANN:
