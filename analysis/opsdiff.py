@@ -29,6 +29,8 @@ def load_run_with_traces(run: Path) -> dict[str, Any]:
     if (run / "run.json").is_file():
         entry = load_run(run)
         trace_dir = run / "traces"
+    elif run.is_dir() and any(run.glob("*/run.json")):
+        raise AnalysisError(run, "is a folder of runs", "pass one run folder, e.g. RUNS/<run_id>")
     elif run.is_dir():
         entry = {"run_id": run.name, "path": str(run), "warnings": [], "phases_per_rank_s": []}
         trace_dir = run

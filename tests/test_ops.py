@@ -101,6 +101,9 @@ def test_run_without_traces_is_one_line(ddp_mlp_run, tmp_path, capsys):
         assert main(argv) == 2
         err = capsys.readouterr().err.strip()
         assert err.count("\n") == 0 and "has no traces" in err and str(bare) in err, err
+    assert main(["ops", str(ddp_mlp_run.parent)]) == 2  # the runs folder, not one run
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "is a folder of runs" in err, err
 
 
 def test_different_workloads_warn_naming_the_difference(single_mlp_run, tmp_path):
