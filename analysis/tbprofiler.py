@@ -7,7 +7,9 @@ overall_parser.py `aggregate`, run_generator.py `_generate_overlap_graph`), quir
 are listed in docs/analysis.md §4a. dpscope's own compute/comm/overlap (rank.py) deliberately
 differ: this module exists only so the two tools' figures can be compared like for like.
 
-Events are fed chunk by chunk (`TbAccumulator.add`), as classify.py does for the rest.
+classify.py feeds it chunk by chunk from its own buckets, so no event is looked at twice: kernels
+with the ids classify already decoded (`add_kernels`), the few host-side events whose role needs
+their name (`add_host`), and at the end the bulk of plain CPU operators as arrays (`finish`).
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ import numpy as np
 from analysis.intervals import clip, intersection_us, merge, total_us
 from analysis.loader import Event
 
-__all__ = ["TB_COMM_NAMES", "TbAccumulator", "TbRoles", "tb_split"]
+__all__ = ["NO_ID", "TB_COMM_NAMES", "TbAccumulator", "TbRoles", "tb_split"]
 
 # trace.py NcclOpNameSet + GlooOpNameSet: exact names, nothing else is a collective to tb-profiler
 # (no all_to_all, no _all_gather_base, no *_coalesced, no mpi/ucc).
@@ -44,7 +46,7 @@ _TYPE = {
     "gpu_memset": _DEVICE,
     "runtime": _RUNTIME,  # only the old `Runtime` category: Kineto's `cuda_runtime` is dropped
 }
-_NO_ID = -(1 << 62)  # an absent id: tb-profiler keys it as None, which still matches other Nones
+NO_ID = -(1 << 62)  # an absent id: tb-profiler keys it as None, which still matches other Nones
 
 
 class _Ids(msgspec.Struct, gc=False):
@@ -63,7 +65,7 @@ def _ids(e: Event) -> tuple[int, int]:
     except msgspec.DecodeError:
         a = _Ids()
     ext = a.external_lc if a.external_lc is not None else a.external
-    return (_NO_ID if ext is None else ext), (_NO_ID if a.correlation is None else a.correlation)
+    return (NO_ID if ext is None else ext), (NO_ID if a.correlation is None else a.correlation)
 
 
 _DATALOADER = ("enumerate(DataLoader)#", "enumerate(DataPipe)#")
@@ -115,7 +117,21 @@ class TbAccumulator:
             default=np.inf,
         )
 
-    def add(self, events: list[Event]) -> None:
+    def add_kernels(self, events: list[Event], ext_ids: list[int], corrs: list[int]) -> None:
+        """GPU activities with their (external id, correlation id); absent ids as `NO_ID`."""
+        kinds = self.kinds
+        for e, ext, corr in zip(events, ext_ids, corrs, strict=True):
+            kind = kinds.get(e.cat, -1)
+            if kind == -1:
+                kind = kinds[e.cat] = _TYPE.get(e.cat.lower())
+            if kind == _KERNEL:
+                self.kernel.append((e.ts, e.ts + e.dur))
+                self.kernel_ext.append(ext)
+            if kind == _KERNEL or kind == _DEVICE:
+                self.linked.append((0, e.ts, e.ts + e.dur, corr))
+
+    def add_host(self, events: list[Event]) -> None:
+        """Any other events: those tb-profiler drops are skipped here."""
         kinds, cpu, linked = self.kinds, self.cpu, self.linked
         for cat in {e.cat for e in events}.difference(kinds):
             kinds[cat] = _TYPE.get(cat.lower())
@@ -154,14 +170,17 @@ class TbAccumulator:
             else:
                 cpu.append((ts, end))
 
-    def finish(self, origin: float) -> TbRoles:
+    def finish(self, origin: float, ops_start: np.ndarray, ops_end: np.ndarray) -> TbRoles:
+        """Roles and steps relative to `origin`; `ops_*` (already relative) are plain CPU
+        operators (`cpu_op`, none of the names add_host looks at): all CpuOp role."""
         kernel = np.array(self.kernel, dtype=np.float64).reshape(-1, 2)
         is_comm = np.isin(np.array(self.kernel_ext, np.int64), list(self.comm_ids))
         comm = np.concatenate([np.array(self.comm).reshape(-1, 2), kernel[is_comm]])
-        cpu = np.array(self.cpu).reshape(-1, 2)
+        ops = np.column_stack([ops_start + origin, ops_end + origin])
+        cpu = np.concatenate([np.array(self.cpu).reshape(-1, 2), ops])
         steps = list(self.steps)
-        if not steps and (self.host or self.cpu):  # one step over the host-side events
-            host = np.array(self.host + self.cpu)
+        host = np.concatenate([np.array(self.host).reshape(-1, 2), cpu])
+        if not steps and host.size:  # one step over the host-side events
             steps = [(float(host[:, 0].min()), float(host[:, 1].max()))]
         if self.has_runtime:
             steps = _device_steps(steps, self.linked)
