@@ -226,7 +226,10 @@ def _parser() -> argparse.ArgumentParser:
     r = sub.add_parser("runs", help="compare run folders (speedup, memory, accuracy, comm)")
     r.add_argument("runs_dirs", type=Path, nargs="+", metavar="RUNS_DIR")
     r.add_argument("--no-traces", action="store_true", help="skip trace analysis")
-    for s in (t, r):
+    from analysis.project_cli import add_parser
+
+    j = add_parser(sub)
+    for s in (t, r, j):
         s.add_argument("--json", type=Path, default=None, metavar="OUT", help="write JSON here")
         s.add_argument("--no-progress", action="store_true", help="no progress bar")
     return p
@@ -236,16 +239,22 @@ def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     progress = not args.no_progress
     try:
-        if args.command == "traces":
+        if args.command == "project":
+            from analysis.project_cli import print_projection, run
+
+            result, show = run(args), print_projection
+        elif args.command == "traces":
             from analysis.traces import analyze_trace_dir
 
             result = analyze_trace_dir(args.trace_dir, workers=args.workers, progress=progress)
+            show = print_traces
         else:
             from analysis.runs import compare_runs
 
             result = compare_runs(args.runs_dirs, progress=progress, traces=not args.no_traces)
+            show = print_runs
         _write_json(result, args.json)  # before the tables: a closed pipe must not lose it
-        (print_traces if args.command == "traces" else print_runs)(result)
+        show(result)
         if args.json is not None:
             print(f"wrote {args.json}")
     except AnalysisError as err:

@@ -131,7 +131,9 @@ def load_comm_run(run_dir: Path) -> dict:
     try:
         rec = json.loads(run_json.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
-        raise AnalysisError(run_json, f"unreadable ({err})", "pass a `make bench-comm` run folder")
+        raise AnalysisError(
+            run_json, f"unreadable ({err})", "pass a `make bench-comm` run folder"
+        ) from None
     if not isinstance(rec, dict) or rec.get("kind") != "comm":
         raise AnalysisError(run_json, "is not a comm run", "pass a `make bench-comm` run folder")
     csv = run_dir / "comm.csv"
