@@ -85,8 +85,11 @@ def unprofiled_steps(steps: pd.DataFrame, config: dict) -> pd.DataFrame:
     return steps[(steps["warmup"] == 0) & ~profiled]
 
 
-def load_training(run_dir: Path, *, traces: bool = True) -> dict:
-    """A training run's projection inputs; AnalysisError (one line) when it cannot be projected."""
+def load_training(run_dir: Path, *, traces: bool = True, trace: dict | None = None) -> dict:
+    """A training run's projection inputs; AnalysisError (one line) when it cannot be projected.
+
+    A DDP run's traces are analysed for its exposed communication (`traces=False`: not read;
+    `trace`: an already computed traces JSON of this run)."""
     run_dir = Path(run_dir)
     run_json = run_dir / "run.json"
     if is_comm_run(run_dir):
@@ -153,18 +156,21 @@ def load_training(run_dir: Path, *, traces: bool = True) -> dict:
             "has neither metrics.ddp bucket sizes nor metrics.param_grad_bytes",
             "re-run it with the current trainer",
         )
-    if run["mode"] == "ddp" and run["world_size"] > 1 and traces:
-        _subtract_traced_comm(run, run_dir)
+    if run["mode"] == "ddp" and run["world_size"] > 1:
+        if traces:
+            _subtract_traced_comm(run, run_dir, trace)
+        else:
+            warnings.append("traces not read: backward taken as all compute (incl. its comm wait)")
     return run
 
 
-def _subtract_traced_comm(run: dict, run_dir: Path) -> None:
+def _subtract_traced_comm(run: dict, run_dir: Path, trace: dict | None) -> None:
     """A DDP run's backward includes waiting for its all-reduces; take out the exposed part the
     traces measured, so compute is compute (the replay then re-adds the *modelled* exposure)."""
     from analysis.traces import analyze_trace_dir
 
     try:
-        trace = analyze_trace_dir(run_dir / "traces", progress=False)
+        trace = trace or analyze_trace_dir(run_dir / "traces", progress=False)
     except AnalysisError as err:
         run["warnings"].append(f"{err} — backward taken as all compute")
         return
@@ -175,6 +181,10 @@ def _subtract_traced_comm(run: dict, run_dir: Path) -> None:
     run["traced_exposed_comm_s"] = float(np.mean(exposed)) / 1e6
     bwd = run["phases_s"]["backward"]
     run["backward_compute_s"] = max(0.1 * bwd, bwd - run["traced_exposed_comm_s"])
+    if run["backward_compute_s"] == 0.1 * bwd:
+        run["warnings"].append(
+            "traced exposed comm exceeds 90% of backward: backward compute floored at 10%"
+        )
 
 
 def _allreduce_us(nbytes: float, n: int, gpn: int, intra: dict, inter_gbps: float) -> float:
@@ -269,14 +279,19 @@ def project(
     measured: list[Path] = (),
     batch_runs: list[Path] = (),
     traces: bool = True,
+    wire_bytes_factor: float | None = None,
+    trace: dict | None = None,
 ) -> dict:
-    """The projection JSON for RUN at each n in `ranks` (see the module docstring)."""
+    """The projection JSON for RUN at each n in `ranks` (see the module docstring).
+
+    `wire_bytes_factor` overrides the bytes on the wire per gradient byte (default: 0.5 when RUN
+    used the fp16/bf16 comm hook, else 1), e.g. 0.5 to ask what the fp16 hook would give."""
     if not ranks or any(n < 1 for n in ranks):
         raise AnalysisError("--ranks", f"got {ranks}", "every world size must be >= 1")
     if gpus_per_node < 1:
         raise AnalysisError("--gpus-per-node", f"got {gpus_per_node}", "pass a count >= 1")
     inter_gbps = _inter_gbps(inter_node)
-    run = load_training(run_dir, traces=traces)
+    run = load_training(run_dir, traces=traces, trace=trace)
     comm = load_comm_run(comm_dir)
     asked = backend or (run["backend"] if run["mode"] == "ddp" else comm["backend"])
     if comm["backend"] != asked:
@@ -289,7 +304,7 @@ def project(
         raise AnalysisError(comm_dir, "has no all_reduce fit", "re-run make bench-comm")
     model = comm["models"]["all_reduce"]
     scaling = scaling or run["scaling"]
-    wire = 0.5 if run["comm_hook"] in ("fp16", "bf16") else 1.0
+    wire = wire_bytes_factor or (0.5 if run["comm_hook"] in ("fp16", "bf16") else 1.0)
     warnings = list(run["warnings"])
     big = [b for b in run["buckets_bytes"] if b * wire > model["bytes_max"]]
     if big:
@@ -321,11 +336,8 @@ def project(
         p["speedup"] = p["samples_per_s"] / base["samples_per_s"]
         p["scaling_efficiency"] = p["speedup"] / n
         preds.append(p)
-    replay = _check(run, run, kw)
-    checks = []
-    for d in measured:
-        m = load_training(d, traces=False)
-        checks.append(_check(run, m, kw))
+    replay = _check(run, run, kw, base)
+    checks = [_check(run, load_training(d, traces=False), kw, base) for d in measured]
     return {
         "schema_version": 1,
         "run_id": run["run_id"],
@@ -365,9 +377,11 @@ def project(
     }
 
 
-def _check(run: dict, target: dict, kw: dict) -> dict:
-    """Projection of `run` at `target`'s world size vs `target`'s measured unprofiled step time."""
+def _check(run: dict, target: dict, kw: dict, base: dict) -> dict:
+    """Projection of `run` at `target`'s world size vs `target`'s measured unprofiled step time;
+    `measured_scaling_efficiency` divides by the same projected n = 1 throughput as predictions."""
     n = target["world_size"]
+    measured_sps = target["global_batch"] / target["step_time_s"]
     p = _predict(run, n, **kw)
     err = 100 * (p["step_time_s"] - target["step_time_s"]) / target["step_time_s"]
     note = None
@@ -385,6 +399,8 @@ def _check(run: dict, target: dict, kw: dict) -> dict:
         "measured_step_time_s": target["step_time_s"],
         "predicted_step_time_s": p["step_time_s"],
         "error_pct": err,
+        "measured_samples_per_s": measured_sps,
+        "measured_scaling_efficiency": measured_sps / base["samples_per_s"] / n,
         "note": note,
     }
 
