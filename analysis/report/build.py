@@ -23,6 +23,7 @@ from tqdm import tqdm
 
 from analysis.report import figures
 from analysis.report.findings import THRESHOLDS, findings
+from analysis.report.projection import projection_context
 from analysis.report.tables import Table, all_tables, fmt, unique_labels
 from analysis.report.tune import tune_sections
 
@@ -179,6 +180,7 @@ def write_report(data: dict[str, Any], out_dir: Path, *, progress: bool = True) 
             labels=unique_labels(data.get("runs", [])),
             findings=found,
             figures=figs,
+            projection=projection_context(data),
             thresholds=THRESHOLDS,
             tunes=tune_sections(data),
             n_runs=len(data.get("runs", [])) + len(data.get("skipped", [])),
