@@ -257,6 +257,8 @@ def _write_results(
 
 def launch(args: argparse.Namespace) -> int:
     """Plan with the launcher's validation, write the run folder, start the ranks under torchrun."""
+    if args.nproc is not None and args.nproc < 1:  # 0 would fall back to the default count
+        raise LaunchError(f"--nproc must be >= 1; got {args.nproc}")
     plan = validate("ddp", args.backend, nproc=args.nproc, device=args.device)
     use_cuda = plan.devices[0].startswith("cuda")
     max_bytes = args.max_bytes or (64 * MIB if use_cuda else 16 * MIB)
