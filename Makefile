@@ -127,3 +127,5 @@ bench-comm: setup
 	$(PY) -m workloads.bench_comm $(NPROC_FLAG) --backend $(BACKEND) --runs-dir $(RUNS) \
 	    --iters $(COMM_ITERS) --warmup $(COMM_WARMUP) $(if $(strip $(COMM_MAX)),--max-bytes $(COMM_MAX)) \
 	    $(if $(strip $(COMM_SIZES)),--sizes "$(COMM_SIZES)") $(ARGS)
+bench-projection: setup
+	$(PY) -m workloads.bench_projection --runs-dir $(RUNS)/bench-projection $(ARGS)

@@ -174,11 +174,17 @@ def _subtract_traced_comm(run: dict, run_dir: Path, trace: dict | None) -> None:
     except AnalysisError as err:
         run["warnings"].append(f"{err} — backward taken as all compute")
         return
-    exposed = [r["exposed_comm_us"] for r in trace["ranks"] if r["exposed_comm_us"] is not None]
-    if not exposed:
+    # Profiled steps run slower than the unprofiled ones used here, so the traced exposed comm is
+    # taken as a share of the traced step and scaled to the measured step (as the report does).
+    shares = [
+        r["exposed_comm_us"] / r["step_time_us_mean"]
+        for r in trace["ranks"]
+        if r.get("exposed_comm_us") is not None and r.get("step_time_us_mean")
+    ]
+    if not shares:
         run["warnings"].append("traces have no comm — backward taken as all compute")
         return
-    run["traced_exposed_comm_s"] = float(np.mean(exposed)) / 1e6
+    run["traced_exposed_comm_s"] = float(np.mean(shares)) * run["step_time_s"]
     bwd = run["phases_s"]["backward"]
     run["backward_compute_s"] = max(0.1 * bwd, bwd - run["traced_exposed_comm_s"])
     if run["backward_compute_s"] == 0.1 * bwd:

@@ -218,7 +218,12 @@ def test_replay_of_an_exact_ddp_run_is_exact(tmp_path):
     ddp_phases = dict(compute, backward=compute["backward"] + ar_s)
     ddp = _fake_run(tmp_path / "ddp", mode="ddp", n=2, phases=ddp_phases, buckets=[bucket])
     single = _fake_run(tmp_path / "single", mode="single", n=1, phases=compute, buckets=[bucket])
-    trace = {"ranks": [{"exposed_comm_us": ar_s * 1e6}, {"exposed_comm_us": ar_s * 1e6}]}
+    # traced (profiled) steps run 1.5x slower: the exposed share of the step is what carries over
+    traced = {
+        "exposed_comm_us": 1.5 * ar_s * 1e6,
+        "step_time_us_mean": 1.5 * sum(ddp_phases.values()) * 1e6,
+    }
+    trace = {"ranks": [traced, traced]}
     out = project(ddp, comm, [1, 2, 4], trace=trace)
     assert out["replay"]["error_pct"] == pytest.approx(0.0, abs=1e-6)
     by_n = {p["ranks"]: p for p in out["predictions"]}
