@@ -28,6 +28,7 @@ __all__ = [
     "COMM_COLUMNS",
     "collective_time_us",
     "fit_alpha_beta",
+    "with_measured_curve",
     "fit_all",
     "is_comm_run",
     "load_comm_run",
@@ -55,13 +56,40 @@ def ring_steps(collective: str, n: int) -> int:
 
 
 def collective_time_us(model: dict, nbytes: float, n: int) -> float:
-    """α–β time (µs) of one call moving `nbytes` over `n` ranks with a fitted `model`."""
+    """α–β time (µs) of one call moving `nbytes` over `n` ranks: steps(n)·α + factor(n)·bytes ÷ B,
+    B the fitted bus bandwidth, or B(bytes) from the model's measured `curve` when it has one."""
     if n < 2:
         return 0.0  # one rank: nothing to exchange
     factor = bus_factor(model["collective"], n) or 1.0
-    return ring_steps(model["collective"], n) * model["alpha_us"] + factor * nbytes / (
-        model["bus_gbps"] * 1e3
-    )
+    curve = model.get("curve")
+    if curve:  # log-log interpolation between benchmarked sizes, flat beyond them
+        x = np.log(curve["bytes"])
+        bw = float(np.exp(np.interp(np.log(max(nbytes, 1.0)), x, np.log(curve["bus_gbps"]))))
+    else:
+        bw = model["bus_gbps"]
+    return ring_steps(model["collective"], n) * model["alpha_us"] + factor * nbytes / (bw * 1e3)
+
+
+def with_measured_curve(model: dict, nbytes: np.ndarray, time_us: np.ndarray) -> dict:
+    """`model` plus `curve`: the bus bandwidth at each benchmarked size once the fitted latency is
+    taken out, B(s) = factor(n₀)·s ÷ (t(s) − steps(n₀)·α). At the benchmark's own n the model
+    then gives back the measured medians exactly (protocol and algorithm changes between sizes
+    included), and other n still follow the ring formulas."""
+    n0, name = model["world_size"], model["collective"]
+    x = np.asarray(nbytes, dtype=float)
+    t = np.asarray(time_us, dtype=float)
+    keep = (x > 0) & (t > 0) & np.isfinite(t)
+    x, t = x[keep], t[keep]
+    order = np.argsort(x)
+    x, t = x[order], t[order]
+    factor = bus_factor(name, n0) or 1.0
+    latency = ring_steps(name, n0) * model["alpha_us"]
+    # latency above the measured time (noise at tiny sizes): keep at least 1% as transfer time
+    transfer = np.maximum(t - latency, 0.01 * t)
+    return {
+        **model,
+        "curve": {"bytes": x.tolist(), "bus_gbps": (factor * x / transfer / 1e3).tolist()},
+    }
 
 
 def fit_alpha_beta(collective: str, n: int, nbytes: np.ndarray, time_us: np.ndarray) -> dict:

@@ -25,7 +25,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from analysis.comm import collective_time_us, is_comm_run, load_comm_run
+from analysis.comm import collective_time_us, is_comm_run, load_comm_run, with_measured_curve
 from analysis.errors import AnalysisError
 
 __all__ = [
@@ -287,11 +287,14 @@ def project(
     traces: bool = True,
     wire_bytes_factor: float | None = None,
     trace: dict | None = None,
+    bandwidth: str = "measured",
 ) -> dict:
     """The projection JSON for RUN at each n in `ranks` (see the module docstring).
 
     `wire_bytes_factor` overrides the bytes on the wire per gradient byte (default: 0.5 when RUN
-    used the fp16/bf16 comm hook, else 1), e.g. 0.5 to ask what the fp16 hook would give."""
+    used the fp16/bf16 comm hook, else 1), e.g. 0.5 to ask what the fp16 hook would give.
+    `bandwidth`: `measured` = α from the fit, bus bandwidth per message size from the benchmark
+    (analysis.comm.with_measured_curve); `fit` = the single fitted (α, B) pair."""
     if not ranks or any(n < 1 for n in ranks):
         raise AnalysisError("--ranks", f"got {ranks}", "every world size must be >= 1")
     if gpus_per_node < 1:
@@ -309,6 +312,12 @@ def project(
     if "all_reduce" not in comm["models"]:
         raise AnalysisError(comm_dir, "has no all_reduce fit", "re-run make bench-comm")
     model = comm["models"]["all_reduce"]
+    if bandwidth == "measured":
+        rows = pd.DataFrame(comm["rows"])
+        rows = rows[rows["collective"] == "all_reduce"]
+        model = with_measured_curve(model, rows["bytes"], rows["time_us_median"])
+    elif bandwidth != "fit":
+        raise AnalysisError("--bandwidth", f"got {bandwidth!r}", "use measured or fit")
     scaling = scaling or run["scaling"]
     wire = wire_bytes_factor or (0.5 if run["comm_hook"] in ("fp16", "bf16") else 1.0)
     warnings = list(run["warnings"])
@@ -371,11 +380,12 @@ def project(
             "comm_hook": run["comm_hook"],
             "wire_bytes_factor": wire,
             "all_reduce_model": model,
+            "bandwidth_source": bandwidth,
             "gpus_per_node": gpus_per_node,
             "inter_node_gbps": inter_gbps,
             "inter_node_alpha_us": INTER_NODE_ALPHA_US,
         },
-        "assumptions": _assumptions(scaling, run, gpus_per_node, inter_gbps, by_batch),
+        "assumptions": _assumptions(scaling, run, gpus_per_node, inter_gbps, by_batch, bandwidth),
         "replay": replay,
         "measured": checks,
         "predictions": preds,
@@ -411,7 +421,7 @@ def _check(run: dict, target: dict, kw: dict, base: dict) -> dict:
     }
 
 
-def _assumptions(scaling, run, gpn, inter_gbps, by_batch) -> list[str]:
+def _assumptions(scaling, run, gpn, inter_gbps, by_batch, bandwidth) -> list[str]:
     out = [
         f"{scaling} scaling: per-device batch "
         + ("global ÷ n" if scaling == "strong" else f"stays {run['per_device_batch']}"),
@@ -424,7 +434,12 @@ def _assumptions(scaling, run, gpn, inter_gbps, by_batch) -> list[str]:
         ),
         "gradients become ready during backward in proportion to their bytes (reverse layer order)",
         "buckets all-reduced one after another on one stream (DDP's reducer)",
-        f"ring all-reduce α–β model from the comm run inside a node of {gpn} ranks",
+        f"ring all-reduce α–β model from the comm run inside a node of {gpn} ranks; "
+        + (
+            "bus bandwidth per message size as benchmarked (busbw does not depend on n)"
+            if bandwidth == "measured"
+            else "one fitted bus bandwidth for every size"
+        ),
         f"between nodes: ring over {inter_gbps:g} Gb/s per node, α = {INTER_NODE_ALPHA_US:g} µs "
         "per step; hierarchical (intra all-reduce + inter all-reduce of the whole bucket)",
         "compute per rank does not change with n (no stragglers, no contention growth)",

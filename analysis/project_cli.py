@@ -43,6 +43,12 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
         default=[],
         help="single-device runs at other per-device batches (used instead of linear scaling)",
     )
+    p.add_argument(
+        "--bandwidth",
+        choices=("measured", "fit"),
+        default="measured",
+        help="bus bandwidth per message size as benchmarked (default) or the single α–β fit",
+    )
     p.add_argument("--no-traces", action="store_true", help="do not read a DDP RUN's traces")
     return p
 
@@ -106,4 +112,5 @@ def run(args: argparse.Namespace) -> dict:
         measured=args.measured,
         batch_runs=args.batch_runs,
         traces=not args.no_traces,
+        bandwidth=args.bandwidth,
     )

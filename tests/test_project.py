@@ -20,7 +20,7 @@ import pytest
 
 from analysis.cli import main as analysis_main
 from analysis.collectives import bus_factor
-from analysis.comm import COMM_COLUMNS, collective_time_us, fit_alpha_beta
+from analysis.comm import COMM_COLUMNS, collective_time_us, fit_alpha_beta, with_measured_curve
 from analysis.project import ddp_buckets, project, simulate_step, unprofiled_steps
 from analysis.runs import compare_runs
 from tests.conftest import REPO, read_run
@@ -111,6 +111,21 @@ def test_alpha_beta_fit_recovers_an_exact_model():
     model = {"collective": "all_reduce", "alpha_us": 5.0, "bus_gbps": 10.0}
     assert collective_time_us(model, 1e6, 4) == pytest.approx(6 * 5 + 1.5 * 100)
     assert collective_time_us(model, 1e6, 1) == 0.0
+
+
+def test_measured_curve_gives_the_benchmark_back():
+    """gloo jumps ~10x in time between 1 and 2 MiB (seen on this machine): one (α, B) pair cannot
+    follow that, the per-size bandwidth must give every benchmarked median back at its own n."""
+    sizes, times = [1024, 1 << 20, 1 << 21, 1 << 22], [100.0, 500.0, 5000.0, 10000.0]
+    fit = fit_alpha_beta("all_reduce", 2, sizes, times)
+    assert fit["fit_error_pct_max"] > 20  # the single fit is off somewhere
+    model = with_measured_curve(fit, sizes, times)
+    assert [collective_time_us(model, s, 2) for s in sizes] == pytest.approx(times)
+    assert 5000 < collective_time_us(model, 3e6, 2) < 10000  # between its neighbours
+    # other n: ring formulas, 2(n−1) latency steps and 2(n−1)/n of the bytes
+    bw = 1 / (model["curve"]["bus_gbps"][-1] * 1e3)
+    want = 6 * fit["alpha_us"] + 1.5 * (1 << 22) * bw
+    assert collective_time_us(model, 1 << 22, 4) == pytest.approx(want)
 
 
 def test_ddp_buckets_match_torch_and_the_real_reducer(ddp_mlp_run):
