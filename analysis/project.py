@@ -13,55 +13,33 @@ Model (docs/analysis.md, "Scaling projection"), per projected world size n:
   plus ring all-reduce between nodes over the inter-node link (bytes per node ÷ link bandwidth).
   Buckets run one after another on one stream; bucket k may start once backward has produced its
   gradients (at backward × its cumulative share of gradient bytes) and bucket k−1 is done.
-- step = compute + exposed communication (what is still running when backward compute ends).
+- straggler wait: the step waits for the slowest of n ranks, E[max of n independent draws] of
+  RUN's per-step compute minus the same at RUN's own n (zero for the replay).
+- step = compute + straggler wait + exposed communication (still running when backward ends).
 """
 
 from __future__ import annotations
 
 import json
-import math
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
-from analysis.comm import collective_time_us, is_comm_run, load_comm_run, with_measured_curve
+from analysis.comm import is_comm_run, load_comm_run, with_measured_curve
 from analysis.errors import AnalysisError
+from analysis.project_model import (
+    INTER_NODE_ALPHA_US,
+    allreduce_us,
+    ddp_buckets,
+    expected_max,
+    parse_inter_node,
+    simulate_step,
+)
 
-__all__ = [
-    "INTER_NODE_PRESETS",
-    "ddp_buckets",
-    "load_training",
-    "project",
-    "simulate_step",
-    "unprofiled_steps",
-]
+__all__ = ["load_training", "project", "straggler_s", "unprofiled_steps"]
 
 PHASES = ("data", "forward", "backward", "optimizer")
-INTER_NODE_PRESETS = {"25": 25.0, "100": 100.0, "200": 200.0, "400": 400.0}  # Gb/s per node
-INTER_NODE_ALPHA_US = 10.0  # per ring step between nodes: NIC + switch + software, an assumption
-FIRST_BUCKET_BYTES = 1024 * 1024  # torch.distributed._DEFAULT_FIRST_BUCKET_BYTES
-
-
-def ddp_buckets(param_bytes: list[int], bucket_cap_mb: float) -> list[int]:
-    """Bucket sizes (bytes) in gradient-ready order, as DDP's reducer assigns them.
-
-    Gradients become ready in reverse parameter order; a bucket closes once it holds at least its
-    limit (the parameter that crosses the limit stays in it); the first bucket's limit is 1 MiB,
-    later ones `bucket_cap_mb` MiB (torch.distributed._compute_bucket_assignment_by_size).
-    """
-    cap = int(bucket_cap_mb * 1024 * 1024)
-    limits = iter([FIRST_BUCKET_BYTES])
-    buckets, size = [], 0
-    limit = next(limits, cap)
-    for nbytes in reversed(param_bytes):
-        size += int(nbytes)
-        if size >= limit:
-            buckets.append(size)
-            size, limit = 0, next(limits, cap)
-    if size:
-        buckets.append(size)
-    return buckets
 
 
 def _profiled_from_schedule(steps: pd.Series, profile: dict) -> pd.Series:
@@ -139,6 +117,7 @@ def load_training(run_dir: Path, *, traces: bool = True, trace: dict | None = No
         "step_time_s": step,
         "phases_s": phases,
         "other_s": max(0.0, step - sum(phases.values())),
+        "step_samples_s": body["step_time_s"].to_numpy(dtype=float),
         "backward_compute_s": phases["backward"],
         "traced_exposed_comm_s": None,
         "warnings": warnings,
@@ -161,6 +140,7 @@ def load_training(run_dir: Path, *, traces: bool = True, trace: dict | None = No
             _subtract_traced_comm(run, run_dir, trace)
         else:
             warnings.append("traces not read: backward taken as all compute (incl. its comm wait)")
+    run["compute_s"] = step - phases["backward"] + run["backward_compute_s"]
     return run
 
 
@@ -185,6 +165,7 @@ def _subtract_traced_comm(run: dict, run_dir: Path, trace: dict | None) -> None:
         run["warnings"].append("traces have no comm — backward taken as all compute")
         return
     run["traced_exposed_comm_s"] = float(np.mean(shares)) * run["step_time_s"]
+    run["step_samples_s"] = run["step_samples_s"] * (1 - float(np.mean(shares)))
     bwd = run["phases_s"]["backward"]
     run["backward_compute_s"] = max(0.1 * bwd, bwd - run["traced_exposed_comm_s"])
     if run["backward_compute_s"] == 0.1 * bwd:
@@ -193,25 +174,13 @@ def _subtract_traced_comm(run: dict, run_dir: Path, trace: dict | None) -> None:
         )
 
 
-def _allreduce_us(nbytes: float, n: int, gpn: int, intra: dict, inter_gbps: float) -> float:
-    """Hierarchical all-reduce: ring inside a node (α–β of the comm run) plus, past one node,
-    ring between nodes where each node moves all `nbytes` through its link."""
-    if n <= gpn:
-        return collective_time_us(intra, nbytes, n)
-    nodes = math.ceil(n / gpn)
-    inter = 2 * (nodes - 1) * INTER_NODE_ALPHA_US + 2 * (nodes - 1) / nodes * nbytes / (
-        inter_gbps / 8 * 1e3
-    )
-    return collective_time_us(intra, nbytes, gpn) + inter
-
-
-def simulate_step(ready_s: list[float], comm_s: list[float], backward_s: float) -> float:
-    """End of the last bucket's all-reduce (s after backward starts): buckets one after another on
-    one stream, bucket k starting at max(its ready time, end of bucket k−1)."""
-    free = 0.0
-    for ready, dur in zip(ready_s, comm_s, strict=True):
-        free = max(ready, free) + dur
-    return free
+def straggler_s(run: dict, n: int) -> float:
+    """Extra step time from waiting for the slowest of n ranks: E[max of n] − E[max of RUN's n]
+    of RUN's per-step compute (a DDP run's samples already carry its own ranks' max)."""
+    x = run["step_samples_s"]
+    if x.size == 0 or n <= run["world_size"]:
+        return 0.0
+    return max(0.0, expected_max(x, n) - expected_max(x, run["world_size"]))
 
 
 def _compute(run: dict, batch: float, batch_runs: dict[int, dict]) -> tuple[dict, str]:
@@ -238,10 +207,12 @@ def _predict(run, n, *, scaling, comm_model, gpn, inter_gbps, batch_runs, wire) 
     sizes = [b * wire for b in run["buckets_bytes"]]
     total = sum(sizes)
     ready = list(np.cumsum(sizes) / total * ph["backward"]) if total else []
-    comm = [_allreduce_us(b, n, gpn, comm_model, inter_gbps) / 1e6 for b in sizes]
+    comm = [allreduce_us(b, n, gpn, comm_model, inter_gbps) / 1e6 for b in sizes]
     end = simulate_step(ready, comm, ph["backward"])
     exposed = max(0.0, end - ph["backward"]) if n > 1 else 0.0
-    step = compute + exposed
+    # the slowest rank's compute, scaled like the compute it stretches
+    wait = straggler_s(run, n) * compute / run["compute_s"] if n > 1 else 0.0
+    step = compute + wait + exposed
     global_batch = batch * n
     return {
         "ranks": n,
@@ -252,25 +223,10 @@ def _predict(run, n, *, scaling, comm_model, gpn, inter_gbps, batch_runs, wire) 
         "compute_s": compute,
         "comm_s": float(sum(comm)) if n > 1 else 0.0,
         "exposed_comm_s": exposed,
+        "straggler_s": wait,
         "exposed_comm_pct": 100 * exposed / step if step else 0.0,
         "samples_per_s": global_batch / step,
     }
-
-
-def _inter_gbps(value: str) -> float:
-    text = str(value).strip().lower().removesuffix("gbps").removesuffix("gb/s")
-    text = INTER_NODE_PRESETS.get(text, text)
-    try:
-        gbps = float(text)
-    except ValueError:
-        gbps = -1.0
-    if not gbps > 0:
-        raise AnalysisError(
-            "--inter-node",
-            f"{value!r} is not a preset or Gb/s",
-            "use 25, 100, 200, 400 or a number",
-        )
-    return gbps
 
 
 def project(
@@ -299,7 +255,7 @@ def project(
         raise AnalysisError("--ranks", f"got {ranks}", "every world size must be >= 1")
     if gpus_per_node < 1:
         raise AnalysisError("--gpus-per-node", f"got {gpus_per_node}", "pass a count >= 1")
-    inter_gbps = _inter_gbps(inter_node)
+    inter_gbps = parse_inter_node(inter_node)
     run = load_training(run_dir, traces=traces, trace=trace)
     comm = load_comm_run(comm_dir)
     asked = backend or (run["backend"] if run["mode"] == "ddp" else comm["backend"])
@@ -442,6 +398,7 @@ def _assumptions(scaling, run, gpn, inter_gbps, by_batch, bandwidth) -> list[str
         ),
         f"between nodes: ring over {inter_gbps:g} Gb/s per node, α = {INTER_NODE_ALPHA_US:g} µs "
         "per step; hierarchical (intra all-reduce + inter all-reduce of the whole bucket)",
-        "compute per rank does not change with n (no stragglers, no contention growth)",
+        "per-rank compute does not change with n (no contention growth); the step waits for the "
+        "slowest rank: E[max of n draws] of RUN's per-step compute, ranks independent",
     ]
     return out

@@ -69,13 +69,14 @@ def print_projection(result: dict) -> None:
     )
     print(
         f"{'n':>6} {'batch/dev':>10} {'step ms':>10} {'compute ms':>11} {'comm ms':>9} "
-        f"{'exposed ms':>11} {'exposed %':>10} {'samples/s':>11} {'speedup ×':>10} {'efficiency %':>13}"
+        f"{'straggler ms':>13} {'exposed ms':>11} {'exposed %':>10} {'samples/s':>11} {'speedup ×':>10} {'efficiency %':>13}"
     )
     for p in result["predictions"]:
         print(
             f"{p['ranks']:>6} {p['per_device_batch']:>10.4g} {p['step_time_s'] * 1e3:>10.2f} "
             f"{p['compute_s'] * 1e3:>11.2f} {p['comm_s'] * 1e3:>9.2f} "
-            f"{p['exposed_comm_s'] * 1e3:>11.2f} {p['exposed_comm_pct']:>10.1f} "
+            f"{p['straggler_s'] * 1e3:>13.2f} {p['exposed_comm_s'] * 1e3:>11.2f} "
+            f"{p['exposed_comm_pct']:>10.1f} "
             f"{p['samples_per_s']:>11,.1f} {p['speedup']:>10.2f} {100 * p['scaling_efficiency']:>13.1f}"
         )
     r = result["replay"]

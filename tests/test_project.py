@@ -21,7 +21,8 @@ import pytest
 from analysis.cli import main as analysis_main
 from analysis.collectives import bus_factor
 from analysis.comm import COMM_COLUMNS, collective_time_us, fit_alpha_beta, with_measured_curve
-from analysis.project import ddp_buckets, project, simulate_step, unprofiled_steps
+from analysis.project import project, unprofiled_steps
+from analysis.project_model import ddp_buckets, expected_max, simulate_step
 from analysis.runs import compare_runs
 from tests.conftest import REPO, read_run
 
@@ -152,6 +153,13 @@ def test_bucket_simulation_by_hand():
     assert simulate_step([1.0, 1.2], [0.5, 3.0], 2.0) == pytest.approx(4.5)
 
 
+def test_expected_max_by_hand():
+    # two equally likely values 1 and 2: max of two draws is 1 only when both are 1 (1/4)
+    assert expected_max(np.array([2.0, 1.0]), 2) == pytest.approx(1 * 0.25 + 2 * 0.75)
+    assert expected_max(np.array([2.0, 1.0]), 1) == pytest.approx(1.5)
+    assert expected_max(np.full(7, 3.0), 64) == pytest.approx(3.0)  # no spread, no wait
+
+
 def test_unprofiled_steps_from_schedule_and_column():
     steps = pd.DataFrame({"step": range(8), "warmup": [1, 1, 0, 0, 0, 0, 0, 0]})
     config = {"profile": {"enabled": True, "wait": 1, "warmup": 1, "active": 3, "repeat": 1}}
@@ -265,7 +273,9 @@ def test_project_real_ddp_run_prints_replay_error(ddp_mlp_run, comm_run, tmp_pat
     fields = {"step_time_s", "compute_s", "comm_s", "exposed_comm_s", "samples_per_s"}
     for p in result["predictions"]:
         assert fields | {"speedup", "scaling_efficiency", "ranks"} <= set(p)
-        assert p["step_time_s"] == pytest.approx(p["compute_s"] + p["exposed_comm_s"])
+        assert p["step_time_s"] == pytest.approx(
+            p["compute_s"] + p["straggler_s"] + p["exposed_comm_s"]
+        )
         assert 0 <= p["exposed_comm_s"] <= p["comm_s"] + 1e-12
     assert result["replay"]["ranks"] == 2 and np.isfinite(result["replay"]["error_pct"])
     assert result["inputs"]["traced_exposed_comm_s"] is not None  # taken out of backward
