@@ -265,6 +265,13 @@ def project(
             f"benchmarks {comm['backend']}, not the {asked} asked for",
             f"pass a comm run made with BACKEND={asked}",
         )
+    if comm["status"] != "ok" or int(comm["world_size"] or 0) < 2:
+        raise AnalysisError(
+            comm_dir,
+            f"is not a finished benchmark over >= 2 ranks (status {comm['status']}, "
+            f"{comm['world_size']} rank(s): nothing was transferred)",
+            "run make bench-comm with NPROC >= 2",
+        )
     if "all_reduce" not in comm["models"]:
         raise AnalysisError(comm_dir, "has no all_reduce fit", "re-run make bench-comm")
     model = comm["models"]["all_reduce"]
@@ -281,7 +288,8 @@ def project(
     if big:
         warnings.append(
             f"buckets of {', '.join(map(str, big))} B exceed the largest benchmarked size "
-            f"({model['bytes_max']} B): extrapolated with the α–β fit"
+            f"({model['bytes_max']} B): extrapolated "
+            + ("with the α–β fit" if bandwidth == "fit" else "at the largest size's bandwidth")
         )
     if any(n > gpus_per_node and n % gpus_per_node for n in ranks):
         warnings.append(

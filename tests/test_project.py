@@ -222,7 +222,12 @@ def _fake_comm(path: Path, *, alpha_us: float, bus_gbps: float, backend: str = "
             )
         )  # fmt: skip
     pd.DataFrame(rows, columns=COMM_COLUMNS).to_csv(path / "comm.csv", index=False)
-    rec = {"kind": "comm", "run_id": path.name, "status": "ok", "config": {"backend": backend}}
+    rec = {
+        "kind": "comm",
+        "run_id": path.name,
+        "status": "ok",
+        "config": {"backend": backend, "world_size": 2},
+    }
     (path / "run.json").write_text(json.dumps(rec))
     return path
 
@@ -304,6 +309,12 @@ def test_project_bad_input_is_one_line(tmp_path, comm_run, single_mlp_run, capsy
     steps.to_csv(profiled / "steps.csv", index=False)
     line = _error_line(["project", str(profiled), "--comm", str(comm_run)], capsys)
     assert "no unprofiled measured step" in line
+    one = _fake_comm(tmp_path / "one-rank", alpha_us=5, bus_gbps=50)
+    rec = json.loads((one / "run.json").read_text())
+    (one / "run.json").write_text(
+        json.dumps({**rec, "config": {"backend": "gloo", "world_size": 1}})
+    )
+    assert "nothing was transferred" in _error_line([*run, str(one)], capsys)
     line = _error_line([*run, str(comm_run), "--inter-node", "fast"], capsys)
     assert "--inter-node" in line
 
