@@ -106,11 +106,22 @@ def _findings(projections: list[dict]) -> list[dict]:
             out.append({"severity": severity, "text": text + "."})
         low = next((x for x in p["predictions"] if x["scaling_efficiency"] < 0.5), None)
         if low is not None:
+            if low["straggler_s"] > low["exposed_comm_s"]:
+                cause = (
+                    f"waiting for the slowest rank ({1e3 * low['straggler_s']:.1f} ms per step, "
+                    f"from the measured step-time spread) costs more than exposed communication "
+                    f"({1e3 * low['exposed_comm_s']:.1f} ms)"
+                )
+            else:
+                cause = (
+                    f"exposed communication ({1e3 * low['exposed_comm_s']:.1f} ms per step) "
+                    "gives way first"
+                )
             out.append(
                 {
                     "severity": "warn",
-                    "text": f"{p['run_id']} (comm {p['comm_run_id']}): projected efficiency drops below 50% at "
-                    f"{low['ranks']} ranks — communication gives way first.",
+                    "text": f"{p['run_id']} (comm {p['comm_run_id']}): projected efficiency drops "
+                    f"below 50% at {low['ranks']} ranks: {cause}.",
                 }
             )
         checks = [("replay of", r) for r in p.get("replays", [])]
