@@ -1,5 +1,5 @@
 """The projection's arithmetic: DDP's bucket assignment, the hierarchical all-reduce time, the
-bucket/backward overlap and the straggler term (definitions: docs/analysis.md §8). Pure
+bucket/backward overlap and the straggler term (definitions: docs/analysis.md §9). Pure
 functions over numbers; analysis/project.py feeds them a run's measurements."""
 
 from __future__ import annotations
