@@ -171,6 +171,11 @@ def load_comm_run(run_dir: Path) -> dict:
         raise AnalysisError(csv, f"unreadable ({err})", "re-run `make bench-comm`") from None
     if list(rows.columns) != COMM_COLUMNS:
         raise AnalysisError(csv, "has other columns than comm.csv's", "re-run `make bench-comm`")
+    numeric = COMM_COLUMNS[2:]
+    try:
+        rows[numeric] = rows[numeric].apply(pd.to_numeric)
+    except (ValueError, TypeError):
+        raise AnalysisError(csv, "has non-numeric values", "re-run `make bench-comm`") from None
     config = rec.get("config") or {}
     return {
         "run_id": rec.get("run_id", run_dir.name),

@@ -69,7 +69,12 @@ def comm_and_projections(comm_dirs: list[Path], runs: list[dict]) -> dict:
                 result["fp16_exposed_comm_pct"] = _fp16_share(
                     Path(source["path"]), Path(c["path"]), result
                 )
-            except AnalysisError as err:
+            except (
+                AnalysisError,
+                ValueError,
+                KeyError,
+                TypeError,
+            ) as err:  # one bad input, one line
                 skipped.append({"path": source["path"], "reason": str(err)})
                 continue
             result["replays"] = []
@@ -82,7 +87,7 @@ def comm_and_projections(comm_dirs: list[Path], runs: list[dict]) -> dict:
                         trace=r.get("trace"),
                         traces=r.get("trace") is not None,
                     )
-                except AnalysisError as err:
+                except (AnalysisError, ValueError, KeyError, TypeError) as err:
                     skipped.append({"path": r["path"], "reason": str(err)})
                     continue
                 result["replays"].append({**own["replay"], "warnings": own["warnings"]})

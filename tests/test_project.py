@@ -359,3 +359,16 @@ def test_threads_reach_torch_and_train_argv():
     assert ns.threads == 3
     with pytest.raises(ValueError, match="--threads must be >= 0"):
         TrainConfig(threads=-1)
+
+
+def test_a_damaged_comm_run_is_one_skipped_line(tmp_path, comm_run, single_mlp_run):
+    for d in (comm_run, single_mlp_run):
+        shutil.copytree(d, tmp_path / d.name)
+    csv_path = tmp_path / comm_run.name / "comm.csv"
+    lines = csv_path.read_text().splitlines()
+    lines[1] = lines[1].replace(",gloo,2,", ",gloo,two,")
+    csv_path.write_text("\n".join(lines) + "\n")
+    data = compare_runs([tmp_path], progress=False, traces=False)
+    assert [r["run_id"] for r in data["runs"]] == ["single-mlp"] and data["comm"] == []
+    (skip,) = data["projection_skipped"]
+    assert "non-numeric values" in skip["reason"]
