@@ -372,3 +372,25 @@ def test_a_damaged_comm_run_is_one_skipped_line(tmp_path, comm_run, single_mlp_r
     assert [r["run_id"] for r in data["runs"]] == ["single-mlp"] and data["comm"] == []
     (skip,) = data["projection_skipped"]
     assert "non-numeric values" in skip["reason"]
+
+
+def test_strong_scaling_is_linear_in_batch_unless_a_run_at_that_batch_is_given(tmp_path):
+    comm = _fake_comm(tmp_path / "comm", alpha_us=50.0, bus_gbps=2.0)
+    phases = {"data": 0.002, "forward": 0.008, "backward": 0.016, "optimizer": 0.004}
+    big = _fake_run(
+        tmp_path / "b64", mode="single", n=1, phases=phases, buckets=[1000], per_device_batch=64
+    )
+    half = {"data": 0.0015, "forward": 0.005, "backward": 0.011, "optimizer": 0.004}
+    small = _fake_run(
+        tmp_path / "b32", mode="single", n=1, phases=half, buckets=[1000], per_device_batch=32
+    )
+    linear = project(big, comm, [2], scaling="strong")["predictions"][0]
+    assert linear["per_device_batch"] == 32 and linear["compute_source"] == "linear in batch"
+    assert linear["compute_s"] == pytest.approx((0.002 + 0.008 + 0.016) / 2 + 0.004)
+    measured = project(big, comm, [2], scaling="strong", batch_runs=[small])["predictions"][0]
+    assert measured["compute_source"] == "measured (b32)"
+    assert measured["compute_s"] == pytest.approx(sum(half.values()))
+    weak = project(big, comm, [2], scaling="weak")["predictions"][0]
+    assert weak["per_device_batch"] == 64 and weak["compute_s"] == pytest.approx(
+        sum(phases.values())
+    )
