@@ -31,6 +31,7 @@ from analysis.errors import AnalysisError
 from analysis.project_model import (
     INTER_NODE_ALPHA_US,
     allreduce_us,
+    assumptions,
     ddp_buckets,
     expected_max,
     parse_inter_node,
@@ -349,7 +350,7 @@ def project(
             "inter_node_gbps": inter_gbps,
             "inter_node_alpha_us": INTER_NODE_ALPHA_US,
         },
-        "assumptions": _assumptions(scaling, run, gpus_per_node, inter_gbps, by_batch, bandwidth),
+        "assumptions": assumptions(scaling, run, gpus_per_node, inter_gbps, by_batch, bandwidth),
         "replay": replay,
         "measured": checks,
         "predictions": preds,
@@ -383,30 +384,3 @@ def _check(run: dict, target: dict, kw: dict, base: dict) -> dict:
         "measured_scaling_efficiency": measured_sps / base["samples_per_s"] / n,
         "note": note,
     }
-
-
-def _assumptions(scaling, run, gpn, inter_gbps, by_batch, bandwidth) -> list[str]:
-    out = [
-        f"{scaling} scaling: per-device batch "
-        + ("global ÷ n" if scaling == "strong" else f"stays {run['per_device_batch']}"),
-        "data, forward and backward time linear in the per-device batch; optimizer and loop "
-        "remainder constant"
-        + (
-            f" (measured runs at batch {sorted(by_batch)} used where they match)"
-            if by_batch
-            else ""
-        ),
-        "gradients become ready during backward in proportion to their bytes (reverse layer order)",
-        "buckets all-reduced one after another on one stream (DDP's reducer)",
-        f"ring all-reduce α–β model from the comm run inside a node of {gpn} ranks; "
-        + (
-            "bus bandwidth per message size as benchmarked (busbw does not depend on n)"
-            if bandwidth == "measured"
-            else "one fitted bus bandwidth for every size"
-        ),
-        f"between nodes: ring over {inter_gbps:g} Gb/s per node, α = {INTER_NODE_ALPHA_US:g} µs "
-        "per step; hierarchical (intra all-reduce + inter all-reduce of the whole bucket)",
-        "per-rank compute does not change with n (no contention growth); the step waits for the "
-        "slowest rank: E[max of n draws] of RUN's per-step compute, ranks independent",
-    ]
-    return out

@@ -16,6 +16,7 @@ __all__ = [
     "INTER_NODE_ALPHA_US",
     "INTER_NODE_PRESETS",
     "allreduce_us",
+    "assumptions",
     "ddp_buckets",
     "expected_max",
     "parse_inter_node",
@@ -91,3 +92,33 @@ def parse_inter_node(value: str) -> float:
             "use 25, 100, 200, 400 or a number",
         )
     return gbps
+
+
+def assumptions(
+    scaling: str, run: dict, gpn: int, inter_gbps: float, by_batch: dict, bandwidth: str
+) -> list[str]:
+    """The projection's assumptions in words (printed and stored with every projection)."""
+    out = [
+        f"{scaling} scaling: per-device batch "
+        + ("global ÷ n" if scaling == "strong" else f"stays {run['per_device_batch']}"),
+        "data, forward and backward time linear in the per-device batch; optimizer and loop "
+        "remainder constant"
+        + (
+            f" (measured runs at batch {sorted(by_batch)} used where they match)"
+            if by_batch
+            else ""
+        ),
+        "gradients become ready during backward in proportion to their bytes (reverse layer order)",
+        "buckets all-reduced one after another on one stream (DDP's reducer)",
+        f"ring all-reduce α–β model from the comm run inside a node of {gpn} ranks; "
+        + (
+            "bus bandwidth per message size as benchmarked (busbw does not depend on n)"
+            if bandwidth == "measured"
+            else "one fitted bus bandwidth for every size"
+        ),
+        f"between nodes: ring over {inter_gbps:g} Gb/s per node, α = {INTER_NODE_ALPHA_US:g} µs "
+        "per step; hierarchical (intra all-reduce + inter all-reduce of the whole bucket)",
+        "per-rank compute does not change with n (no contention growth); the step waits for the "
+        "slowest rank: E[max of n draws] of RUN's per-step compute, ranks independent",
+    ]
+    return out
