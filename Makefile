@@ -114,3 +114,18 @@ tune-ddp: setup
 	    $(NPROC_FLAG) --backend $(BACKEND) --epochs $(EPOCHS) --max-steps $(TUNE_STEPS) \
 	    --trials $(TRIALS) --budget-s $(TUNE_BUDGET_S) $(if $(filter 1,$(TUNE_ACCUM)),--accum) \
 	    --candidates "$(TUNE_CANDIDATES)" --runs-dir $(RUNS) $(ARGS)
+
+# --- collective benchmark and scaling projection (issue 9) ----------------------------------
+# COMM_SIZES: explicit byte sizes ("1024 1048576"); else powers of 2 from 4 B to COMM_MAX bytes
+# (empty: 64 MiB on GPU, 16 MiB on CPU). COMM_ITERS timed iterations per size after COMM_WARMUP.
+COMM_SIZES  ?=
+COMM_MAX    ?=
+COMM_ITERS  ?= 20
+COMM_WARMUP ?= 5
+.PHONY: bench-comm bench-projection
+bench-comm: setup
+	$(PY) -m workloads.bench_comm $(NPROC_FLAG) --backend $(BACKEND) --runs-dir $(RUNS) \
+	    --iters $(COMM_ITERS) --warmup $(COMM_WARMUP) $(if $(strip $(COMM_MAX)),--max-bytes $(COMM_MAX)) \
+	    $(if $(strip $(COMM_SIZES)),--sizes "$(COMM_SIZES)") $(ARGS)
+bench-projection: setup
+	$(PY) -m workloads.bench_projection --runs-dir $(RUNS)/bench-projection $(ARGS)

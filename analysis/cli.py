@@ -228,8 +228,9 @@ def _parser() -> argparse.ArgumentParser:
     r.add_argument("runs_dirs", type=Path, nargs="+", metavar="RUNS_DIR")
     r.add_argument("--no-traces", action="store_true", help="skip trace analysis")
     from analysis import opscli  # `ops` and `diff`
+    from analysis.project_cli import add_parser
 
-    for s in (t, r, *opscli.add_parsers(sub)):
+    for s in (t, r, *opscli.add_parsers(sub), add_parser(sub)):
         s.add_argument("--json", type=Path, default=None, metavar="OUT", help="write JSON here")
         s.add_argument("--no-progress", action="store_true", help="no progress bar")
     return p
@@ -239,22 +240,26 @@ def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     progress = not args.no_progress
     try:
-        if args.command == "traces":
+        if args.command == "project":
+            from analysis.project_cli import print_projection, run
+
+            result, show = run(args), print_projection
+        elif args.command == "traces":
             from analysis.traces import analyze_trace_dir
 
             result = analyze_trace_dir(args.trace_dir, workers=args.workers, progress=progress)
-            printer = print_traces
+            show = print_traces
         elif args.command == "runs":
             from analysis.runs import compare_runs
 
             result = compare_runs(args.runs_dirs, progress=progress, traces=not args.no_traces)
-            printer = print_runs
+            show = print_runs
         else:
             from analysis import opscli
 
-            result, printer = opscli.run(args)
+            result, show = opscli.run(args)
         _write_json(result, args.json)  # before the tables: a closed pipe must not lose it
-        printer(result)
+        show(result)
         if args.json is not None:
             print(f"wrote {args.json}")
     except AnalysisError as err:

@@ -16,7 +16,9 @@ from typing import Any
 import pandas as pd
 from tqdm import tqdm
 
+from analysis.comm import is_comm_run
 from analysis.errors import AnalysisError
+from analysis.projection_runs import comm_and_projections
 from analysis.tune import is_tune_dir, load_tunes
 
 __all__ = ["SCHEMA_VERSION", "compare_runs", "find_run_dirs", "load_run"]
@@ -317,6 +319,8 @@ def compare_runs(paths: Sequence[Path], *, progress: bool = True, traces: bool =
     no run could be read at all; unreadable folders are listed under `skipped`.
     """
     run_dirs, skipped = find_run_dirs(paths)
+    comm_dirs = [d for d in run_dirs if is_comm_run(d)]  # `make bench-comm`: not a training run
+    run_dirs = [d for d in run_dirs if d not in comm_dirs]
     runs = []
     bar = tqdm(
         run_dirs, desc="runs", unit="run", leave=False, disable=not progress or len(run_dirs) < 2
@@ -333,7 +337,7 @@ def compare_runs(paths: Sequence[Path], *, progress: bool = True, traces: bool =
         runs.append(entry)
     tunes, tune_skipped = load_tunes(paths)
     skipped += tune_skipped
-    if not runs and not tunes:
+    if not runs and not tunes and not comm_dirs:
         where = ", ".join(map(str, paths)) or "(no paths)"
         raise AnalysisError(
             where, "no readable run folders", "run `make profile-all` first or pass the runs folder"
@@ -351,4 +355,5 @@ def compare_runs(paths: Sequence[Path], *, progress: bool = True, traces: bool =
         "groups": _groups(runs),
         "skipped": skipped,
         "tunes": tunes,
+        **comm_and_projections(comm_dirs, runs),
     }

@@ -77,6 +77,9 @@ class TrainConfig:
     )
     sync_bn: bool = _opt(False, "convert BatchNorm to SyncBatchNorm under ddp")
     num_workers: int = _opt(0, "DataLoader worker processes per rank")
+    threads: int = _opt(
+        0, "torch threads per rank (0 = CPU cores ÷ processes per node; GPU: torch's)"
+    )
     pin_memory: bool = _opt(False, "DataLoader pin_memory (useful with CUDA)")
     seed: int = _opt(0, "seed of model init and of the global data order (one run per seed)")
     warmup_steps: int = _opt(2, "first steps kept out of throughput (marked warmup=1 in steps.csv)")
@@ -124,6 +127,7 @@ class TrainConfig:
         for name in (
             "max_steps",
             "num_workers",
+            "threads",
             "warmup_steps",
             "dp_gpus",
             "lr",

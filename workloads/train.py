@@ -65,9 +65,12 @@ __all__ = ["evaluate", "main", "train"]
 FAIL_RANK_ENV, FAIL_STEP_ENV = "DPSCOPE_FAIL_RANK", "DPSCOPE_FAIL_STEP"
 
 
-def _set_threads(ctx: RunContext) -> int:
-    """CPU ranks share the cores evenly (cores // processes per node); GPU runs keep torch's default."""
-    if ctx.device.type == "cpu":
+def _set_threads(ctx: RunContext, threads: int = 0) -> int:
+    """`--threads N` wins; else CPU ranks share the cores evenly (cores // processes per node) and
+    GPU runs keep torch's default."""
+    if threads:
+        torch.set_num_threads(threads)
+    elif ctx.device.type == "cpu":
         torch.set_num_threads(max(1, cpu_cores() // ctx.local_world_size))
     return torch.get_num_threads()
 
@@ -170,7 +173,7 @@ def _forward_backward(
 def train(cfg: TrainConfig, ctx: RunContext, run_dir: Path) -> None:
     """Train, evaluate each epoch, and (rank 0) write steps.csv and run.json."""
     start = time.perf_counter()
-    threads = _set_threads(ctx)
+    threads = _set_threads(ctx, cfg.threads)
     use_cuda = ctx.device.type == "cuda"
     data = build_datasets(cfg.dataset, cfg.data_dir, download=cfg.download)
     global_batch, per_device = batch_split(cfg, ctx.replicas)
@@ -360,6 +363,13 @@ def _finish(
             "memory": [m for g in gathered for m in g["memory"]],
             "memory_after_first_step": [m for g in gathered for m in g["memory_after_first_step"]],
             "ddp": ddp_info,
+            # Per-parameter gradient bytes in model.parameters() order: what DDP's reducer buckets
+            # (analysis project computes a single-device run's buckets from it).
+            "param_grad_bytes": [
+                p.numel() * p.element_size()
+                for p in unwrap_model(model).parameters()
+                if p.requires_grad
+            ],
         },
         "eval": {"epochs": evals, "best": best_epoch(evals)},
         "traces": sorted(t for g in gathered for t in g["traces"]),

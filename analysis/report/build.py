@@ -24,6 +24,7 @@ from tqdm import tqdm
 from analysis.report import figures
 from analysis.report.findings import THRESHOLDS, findings
 from analysis.report.ops import ops_context
+from analysis.report.projection import projection_context
 from analysis.report.tables import Table, all_tables, fmt, unique_labels
 from analysis.report.tune import tune_sections
 
@@ -181,6 +182,7 @@ def write_report(data: dict[str, Any], out_dir: Path, *, progress: bool = True) 
             findings=found,
             figures=figs,
             ops=ops_context(data),
+            projection=projection_context(data),
             thresholds=THRESHOLDS,
             tunes=tune_sections(data),
             n_runs=len(data.get("runs", [])) + len(data.get("skipped", [])),
