@@ -8,8 +8,6 @@ code 2; per-file problems are printed as one line each while the good files are 
 from __future__ import annotations
 
 import argparse
-import contextlib
-import json
 import math
 import os
 import sys
@@ -19,6 +17,7 @@ from typing import Any
 import pandas as pd
 
 from analysis.errors import AnalysisError
+from profiler.atomic import write_json_atomic
 
 __all__ = ["main"]
 
@@ -47,14 +46,9 @@ def _write_json(result: dict, out: Path | None) -> None:
     AnalysisError line, never a traceback."""
     if out is None:
         return
-    tmp = out.with_name(f".{out.name}.tmp")
     try:
-        out.parent.mkdir(parents=True, exist_ok=True)
-        tmp.write_text(json.dumps(result, indent=2, allow_nan=False) + "\n", encoding="utf-8")
-        tmp.replace(out)
+        write_json_atomic(out, result)
     except OSError as err:
-        with contextlib.suppress(OSError):
-            tmp.unlink(missing_ok=True)
         raise AnalysisError(
             out, f"cannot write the JSON ({err.strerror})", "pass a writable file path to --json"
         ) from None

@@ -1,24 +1,21 @@
-"""The run record: atomic writers for run.json / steps.csv and the `env` block of run.json.
+"""The run record: the steps.csv columns and the `env` block of run.json.
 
 Field names follow docs/run-folder.md exactly; that document is the contract with `analysis/`.
-Writes go to a temp file in the same folder, are fsync'ed, then `os.replace`d over the target,
-so a reader (or a crash) never sees a half-written record.
+Records are written with profiler.atomic (temp file + fsync + os.replace, re-exported here), so a
+reader (or a crash) never sees a half-written record.
 """
 
 from __future__ import annotations
 
-import csv
-import io
-import json
 import os
 import platform
 import socket
 import sys
-import tempfile
 from pathlib import Path
-from typing import Any
 
 import torch
+
+from profiler.atomic import write_csv_atomic, write_json_atomic
 
 __all__ = [
     "SCHEMA_VERSION",
@@ -46,48 +43,6 @@ STEPS_COLUMNS: list[str] = [
     "rss_bytes",
     "cuda_allocated_bytes",
 ]
-
-
-# The process umask, read once at import (reading it means setting it, so not from threads).
-_UMASK = os.umask(0)
-os.umask(_UMASK)
-
-
-def _write_text_atomic(path: Path, text: str) -> None:
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    # Same folder as the target: os.replace is only atomic within one filesystem.
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        # mkstemp creates the file 0600; give the record the mode open() would (umask applied),
-        # so a run folder on a shared filesystem is as readable as its traces and logs.
-        os.chmod(tmp, 0o666 & ~_UMASK)
-        with os.fdopen(fd, "w", encoding="utf-8", newline="") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-
-
-def write_json_atomic(path: Path, obj: Any) -> None:
-    """Write `obj` as indented JSON to `path` atomically (temp file + fsync + os.replace)."""
-    _write_text_atomic(path, json.dumps(obj, indent=2, allow_nan=False) + "\n")
-
-
-def write_csv_atomic(path: Path, rows: list[dict], columns: list[str]) -> None:
-    """Write `rows` as CSV with exactly `columns` (in order) atomically; None becomes an empty cell.
-
-    A row with a key outside `columns` is a bug in the caller, so it raises ValueError.
-    """
-    buf = io.StringIO()
-    writer = csv.DictWriter(buf, fieldnames=columns, extrasaction="raise", lineterminator="\n")
-    writer.writeheader()
-    for row in rows:
-        writer.writerow({k: ("" if v is None else v) for k, v in row.items()})
-    _write_text_atomic(path, buf.getvalue())
 
 
 def _cpu_model() -> str:

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from profiler import record
+from profiler import atomic, record
 from tests.conftest import REPO
 
 
@@ -31,12 +31,33 @@ def test_write_json_atomic_replaces_and_leaves_no_temp(tmp_path: Path):
 
 
 @pytest.mark.skipif(os.name != "posix", reason="POSIX permission bits")
-def test_atomic_records_get_the_usual_file_mode(tmp_path: Path):
-    """Not mkstemp's private 0600: a run folder on a shared filesystem stays readable."""
-    record.write_json_atomic(tmp_path / "run.json", {"a": 1})
-    record.write_csv_atomic(tmp_path / "steps.csv", [], record.STEPS_COLUMNS)
-    for name in ("run.json", "steps.csv"):
-        assert stat.S_IMODE((tmp_path / name).stat().st_mode) == 0o666 & ~record._UMASK
+@pytest.mark.parametrize("umask", [0o022, 0o027, 0o077])
+def test_atomic_writes_get_the_umask_file_mode(tmp_path: Path, umask: int):
+    """Not mkstemp's private 0600: what open() would give under the process umask, so a run
+    folder or a report on a shared filesystem is as readable as the user's other files."""
+    old = os.umask(umask)
+    try:
+        record.write_json_atomic(tmp_path / "run.json", {"a": 1})
+        record.write_csv_atomic(tmp_path / "steps.csv", [], record.STEPS_COLUMNS)
+        atomic.write_text_atomic(tmp_path / "index.html", "<p>x</p>")
+        with atomic.atomic_path(tmp_path / "checkpoint.pt") as tmp:
+            tmp.write_bytes(b"x")
+    finally:
+        os.umask(old)
+    names = ["checkpoint.pt", "index.html", "run.json", "steps.csv"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == names  # no temp file left
+    for name in names:
+        assert stat.S_IMODE((tmp_path / name).stat().st_mode) == 0o666 & ~umask, name
+
+
+def test_atomic_path_keeps_the_old_file_when_the_writer_fails(tmp_path: Path):
+    target = tmp_path / "checkpoint.pt"
+    target.write_bytes(b"old")
+    with pytest.raises(RuntimeError), atomic.atomic_path(target) as tmp:
+        tmp.write_bytes(b"half")
+        raise RuntimeError("writer died")
+    assert target.read_bytes() == b"old"
+    assert [p.name for p in tmp_path.iterdir()] == ["checkpoint.pt"]
 
 
 def test_write_json_atomic_keeps_old_file_on_failure(tmp_path: Path):

@@ -10,7 +10,9 @@ import csv
 import gzip
 import json
 import math
+import os
 import shutil
+import stat
 import subprocess
 import sys
 from html.parser import HTMLParser
@@ -18,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from analysis.report import build_report
+from analysis.report import build_report, write_report
 from tests.conftest import REPO
 
 SECTIONS = [
@@ -270,6 +272,21 @@ def test_summary_json_and_csvs_hold_the_same_numbers(built):
         rows = {r["run_id"]: r for r in csv.DictReader(f)}
     for run in expected["runs"]:
         assert float(rows[run["run_id"]]["samples_per_s"]) == pytest.approx(run["samples_per_s"])
+
+
+@pytest.mark.skipif(os.name != "posix", reason="POSIX permission bits")
+def test_report_files_get_the_umask_file_mode(built, tmp_path):
+    """Report files are as readable as any file the user writes (0666 minus the umask), not
+    the temp file's private 0600: a report on a shared machine can be opened by the team."""
+    _, _, expected, _ = built
+    old = os.umask(0o027)
+    try:
+        files = write_report(expected, tmp_path / "out", progress=False)
+    finally:
+        os.umask(old)
+    written = sorted((tmp_path / "out").iterdir())
+    assert files.index_html in written and files.summary_json in written and files.csvs
+    assert {stat.S_IMODE(p.stat().st_mode) for p in written} == {0o640}
 
 
 def test_findings_come_from_rules_with_stated_thresholds(built):

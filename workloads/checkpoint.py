@@ -8,13 +8,13 @@ history, RNG) lives in one `LoopState`, saved next to the model and optimizer st
 from __future__ import annotations
 
 import json
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 from torch import nn
 
+from profiler.atomic import atomic_path
 from workloads.context import unwrap_model
 
 __all__ = ["LoopState", "load_checkpoint", "save_checkpoint"]
@@ -51,15 +51,14 @@ class LoopState:
 def save_checkpoint(
     path: Path, model: nn.Module, optimizer: torch.optim.Optimizer, state: LoopState
 ) -> None:
-    """Rank 0 only: {model: unwrapped state_dict, optimizer, loop} via temp file + os.replace."""
+    """Rank 0 only: {model: unwrapped state_dict, optimizer, loop}, written atomically."""
     payload = {
         "model": unwrap_model(model).state_dict(),
         "optimizer": optimizer.state_dict(),
         "loop": state.state_dict(),
     }
-    tmp = path.with_name(f".{path.name}.tmp")
-    torch.save(payload, tmp)
-    os.replace(tmp, path)
+    with atomic_path(path) as tmp:
+        torch.save(payload, tmp)
 
 
 def load_checkpoint(path: Path) -> dict:

@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -27,6 +25,7 @@ from analysis.report.ops import ops_context
 from analysis.report.projection import projection_context
 from analysis.report.tables import Table, all_tables, fmt, unique_labels
 from analysis.report.tune import tune_sections
+from profiler.atomic import write_text_atomic
 
 __all__ = ["ReportError", "ReportFiles", "build_report", "write_report"]
 
@@ -44,18 +43,6 @@ class ReportFiles:
     index_html: Path
     summary_json: Path
     csvs: list[Path] = field(default_factory=list)
-
-
-def _write_atomic(path: Path, text: str) -> None:
-    # Temp file in the same folder + os.replace: a reader never sees half a report.
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8", newline="") as f:
-            f.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 def _json_safe(obj: Any) -> Any:
@@ -196,7 +183,7 @@ def write_report(data: dict[str, Any], out_dir: Path, *, progress: bool = True) 
     try:
         out_dir.mkdir(parents=True, exist_ok=True)
         for name, text in files.items():
-            _write_atomic(out_dir / name, text)
+            write_text_atomic(out_dir / name, text)
     except OSError as exc:
         raise ReportError(
             f"cannot write the report into {out_dir}: {exc.strerror or exc}; pass another --out"
