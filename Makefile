@@ -8,6 +8,7 @@ VENV     ?= .venv
 PY       := $(VENV)/bin/python
 STAMP    := $(VENV)/.requirements.stamp
 
+# Paths (RUNS, REPORT_DIR) are quoted in the recipes, so a folder name may contain spaces.
 # --- workload ---------------------------------------------------------------------------
 # NPROC empty: the launcher's default, one DDP process per visible GPU (DP: every GPU), 2 on CPU.
 NPROC    ?=
@@ -33,7 +34,7 @@ PROFILE_FLAGS = --profile-wait $(PROF_WAIT) --profile-warmup $(PROF_WARMUP) \
                 --profile-active $(PROF_ACTIVE) --profile-repeat $(PROF_REPEAT)
 NPROC_FLAG = $(if $(strip $(NPROC)),--nproc $(NPROC))
 RUN_FLAGS = --model $(MODEL) --dataset $(DATASET) --epochs $(EPOCHS) --max-steps $(STEPS) \
-            --batch-size $(BATCH) --runs-dir $(RUNS) $(PROFILE_FLAGS)
+            --batch-size $(BATCH) --runs-dir "$(RUNS)" $(PROFILE_FLAGS)
 
 .PHONY: help setup profile-single profile-dp profile-ddp profile-all report demo tensorboard \
         bench-analysis gpu-check test lint format clean
@@ -65,25 +66,25 @@ profile-all: setup
 	@for s in $(SEEDS); do $(PY) -m workloads.launch --mode all $(NPROC_FLAG) --seed $$s $(RUN_FLAGS) $(ARGS) || exit $$?; done
 
 report: setup
-	$(PY) -m analysis.report $(RUNS) --out $(REPORT_DIR)
+	$(PY) -m analysis.report "$(RUNS)" --out "$(REPORT_DIR)"
 
 # Small defaults so the whole demo finishes in about a minute on a 2-core CPU (README: measured);
 # two seeds so the report has error bars. Any of MODEL/STEPS/SEEDS given on the command line wins.
 demo: setup
 	$(MAKE) --no-print-directory profile-all MODEL=$(if $(filter command line,$(origin MODEL)),$(MODEL),smallcnn) \
 	    STEPS=$(if $(filter command line,$(origin STEPS)),$(STEPS),24) \
-	    SEEDS="$(if $(filter command line,$(origin SEEDS)),$(SEEDS),0 1)" RUNS=$(RUNS)
-	$(MAKE) --no-print-directory report RUNS=$(RUNS) REPORT_DIR=$(REPORT_DIR)
+	    SEEDS="$(if $(filter command line,$(origin SEEDS)),$(SEEDS),0 1)" RUNS="$(RUNS)"
+	$(MAKE) --no-print-directory report RUNS="$(RUNS)" REPORT_DIR="$(REPORT_DIR)"
 
 tensorboard: setup
-	$(PY) -m profiler.tensorboard --logdir $(RUNS) --port $(PORT)
+	$(PY) -m profiler.tensorboard --logdir "$(RUNS)" --port $(PORT)
 
 bench-analysis: setup
 	$(PY) -m pip install -q -r requirements-bench.txt
 	$(PY) -m analysis.bench
 
 gpu-check: setup
-	$(PY) -m workloads.gpu_check --runs-dir $(RUNS)/gpu-check
+	$(PY) -m workloads.gpu_check --runs-dir "$(RUNS)/gpu-check"
 
 lint: setup
 	$(PY) -m ruff check .
@@ -98,7 +99,7 @@ test: setup
 	$(PY) -m pytest
 
 clean:
-	rm -rf $(RUNS) $(filter-out $(REPORT_DIR)/README.md,$(wildcard $(REPORT_DIR)/*)) .pytest_cache .ruff_cache
+	rm -rf "$(RUNS)" $(filter-out $(REPORT_DIR)/README.md,$(wildcard $(REPORT_DIR)/*)) .pytest_cache .ruff_cache
 
 # --- DDP tuning (make tune-ddp): workloads.tune measures the DDP knobs on this workload ------
 # STEPS defaults to 30 here unless given on the command line or in the environment.
@@ -113,7 +114,7 @@ tune-ddp: setup
 	$(PY) -m workloads.tune --model $(MODEL) --dataset $(DATASET) --batch-size $(BATCH) \
 	    $(NPROC_FLAG) --backend $(BACKEND) --epochs $(EPOCHS) --max-steps $(TUNE_STEPS) \
 	    --trials $(TRIALS) --budget-s $(TUNE_BUDGET_S) $(if $(filter 1,$(TUNE_ACCUM)),--accum) \
-	    --candidates "$(TUNE_CANDIDATES)" --runs-dir $(RUNS) $(ARGS)
+	    --candidates "$(TUNE_CANDIDATES)" --runs-dir "$(RUNS)" $(ARGS)
 
 # --- collective benchmark and scaling projection (issue 9) ----------------------------------
 # COMM_SIZES: explicit byte sizes ("1024 1048576"); else powers of 2 from 4 B to COMM_MAX bytes
@@ -124,8 +125,8 @@ COMM_ITERS  ?= 20
 COMM_WARMUP ?= 5
 .PHONY: bench-comm bench-projection
 bench-comm: setup
-	$(PY) -m workloads.bench_comm $(NPROC_FLAG) --backend $(BACKEND) --runs-dir $(RUNS) \
+	$(PY) -m workloads.bench_comm $(NPROC_FLAG) --backend $(BACKEND) --runs-dir "$(RUNS)" \
 	    --iters $(COMM_ITERS) --warmup $(COMM_WARMUP) $(if $(strip $(COMM_MAX)),--max-bytes $(COMM_MAX)) \
 	    $(if $(strip $(COMM_SIZES)),--sizes "$(COMM_SIZES)") $(ARGS)
 bench-projection: setup
-	$(PY) -m workloads.bench_projection --runs-dir $(RUNS)/bench-projection $(ARGS)
+	$(PY) -m workloads.bench_projection --runs-dir "$(RUNS)/bench-projection" $(ARGS)

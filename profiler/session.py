@@ -46,18 +46,15 @@ class ProfileConfig:
     """Record Python stacks; off by default because it multiplies the trace size."""
 
     def __post_init__(self) -> None:
+        # Named by their command-line flags: TrainConfig checks its settings through this class.
         for name in ("wait", "warmup", "repeat"):
             if getattr(self, name) < 0:
-                raise ValueError(f"profile {name} must be >= 0, got {getattr(self, name)}")
+                raise ValueError(f"--profile-{name} must be >= 0; got {getattr(self, name)}")
         if self.active < 1:
             raise ValueError(
-                f"profile active must be >= 1, got {self.active}; use enabled=False (--no-profile) "
-                "to turn profiling off"
+                f"--profile-active must be >= 1; got {self.active} (use --no-profile to turn "
+                "profiling off)"
             )
-
-    def steps_per_cycle(self) -> int:
-        """Optimizer steps one wait/warmup/active cycle takes."""
-        return self.wait + self.warmup + self.active
 
     def to_dict(self) -> dict:
         """The run.json `config.profile` object."""

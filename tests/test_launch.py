@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import platform
+import shlex
 import socket
 import subprocess
 import sys
@@ -14,6 +15,7 @@ import torch
 
 from tests.conftest import REPO, launch, read_run
 from workloads import launch as launcher
+from workloads.train import main as train_main
 
 FAST = "--model mlp --dataset synthetic --max-steps 4 --batch-size 32 --epochs 1 --no-profile --device cpu".split()
 
@@ -44,39 +46,20 @@ def test_impossible_modes_fail_with_one_line(tmp_path, args, match):
 
 
 def test_nccl_on_windows_is_refused(monkeypatch, capsys, tmp_path):
+    """The launcher plans with the machine it sees (workloads.plan; the layouts are in test_plan)."""
     monkeypatch.setattr(platform, "system", lambda: "Windows")
-    with pytest.raises(launcher.LaunchError, match="NCCL is not available on Windows"):
-        launcher.validate("ddp", "nccl", nproc=2)
-    # auto picks gloo there, even with GPUs
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
-    assert launcher.validate("ddp", "auto", nproc=2).backend == "gloo"
     rc = launcher.main(["--mode", "ddp", "--backend", "nccl", "--runs-dir", str(tmp_path), *FAST])
     assert rc == 2
     assert "NCCL is not available on Windows" in _one_clean_line(capsys.readouterr().err)
 
 
-def test_nproc_above_gpu_count_is_refused(monkeypatch):
-    monkeypatch.setattr(platform, "system", lambda: "Linux")
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
-    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
-    monkeypatch.setattr(torch.distributed, "is_nccl_available", lambda: True)
-    assert launcher.validate("ddp", "auto", nproc=1).backend == "nccl"
-    for backend in ("nccl", "gloo"):
-        with pytest.raises(launcher.LaunchError, match="--nproc 2 is above the 1 visible GPU"):
-            launcher.validate("ddp", backend, nproc=2)
-    with pytest.raises(launcher.LaunchError, match="--nproc 3 is above the 1 visible GPU"):
-        launcher.validate("dp", "auto", nproc=3)
-
-
-def test_cpu_nproc_above_cores_warns_and_sync_bn_is_refused(monkeypatch, capsys):
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    monkeypatch.setattr(launcher, "cpu_cores", lambda: 2)
-    plan = launcher.validate("ddp", "auto", nproc=3)
-    assert (plan.backend, plan.threads_per_rank) == ("gloo", 1)
+def test_cpu_nproc_above_cores_warns(monkeypatch, capsys, tmp_path):
+    monkeypatch.setattr(os, "cpu_count", lambda: 2)
+    monkeypatch.setattr(os, "sched_getaffinity", lambda _: {0, 1}, raising=False)
+    monkeypatch.setattr(launcher, "_execute", lambda *_: "ok")
+    args = ["--mode", "ddp", "--nproc", "3", "--runs-dir", str(tmp_path), *FAST]
+    assert launcher.main([*args, "--batch-size", "48"]) == 0
     assert "--nproc 3 exceeds the 2 CPU cores" in capsys.readouterr().err
-    with pytest.raises(launcher.LaunchError, match="--sync-bn needs CUDA"):
-        launcher.validate("ddp", "gloo", nproc=2, sync_bn=True)
 
 
 @pytest.mark.parametrize(
@@ -109,12 +92,76 @@ def test_dp_gpu_count_reaches_train(monkeypatch, tmp_path, args, gpus):
         (["--mode", "all", "--run-id", "x"], "--mode all makes four"),
         (["--mode", "ddp", "--nnodes", "2"], "--rdzv-endpoint"),
         (["--lr", "-1"], "--lr must be >= 0"),
+        (["--mode", "ddp", "--nproc", "0"], "--nproc must be >= 1; got 0"),  # make NPROC=0
+        (["--mode", "all", "--nproc", "0"], "--nproc must be >= 1; got 0"),
+        (["--profile-active", "0"], "--profile-active must be >= 1; got 0"),  # PROF_ACTIVE=0
+        (["--mode", "all", "--profile-wait", "-1"], "--profile-wait must be >= 0; got -1"),
     ],
 )
 def test_bad_arguments_fail_with_one_line(tmp_path, capsys, args, match):
+    """Refused before anything is written: no runs folder, no run folder, no skipped record."""
     args = [a.replace("{tmp}", str(tmp_path)) for a in args]
     assert launcher.main([*FAST, *args, "--runs-dir", str(tmp_path / "runs")]) == 2
     assert match in _one_clean_line(capsys.readouterr().err)
+    assert not (tmp_path / "runs").exists()
+
+
+@pytest.mark.parametrize("where", ["file", "file/runs"])
+def test_runs_dir_that_is_a_file_is_one_line(tmp_path, capsys, where):
+    """make RUNS=<an existing file>: one line naming it, not a NotADirectoryError traceback."""
+    (tmp_path / "file").write_text("not a folder")
+    assert launcher.main([*FAST, "--runs-dir", str(tmp_path / where)]) == 2
+    line = _one_clean_line(capsys.readouterr().err)
+    assert f"{tmp_path / 'file'} is a file, not a folder" in line
+
+
+@pytest.mark.parametrize("module", ["workloads.launch", "workloads.train"])
+@pytest.mark.parametrize(
+    ("args", "match"),
+    [
+        (["--model", "resnet7"], "argument --model: invalid choice: 'resnet7'"),  # MODEL=
+        (["--backend", "mpi"], "argument --backend: invalid choice: 'mpi'"),  # BACKEND=
+        (["--seed", "0,1"], "argument --seed: invalid int value: '0,1'"),  # SEEDS="0,1"
+        (["--max-steps", "ten"], "argument --max-steps: invalid int value: 'ten'"),  # STEPS=
+    ],
+)
+def test_bad_choices_are_one_line_not_the_usage_block(capsys, module, args, match):
+    main = launcher.main if module == "workloads.launch" else train_main
+    with pytest.raises(SystemExit) as exit_:
+        main(args)
+    assert exit_.value.code == 2
+    line = _one_clean_line(capsys.readouterr().err)
+    assert line.startswith(f"python -m {module}: error: ") and match in line
+
+
+def test_make_passes_runs_with_a_space_as_one_folder(tmp_path):
+    """RUNS="dir with space" reaches every target's command as one argument (make -n prints
+    the commands the targets would run; setup is taken as done)."""
+    runs = str(tmp_path / "dir with space")
+    proc = subprocess.run(
+        [
+            "make",
+            "-n",
+            "-o",
+            ".venv/.requirements.stamp",
+            "profile-single",
+            "profile-all",
+            "report",
+            "tensorboard",
+            "gpu-check",
+            f"RUNS={runs}",
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 0, proc.stderr
+    commands = [ln for ln in proc.stdout.splitlines() if " -m " in ln]
+    assert len(commands) == 5, proc.stdout
+    for line in commands:
+        argv = shlex.split(line.split("; do ")[-1].split(" || ")[0])
+        assert runs in argv or f"{runs}/gpu-check" in argv, line
 
 
 # --- real runs -------------------------------------------------------------------------------
@@ -245,6 +292,17 @@ def test_mode_all_runs_what_it_can_and_skips_the_rest(tmp_path):
     assert "CUDA" in runs[("dp", "none")]["error"]["message"]
     assert "nccl" in runs[("ddp", "nccl")]["error"]["message"]
     assert runs[("ddp", "nccl")]["metrics"] == {}
+    # A skipped run has no layout: null devices and batch, not a half-built plan; the request
+    # (2 processes) is kept where it was given.
+    for key in (("dp", "none"), ("ddp", "nccl")):
+        config = runs[key]["config"]
+        assert (config["devices"], config["global_batch"], config["per_device_batch"]) == (
+            None,
+            None,
+            None,
+        )
+    assert runs[("ddp", "nccl")]["config"]["world_size"] == 2
+    assert runs[("ddp", "gloo")]["config"]["per_device_batch"] == 16
     assert "make report" in proc.stdout
 
 

@@ -49,7 +49,6 @@ def _train(steps: int, session: ProfilerSession | None, timer: StepTimer | None 
 
 def test_config_validation_and_dict():
     cfg = ProfileConfig(wait=0, warmup=2, active=4, repeat=2)
-    assert cfg.steps_per_cycle() == 6
     assert cfg.to_dict() == {
         "enabled": True,
         "wait": 0,

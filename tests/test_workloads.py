@@ -19,6 +19,7 @@ from workloads.checkpoint import load_checkpoint
 from workloads.config import TrainConfig, batch_split, config_record, to_argv
 from workloads.context import AutocastForward, unwrap_model
 from workloads.data import GlobalBatchSampler
+from workloads.plan import Environment, plan
 from workloads.summary import best_epoch, step_metrics
 from workloads.train import build_parser
 
@@ -121,16 +122,12 @@ def test_to_argv_round_trips_through_the_train_parser():
     cfg = TrainConfig(mode="ddp", model="mlp", amp="bf16", profile=False, sync_bn=True, lr=0.1)
     ns = build_parser().parse_args(to_argv(cfg))
     assert TrainConfig(**vars(ns)) == cfg
-    record = config_record(
-        cfg,
-        backend="gloo",
-        world_size=2,
-        nnodes=1,
-        nproc_per_node=2,
-        devices=["cpu", "cpu"],
-        replicas=2,
+    two_gpus = Environment(
+        system="Linux", cuda=True, gpus=2, nccl=True, cpu_cores=8, torch_threads=8
     )
+    record = config_record(cfg, plan(cfg, two_gpus, nproc=2))
     assert set(record) == CONFIG_KEYS and record["per_device_batch"] == 32
+    assert (record["world_size"], record["devices"]) == (2, ["cuda:0", "cuda:1"])
 
 
 def test_step_metrics_exclude_warmup_and_use_the_slowest_rank():

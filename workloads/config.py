@@ -11,12 +11,16 @@ import argparse
 import dataclasses
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from profiler.session import ProfileConfig
 
+if TYPE_CHECKING:  # plan.py imports this module
+    from workloads.plan import Plan
+
 __all__ = [
     "MODES",
+    "OneLineParser",
     "TrainConfig",
     "add_config_arguments",
     "batch_split",
@@ -147,6 +151,7 @@ class TrainConfig:
             raise ValueError(
                 f"--init-method must start with file://, tcp:// or env://; got {self.init_method!r}"
             )
+        ProfileConfig(**self.profile_kwargs())  # bad schedules fail here, before any folder exists
         if "/" in self.run_id or "\\" in self.run_id:
             raise ValueError(
                 f"--run-id is a folder name, not a path; got {self.run_id!r} (use --runs-dir)"
@@ -170,6 +175,14 @@ class TrainConfig:
 
 
 _FIELDS = {f.name: f for f in dataclasses.fields(TrainConfig)}
+
+
+class OneLineParser(argparse.ArgumentParser):
+    """An ArgumentParser whose errors are one line (`prog: error: ...`, exit code 2) instead of
+    the whole usage block; `--help` still shows everything."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message}\n")
 
 
 def _flag(name: str) -> str:
@@ -237,37 +250,32 @@ def batch_split(cfg: TrainConfig, replicas: int) -> tuple[int, int]:
     return global_batch, per_device
 
 
-def default_run_id(cfg: TrainConfig, *, backend: str, world_size: int) -> str:
-    """`<mode>-<backend>-<model>-<dataset>-n<world_size>-s<seed>-<YYYYmmddTHHMMSS>` (UTC)."""
+def default_run_id(cfg: TrainConfig, *, backend: str, world_size: int | None) -> str:
+    """`<mode>-<backend>-<model>-<dataset>-n<world_size>-s<seed>-<YYYYmmddTHHMMSS>` (UTC); n0 for
+    a skipped run whose device count is unknown (DP without GPUs)."""
     stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%S")
-    return f"{cfg.mode}-{backend}-{cfg.model}-{cfg.dataset}-n{world_size}-s{cfg.seed}-{stamp}"
+    n = world_size or 0
+    return f"{cfg.mode}-{backend}-{cfg.model}-{cfg.dataset}-n{n}-s{cfg.seed}-{stamp}"
 
 
-def config_record(
-    cfg: TrainConfig,
-    *,
-    backend: str,
-    world_size: int,
-    nnodes: int,
-    nproc_per_node: int,
-    devices: list[str],
-    replicas: int,
-) -> dict:
-    """The run.json `config` object (docs/run-folder.md)."""
-    global_batch, per_device_batch = batch_split(cfg, replicas)
+def config_record(cfg: TrainConfig, plan: Plan) -> dict:
+    """The run.json `config` object (docs/run-folder.md); layout fields come from the plan (null
+    where a skipped run's plan could not decide them)."""
     return {
         "mode": cfg.mode,
-        "backend": backend,
-        "world_size": world_size,
-        "nnodes": nnodes,
-        "nproc_per_node": nproc_per_node,
-        "devices": devices,
+        "backend": plan.backend,
+        "world_size": plan.replicas,
+        "nnodes": plan.nnodes,
+        "nproc_per_node": plan.nproc,
+        "devices": plan.devices,
         "model": cfg.model,
         "dataset": cfg.dataset,
-        "global_batch": global_batch,
-        "per_device_batch": per_device_batch,
+        "global_batch": plan.global_batch,
+        "per_device_batch": plan.per_device_batch,
         "grad_accum_steps": cfg.grad_accum_steps,
-        "micro_batch": per_device_batch // cfg.grad_accum_steps,
+        "micro_batch": None
+        if plan.per_device_batch is None
+        else plan.per_device_batch // cfg.grad_accum_steps,
         "scaling": cfg.scaling,
         "amp": cfg.amp,
         "seed": cfg.seed,

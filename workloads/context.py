@@ -1,15 +1,14 @@
 """Where this process stands: decided ONCE from torchrun's environment, then consulted only here.
 
-`init_context` reads RANK / LOCAL_RANK / WORLD_SIZE (set by torchrun), picks the device, pins
-CUDA *before* `init_process_group` (so NCCL binds each rank to its own GPU) and returns one
-frozen `RunContext`. `wrap_model` / `unwrap_model` are the only places that know about
+`init_context` reads RANK / LOCAL_RANK / WORLD_SIZE (set by torchrun), plans the run with
+workloads.plan (the launcher's planner), pins CUDA *before* `init_process_group` (so NCCL binds
+each rank to its own GPU) and returns one frozen `RunContext`. `wrap_model` / `unwrap_model` are the only places that know about
 DataParallel and DistributedDataParallel; the training loop never branches on the mode.
 """
 
 from __future__ import annotations
 
 import os
-import platform
 from dataclasses import dataclass
 from datetime import timedelta
 
@@ -19,14 +18,12 @@ from torch import nn
 from torch.nn.parallel import DataParallel, DistributedDataParallel
 
 from workloads.config import TrainConfig
+from workloads.plan import Environment, Plan, plan
 
 __all__ = [
     "AutocastForward",
     "RunContext",
-    "cpu_cores",
     "init_context",
-    "rank",
-    "resolve_backend",
     "teardown",
     "unwrap_model",
     "wrap_model",
@@ -55,6 +52,8 @@ class RunContext:
     """Where this process's batch and (primary) replica live."""
     devices: tuple[torch.device, ...]
     """Every device this process computes on (DP: all its GPUs)."""
+    plan: Plan
+    """The run's layout (workloads.plan): replicas, batch split, threads, every rank's device."""
 
     @property
     def is_main(self) -> bool:
@@ -64,40 +63,12 @@ class RunContext:
     @property
     def replicas(self) -> int:
         """Model replicas the global batch is split over (DDP ranks or DP GPUs)."""
-        return self.world_size if self.mode == "ddp" else len(self.devices)
-
-
-def rank() -> int:
-    """Global rank, 0 when no process group exists (single, DP, before init)."""
-    return dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
-
-
-def cpu_cores() -> int:
-    """CPU cores this process may run on (affinity-aware where the OS tells us)."""
-    if hasattr(os, "sched_getaffinity"):
-        return len(os.sched_getaffinity(0))
-    return os.cpu_count() or 1
-
-
-def resolve_backend(requested: str, *, use_cuda: bool) -> str:
-    """`auto` is nccl on Linux with CUDA devices and gloo otherwise (CPU, Windows, macOS)."""
-    if requested != "auto":
-        return requested
-    return "nccl" if use_cuda and platform.system() == "Linux" else "gloo"
-
-
-def _use_cuda(cfg: TrainConfig) -> bool:
-    if cfg.device == "cpu":
-        return False
-    available = torch.cuda.is_available()
-    if cfg.device == "cuda" and not available:
-        raise ValueError("--device cuda but torch sees no CUDA device; use --device cpu or auto")
-    return available
+        return self.plan.replicas or 1
 
 
 def init_context(cfg: TrainConfig) -> RunContext:
-    """Decide rank, world and device from the environment, and join the process group for DDP."""
-    use_cuda = _use_cuda(cfg)
+    """Plan the run from the environment (workloads.plan, as the launcher did), pin the device and
+    join the process group for DDP. Raises ValueError when the plan says this cannot run here."""
     if cfg.mode == "ddp":
         missing = [k for k in ("RANK", "LOCAL_RANK", "WORLD_SIZE") if k not in os.environ]
         if missing:
@@ -109,54 +80,39 @@ def init_context(cfg: TrainConfig) -> RunContext:
         local_rank = int(os.environ["LOCAL_RANK"])
         world_size = int(os.environ["WORLD_SIZE"])
         local_world = int(os.environ.get("LOCAL_WORLD_SIZE", world_size))
-        backend = resolve_backend(cfg.backend, use_cuda=use_cuda)
-        if use_cuda:
-            # Before init_process_group: NCCL creates its communicator on the current device.
-            torch.cuda.set_device(local_rank)
-            device = torch.device("cuda", local_rank)
-        else:
-            device = torch.device("cpu")
-        kwargs: dict = {"backend": backend, "timeout": timedelta(minutes=10)}
+        layout = {"nproc": local_world, "nnodes": max(1, world_size // max(1, local_world))}
+    else:
+        global_rank = local_rank = 0
+        world_size = local_world = 1
+        layout = {}
+    run_plan = plan(cfg, Environment.detect(), **layout)
+    if run_plan.reason:
+        raise ValueError(run_plan.reason)
+    assert run_plan.devices is not None
+    if cfg.mode == "ddp":
+        devices = (torch.device(run_plan.devices[global_rank]),)
+    else:  # single: one device; DP: every GPU it spreads over, the batch lands on the first
+        devices = tuple(torch.device(d) for d in run_plan.devices)
+    if run_plan.use_cuda:
+        # Before init_process_group: NCCL creates its communicator on the current device.
+        torch.cuda.set_device(devices[0])
+    if cfg.mode == "ddp":
+        kwargs: dict = {"backend": run_plan.backend, "timeout": timedelta(minutes=10)}
         if cfg.init_method:
             # file:// (or tcp://) rendezvous: rank and world size must be given explicitly.
             kwargs.update(init_method=cfg.init_method, rank=global_rank, world_size=world_size)
         dist.init_process_group(**kwargs)
-        return RunContext(
-            mode="ddp",
-            rank=global_rank,
-            local_rank=local_rank,
-            world_size=world_size,
-            local_world_size=local_world,
-            nnodes=max(1, world_size // max(1, local_world)),
-            backend=backend,
-            device=device,
-            devices=(device,),
-        )
-    if cfg.mode == "dp":
-        if not use_cuda:
-            raise ValueError(
-                "--mode dp needs at least one CUDA device (nn.DataParallel is GPU-only)"
-            )
-        count = cfg.dp_gpus or torch.cuda.device_count()
-        if count > torch.cuda.device_count():
-            raise ValueError(
-                f"--dp-gpus {count} is above the {torch.cuda.device_count()} visible GPUs"
-            )
-        devices = tuple(torch.device("cuda", i) for i in range(count))
-    else:
-        devices = (torch.device("cuda", 0) if use_cuda else torch.device("cpu"),)
-    if use_cuda:
-        torch.cuda.set_device(devices[0])
     return RunContext(
         mode=cfg.mode,
-        rank=0,
-        local_rank=0,
-        world_size=1,
-        local_world_size=1,
-        nnodes=1,
-        backend="none",
+        rank=global_rank,
+        local_rank=local_rank,
+        world_size=world_size,
+        local_world_size=local_world,
+        nnodes=run_plan.nnodes,
+        backend=run_plan.backend,
         device=devices[0],
         devices=devices,
+        plan=run_plan,
     )
 
 

@@ -13,30 +13,27 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
+import shlex
 import subprocess
 import sys
-from dataclasses import dataclass
 from pathlib import Path
-
-import torch
-import torch.distributed as dist
 
 from profiler.record import SCHEMA_VERSION, collect_env, write_json_atomic
 from workloads.config import (
+    OneLineParser,
     TrainConfig,
     add_config_arguments,
-    batch_split,
     config_from_namespace,
     config_record,
     default_run_id,
     to_argv,
 )
-from workloads.context import cpu_cores, resolve_backend
 from workloads.data import check_available
+from workloads.plan import Environment, Plan
+from workloads.plan import plan as plan_run
 from workloads.runlog import diagnose, utc_now
 
-__all__ = ["LaunchError", "Plan", "main", "validate"]
+__all__ = ["LaunchError", "main"]
 
 REPO = Path(__file__).resolve().parents[1]
 ALL_MODES = (("single", "auto"), ("dp", "auto"), ("ddp", "nccl"), ("ddp", "gloo"))
@@ -46,125 +43,7 @@ class LaunchError(Exception):
     """What the user asked for cannot run here; the message is one line that says what to do."""
 
 
-@dataclass(frozen=True, kw_only=True)
-class Plan:
-    """A validated run: mode, resolved backend and the devices it will use."""
-
-    mode: str
-    backend: str
-    """nccl | gloo for ddp, none otherwise."""
-    nproc: int
-    """Processes per node (1 for single and DP)."""
-    replicas: int
-    """Model replicas over the whole job: DDP ranks, DP GPUs, or 1."""
-    devices: list[str]
-    threads_per_rank: int
-
-
-def validate(
-    mode: str,
-    backend: str,
-    *,
-    nproc: int | None,
-    device: str = "auto",
-    nnodes: int = 1,
-    sync_bn: bool = False,
-) -> Plan:
-    """Check that `mode`/`backend` can run on this machine; raise LaunchError saying why not."""
-    system = platform.system()  # looked up per call so tests can patch the platform
-    if device == "cuda" and not torch.cuda.is_available():
-        raise LaunchError("--device cuda but torch sees no CUDA device; use --device cpu or auto")
-    use_cuda = device != "cpu" and torch.cuda.is_available()
-    gpus = torch.cuda.device_count() if use_cuda else 0
-    if mode == "single":
-        return Plan(
-            mode=mode,
-            backend="none",
-            nproc=1,
-            replicas=1,
-            devices=["cuda:0" if use_cuda else "cpu"],
-            threads_per_rank=_threads(use_cuda, 1),
-        )
-    if mode == "dp":
-        if gpus < 1:
-            raise LaunchError(
-                "--mode dp needs at least one CUDA device (nn.DataParallel is GPU-only) and none is "
-                "visible; use --mode single, or --mode ddp --backend gloo on CPU"
-            )
-        count = nproc or gpus
-        if count > gpus:
-            raise LaunchError(
-                f"--nproc {count} is above the {gpus} visible GPU(s); use --nproc {gpus} or fewer"
-            )
-        return Plan(
-            mode=mode,
-            backend="none",
-            nproc=1,
-            replicas=count,
-            devices=[f"cuda:{i}" for i in range(count)],
-            threads_per_rank=_threads(True, 1),
-        )
-    if mode != "ddp":
-        raise LaunchError(f"--mode must be single, dp, ddp or all; got {mode!r}")
-    resolved = resolve_backend(backend, use_cuda=use_cuda)
-    if resolved == "nccl" and system == "Windows":
-        raise LaunchError(
-            "NCCL is not available on Windows; use --backend gloo (what auto picks there)"
-        )
-    if resolved == "nccl" and not use_cuda:
-        raise LaunchError(
-            "--backend nccl needs CUDA GPUs and torch sees none; use --backend gloo (or auto)"
-        )
-    if resolved == "nccl" and not dist.is_nccl_available():
-        raise LaunchError("this torch build has no NCCL; use --backend gloo")
-    count = nproc or (gpus if use_cuda else 2)
-    if count < 1:
-        raise LaunchError(f"--nproc must be >= 1; got {count}")
-    if use_cuda and count > gpus:
-        raise LaunchError(
-            f"--nproc {count} is above the {gpus} visible GPU(s); use --nproc {gpus} or fewer "
-            "(one process per GPU), or --device cpu"
-        )
-    if sync_bn and not use_cuda:
-        raise LaunchError(
-            "--sync-bn needs CUDA devices (SyncBatchNorm is GPU-only); drop --sync-bn on CPU"
-        )
-    if not use_cuda and count > cpu_cores():
-        print(
-            f"workloads.launch: warning: --nproc {count} exceeds the {cpu_cores()} CPU cores; ranks "
-            "will time-share cores (1 thread each) and step times will not be representative",
-            file=sys.stderr,
-        )
-    devices = [f"cuda:{i}" if use_cuda else "cpu" for _ in range(nnodes) for i in range(count)]
-    return Plan(
-        mode=mode,
-        backend=resolved,
-        nproc=count,
-        replicas=count * nnodes,
-        devices=devices,
-        threads_per_rank=_threads(use_cuda, count),
-    )
-
-
-def _threads(use_cuda: bool, nproc: int) -> int:
-    """Threads each rank will use: CPU ranks split the cores (cores // nproc), as train does."""
-    return torch.get_num_threads() if use_cuda else max(1, cpu_cores() // nproc)
-
-
-def _record(
-    cfg: TrainConfig, plan: Plan, *, nnodes: int, status: str, error: dict | None = None
-) -> dict:
-    fields = dict(
-        backend=plan.backend,
-        world_size=plan.replicas,
-        nnodes=nnodes,
-        nproc_per_node=plan.nproc,
-        devices=plan.devices,
-    )
-    try:
-        config = config_record(cfg, **fields, replicas=plan.replicas)
-    except ValueError:  # a skipped mode whose replica count does not divide the batch
-        config = config_record(cfg, **fields, replicas=1)
+def _record(cfg: TrainConfig, plan: Plan, *, status: str, error: dict | None = None) -> dict:
     return {
         "schema_version": SCHEMA_VERSION,
         "run_id": cfg.run_id,
@@ -172,8 +51,8 @@ def _record(
         "error": error,
         "created_at": utc_now(),
         "finished_at": None if status == "running" else utc_now(),
-        "config": config,
-        "env": collect_env(threads_per_rank=plan.threads_per_rank),
+        "config": config_record(cfg, plan),
+        "env": collect_env(threads_per_rank=plan.threads_per_rank or 1),
         "metrics": {},
         "eval": {"epochs": [], "best": None},
         "traces": [],
@@ -234,11 +113,9 @@ def _execute(cfg: TrainConfig, plan: Plan, args: argparse.Namespace, extra: list
         )
     (run_dir / "logs").mkdir(parents=True, exist_ok=True)
     if is_record_node:
-        write_json_atomic(
-            run_dir / "run.json", _record(cfg, plan, nnodes=args.nnodes, status="running")
-        )
+        write_json_atomic(run_dir / "run.json", _record(cfg, plan, status="running"))
     env = dict(os.environ, PYTHONUNBUFFERED="1")
-    if not plan.devices[0].startswith("cuda"):
+    if not plan.use_cuda:
         # What train sets anyway; it also silences torchrun's OMP_NUM_THREADS note.
         env["OMP_NUM_THREADS"] = str(cfg.threads or plan.threads_per_rank)
         # A CUDA build of torch on a machine without a GPU makes Kineto log a harmless
@@ -266,31 +143,19 @@ def _execute(cfg: TrainConfig, plan: Plan, args: argparse.Namespace, extra: list
     return record["status"]
 
 
-def _skip(cfg: TrainConfig, plan: Plan, nnodes: int, reason: str) -> None:
+def _skip(cfg: TrainConfig, plan: Plan) -> None:
     run_dir = Path(cfg.runs_dir) / cfg.run_id
-    error = {"message": reason, "rank": None, "exit_code": None, "log_tail": []}
-    write_json_atomic(
-        run_dir / "run.json", _record(cfg, plan, nnodes=nnodes, status="skipped", error=error)
-    )
-    print(f"\nrun folder: {run_dir}  status: skipped ({reason})")
+    error = {"message": plan.reason, "rank": None, "exit_code": None, "log_tail": []}
+    write_json_atomic(run_dir / "run.json", _record(cfg, plan, status="skipped", error=error))
+    print(f"\nrun folder: {run_dir}  status: skipped ({plan.reason})")
 
 
-def _skipped_plan(mode: str, backend: str, nproc: int | None, nnodes: int) -> Plan:
-    count = 1 if mode == "single" else (nproc or 2)
-    return Plan(
-        mode=mode,
-        backend="none" if mode != "ddp" else backend,
-        nproc=1 if mode == "dp" else count,
-        replicas=count * (nnodes if mode == "ddp" else 1),
-        devices=[],
-        threads_per_rank=1,
-    )
-
-
-def run(args: argparse.Namespace, extra: list[str]) -> int:
-    """Plan, validate and execute the requested run(s); return the process exit code."""
+def _check_arguments(args: argparse.Namespace) -> None:
+    """Launcher-only arguments that are wrong on any machine: one line each, nothing written."""
     if args.mode == "all" and args.run_id:
         raise LaunchError("--run-id names one run but --mode all makes four; leave --run-id out")
+    if args.nproc is not None and args.nproc < 1:
+        raise LaunchError(f"--nproc must be >= 1; got {args.nproc} (leave it out for the default)")
     if args.nnodes < 1 or not 0 <= args.node_rank < args.nnodes:
         raise LaunchError(
             f"--node-rank must be in [0, --nnodes); got {args.node_rank} with --nnodes {args.nnodes}"
@@ -301,6 +166,20 @@ def run(args: argparse.Namespace, extra: list[str]) -> int:
         )
     if args.nnodes > 1 and args.mode != "ddp":
         raise LaunchError("--nnodes > 1 only makes sense with --mode ddp")
+    runs = Path(args.runs_dir)
+    existing = next(p for p in (runs, *runs.parents) if p.exists())
+    if not existing.is_dir():
+        raise LaunchError(
+            f"--runs-dir {runs}: {existing} is a file, not a folder; pass a folder (make: RUNS=DIR)"
+        )
+
+
+def run(args: argparse.Namespace, extra: list[str]) -> int:
+    """Plan, validate and execute the requested run(s); return the process exit code."""
+    _check_arguments(args)
+    # Every TrainConfig check (profiler schedule included) before anything is created.
+    config_from_namespace(args, mode="single", backend=args.backend, init_method="")
+    check_available(args.dataset, args.data_dir, download=args.download)
     init_method = ""
     if args.rdzv_file:
         path = Path(args.rdzv_file).resolve()
@@ -308,61 +187,44 @@ def run(args: argparse.Namespace, extra: list[str]) -> int:
             path.unlink(missing_ok=True)  # a file left by an earlier run would break the rendezvous
         path.parent.mkdir(parents=True, exist_ok=True)
         init_method = path.as_uri()  # file:///... (file:///C:/... on Windows)
-    check_available(args.dataset, args.data_dir, download=args.download)
     if extra:
         print(f"workloads.launch: passing to workloads.train: {' '.join(extra)}", file=sys.stderr)
+    env = Environment.detect()
     statuses = []
     for mode, backend in ALL_MODES if args.mode == "all" else ((args.mode, args.backend),):
         # DP's GPU count is --nproc (as `make profile-all NPROC=` passes it) or --dp-gpus.
-        nproc = (args.nproc or args.dp_gpus or None) if mode == "dp" else args.nproc
-        try:
-            plan = validate(
-                mode,
-                backend,
-                nproc=nproc,
-                device=args.device,
-                nnodes=args.nnodes,
-                sync_bn=args.sync_bn,
-            )
-        except LaunchError as exc:
-            if args.mode != "all":
-                raise
-            plan = _skipped_plan(mode, backend, nproc, args.nnodes)
-            cfg = config_from_namespace(args, mode=mode, backend=backend, init_method=init_method)
-            cfg.run_id = default_run_id(cfg, backend=plan.backend, world_size=plan.replicas)
-            _skip(cfg, plan, args.nnodes, str(exc))
-            statuses.append("skipped")
-            continue
-        resolved = plan.backend if plan.backend != "none" else "auto"
-        # The planned DP GPUs must reach train, which otherwise spreads over every visible GPU.
-        dp_gpus = plan.replicas if mode == "dp" else args.dp_gpus
+        dp_gpus = (args.nproc or args.dp_gpus) if mode == "dp" else args.dp_gpus
         cfg = config_from_namespace(
-            args, mode=mode, backend=resolved, init_method=init_method, dp_gpus=dp_gpus
+            args, mode=mode, backend=backend, init_method=init_method, dp_gpus=dp_gpus
         )
+        plan = plan_run(cfg, env, nproc=args.nproc, nnodes=args.nnodes)
+        for warning in plan.warnings:
+            print(f"workloads.launch: warning: {warning}", file=sys.stderr)
         cfg.run_id = cfg.run_id or default_run_id(
             cfg, backend=plan.backend, world_size=plan.replicas
         )
-        try:  # a batch that does not divide fails here, before any process starts
-            batch_split(cfg, plan.replicas)
-        except ValueError as exc:
+        if plan.reason is not None:
             if args.mode != "all":
-                raise
-            _skip(cfg, plan, args.nnodes, str(exc))  # impossible with this batch: skipped
+                raise LaunchError(plan.reason)
+            _skip(cfg, plan)  # impossible here (or with this batch): recorded as skipped
             statuses.append("skipped")
             continue
+        if plan.backend != "none":
+            cfg.backend = plan.backend  # every rank uses what was planned, not "auto" again
+        if mode == "dp":  # the planned GPUs must reach train, which otherwise takes every GPU
+            cfg.dp_gpus = plan.replicas or 0
         statuses.append(_execute(cfg, plan, args, extra))
     if args.node_rank == 0:
+        runs = shlex.quote(str(args.runs_dir))
         print(
-            f"\nnext: make report RUNS={args.runs_dir}   (or: python -m analysis.report {args.runs_dir} --out reports)"
+            f"\nnext: make report RUNS={runs}   (or: python -m analysis.report {runs} --out reports)"
         )
-        print(
-            f"      make tensorboard RUNS={args.runs_dir}   (traces in TensorBoard's profiler plugin)"
-        )
+        print(f"      make tensorboard RUNS={runs}   (traces in TensorBoard's profiler plugin)")
     return 1 if "failed" in statuses else 0
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = OneLineParser(
         prog="python -m workloads.launch",
         description="Profile the same training as single-device, DataParallel and DDP runs; one "
         "run folder per run under --runs-dir. Unknown arguments are passed to workloads.train.",

@@ -39,16 +39,15 @@ from profiler.session import ProfileConfig, ProfilerSession
 from profiler.timers import StepTimer
 from workloads.checkpoint import LoopState, save_checkpoint
 from workloads.config import (
+    OneLineParser,
     TrainConfig,
     add_config_arguments,
-    batch_split,
     config_from_namespace,
     config_record,
     default_run_id,
 )
 from workloads.context import (
     RunContext,
-    cpu_cores,
     init_context,
     teardown,
     unwrap_model,
@@ -65,13 +64,10 @@ __all__ = ["evaluate", "main", "train"]
 FAIL_RANK_ENV, FAIL_STEP_ENV = "DPSCOPE_FAIL_RANK", "DPSCOPE_FAIL_STEP"
 
 
-def _set_threads(ctx: RunContext, threads: int = 0) -> int:
-    """`--threads N` wins; else CPU ranks share the cores evenly (cores // processes per node) and
-    GPU runs keep torch's default."""
-    if threads:
-        torch.set_num_threads(threads)
-    elif ctx.device.type == "cpu":
-        torch.set_num_threads(max(1, cpu_cores() // ctx.local_world_size))
+def _set_threads(ctx: RunContext) -> int:
+    """The plan's threads per rank: `--threads N`, else CPU ranks share the cores and GPU runs
+    keep torch's default."""
+    torch.set_num_threads(ctx.plan.threads_per_rank)
     return torch.get_num_threads()
 
 
@@ -126,14 +122,11 @@ def evaluate(model: nn.Module, loader: DataLoader, ctx: RunContext, *, epoch: in
     }
 
 
-def _maybe_fail(rank: int, step: int) -> None:
-    if (
-        os.environ.get(FAIL_RANK_ENV) == str(rank)
-        and int(os.environ.get(FAIL_STEP_ENV, "0")) == step
-    ):
-        raise RuntimeError(
-            f"injected failure on rank {rank} at step {step} ({FAIL_RANK_ENV} test hook)"
-        )
+def _injected_failure_step(rank: int) -> int | None:
+    """The step at which the test hook makes this rank fail (None: never); read once, at start."""
+    if os.environ.get(FAIL_RANK_ENV) != str(rank):
+        return None
+    return int(os.environ.get(FAIL_STEP_ENV, "0"))
 
 
 def _forward_backward(
@@ -173,10 +166,12 @@ def _forward_backward(
 def train(cfg: TrainConfig, ctx: RunContext, run_dir: Path) -> None:
     """Train, evaluate each epoch, and (rank 0) write steps.csv and run.json."""
     start = time.perf_counter()
-    threads = _set_threads(ctx, cfg.threads)
+    threads = _set_threads(ctx)
     use_cuda = ctx.device.type == "cuda"
     data = build_datasets(cfg.dataset, cfg.data_dir, download=cfg.download)
-    global_batch, per_device = batch_split(cfg, ctx.replicas)
+    global_batch, per_device = ctx.plan.global_batch, ctx.plan.per_device_batch
+    assert global_batch is not None  # init_context refuses a plan that cannot run
+    fail_at = _injected_failure_step(ctx.rank)
     # DP is one replica of the sampler (DataParallel splits the batch itself); DDP ranks take shares.
     sampler = GlobalBatchSampler(
         num_samples=len(data.train),
@@ -242,7 +237,11 @@ def train(cfg: TrainConfig, ctx: RunContext, run_dir: Path) -> None:
                 x, y = next(batches)
                 x = x.to(ctx.device, non_blocking=True)
                 y = y.to(ctx.device, non_blocking=True)
-            _maybe_fail(ctx.rank, state.step)
+            if state.step == fail_at:
+                raise RuntimeError(
+                    f"injected failure on rank {ctx.rank} at step {state.step} "
+                    f"({FAIL_RANK_ENV} test hook)"
+                )
             loss = _forward_backward(
                 model, x, y, accum=cfg.grad_accum_steps, timer=timer, scaler=scaler, amp=amp_dtype
             )
@@ -319,7 +318,6 @@ def _finish(
     """Gather every rank's rows and memory to rank 0, which writes steps.csv and run.json."""
     mine = {
         "rows": rows,
-        "device": [str(d) for d in ctx.devices],
         "memory": memory.summary(),
         "memory_after_first_step": memory.summary_after_first_step(),
         "traces": [p.relative_to(run_dir).as_posix() for p in profiler.trace_files()],
@@ -338,7 +336,6 @@ def _finish(
     write_csv_atomic(run_dir / "steps.csv", all_rows, STEPS_COLUMNS)
     previous = run_dir / "run.json"
     created = json.loads(previous.read_text()).get("created_at") if previous.is_file() else None
-    devices = [d for g in gathered for d in g["device"]]
     record = {
         "schema_version": SCHEMA_VERSION,
         "run_id": cfg.run_id,
@@ -346,15 +343,7 @@ def _finish(
         "error": None,
         "created_at": created or utc_now(),
         "finished_at": utc_now(),
-        "config": config_record(
-            cfg,
-            backend=ctx.backend,
-            world_size=ctx.replicas,
-            nnodes=ctx.nnodes,
-            nproc_per_node=ctx.local_world_size,
-            devices=devices,
-            replicas=ctx.replicas,
-        ),
+        "config": config_record(cfg, ctx.plan),
         "env": collect_env(threads_per_rank=threads),
         "metrics": {
             **step_metrics(all_rows),
@@ -379,7 +368,7 @@ def _finish(
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = OneLineParser(
         prog="python -m workloads.train",
         description="One training run (single | dp | ddp). DDP ranks are started by torchrun; "
         "use `python -m workloads.launch` to get the run folder and torchrun set up for you.",

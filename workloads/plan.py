@@ -1,0 +1,184 @@
+"""What a run will use: devices, replicas, threads and batch, decided by one function.
+
+`plan(cfg, environment)` is shared by the launcher (before anything starts, so an impossible
+request is one line, or a `skipped` record under `--mode all`) and by every training process
+(which re-plans from torchrun's layout and its own view of the machine), so the two cannot
+disagree about which devices a mode uses, how many replicas share the global batch, or how many
+threads a CPU rank gets. `Environment` is the machine as torch sees it; tests build one by hand.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+from workloads.config import TrainConfig, batch_split
+
+__all__ = ["Environment", "Plan", "cpu_cores", "plan", "resolve_backend"]
+
+
+def cpu_cores() -> int:
+    """CPU cores this process may run on (affinity-aware where the OS tells us)."""
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count() or 1
+
+
+@dataclass(frozen=True, kw_only=True)
+class Environment:
+    """The machine as this process sees it."""
+
+    system: str
+    """platform.system(): Linux | Windows | Darwin."""
+    cuda: bool
+    """torch.cuda.is_available()."""
+    gpus: int
+    """Visible CUDA devices (0 without CUDA)."""
+    nccl: bool
+    """This torch build has NCCL."""
+    cpu_cores: int
+    """Cores this process may run on."""
+    torch_threads: int
+    """torch.get_num_threads() here: what a GPU rank keeps."""
+
+    @classmethod
+    def detect(cls) -> Environment:
+        """Look the machine up now (not at import, so a patched platform or torch is seen)."""
+        cuda = torch.cuda.is_available()
+        return cls(
+            system=platform.system(),
+            cuda=cuda,
+            gpus=torch.cuda.device_count() if cuda else 0,
+            nccl=dist.is_available() and dist.is_nccl_available(),
+            cpu_cores=cpu_cores(),
+            torch_threads=torch.get_num_threads(),
+        )
+
+
+@dataclass(frozen=True, kw_only=True)
+class Plan:
+    """A run as it will be laid out. `reason` says why it cannot run here; the fields it could
+    not decide are then None (a skipped run's record carries them as null)."""
+
+    mode: str
+    backend: str
+    """nccl | gloo for ddp, none otherwise (the requested backend when ddp cannot run)."""
+    nnodes: int
+    nproc: int | None
+    """Processes per node (1 for single and DP)."""
+    replicas: int | None
+    """Model replicas over the whole job: DDP ranks, DP GPUs, or 1 (run.json world_size)."""
+    devices: list[str] | None
+    """One per replica, in rank order, e.g. ["cuda:0", "cuda:1"] or ["cpu", "cpu"]."""
+    global_batch: int | None
+    per_device_batch: int | None
+    threads_per_rank: int | None
+    """CPU ranks split the cores (cores // processes per node); GPU ranks keep torch's default."""
+    reason: str | None = None
+    warnings: tuple[str, ...] = ()
+
+    @property
+    def use_cuda(self) -> bool:
+        return bool(self.devices) and self.devices[0].startswith("cuda")
+
+
+def resolve_backend(requested: str, *, use_cuda: bool, system: str | None = None) -> str:
+    """`auto` is nccl on Linux with CUDA devices and gloo otherwise (CPU, Windows, macOS)."""
+    if requested != "auto":
+        return requested
+    return "nccl" if use_cuda and (system or platform.system()) == "Linux" else "gloo"
+
+
+def _refused(cfg: TrainConfig, backend: str, nnodes: int, count: int | None, reason: str) -> Plan:
+    replicas = None if count is None else count * (nnodes if cfg.mode == "ddp" else 1)
+    return Plan(
+        mode=cfg.mode,
+        backend=backend,
+        nnodes=nnodes,
+        nproc=1 if cfg.mode != "ddp" else count,
+        replicas=replicas,
+        devices=None,
+        global_batch=None,
+        per_device_batch=None,
+        threads_per_rank=None,
+        reason=reason,
+    )
+
+
+def _check(cfg: TrainConfig, env: Environment, backend: str, count: int, flag: str) -> str | None:
+    """Why `cfg` cannot run on `env` with `count` devices per node (None: it can)."""
+    use_cuda = cfg.device != "cpu" and env.cuda
+    if cfg.mode == "dp" and not use_cuda:
+        return (
+            "--mode dp needs at least one CUDA device (nn.DataParallel is GPU-only) and none is "
+            "visible; use --mode single, or --mode ddp --backend gloo on CPU"
+        )
+    if backend == "nccl" and env.system == "Windows":
+        return "NCCL is not available on Windows; use --backend gloo (what auto picks there)"
+    if backend == "nccl" and not use_cuda:
+        return "--backend nccl needs CUDA GPUs and torch sees none; use --backend gloo (or auto)"
+    if backend == "nccl" and not env.nccl:
+        return "this torch build has no NCCL; use --backend gloo"
+    if use_cuda and count > env.gpus:
+        one_per_gpu = " (one process per GPU), or --device cpu" if cfg.mode == "ddp" else ""
+        return (
+            f"{flag} {count} is above the {env.gpus} visible GPU(s); use {flag} {env.gpus} or "
+            f"fewer{one_per_gpu}"
+        )
+    if cfg.sync_bn and cfg.mode == "ddp" and not use_cuda:
+        return "--sync-bn needs CUDA devices (SyncBatchNorm is GPU-only); drop --sync-bn on CPU"
+    return None
+
+
+def plan(cfg: TrainConfig, env: Environment, *, nproc: int | None = None, nnodes: int = 1) -> Plan:
+    """Lay out `cfg` on `env`: `nproc` processes per node for DDP (default: one per GPU, 2 on
+    CPU), DP's GPUs (`nproc`, else `cfg.dp_gpus`, else every visible GPU), one device otherwise.
+
+    Raises ValueError only for a request that is wrong anywhere (`--device cuda` without CUDA,
+    fewer than one process); what this machine or this batch cannot do is returned as `reason`.
+    """
+    if cfg.device == "cuda" and not env.cuda:
+        raise ValueError("--device cuda but torch sees no CUDA device; use --device cpu or auto")
+    if nproc is not None and nproc < 1:
+        raise ValueError(f"--nproc must be >= 1; got {nproc}")
+    use_cuda = cfg.device != "cpu" and env.cuda
+    gpus = env.gpus if use_cuda else 0
+    flag = "--nproc" if nproc else "--dp-gpus"
+    if cfg.mode == "ddp":
+        backend = resolve_backend(cfg.backend, use_cuda=use_cuda, system=env.system)
+        count, nodes = nproc or (gpus if use_cuda else 2), nnodes
+    else:
+        backend, nodes = "none", 1
+        count = 1 if cfg.mode == "single" else (nproc or cfg.dp_gpus or gpus or None)
+    reason = _check(cfg, env, backend, count or 0, flag)
+    if reason is None:
+        try:  # a global batch that does not divide over the replicas cannot run here either
+            global_batch, per_device = batch_split(cfg, count * nodes)
+        except ValueError as exc:
+            reason = str(exc)
+    if reason is not None:
+        return _refused(cfg, backend, nodes, count, reason)
+    per_node = [f"cuda:{i}" if use_cuda else "cpu" for i in range(count)]
+    processes = count if cfg.mode == "ddp" else 1
+    warnings = ()
+    if not use_cuda and processes > env.cpu_cores:
+        warnings = (
+            f"--nproc {processes} exceeds the {env.cpu_cores} CPU cores; ranks will time-share "
+            "cores (1 thread each) and step times will not be representative",
+        )
+    return Plan(
+        mode=cfg.mode,
+        backend=backend,
+        nnodes=nodes,
+        nproc=processes,
+        replicas=count * nodes,
+        devices=per_node * nodes,
+        global_batch=global_batch,
+        per_device_batch=per_device,
+        threads_per_rank=env.torch_threads if use_cuda else max(1, env.cpu_cores // processes),
+        warnings=warnings,
+    )
