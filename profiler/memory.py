@@ -65,12 +65,13 @@ class MemoryTracker:
 
     # -- sampling ------------------------------------------------------------------------------
     def _sample(self) -> int:
-        rss = self._process.memory_info().rss
-        nvml_used = []
-        if self._nvml is not None:
-            pynvml, handles = self._nvml
-            nvml_used = [int(pynvml.nvmlDeviceGetMemoryInfo(h).used) for h in handles]
+        # Read under the lock: a reading taken before _reset_peaks must not land after it.
         with self._lock:
+            rss = self._process.memory_info().rss
+            nvml_used = []
+            if self._nvml is not None:
+                pynvml, handles = self._nvml
+                nvml_used = [int(pynvml.nvmlDeviceGetMemoryInfo(h).used) for h in handles]
             self._peak_rss = max(self._peak_rss, rss)
             for i, used in enumerate(nvml_used):
                 prev = self._peak_nvml[i]
