@@ -1,9 +1,9 @@
 """The profiler session: a thin, schedule-driven wrapper around `torch.profiler.profile`.
 
 The training loop drives it with `start()`, `step()` once per optimizer step, and `stop()` (or
-uses it as a context manager). Traces are written by torch's own `tensorboard_trace_handler`, so
-every file is standard Kineto JSON named `<worker>.<time_ns>.pt.trace.json.gz`: the name the
-TensorBoard profiler plugin needs to find the file and to take the worker from it. torch adds
+uses it as a context manager). Traces are standard Kineto JSON exported by torch, named from
+one template, `<worker>.<time_ns>.pt.trace.json.gz` (TRACE_NAME): the name the TensorBoard
+profiler plugin needs to find the file and to take the worker from it. torch adds
 `distributedInfo` (backend, rank, world_size) to the trace when a process group is initialised.
 
 With `enabled=False` every method is a no-op, so `--no-profile` runs measure the profiler's
@@ -12,16 +12,19 @@ overhead against otherwise identical runs.
 
 from __future__ import annotations
 
+import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from types import TracebackType
 
-from torch.profiler import ProfilerActivity, profile, schedule, tensorboard_trace_handler
+from torch.profiler import ProfilerActivity, profile, schedule
 
-__all__ = ["TRACE_GLOB", "ProfileConfig", "ProfilerSession"]
+__all__ = ["TRACE_GLOB", "TRACE_NAME", "ProfileConfig", "ProfilerSession"]
 
-# Every file the session writes matches this; the TensorBoard plugin reads only these names.
-TRACE_GLOB = "*.pt.trace.json.gz"
+# The one template of trace file names: the TensorBoard plugin reads only `*.pt.trace.json(.gz)`
+# and takes the worker from the part before the first '.'; the time keeps cycles apart.
+TRACE_NAME = "{worker}.{time_ns}.pt.trace.json.gz"
+TRACE_GLOB = TRACE_NAME.format(worker="*", time_ns="*")
 
 
 @dataclass(kw_only=True)
@@ -83,13 +86,11 @@ class ProfilerSession:
         self._running = False
 
     def _on_trace_ready(self, prof: profile) -> None:
-        # torch's handler picks the file name itself; diff the folder to learn which file it wrote.
-        before = set(self.trace_dir.glob(f"{self.worker_name}.{TRACE_GLOB}"))
-        tensorboard_trace_handler(str(self.trace_dir), worker_name=self.worker_name, use_gzip=True)(
-            prof
-        )
-        after = set(self.trace_dir.glob(f"{self.worker_name}.{TRACE_GLOB}"))
-        self._written.extend(sorted(after - before))
+        # What torch's tensorboard_trace_handler does, with the name taken from our template so
+        # the session knows the file it wrote without looking at the folder.
+        path = self.trace_dir / TRACE_NAME.format(worker=self.worker_name, time_ns=time.time_ns())
+        prof.export_chrome_trace(str(path))  # gzipped because the name ends in .gz
+        self._written.append(path)
 
     def start(self) -> None:
         """Begin the schedule (step 0 is the first `wait` step). Idempotent."""

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import re
 import sys
 import time
 import types
@@ -20,7 +21,7 @@ import torch
 from profiler import memory as memory_mod
 from profiler import timers as timers_mod
 from profiler.memory import MemoryTracker
-from profiler.session import ProfileConfig, ProfilerSession
+from profiler.session import TRACE_GLOB, ProfileConfig, ProfilerSession
 from profiler.timers import StepTimer
 
 
@@ -74,7 +75,8 @@ def test_session_writes_one_gzip_trace_per_cycle(tmp_path: Path):
         _train(9, s)
     files = s.trace_files()
     assert len(files) == 2 and sorted(tmp_path.iterdir()) == sorted(files)
-    assert all(f.name.startswith("rank0.") and f.name.endswith(".pt.trace.json.gz") for f in files)
+    assert all(re.fullmatch(r"rank0\.\d+\.pt\.trace\.json\.gz", f.name) for f in files)
+    assert sorted(tmp_path.glob(TRACE_GLOB)) == sorted(files)  # the template's own glob finds them
     steps = []
     for f in files:
         trace = json.loads(gzip.decompress(f.read_bytes()))
