@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 import re
 from collections import defaultdict
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -160,6 +161,26 @@ def _anchor_sizes(c: Classified) -> tuple[list[int | None], list[int | None]]:
     return nbytes, group
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class _Call:
+    """One collective call on one rank (the fields `rank_instances` groups by name)."""
+
+    name: str
+    start_us: float
+    """First comm kernel start, else the call's start (µs rel. to the trace origin)."""
+    latency_us: float
+    """|call ∪ its kernels|."""
+    device_us: float
+    """|∪ kernels|, or the call's own duration when it launched none (gloo/CPU)."""
+    nbytes: int
+    """0 when unknown."""
+    group_size: int
+    """0 when unknown."""
+    starts: np.ndarray
+    ends: np.ndarray
+    """The call's and its kernels' intervals, for the per-name union of latencies."""
+
+
 def _kernel_name(name: str) -> str:
     m = _KERNEL_OP_RE.search(name)
     op = re.sub(r"(?<!^)(?=[A-Z])", "_", m.group(1)).lower() if m else "kernel"
@@ -182,7 +203,7 @@ def rank_instances(c: Classified, lo: float, hi: float) -> dict[str, dict[str, n
     )
     nbytes, group = _anchor_sizes(c)
     a = c.anchors
-    rows: list[tuple] = []  # (name, start, latency, device, bytes, group, starts, ends)
+    rows: list[_Call] = []
     by_anchor: dict[int, list[int]] = defaultdict(list)
     for j, anchor in enumerate(link.tolist()):
         by_anchor[anchor].append(int(comm_idx[j]))
@@ -203,37 +224,49 @@ def rank_instances(c: Classified, lo: float, hi: float) -> dict[str, dict[str, n
         for ka in (c.kernels.args[k] for k in ks):  # size from the kernel when the call lacks it
             nbytes[i] = nbytes[i] or _nbytes_from_counts(ka, a.names[i])
             group[i] = group[i] or ka.group_size
-        start = float(ks_s.min()) if ks else float(a.start[i])
-        rows.append((a.names[i], start, latency, device, nbytes[i] or 0, group[i] or 0, s, e))
+        rows.append(
+            _Call(
+                name=a.names[i],
+                start_us=float(ks_s.min()) if ks else float(a.start[i]),
+                latency_us=latency,
+                device_us=device,
+                nbytes=nbytes[i] or 0,
+                group_size=group[i] or 0,
+                starts=s,
+                ends=e,
+            )
+        )
     for k in by_anchor.get(-1, []):  # comm kernels no annotation claims
         if lo <= c.launch_us[k] <= hi:
             ks, ke = c.kernels.start[k], c.kernels.end[k]
             ka = c.kernels.args[k]
             name = _kernel_name(c.kernels.names[k])
             rows.append(
-                (
-                    name,
-                    float(ks),
-                    ke - ks,
-                    ke - ks,
-                    _nbytes_from_counts(ka, name) or 0,
-                    ka.group_size or 0,
-                    np.array([ks]),
-                    np.array([ke]),
+                _Call(
+                    name=name,
+                    start_us=float(ks),
+                    latency_us=ke - ks,
+                    device_us=ke - ks,
+                    nbytes=_nbytes_from_counts(ka, name) or 0,
+                    group_size=ka.group_size or 0,
+                    starts=np.array([ks]),
+                    ends=np.array([ke]),
                 )
             )
-    rows.sort(key=lambda r: r[1])
+    rows.sort(key=lambda r: r.start_us)
     out: dict[str, dict[str, np.ndarray]] = {}
-    for name in dict.fromkeys(r[0] for r in rows):
-        mine = [r for r in rows if r[0] == name]
+    for name in dict.fromkeys(r.name for r in rows):
+        mine = [r for r in rows if r.name == name]
         out[name] = {
-            "start_us": np.array([r[1] for r in mine]),
-            "latency_us": np.array([r[2] for r in mine]),
-            "device_us": np.array([r[3] for r in mine]),
-            "bytes": np.array([r[4] for r in mine], dtype=np.int64),
-            "group_size": np.array([r[5] for r in mine], dtype=np.int64),
+            "start_us": np.array([r.start_us for r in mine]),
+            "latency_us": np.array([r.latency_us for r in mine]),
+            "device_us": np.array([r.device_us for r in mine]),
+            "bytes": np.array([r.nbytes for r in mine], dtype=np.int64),
+            "group_size": np.array([r.group_size for r in mine], dtype=np.int64),
             "union_us": total_us(
-                merge(np.concatenate([r[6] for r in mine]), np.concatenate([r[7] for r in mine]))
+                merge(
+                    np.concatenate([r.starts for r in mine]), np.concatenate([r.ends for r in mine])
+                )
             ),
         }
     return out
