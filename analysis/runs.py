@@ -39,7 +39,18 @@ CONFIG_FIELDS = (
     "amp",
     "devices",
 )
-ENV_FIELDS = ("os", "hostname", "torch", "cuda", "nccl", "threads_per_rank")
+ENV_FIELDS = (
+    "os",
+    "platform",
+    "hostname",
+    "python",
+    "torch",
+    "cuda",
+    "nccl",
+    "gpus",
+    "cpu_model",
+    "threads_per_rank",
+)
 GROUP_KEY = ("model", "dataset", "scaling", "mode", "backend", "world_size", "os")
 GROUP_STATS = (
     "samples_per_s",
@@ -194,6 +205,7 @@ def load_run(run_dir: Path) -> dict:
         "top1_pct": best.get("top1_pct"),
         "top5_pct": best.get("top5_pct"),
         "trace_files": [str(t) for t in rec.get("traces") or []],
+        "logs": sorted(p.relative_to(run_dir).as_posix() for p in run_dir.glob("logs/*.log")),
         "trace": None,
         "warnings": [],
     }

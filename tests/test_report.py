@@ -275,18 +275,31 @@ def test_summary_json_and_csvs_hold_the_same_numbers(built):
 
 
 @pytest.mark.skipif(os.name != "posix", reason="POSIX permission bits")
-def test_report_files_get_the_umask_file_mode(built, tmp_path):
-    """Report files are as readable as any file the user writes (0666 minus the umask), not
-    the temp file's private 0600: a report on a shared machine can be opened by the team."""
+def test_report_is_written_from_the_runs_json_alone_with_the_umask_mode(built, tmp_path):
+    """write_report reads nothing but the runs JSON (the run folders are gone here: environment
+    and log links still come out whole), and its files are as readable as any file the user
+    writes (0666 minus the umask), not a temp file's private 0600."""
     _, _, expected, _ = built
+    data = json.loads(json.dumps(expected))
+    for run in data["runs"]:
+        run["path"] = str(tmp_path / "moved" / run["run_id"])
     old = os.umask(0o027)
     try:
-        files = write_report(expected, tmp_path / "out", progress=False)
+        files = write_report(data, tmp_path / "out", progress=False)
     finally:
         os.umask(old)
     written = sorted((tmp_path / "out").iterdir())
     assert files.index_html in written and files.summary_json in written and files.csvs
     assert {stat.S_IMODE(p.stat().st_mode) for p in written} == {0o640}
+    with open(tmp_path / "out" / "environment.csv", newline="") as f:
+        env = {r["run_id"]: r for r in csv.DictReader(f)}
+    for run in expected["runs"]:
+        assert env[run["run_id"]]["python"] == run["python"] and run["python"]
+        assert env[run["run_id"]]["cpu_model"] == run["cpu_model"]
+        assert "logs/launcher.log" in run["logs"]
+    page = Page(files.index_html.read_text(encoding="utf-8"))
+    logs = [h for h in page.links if h.endswith(".log")]
+    assert len(logs) == sum(len(r["logs"]) for r in expected["runs"])
 
 
 def test_findings_come_from_rules_with_stated_thresholds(built):
@@ -435,9 +448,12 @@ def test_speedup_series_never_pool_two_models():
             "samples_per_s": sps,
         }
 
-    df = _runs_frame({"runs": [run("a", "mlp", 2500.0), run("b", "smallcnn", 1060.0)]})
+    two = [run("a", "mlp", 2500.0), run("b", "smallcnn", 1060.0)]
+    df = _runs_frame({"runs": two}, {"a": "A", "b": "B"})
     assert sorted(df["series"]) == ["ddp (gloo) · mlp", "ddp (gloo) · smallcnn"]
-    one = _runs_frame({"runs": [run("a", "mlp", 2500.0), run("c", "mlp", 2400.0)]})
+    one = _runs_frame(
+        {"runs": [run("a", "mlp", 2500.0), run("c", "mlp", 2400.0)]}, {"a": "A", "c": "C"}
+    )
     assert set(one["series"]) == {"ddp (gloo)"}
 
 

@@ -55,10 +55,9 @@ def _json_safe(obj: Any) -> Any:
     return obj
 
 
-def _runs_frame(data: dict[str, Any]) -> pd.DataFrame:
-    """One row per ok run with the fields the figures need, plus a label and a series name."""
+def _runs_frame(data: dict[str, Any], labels: dict[str, str]) -> pd.DataFrame:
+    """One row per ok run with the fields the figures need, plus its label and a series name."""
     runs = [r for r in data.get("runs", []) if r.get("status") == "ok"]
-    labels = unique_labels(runs)
     keys = [
         "run_id",
         "model",
@@ -98,10 +97,9 @@ def _bar(frame: pd.DataFrame, labels: dict[str, str], *extra: str) -> pd.DataFra
 
 
 def _figures(
-    data: dict[str, Any], tables: dict[str, Table], progress: bool
+    data: dict[str, Any], tables: dict[str, Table], labels: dict[str, str], progress: bool
 ) -> dict[str, str | None]:
-    labels = unique_labels(data.get("runs", []))
-    runs = _runs_frame(data)
+    runs = _runs_frame(data, labels)
     steps = pd.DataFrame(
         [
             {
@@ -153,9 +151,11 @@ def _environment() -> jinja2.Environment:
 def write_report(data: dict[str, Any], out_dir: Path, *, progress: bool = True) -> ReportFiles:
     """Write index.html, summary.json and the CSV tables for a runs JSON into `out_dir`."""
     out_dir = Path(out_dir)
-    tables = all_tables(data, out_dir)
+    # Labels are made once, over every run: a figure and a table cannot name a run differently.
+    labels = unique_labels(data.get("runs", []))
+    tables = all_tables(data, out_dir, labels)
     found = findings(data)
-    figs = _figures(data, tables, progress)
+    figs = _figures(data, tables, labels, progress)
     summary = _json_safe(
         {**data, "findings": [f.to_dict() for f in found], "thresholds": THRESHOLDS}
     )
@@ -165,7 +165,7 @@ def write_report(data: dict[str, Any], out_dir: Path, *, progress: bool = True) 
         .render(
             data=data,
             tables=tables,
-            labels=unique_labels(data.get("runs", [])),
+            labels=labels,
             findings=found,
             figures=figs,
             ops=ops_context(data),

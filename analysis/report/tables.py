@@ -6,7 +6,6 @@ tests and sorting see the exact numbers) next to its display text; units live in
 
 from __future__ import annotations
 
-import json
 import math
 import os
 from dataclasses import dataclass, field
@@ -30,7 +29,7 @@ from analysis.report.columns import (
     Column,
 )
 
-__all__ = ["Column", "Table", "all_tables", "fmt", "run_label", "run_reason"]
+__all__ = ["Column", "Table", "all_tables", "fmt", "run_label", "run_reason", "unique_labels"]
 
 MIB = 2**20
 
@@ -255,20 +254,8 @@ def memory_rows(data: dict[str, Any]) -> list[dict[str, Any]]:
     return rows
 
 
-def _run_env(run: dict[str, Any]) -> dict[str, Any]:
-    # The runs JSON copies only some env fields; python etc. are read from run.json itself.
-    try:
-        env = json.loads((Path(run["path"]) / "run.json").read_text(encoding="utf-8")).get("env")
-    except (OSError, ValueError, AttributeError):
-        return {}
-    return env if isinstance(env, dict) else {}
-
-
 def env_rows(data: dict[str, Any]) -> list[dict[str, Any]]:
-    rows = []
-    for run in data.get("runs", []):
-        env = _run_env(run) if any(c.key not in run for c in ENV_COLS) else {}
-        rows.append({c.key: run[c.key] if c.key in run else env.get(c.key) for c in ENV_COLS})
+    rows = [{c.key: run.get(c.key) for c in ENV_COLS} for run in data.get("runs", [])]
     # Platform first, then backend: Linux vs Windows and NCCL vs GLOO end up next to each other.
     return sorted(rows, key=lambda r: (str(r["os"]), str(r["backend"]), str(r["run_id"])))
 
@@ -277,22 +264,21 @@ def trace_link_rows(data: dict[str, Any], out_dir: Path) -> list[dict[str, Any]]
     rows = []
     for run in data.get("runs", []):
         folder = Path(run["path"])
-        logs = sorted((folder / "logs").glob("*.log")) if (folder / "logs").is_dir() else []
         rows.append(
             {
                 "run_id": run["run_id"],
                 "status": run.get("status"),
                 "kind": (run.get("trace") or {}).get("kind"),
                 "trace_links": [_link(folder / t, out_dir) for t in run.get("trace_files") or []],
-                "log_links": [_link(p, out_dir) for p in logs],
+                "log_links": [_link(folder / p, out_dir) for p in run.get("logs") or []],
             }
         )
     return rows
 
 
-def all_tables(data: dict[str, Any], out_dir: Path) -> dict[str, Table]:
-    """Every report table keyed by id; CSV names are the ones the report promises."""
-    labels = unique_labels(data.get("runs", []))
+def all_tables(data: dict[str, Any], out_dir: Path, labels: dict[str, str]) -> dict[str, Table]:
+    """Every report table keyed by id (`labels`: run_id -> the report's one label of each run);
+    CSV names are the ones the report promises."""
     coll, overlap, strag = trace_rows(data)
     return {
         "summary": Table(
