@@ -65,8 +65,10 @@ profile-ddp: setup
 profile-all: setup
 	@for s in $(SEEDS); do $(PY) -m workloads.launch --mode all $(NPROC_FLAG) --seed $$s $(RUN_FLAGS) $(ARGS) || exit $$?; done
 
+# RUNS is one folder (spaces allowed) or, when no such folder exists, several separated by spaces.
 report: setup
-	$(PY) -m analysis.report "$(RUNS)" --out "$(REPORT_DIR)"
+	@if [ -d "$(RUNS)" ]; then set -- "$(RUNS)"; else set -- $(RUNS); fi; \
+	    $(PY) -m analysis.report "$$@" --out "$(REPORT_DIR)"
 
 # Small defaults so the whole demo finishes in about a minute on a 2-core CPU (README: measured);
 # two seeds so the report has error bars. Any of MODEL/STEPS/SEEDS given on the command line wins.

@@ -3,9 +3,9 @@
 
 from __future__ import annotations
 
+import json
 import os
 import platform
-import shlex
 import socket
 import subprocess
 import sys
@@ -135,33 +135,33 @@ def test_bad_choices_are_one_line_not_the_usage_block(capsys, module, args, matc
 
 
 def test_make_passes_runs_with_a_space_as_one_folder(tmp_path):
-    """RUNS="dir with space" reaches every target's command as one argument (make -n prints
-    the commands the targets would run; setup is taken as done)."""
-    runs = str(tmp_path / "dir with space")
-    proc = subprocess.run(
-        [
-            "make",
-            "-n",
-            "-o",
-            ".venv/.requirements.stamp",
-            "profile-single",
-            "profile-all",
-            "report",
-            "tensorboard",
-            "gpu-check",
-            f"RUNS={runs}",
-        ],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    assert proc.returncode == 0, proc.stderr
-    commands = [ln for ln in proc.stdout.splitlines() if " -m " in ln]
-    assert len(commands) == 5, proc.stdout
-    for line in commands:
-        argv = shlex.split(line.split("; do ")[-1].split(" || ")[0])
-        assert runs in argv or f"{runs}/gpu-check" in argv, line
+    """RUNS="dir with space" reaches every target's command as one argument; `make report`
+    still takes several folders. PY is replaced by a script that prints its arguments, so make
+    and the shell really run each recipe (setup is taken as done)."""
+    argv = tmp_path / "argv.py"
+    argv.write_text(f"#!{sys.executable}\nimport json, sys\nprint(json.dumps(sys.argv[1:]))\n")
+    argv.chmod(0o755)
+    runs = tmp_path / "dir with space"
+    runs.mkdir()
+    targets = ["profile-single", "profile-dp", "profile-ddp", "profile-all", "report"]
+
+    def make(*args: str) -> list[list[str]]:
+        proc = subprocess.run(
+            ["make", "-s", "-o", ".venv/.requirements.stamp", f"PY={argv}", *args],
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert proc.returncode == 0, proc.stderr
+        return [json.loads(line) for line in proc.stdout.splitlines()]
+
+    calls = make(*targets, "tensorboard", "gpu-check", f"RUNS={runs}")
+    assert len(calls) == len(targets) + 2
+    assert all(str(runs) in c or f"{runs}/gpu-check" in c for c in calls), calls
+    other = tmp_path / "other"
+    (report,) = make("report", f"RUNS={runs.parent / 'a'} {other}")
+    assert report[:3] == ["-m", "analysis.report", str(runs.parent / "a")] and str(other) in report
 
 
 # --- real runs -------------------------------------------------------------------------------
