@@ -8,35 +8,36 @@ code 2; per-file problems are printed as one line each while the good files are 
 from __future__ import annotations
 
 import argparse
-import math
 import os
 import sys
 from pathlib import Path
-from typing import Any
 
 import pandas as pd
 
 from analysis.errors import AnalysisError
+from analysis.report.columns import (
+    CLI_COLLECTIVE_COLS,
+    CLI_GROUP_COLS,
+    CLI_RANK_COLS,
+    CLI_RUN_COLS,
+    CLI_STRAGGLER_COLS,
+    Column,
+    fmt,
+)
 from profiler.atomic import write_json_atomic
 
 __all__ = ["main"]
 
-
-def _fmt(value: Any, digits: int = 1) -> Any:
-    if value is None or (isinstance(value, float) and not math.isfinite(value)):
-        return "-"
-    if isinstance(value, float):
-        return f"{value:,.{digits}f}"
-    return value
+PHASES = ("data", "forward", "backward", "optimizer")
 
 
-def _table(rows: list[dict], columns: dict[str, str], digits: int = 1) -> str:
-    """Render `rows` with `columns` {key: header-with-unit} as a plain aligned table."""
+def _table(rows: list[dict], columns: list[Column]) -> str:
+    """Render `rows` as a plain aligned table with the report's headers, units and formats."""
     if not rows:
         return "(none)"
     frame = pd.DataFrame(
-        [{h: _fmt(r.get(k), digits) for k, h in columns.items()} for r in rows],
-        columns=list(columns.values()),
+        [{c.header: fmt(r.get(c.key), c, r) for c in columns} for r in rows],
+        columns=[c.header for c in columns],
     )
     return frame.to_string(index=False)
 
@@ -60,65 +61,19 @@ def print_traces(result: dict) -> None:
         f"traces: {result['trace_dir']}  kind={result['kind']}  world_size={result['world_size']}"
     )
     rows = [{**r, **{f"tb_{k}": v for k, v in r["tb_split"].items()}} for r in result["ranks"]]
-    print(
-        _table(
-            rows,
-            {
-                "rank": "rank",
-                "steps": "steps",
-                "step_time_us_mean": "step µs",
-                "compute_us": "compute µs",
-                "comm_us": "comm µs",
-                "exposed_comm_us": "exposed µs",
-                "overlap_pct": "overlap %",
-                "idle_pct": "idle %",
-                "data_wait_us": "data-wait µs",
-                "tb_computation": "tb comp µs",
-                "tb_overlapping": "tb overlap µs",
-                "tb_communication": "tb comm µs",
-                "tb_other": "tb other µs",
-            },
-        )
-    )
+    print(_table(rows, CLI_RANK_COLS))
     if result["collectives"]:
-        print("\ncollectives (latency = per-call mean over ranks; GB = 1e9 bytes)")
-        print(
-            _table(
-                result["collectives"],
-                {
-                    "name": "collective",
-                    "calls": "calls",
-                    "bytes_total": "bytes",
-                    "bytes_avg": "bytes/call",
-                    "latency_us_total": "latency µs",
-                    "latency_us_avg": "µs/call",
-                    "transfer_us_total": "transfer µs",
-                    "sync_us_total": "sync µs",
-                    "algbw_gbps": "algbw GB/s",
-                    "busbw_gbps": "busbw GB/s",
-                },
-                2,
-            )
-        )
+        print("\ncollectives (per rank, mean over ranks; MB = 10⁶ bytes, GB = 10⁹ bytes)")
+        print(_table(result["collectives"], CLI_COLLECTIVE_COLS))
     if len(result["stragglers"]) > 1:
         print("\nstragglers (start skew of matching collectives vs the earliest rank)")
-        print(
-            _table(
-                result["stragglers"],
-                {
-                    "rank": "rank",
-                    "start_skew_us_mean": "skew mean µs",
-                    "start_skew_us_max": "skew max µs",
-                    "straggler_score": "score",
-                },
-                2,
-            )
-        )
+        print(_table(result["stragglers"], CLI_STRAGGLER_COLS))
         spread = result["step_time_spread"]
         if spread:
+            us = Column(key="us", label="", kind="num", digits=1)
             print(
-                f"step-time spread: min {_fmt(spread['min_us'])} µs, max {_fmt(spread['max_us'])}"
-                f" µs, spread {_fmt(spread['spread_pct'])} %"
+                f"step-time spread: min {fmt(spread['min_us'], us)} µs, max "
+                f"{fmt(spread['max_us'], us)} µs, spread {fmt(spread['spread_pct'], us)} %"
             )
     for warning in result.get("warnings", []):
         print(f"warning: {warning}")
@@ -134,40 +89,17 @@ def _print_skipped(skipped: list[dict], key: str) -> None:
 
 def print_runs(result: dict) -> None:
     """Run and group tables of a runs JSON."""
+    ms = Column(key="ms", label="", kind="num", digits=1)
     rows = [
         {
             **r,
-            "phases": "/".join(
-                _fmt(r["phases_s"][p] * 1e3) for p in ("data", "forward", "backward", "optimizer")
-            )
+            "phases_ms": "/".join(fmt(r["phases_s"][p] * 1e3, ms) for p in PHASES)
             if r["phases_s"]
             else None,
         }
         for r in result["runs"]
     ]
-    print(
-        _table(
-            rows,
-            {
-                "run_id": "run",
-                "status": "status",
-                "mode": "mode",
-                "backend": "backend",
-                "world_size": "n",
-                "samples_per_s": "samples/s",
-                "speedup": "speedup ×",
-                "scaling_efficiency": "efficiency",
-                "phases": "data/fwd/bwd/opt ms",
-                "comm_pct": "comm %",
-                "exposed_comm_pct": "exposed %",
-                "overlap_pct": "overlap %",
-                "memory_imbalance_max_over_mean": "mem max/mean",
-                "top1_pct": "top-1 %",
-                "test_loss": "test loss",
-            },
-            2,
-        )
-    )
+    print(_table(rows, CLI_RUN_COLS))
     for run in result["runs"]:
         if run["error"]:
             print(f"  {run['run_id']}: {run['status']}: {run['error'].get('message')}")
@@ -175,36 +107,7 @@ def print_runs(result: dict) -> None:
             print(f"  warning: {warning}")
     if result["groups"]:
         print("\ngroups (mean ± sample std over seeds)")
-        rows = [
-            {
-                **g,
-                **{
-                    s: None
-                    if g[f"{s}_mean"] is None
-                    else f"{g[f'{s}_mean']:.3g}"
-                    + ("" if g[f"{s}_std"] is None else f" ± {g[f'{s}_std']:.2g}")
-                    for s in ("samples_per_s", "speedup", "scaling_efficiency", "top1_pct")
-                },
-            }
-            for g in result["groups"]
-        ]
-        print(
-            _table(
-                rows,
-                {
-                    "model": "model",
-                    "mode": "mode",
-                    "backend": "backend",
-                    "world_size": "n",
-                    "n_seeds": "seeds",
-                    "samples_per_s": "samples/s",
-                    "speedup": "speedup ×",
-                    "scaling_efficiency": "efficiency",
-                    "top1_pct": "top-1 %",
-                    "comm_pct_mean": "comm %",
-                },
-            )
-        )
+        print(_table(result["groups"], CLI_GROUP_COLS))
     for tune in result.get("tunes", []):  # make tune-ddp folders: their verdict, not their trials
         best = tune["best"]
         verdict = f"best {best['name']}" if best else "no knob beat the run-to-run noise"

@@ -8,6 +8,15 @@ runs JSON of `analysis.runs.compare_runs` (schema in docs/analysis.md) and never
 
 from __future__ import annotations
 
-from analysis.report.build import ReportError, ReportFiles, build_report, write_report
+from typing import Any
 
 __all__ = ["ReportError", "ReportFiles", "build_report", "write_report"]
+
+
+def __getattr__(name: str) -> Any:
+    # Lazy: the analysis CLI imports analysis.report.columns without matplotlib and jinja2.
+    if name in __all__:
+        from analysis.report import build
+
+        return getattr(build, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

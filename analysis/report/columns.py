@@ -1,13 +1,22 @@
-"""Column specs of every report table: key in the row dict, header label, unit and display kind.
+"""Column specs of every table, in the report and in the `python -m analysis` CLI: key in the
+row dict, header label, unit and display kind.
 
 Units live in the headers so every number on the page has one; `kind` picks the display format.
+Each table keeps to one byte convention, named in its units: binary MiB (2^20 B) for memory,
+decimal MB (10^6 B) where bytes stand next to bandwidths in GB/s (10^9 B/s), as in nccl-tests.
+No plotting or pandas here: the CLI imports this module alone.
 """
 
 from __future__ import annotations
 
+import math
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
-__all__ = ["Column", "C"]
+__all__ = ["BYTE_UNITS", "C", "Column", "fmt", "missing", "without"]
+
+BYTE_UNITS = {"MiB": 2**20, "MB": 10**6}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -29,6 +38,8 @@ class Column:
             raise ValueError(f"Column {self.key}: kind must be one of {sorted(kinds)}")
         if self.kind == "pm" and not self.std_key:
             raise ValueError(f"Column {self.key}: kind 'pm' needs std_key")
+        if self.kind == "bytes" and self.unit not in BYTE_UNITS:
+            raise ValueError(f"Column {self.key}: kind 'bytes' needs a unit in {list(BYTE_UNITS)}")
 
     @property
     def header(self) -> str:
@@ -37,6 +48,34 @@ class Column:
     @property
     def numeric(self) -> bool:
         return self.kind not in ("text", "links")
+
+
+def missing(v: Any) -> bool:
+    return v is None or (isinstance(v, float) and math.isnan(v))
+
+
+def fmt(value: Any, col: Column, row: dict[str, Any] | None = None) -> str:
+    """Display text for one cell (units are in the header); missing values show as an em dash."""
+    if missing(value):
+        return "—"
+    if col.kind == "bytes":
+        return f"{value / BYTE_UNITS[col.unit]:,.1f}"
+    if col.kind == "frac_pct":
+        return f"{value * 100:.1f}"
+    if col.kind == "int":
+        return f"{int(value):,}"
+    if col.kind in ("num", "pm"):
+        text = f"{value * col.scale:,.{col.digits}f}"
+        std = (row or {}).get(col.std_key) if col.kind == "pm" else None
+        return f"{text} ± {std * col.scale:,.{col.digits}f}" if not missing(std) else text
+    if isinstance(value, list):
+        return ", ".join(map(str, value)) or "—"
+    return str(value)
+
+
+def without(cols: Sequence[Column], *keys: str) -> list[Column]:
+    """`cols` minus the columns with these keys (the CLI's tables are the report's, less some)."""
+    return [c for c in cols if c.key not in keys]
 
 
 C = Column  # short alias for the specs below
@@ -80,8 +119,8 @@ COLLECTIVE_COLS = [
     C(key="run_id", label="Run"),
     C(key="name", label="Collective"),
     C(key="calls", label="Calls", unit="count", kind="int"),
-    C(key="bytes_total", label="Bytes total", unit="MiB", kind="bytes"),
-    C(key="bytes_avg", label="Bytes per call", unit="MiB", kind="bytes"),
+    C(key="bytes_total", label="Bytes total", unit="MB", kind="bytes"),
+    C(key="bytes_avg", label="Bytes per call", unit="MB", kind="bytes"),
     C(key="latency_us_avg", label="Latency per call", unit="µs", kind="num", digits=1),
     C(key="latency_us_total", label="Latency total", unit="µs", kind="num", digits=0),
     C(key="transfer_us_total", label="Transfer", unit="µs", kind="num", digits=0),
@@ -209,3 +248,20 @@ TRACE_COLS = [
     C(key="trace_links", label="Trace files", kind="links", wrap=True),
     C(key="log_links", label="Logs", kind="links", wrap=True),
 ]
+
+# --- the CLI's tables (python -m analysis traces | runs): the report's columns, less the run id
+CLI_RANK_COLS = [
+    *without(OVERLAP_COLS, "run_id"),
+    C(key="compute_us", label="Compute", unit="µs/step", kind="num", digits=0),
+    C(key="idle_pct", label="Idle", unit="% of step", kind="num", digits=1),
+    C(key="data_wait_us", label="Data wait", unit="µs/step", kind="num", digits=0),
+]
+CLI_COLLECTIVE_COLS = without(COLLECTIVE_COLS, "run_id")
+CLI_STRAGGLER_COLS = without(STRAGGLER_COLS, "run_id", "spread_pct")
+CLI_RUN_COLS = [
+    *without(SUMMARY_COLS, "peak_memory_bytes", "os", "label", "reason"),
+    C(key="phases_ms", label="Data/fwd/bwd/opt", unit="ms/step"),
+    C(key="overlap_pct", label="Overlap (HTA)", unit="% of comm", kind="num", digits=1),
+    C(key="test_loss", label="Test loss", unit="nats", kind="num", digits=4),
+]
+CLI_GROUP_COLS = [*SPEEDUP_COLS, *(c for c in ACCURACY_COLS if c.key == "top1_pct_mean")]

@@ -6,7 +6,6 @@ tests and sorting see the exact numbers) next to its display text; units live in
 
 from __future__ import annotations
 
-import math
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -27,11 +26,11 @@ from analysis.report.columns import (
     SUMMARY_COLS,
     TRACE_COLS,
     Column,
+    fmt,
+    missing,
 )
 
 __all__ = ["Column", "Table", "all_tables", "fmt", "run_label", "run_reason", "unique_labels"]
-
-MIB = 2**20
 
 
 @dataclass(kw_only=True)
@@ -49,7 +48,7 @@ class Table:
         return [
             c
             for c in self.columns
-            if not c.numeric or any(not _missing(r.get(c.key)) for r in self.rows)
+            if not c.numeric or any(not missing(r.get(c.key)) for r in self.rows)
         ]
 
     def frame(self) -> pd.DataFrame:
@@ -67,29 +66,6 @@ def _csv_value(v: Any) -> Any:
     if isinstance(v, list):
         return ";".join(str(x.get("text", x)) if isinstance(x, dict) else str(x) for x in v)
     return v
-
-
-def _missing(v: Any) -> bool:
-    return v is None or (isinstance(v, float) and math.isnan(v))
-
-
-def fmt(value: Any, col: Column, row: dict[str, Any] | None = None) -> str:
-    """Display text for one cell (units are in the header); missing values show as an em dash."""
-    if _missing(value):
-        return "—"
-    if col.kind == "bytes":
-        return f"{value / MIB:,.1f}"
-    if col.kind == "frac_pct":
-        return f"{value * 100:.1f}"
-    if col.kind == "int":
-        return f"{int(value):,}"
-    if col.kind in ("num", "pm"):
-        text = f"{value * col.scale:,.{col.digits}f}"
-        std = (row or {}).get(col.std_key) if col.kind == "pm" else None
-        return f"{text} ± {std * col.scale:,.{col.digits}f}" if not _missing(std) else text
-    if isinstance(value, list):
-        return ", ".join(map(str, value)) or "—"
-    return str(value)
 
 
 def run_reason(run: dict[str, Any]) -> str:
