@@ -64,8 +64,9 @@ def _nccl_version() -> str | None:
     return ".".join(str(p) for p in version) if isinstance(version, tuple) else str(version)
 
 
-def collect_env(*, threads_per_rank: int) -> dict:
-    """The run.json `env` object (docs/run-folder.md): software versions and the machine."""
+def collect_env(*, threads_per_rank: int | None) -> dict:
+    """The run.json `env` object (docs/run-folder.md): software versions and the machine
+    (`threads_per_rank` None for a skipped run, which has no layout)."""
     gpus = (
         [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
         if torch.cuda.is_available()
@@ -82,6 +83,6 @@ def collect_env(*, threads_per_rank: int) -> dict:
         "gpus": gpus,
         "cpu_model": _cpu_model(),
         "cpu_cores": os.cpu_count(),
-        "threads_per_rank": int(threads_per_rank),
+        "threads_per_rank": None if threads_per_rank is None else int(threads_per_rank),
         "hostname": socket.gethostname(),
     }

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -18,24 +19,31 @@ REPO = Path(__file__).resolve().parents[1]
 SHARED = REPO.parent / "shared"
 
 
+def run_in_repo(
+    cmd: list[str], *, timeout: float = 120, env: dict | None = None
+) -> subprocess.CompletedProcess:
+    """Run `cmd` from the repo root with text output captured; return the finished process."""
+    return subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout)
+
+
 def launch(
     args: list[str], *, timeout: float = 240, check: bool = True
 ) -> subprocess.CompletedProcess:
     """Run `python -m workloads.launch ARGS` from the repo root; return the finished process."""
     env = dict(os.environ, PYTHONUNBUFFERED="1")
-    proc = subprocess.run(
-        [sys.executable, "-m", "workloads.launch", *args],
-        cwd=REPO,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
+    proc = run_in_repo([sys.executable, "-m", "workloads.launch", *args], timeout=timeout, env=env)
     if check and proc.returncode != 0:
         raise AssertionError(
             f"launcher failed ({proc.returncode})\nSTDOUT:\n{proc.stdout}\nSTDERR:\n{proc.stderr}"
         )
     return proc
+
+
+def free_port() -> int:
+    """A loopback TCP port free right now."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def read_run(run_dir: Path) -> dict:

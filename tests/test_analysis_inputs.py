@@ -14,20 +14,14 @@ import pytest
 
 from analysis.errors import AnalysisError
 from analysis.traces import analyze_trace_dir
-from tests.conftest import REPO, SHARED
+from tests.conftest import REPO, SHARED, run_in_repo
 
 PAIR = SHARED / "traces" / "hta" / "trace_filter"
 TB_NCCL = SHARED / "traces" / "tbplugin" / "test_distributed_nccl"
 
 
 def cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "analysis", *args, "--no-progress"],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
+    return run_in_repo([sys.executable, "-m", "analysis", *args, "--no-progress"])
 
 
 @pytest.fixture(scope="module")
@@ -165,9 +159,7 @@ def test_analysis_never_imports_torch():
         f"analyze_trace_dir({str(TB_NCCL)!r}, progress=False)\n"
         "assert 'torch' not in sys.modules, 'analysis imported torch'"
     )
-    proc = subprocess.run(
-        [sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=60
-    )
+    proc = run_in_repo([sys.executable, "-c", code], timeout=60)
     assert proc.returncode == 0, proc.stderr
 
 

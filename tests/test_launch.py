@@ -6,14 +6,13 @@ from __future__ import annotations
 import json
 import os
 import platform
-import socket
 import subprocess
 import sys
 
 import pytest
 import torch
 
-from tests.conftest import REPO, launch, read_run
+from tests.conftest import REPO, free_port, launch, read_run, run_in_repo
 from workloads import launch as launcher
 from workloads.train import main as train_main
 
@@ -146,13 +145,7 @@ def test_make_passes_runs_with_a_space_as_one_folder(tmp_path):
     targets = ["profile-single", "profile-dp", "profile-ddp", "profile-all", "report"]
 
     def make(*args: str) -> list[list[str]]:
-        proc = subprocess.run(
-            ["make", "-s", "-o", ".venv/.requirements.stamp", f"PY={argv}", *args],
-            cwd=REPO,
-            capture_output=True,
-            text=True,
-            timeout=60,
-        )
+        proc = run_in_repo(["make", "-s", "-o", ".venv/.requirements.stamp", f"PY={argv}", *args])
         assert proc.returncode == 0, proc.stderr
         return [json.loads(line) for line in proc.stdout.splitlines()]
 
@@ -170,22 +163,8 @@ def test_make_passes_runs_with_a_space_as_one_folder(tmp_path):
 def test_a_crashing_rank_marks_the_run_failed(runs_dir, monkeypatch):
     monkeypatch.setenv("DPSCOPE_FAIL_RANK", "1")
     monkeypatch.setenv("DPSCOPE_FAIL_STEP", "2")
-    proc = launch(
-        [
-            "--mode",
-            "ddp",
-            "--nproc",
-            "2",
-            "--backend",
-            "gloo",
-            "--run-id",
-            "crash",
-            "--runs-dir",
-            str(runs_dir),
-            *FAST,
-        ],
-        check=False,
-    )
+    ddp = "--mode ddp --nproc 2 --backend gloo --run-id crash".split()
+    proc = launch([*ddp, "--runs-dir", str(runs_dir), *FAST], check=False)
     assert proc.returncode == 1
     run = read_run(runs_dir / "crash")
     assert run["status"] == "failed"
@@ -197,38 +176,13 @@ def test_a_crashing_rank_marks_the_run_failed(runs_dir, monkeypatch):
     assert "status: failed" in proc.stdout
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_two_nodes_on_loopback(runs_dir):
-    endpoint = f"127.0.0.1:{_free_port()}"
+    endpoint = f"127.0.0.1:{free_port()}"
+    ddp = "-m workloads.launch --mode ddp --backend gloo --nproc 1 --nnodes 2 --run-id two-nodes"
     procs = [
         subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "workloads.launch",
-                "--mode",
-                "ddp",
-                "--backend",
-                "gloo",
-                "--nproc",
-                "1",
-                "--nnodes",
-                "2",
-                "--node-rank",
-                str(node),
-                "--rdzv-endpoint",
-                endpoint,
-                "--run-id",
-                "two-nodes",
-                "--runs-dir",
-                str(runs_dir),
-                *FAST,
-            ],
+            [sys.executable, *ddp.split(), "--node-rank", str(node), "--rdzv-endpoint", endpoint]
+            + ["--runs-dir", str(runs_dir), *FAST],
             cwd=REPO,
             env=dict(os.environ, PYTHONUNBUFFERED="1"),
             stdout=subprocess.PIPE,
@@ -249,46 +203,32 @@ def test_two_nodes_on_loopback(runs_dir):
 
 def test_file_rendezvous(runs_dir, tmp_path):
     rdzv = tmp_path / "rdzv" / "store"
-    launch(
-        [
-            "--mode",
-            "ddp",
-            "--backend",
-            "gloo",
-            "--nproc",
-            "2",
-            "--rdzv-file",
-            str(rdzv),
-            "--run-id",
-            "file-rdzv",
-            "--runs-dir",
-            str(runs_dir),
-            *FAST,
-        ]
-    )
+    ddp = "--mode ddp --backend gloo --nproc 2 --run-id file-rdzv".split()
+    launch([*ddp, "--rdzv-file", str(rdzv), "--runs-dir", str(runs_dir), *FAST])
     run = read_run(runs_dir / "file-rdzv")
     assert run["status"] == "ok" and run["config"]["rendezvous"] == "file"
     assert "--init-method file://" in (runs_dir / "file-rdzv" / "logs" / "launcher.log").read_text()
 
 
-def _runs_by_mode(runs_dir) -> dict:
-    """{(mode, backend): run.json} of every run folder under `runs_dir`."""
-    return {
+ALL = (("single", "none"), ("dp", "none"), ("ddp", "nccl"), ("ddp", "gloo"))
+
+
+def _mode_all(runs_dir, nproc: int) -> tuple[subprocess.CompletedProcess, dict, tuple]:
+    """Launch `--mode all`; return the process, {(mode, backend): run.json} of every run folder
+    it wrote, and the statuses in ALL's order."""
+    proc = launch(["--mode", "all", "--nproc", str(nproc), "--runs-dir", str(runs_dir), *FAST])
+    runs = {
         (r["config"]["mode"], r["config"]["backend"]): r
         for r in (read_run(d) for d in runs_dir.iterdir())
     }
+    assert set(runs) == set(ALL)
+    return proc, runs, tuple(runs[k]["status"] for k in ALL)
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="expects a CPU-only machine")
 def test_mode_all_runs_what_it_can_and_skips_the_rest(tmp_path):
-    proc = launch(["--mode", "all", "--nproc", "2", "--runs-dir", str(tmp_path), *FAST])
-    runs = _runs_by_mode(tmp_path)
-    assert {k: r["status"] for k, r in runs.items()} == {
-        ("single", "none"): "ok",
-        ("dp", "none"): "skipped",
-        ("ddp", "nccl"): "skipped",
-        ("ddp", "gloo"): "ok",
-    }
+    proc, runs, statuses = _mode_all(tmp_path, 2)
+    assert statuses == ("ok", "skipped", "skipped", "ok")
     assert "CUDA" in runs[("dp", "none")]["error"]["message"]
     assert "nccl" in runs[("ddp", "nccl")]["error"]["message"]
     assert runs[("ddp", "nccl")]["metrics"] == {}
@@ -296,11 +236,8 @@ def test_mode_all_runs_what_it_can_and_skips_the_rest(tmp_path):
     # (2 processes) is kept where it was given.
     for key in (("dp", "none"), ("ddp", "nccl")):
         config = runs[key]["config"]
-        assert (config["devices"], config["global_batch"], config["per_device_batch"]) == (
-            None,
-            None,
-            None,
-        )
+        layout = (config["devices"], config["global_batch"], config["per_device_batch"])
+        assert layout == (None, None, None) and runs[key]["env"]["threads_per_rank"] is None
     assert runs[("ddp", "nccl")]["config"]["world_size"] == 2
     assert runs[("ddp", "gloo")]["config"]["per_device_batch"] == 16
     assert "make report" in proc.stdout
@@ -310,13 +247,7 @@ def test_mode_all_runs_what_it_can_and_skips_the_rest(tmp_path):
 def test_mode_all_skips_a_mode_whose_batch_does_not_divide(tmp_path):
     """3 DDP ranks cannot share a global batch of 32: that mode is recorded as skipped with the
     reason, and the others still run (single here; dp/nccl need CUDA)."""
-    proc = launch(["--mode", "all", "--nproc", "3", "--runs-dir", str(tmp_path), *FAST])
-    runs = _runs_by_mode(tmp_path)
-    assert {k: r["status"] for k, r in runs.items()} == {
-        ("single", "none"): "ok",
-        ("dp", "none"): "skipped",
-        ("ddp", "nccl"): "skipped",
-        ("ddp", "gloo"): "skipped",
-    }
+    proc, runs, statuses = _mode_all(tmp_path, 3)
+    assert statuses == ("ok", "skipped", "skipped", "skipped")
     assert "not divisible by 3" in runs[("ddp", "gloo")]["error"]["message"]
     assert proc.returncode == 0

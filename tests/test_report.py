@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from analysis.report import build_report, write_report
-from tests.conftest import REPO
+from tests.conftest import run_in_repo
 
 SECTIONS = [
     "summary",
@@ -118,9 +118,7 @@ class Page(HTMLParser):
 
 
 def run_cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, *args], cwd=REPO, capture_output=True, text=True, timeout=180
-    )
+    return run_in_repo([sys.executable, *args], timeout=180)
 
 
 def same(cell_value: str | None, expected) -> bool:
@@ -363,28 +361,17 @@ def test_untrusted_strings_render_as_text(ddp_mlp_run, single_mlp_run, tmp_path)
 def test_failed_skipped_and_corrupt_runs_are_listed(single_mlp_run, ddp_mlp_run, tmp_path):
     runs = tmp_path / "runs"
     _copy_run(single_mlp_run, runs, "good")
-    failed = _copy_run(ddp_mlp_run, runs, "failed")
-    rec = json.loads((failed / "run.json").read_text())
-    rec.update(
-        status="failed",
-        metrics={},
-        error={"message": "rank 1 exited with code 1", "rank": 1, "exit_code": 1, "log_tail": []},
-    )
-    (failed / "run.json").write_text(json.dumps(rec))
-    skipped = _copy_run(ddp_mlp_run, runs, "skipped")
-    rec = json.loads((skipped / "run.json").read_text())
-    rec.update(
-        status="skipped",
-        metrics={},
-        traces=[],
-        error={
-            "message": "--backend nccl needs CUDA GPUs",
-            "rank": None,
-            "exit_code": None,
-            "log_tail": [],
-        },
-    )
-    (skipped / "run.json").write_text(json.dumps(rec))
+
+    def copy_as(name: str, status: str, message: str, rank: int | None, **fields) -> Path:
+        folder = _copy_run(ddp_mlp_run, runs, name)
+        rec = json.loads((folder / "run.json").read_text())
+        error = {"message": message, "rank": rank, "exit_code": rank, "log_tail": []}
+        rec.update(status=status, metrics={}, error=error, **fields)
+        (folder / "run.json").write_text(json.dumps(rec))
+        return folder
+
+    copy_as("failed", "failed", "rank 1 exited with code 1", 1)
+    skipped = copy_as("skipped", "skipped", "--backend nccl needs CUDA GPUs", None, traces=[])
     shutil.rmtree(skipped / "traces")
     cut = _copy_run(ddp_mlp_run, runs, "cut-trace")
     trace = sorted((cut / "traces").glob("*.json.gz"))[-1]

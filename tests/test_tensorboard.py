@@ -23,15 +23,9 @@ from pathlib import Path
 import pytest
 
 from profiler import tensorboard as tb
-from tests.conftest import REPO
+from tests.conftest import REPO, free_port, run_in_repo
 
 PLUGIN = "/data/plugin/pytorch_profiler"
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _get(port: int, path: str, **params: str):
@@ -63,7 +57,7 @@ def tensorboard_server(tmp_path: Path, ddp_mlp_run: Path, single_mlp_run: Path):
     logdir = tmp_path / "runs"
     for run in (ddp_mlp_run, single_mlp_run):
         shutil.copytree(run / "traces", logdir / run.name / "traces")
-    port = _free_port()
+    port = free_port()
     out = tmp_path / "tensorboard.log"
     with out.open("w") as log:
         proc = subprocess.Popen(
@@ -143,12 +137,8 @@ def test_tensorboard_serves_runs_workers_and_distributed_view(tensorboard_server
 
 def test_cli_rejects_folder_without_traces(tmp_path: Path):
     (tmp_path / "empty-run").mkdir()
-    proc = subprocess.run(
-        [sys.executable, "-m", "profiler.tensorboard", "--logdir", str(tmp_path), "--port", "0"],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=60,
+    proc = run_in_repo(
+        [sys.executable, "-m", "profiler.tensorboard", "--logdir", str(tmp_path), "--port", "0"]
     )
     assert proc.returncode == 2
     lines = proc.stderr.strip().splitlines()

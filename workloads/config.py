@@ -13,7 +13,9 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any, NoReturn
 
+from profiler.record import SCHEMA_VERSION, collect_env
 from profiler.session import ProfileConfig
+from workloads.runlog import utc_now
 
 if TYPE_CHECKING:  # plan.py imports this module
     from workloads.plan import Plan
@@ -27,6 +29,7 @@ __all__ = [
     "config_from_namespace",
     "config_record",
     "default_run_id",
+    "run_record",
     "to_argv",
 ]
 
@@ -256,6 +259,35 @@ def default_run_id(cfg: TrainConfig, *, backend: str, world_size: int | None) ->
     stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%S")
     n = world_size or 0
     return f"{cfg.mode}-{backend}-{cfg.model}-{cfg.dataset}-n{n}-s{cfg.seed}-{stamp}"
+
+
+def run_record(
+    cfg: TrainConfig,
+    plan: Plan,
+    *,
+    status: str,
+    threads_per_rank: int | None,
+    error: dict | None = None,
+    created_at: str | None = None,
+    metrics: dict | None = None,
+    evals: dict | None = None,
+    traces: list[str] | None = None,
+) -> dict:
+    """The whole run.json object (docs/run-folder.md), as the launcher and rank 0 write it."""
+    now = utc_now()
+    return {
+        "schema_version": SCHEMA_VERSION,
+        "run_id": cfg.run_id,
+        "status": status,
+        "error": error,
+        "created_at": created_at or now,
+        "finished_at": None if status == "running" else now,
+        "config": config_record(cfg, plan),
+        "env": collect_env(threads_per_rank=threads_per_rank),
+        "metrics": metrics or {},
+        "eval": evals or {"epochs": [], "best": None},
+        "traces": traces or [],
+    }
 
 
 def config_record(cfg: TrainConfig, plan: Plan) -> dict:

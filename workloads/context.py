@@ -44,10 +44,6 @@ class RunContext:
     """Number of processes (1 for single and DP)."""
     local_world_size: int
     """Processes on this node (torchrun --nproc-per-node)."""
-    nnodes: int
-    """Nodes in the job."""
-    backend: str
-    """nccl | gloo for DDP, none otherwise."""
     device: torch.device
     """Where this process's batch and (primary) replica live."""
     devices: tuple[torch.device, ...]
@@ -64,6 +60,16 @@ class RunContext:
     def replicas(self) -> int:
         """Model replicas the global batch is split over (DDP ranks or DP GPUs)."""
         return self.plan.replicas or 1
+
+    @property
+    def backend(self) -> str:
+        """nccl | gloo for DDP, none otherwise."""
+        return self.plan.backend
+
+    @property
+    def nnodes(self) -> int:
+        """Nodes in the job."""
+        return self.plan.nnodes
 
 
 def init_context(cfg: TrainConfig) -> RunContext:
@@ -108,8 +114,6 @@ def init_context(cfg: TrainConfig) -> RunContext:
         local_rank=local_rank,
         world_size=world_size,
         local_world_size=local_world,
-        nnodes=run_plan.nnodes,
-        backend=run_plan.backend,
         device=devices[0],
         devices=devices,
         plan=run_plan,

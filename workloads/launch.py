@@ -18,14 +18,14 @@ import subprocess
 import sys
 from pathlib import Path
 
-from profiler.record import SCHEMA_VERSION, collect_env, write_json_atomic
+from profiler.record import write_json_atomic
 from workloads.config import (
     OneLineParser,
     TrainConfig,
     add_config_arguments,
     config_from_namespace,
-    config_record,
     default_run_id,
+    run_record,
     to_argv,
 )
 from workloads.data import check_available
@@ -44,19 +44,7 @@ class LaunchError(Exception):
 
 
 def _record(cfg: TrainConfig, plan: Plan, *, status: str, error: dict | None = None) -> dict:
-    return {
-        "schema_version": SCHEMA_VERSION,
-        "run_id": cfg.run_id,
-        "status": status,
-        "error": error,
-        "created_at": utc_now(),
-        "finished_at": None if status == "running" else utc_now(),
-        "config": config_record(cfg, plan),
-        "env": collect_env(threads_per_rank=plan.threads_per_rank or 1),
-        "metrics": {},
-        "eval": {"epochs": [], "best": None},
-        "traces": [],
-    }
+    return run_record(cfg, plan, status=status, threads_per_rank=plan.threads_per_rank, error=error)
 
 
 def _command(cfg: TrainConfig, plan: Plan, args: argparse.Namespace, extra: list[str]) -> list[str]:

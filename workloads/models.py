@@ -24,19 +24,17 @@ def _cifar_resnet(factory, num_classes: int) -> nn.Module:
     return model
 
 
+def _conv_bn_relu(cin: int, cout: int) -> list[nn.Module]:
+    return [nn.Conv2d(cin, cout, 3, padding=1, bias=False), nn.BatchNorm2d(cout), nn.ReLU(True)]
+
+
 def _small_cnn(num_classes: int) -> nn.Module:
     return nn.Sequential(
-        nn.Conv2d(3, 32, 3, padding=1, bias=False),
-        nn.BatchNorm2d(32),
-        nn.ReLU(inplace=True),
+        *_conv_bn_relu(3, 32),
         nn.MaxPool2d(2),  # 32x16x16
-        nn.Conv2d(32, 64, 3, padding=1, bias=False),
-        nn.BatchNorm2d(64),
-        nn.ReLU(inplace=True),
+        *_conv_bn_relu(32, 64),
         nn.MaxPool2d(2),  # 64x8x8
-        nn.Conv2d(64, 128, 3, padding=1, bias=False),
-        nn.BatchNorm2d(128),
-        nn.ReLU(inplace=True),
+        *_conv_bn_relu(64, 128),
         nn.AdaptiveAvgPool2d(1),  # 128x1x1
         nn.Flatten(),
         nn.Linear(128, num_classes),

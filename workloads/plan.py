@@ -93,22 +93,6 @@ def resolve_backend(requested: str, *, use_cuda: bool, system: str | None = None
     return "nccl" if use_cuda and (system or platform.system()) == "Linux" else "gloo"
 
 
-def _refused(cfg: TrainConfig, backend: str, nnodes: int, count: int | None, reason: str) -> Plan:
-    replicas = None if count is None else count * (nnodes if cfg.mode == "ddp" else 1)
-    return Plan(
-        mode=cfg.mode,
-        backend=backend,
-        nnodes=nnodes,
-        nproc=1 if cfg.mode != "ddp" else count,
-        replicas=replicas,
-        devices=None,
-        global_batch=None,
-        per_device_batch=None,
-        threads_per_rank=None,
-        reason=reason,
-    )
-
-
 def _check(cfg: TrainConfig, env: Environment, backend: str, count: int, flag: str) -> str | None:
     """Why `cfg` cannot run on `env` with `count` devices per node (None: it can)."""
     use_cuda = cfg.device != "cpu" and env.cuda
@@ -155,30 +139,32 @@ def plan(cfg: TrainConfig, env: Environment, *, nproc: int | None = None, nnodes
         backend, nodes = "none", 1
         count = 1 if cfg.mode == "single" else (nproc or cfg.dp_gpus or gpus or None)
     reason = _check(cfg, env, backend, count or 0, flag)
+    global_batch = per_device = threads = devices = None
     if reason is None:
         try:  # a global batch that does not divide over the replicas cannot run here either
             global_batch, per_device = batch_split(cfg, count * nodes)
         except ValueError as exc:
             reason = str(exc)
-    if reason is not None:
-        return _refused(cfg, backend, nodes, count, reason)
-    per_node = [f"cuda:{i}" if use_cuda else "cpu" for i in range(count)]
     processes = count if cfg.mode == "ddp" else 1
-    warnings = ()
-    if not use_cuda and processes > env.cpu_cores:
-        warnings = (
-            f"--nproc {processes} exceeds the {env.cpu_cores} CPU cores; ranks will time-share "
-            "cores (1 thread each) and step times will not be representative",
-        )
+    warnings: tuple[str, ...] = ()
+    if reason is None:  # a refused plan leaves the layout null (what a skipped record holds)
+        devices = [f"cuda:{i}" if use_cuda else "cpu" for i in range(count)] * nodes
+        threads = env.torch_threads if use_cuda else max(1, env.cpu_cores // processes)
+        if not use_cuda and processes > env.cpu_cores:
+            warnings = (
+                f"--nproc {processes} exceeds the {env.cpu_cores} CPU cores; ranks will "
+                "time-share cores (1 thread each) and step times will not be representative",
+            )
     return Plan(
         mode=cfg.mode,
         backend=backend,
         nnodes=nodes,
         nproc=processes,
-        replicas=count * nodes,
-        devices=per_node * nodes,
+        replicas=None if count is None else count * nodes,
+        devices=devices,
         global_batch=global_batch,
         per_device_batch=per_device,
-        threads_per_rank=env.torch_threads if use_cuda else max(1, env.cpu_cores // processes),
+        threads_per_rank=threads,
+        reason=reason,
         warnings=warnings,
     )

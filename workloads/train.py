@@ -29,9 +29,7 @@ from tqdm import tqdm
 
 from profiler.memory import MemoryTracker
 from profiler.record import (
-    SCHEMA_VERSION,
     STEPS_COLUMNS,
-    collect_env,
     write_csv_atomic,
     write_json_atomic,
 )
@@ -43,8 +41,8 @@ from workloads.config import (
     TrainConfig,
     add_config_arguments,
     config_from_namespace,
-    config_record,
     default_run_id,
+    run_record,
 )
 from workloads.context import (
     RunContext,
@@ -55,7 +53,7 @@ from workloads.context import (
 )
 from workloads.data import GlobalBatchSampler, build_datasets, eval_loader, train_loader
 from workloads.models import build_model
-from workloads.runlog import rank_log, utc_now, write_error_record
+from workloads.runlog import rank_log, write_error_record
 from workloads.summary import best_epoch, step_metrics
 
 __all__ = ["evaluate", "main", "train"]
@@ -336,33 +334,31 @@ def _finish(
     write_csv_atomic(run_dir / "steps.csv", all_rows, STEPS_COLUMNS)
     previous = run_dir / "run.json"
     created = json.loads(previous.read_text()).get("created_at") if previous.is_file() else None
-    record = {
-        "schema_version": SCHEMA_VERSION,
-        "run_id": cfg.run_id,
-        "status": "ok",
-        "error": None,
-        "created_at": created or utc_now(),
-        "finished_at": utc_now(),
-        "config": config_record(cfg, ctx.plan),
-        "env": collect_env(threads_per_rank=threads),
-        "metrics": {
-            **step_metrics(all_rows),
-            "epoch_time_s": epoch_times,
-            "wall_time_s": time.perf_counter() - start,
-            "memory": [m for g in gathered for m in g["memory"]],
-            "memory_after_first_step": [m for g in gathered for m in g["memory_after_first_step"]],
-            "ddp": ddp_info,
-            # Per-parameter gradient bytes in model.parameters() order: what DDP's reducer buckets
-            # (analysis project computes a single-device run's buckets from it).
-            "param_grad_bytes": [
-                p.numel() * p.element_size()
-                for p in unwrap_model(model).parameters()
-                if p.requires_grad
-            ],
-        },
-        "eval": {"epochs": evals, "best": best_epoch(evals)},
-        "traces": sorted(t for g in gathered for t in g["traces"]),
+    metrics = {
+        **step_metrics(all_rows),
+        "epoch_time_s": epoch_times,
+        "wall_time_s": time.perf_counter() - start,
+        "memory": [m for g in gathered for m in g["memory"]],
+        "memory_after_first_step": [m for g in gathered for m in g["memory_after_first_step"]],
+        "ddp": ddp_info,
+        # Per-parameter gradient bytes in model.parameters() order: what DDP's reducer buckets
+        # (analysis project computes a single-device run's buckets from it).
+        "param_grad_bytes": [
+            p.numel() * p.element_size()
+            for p in unwrap_model(model).parameters()
+            if p.requires_grad
+        ],
     }
+    record = run_record(
+        cfg,
+        ctx.plan,
+        status="ok",
+        threads_per_rank=threads,
+        created_at=created,
+        metrics=metrics,
+        evals={"epochs": evals, "best": best_epoch(evals)},
+        traces=sorted(t for g in gathered for t in g["traces"]),
+    )
     write_json_atomic(run_dir / "run.json", record)
     print(f"[rank0] wrote {run_dir / 'run.json'}", flush=True)
 

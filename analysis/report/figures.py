@@ -44,6 +44,16 @@ def _theme() -> None:
     sns.set_theme(style="whitegrid", context="notebook", rc=RC)
 
 
+def _themed(df: pd.DataFrame, *required: str) -> pd.DataFrame | None:
+    """`df` less the rows missing a `required` column, with the theme set; None when nothing is
+    left to draw (the page then says so)."""
+    df = df.dropna(subset=list(required)) if required else df
+    if df.empty:
+        return None
+    _theme()
+    return df
+
+
 def _height(n_rows: int) -> float:
     return min(2.0 + 0.38 * n_rows, 14.0)
 
@@ -59,10 +69,8 @@ def _min_span(ax: plt.Axes, values: pd.Series, span: float) -> None:
 
 def summary_figure(runs: pd.DataFrame) -> str | None:
     """Throughput per run (samples/s), coloured by mode."""
-    df = runs.dropna(subset=["samples_per_s"])
-    if df.empty:
+    if (df := _themed(runs, "samples_per_s")) is None:
         return None
-    _theme()
     fig, ax = plt.subplots(figsize=(8, _height(len(df))))
     sns.barplot(data=df, x="samples_per_s", y="label", hue="mode", dodge=False, ax=ax)
     ax.set(xlabel="throughput (samples/s)", ylabel="")
@@ -72,10 +80,8 @@ def summary_figure(runs: pd.DataFrame) -> str | None:
 
 def speedup_figure(runs: pd.DataFrame) -> str | None:
     """Throughput and speedup vs world size, ideal linear line, error bars = std over seeds."""
-    df = runs.dropna(subset=["samples_per_s", "world_size"])
-    if df.empty:
+    if (df := _themed(runs, "samples_per_s", "world_size")) is None:
         return None
-    _theme()
     fig, (a1, a2) = plt.subplots(1, 2, figsize=(10, 4))
     # One line per series over world size; error bars = standard deviation over seeds.
     per_size = dict(x="world_size", hue="series", marker="o", errorbar="sd", err_style="bars")
@@ -106,9 +112,8 @@ PHASES = [
 
 def phases_figure(phases: pd.DataFrame) -> str | None:
     """Stacked per-step time (ms) per run and rank."""
-    if phases.empty:
+    if _themed(phases) is None:
         return None
-    _theme()
     df = phases.set_index("bar")[[k for k, _ in PHASES]].fillna(0.0) * 1e3
     df.columns = [name for _, name in PHASES]
     fig, ax = plt.subplots(figsize=(9, _height(len(df))))
@@ -179,11 +184,9 @@ def memory_figure(memory: pd.DataFrame) -> str | None:
     long = memory.melt(
         id_vars=["bar"], value_vars=list(cols), var_name="metric", value_name="bytes"
     )
-    long = long.dropna(subset=["bytes"])
-    if long.empty:
+    if (long := _themed(long, "bytes")) is None:
         return None
     long = long.assign(MiB=long["bytes"].astype(float) / MIB, metric=long["metric"].map(cols))
-    _theme()
     fig, ax = plt.subplots(
         figsize=(9, _height(len(memory) * max(long["metric"].nunique(), 1) / 1.5))
     )
@@ -195,10 +198,8 @@ def memory_figure(memory: pd.DataFrame) -> str | None:
 
 def accuracy_figure(runs: pd.DataFrame) -> str | None:
     """Top-1 and test loss per mode; error bars = std over seeds."""
-    df = runs.dropna(subset=["top1_pct"])
-    if df.empty:
+    if (df := _themed(runs, "top1_pct")) is None:
         return None
-    _theme()
     fig, (a1, a2) = plt.subplots(1, 2, figsize=(10, 3.6))
     # Points, not bars: accuracy differences of a point or two vanish on a 0-based bar axis.
     kw = {
@@ -225,10 +226,8 @@ def accuracy_figure(runs: pd.DataFrame) -> str | None:
 
 def environment_figure(runs: pd.DataFrame) -> str | None:
     """Throughput by platform, side by side per backend/mode."""
-    df = runs.dropna(subset=["samples_per_s"])
-    if df.empty:
+    if (df := _themed(runs, "samples_per_s")) is None:
         return None
-    _theme()
     fig, ax = plt.subplots(figsize=(8, 3.6))
     sns.barplot(data=df, x="os", y="samples_per_s", hue="series", errorbar="sd", ax=ax)
     ax.set(xlabel="platform", ylabel="throughput (samples/s)")
@@ -238,9 +237,8 @@ def environment_figure(runs: pd.DataFrame) -> str | None:
 
 def step_times_figure(steps: pd.DataFrame) -> str | None:
     """Per-step time (ms) of every profiled step, one line per run and rank, from the traces."""
-    if steps.empty:
+    if _themed(steps) is None:
         return None
-    _theme()
     fig, ax = plt.subplots(figsize=(9, 3.8))
     sns.lineplot(data=steps, x="step", y="step_time_ms", hue="bar", marker="o", ax=ax)
     ax.set(xlabel="profiler step", ylabel="step time (ms)")
