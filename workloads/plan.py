@@ -95,6 +95,8 @@ def resolve_backend(requested: str, *, use_cuda: bool, system: str | None = None
 
 def _check(cfg: TrainConfig, env: Environment, backend: str, count: int, flag: str) -> str | None:
     """Why `cfg` cannot run on `env` with `count` devices per node (None: it can)."""
+    if cfg.device == "cuda" and not env.cuda:
+        return "--device cuda but torch sees no CUDA device; use --device cpu or auto"
     use_cuda = cfg.device != "cpu" and env.cuda
     if cfg.mode == "dp" and not use_cuda:
         return (
@@ -122,11 +124,9 @@ def plan(cfg: TrainConfig, env: Environment, *, nproc: int | None = None, nnodes
     """Lay out `cfg` on `env`: `nproc` processes per node for DDP (default: one per GPU, 2 on
     CPU), DP's GPUs (`nproc`, else `cfg.dp_gpus`, else every visible GPU), one device otherwise.
 
-    Raises ValueError only for a request that is wrong anywhere (`--device cuda` without CUDA,
-    fewer than one process); what this machine or this batch cannot do is returned as `reason`.
+    Raises ValueError only for a request that is wrong anywhere (fewer than one process); what
+    this machine or this batch cannot do is returned as `reason`.
     """
-    if cfg.device == "cuda" and not env.cuda:
-        raise ValueError("--device cuda but torch sees no CUDA device; use --device cpu or auto")
     if nproc is not None and nproc < 1:
         raise ValueError(f"--nproc must be >= 1; got {nproc}")
     use_cuda = cfg.device != "cpu" and env.cuda
