@@ -256,10 +256,11 @@ def test_single_and_ddp_train_identically(equivalence_runs):
 
 
 def test_grad_accum_splits_each_share_into_micro_batches():
-    cfg = TrainConfig(batch_size=64, grad_accum_steps=2)
-    record = config_record(
-        cfg, backend="gloo", world_size=2, nnodes=1, nproc_per_node=2, devices=[], replicas=2
+    cfg = TrainConfig(mode="ddp", batch_size=64, grad_accum_steps=2)
+    two_cpus = Environment(
+        system="Linux", cuda=False, gpus=0, nccl=False, cpu_cores=2, torch_threads=2
     )
+    record = config_record(cfg, plan(cfg, two_cpus, nproc=2))
     # global batch = per-device micro-batch x world x K
     assert (record["global_batch"], record["micro_batch"], record["grad_accum_steps"]) == (
         64,

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import sys
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
@@ -184,8 +185,9 @@ def prepare(
 ) -> tuple[dict, list[str], list[Knob], dict[str, str]]:
     """Validate everything before any folder exists; return (workload, launcher argv, knobs, skipped)."""
     from workloads.data import DataError, check_available
-    from workloads.launch import LaunchError, validate
     from workloads.launch import build_parser as launch_parser
+    from workloads.plan import Environment
+    from workloads.plan import plan as plan_run
 
     if opts.trials < 1:
         raise TuneError(f"TRIALS (--trials) must be >= 1; got {opts.trials}")
@@ -223,13 +225,17 @@ def prepare(
         )
     if ns.nnodes != 1 or ns.mode != "ddp":
         raise TuneError("make tune-ddp tunes one-node DDP; drop --nnodes/--mode from ARGS")
-    try:
-        plan = validate("ddp", ns.backend, nproc=ns.nproc, device=ns.device, sync_bn=ns.sync_bn)
-        cfg = config_from_namespace(ns, mode="ddp", backend=plan.backend)
-        batch_split(cfg, plan.replicas)
+    try:  # the launcher's planner: devices, backend and the batch split (accumulation included)
+        cfg = config_from_namespace(ns, mode="ddp", backend=ns.backend)
+        plan = plan_run(cfg, Environment.detect(), nproc=ns.nproc)
         check_available(ns.dataset, ns.data_dir, download=ns.download)
-    except (LaunchError, DataError, ValueError) as exc:
+    except (DataError, ValueError) as exc:
         raise TuneError(str(exc)) from None
+    if plan.reason is not None:
+        raise TuneError(plan.reason)
+    for warning in plan.warnings:
+        print(f"workloads.tune: warning: {warning}", file=sys.stderr)
+    cfg.backend = plan.backend
     skipped = {k.name: r for k in knobs if (r := skip_reason(k, cfg, plan.backend, plan.replicas))}
     knobs = [dataclasses.replace(k, note=knob_note(k, cfg)) for k in knobs]
     if len(skipped) == len(knobs):
