@@ -5,7 +5,39 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from analysis.cli import _fmt, _table
+from analysis.cli import _table
+from analysis.report.columns import C, fmt, without
+from analysis.report.ops import OPS_COLS
+
+US = C(key="us", label="", kind="num", digits=1)
+# A/B columns of `analysis diff`, in the report's Column spec (headers carry the units).
+DIFF_OP_COLS = [
+    C(key="name", label="Operator"),
+    C(key="status", label="Status"),
+    C(key="calls_per_step_a", label="Calls A", unit="per step", kind="num", digits=1),
+    C(key="calls_per_step_b", label="Calls B", unit="per step", kind="num", digits=1),
+    C(key="self_us_per_step_a", label="Self A", unit="µs/step", kind="num", digits=1),
+    C(key="self_us_per_step_b", label="Self B", unit="µs/step", kind="num", digits=1),
+    C(key="delta_us_per_step", label="Δ self", unit="µs/step", kind="num", digits=1),
+    C(key="delta_pct", label="Δ self", unit="%", kind="num", digits=1),
+    C(key="delta_us_per_sample", label="Δ self", unit="µs/sample", kind="num", digits=2),
+]
+DIFF_PHASE_COLS = [
+    C(key="phase", label="Phase"),
+    C(key="a_s", label="A", unit="ms/step", kind="num", digits=2, scale=1e3),
+    C(key="b_s", label="B", unit="ms/step", kind="num", digits=2, scale=1e3),
+    C(key="delta_s", label="Δ", unit="ms/step", kind="num", digits=2, scale=1e3),
+    C(key="delta_pct", label="Δ", unit="%", kind="num", digits=2),
+]
+DIFF_COLLECTIVE_COLS = [
+    C(key="name", label="Collective"),
+    C(key="status", label="Status"),
+    C(key="calls_per_step_a", label="Calls A", unit="per step", kind="num", digits=1),
+    C(key="calls_per_step_b", label="Calls B", unit="per step", kind="num", digits=1),
+    C(key="latency_us_per_step_a", label="Latency A", unit="µs/step", kind="num", digits=1),
+    C(key="latency_us_per_step_b", label="Latency B", unit="µs/step", kind="num", digits=1),
+    C(key="delta_us_per_step", label="Δ latency", unit="µs/step", kind="num", digits=1),
+]
 
 __all__ = ["add_parsers", "print_diff", "print_ops", "run"]
 
@@ -37,23 +69,11 @@ def print_ops(result: dict) -> None:
     for r in result["ranks"]:
         t = r["self_us_per_step"]
         print(
-            f"\nrank {r['rank']}: {r['steps']} steps, step {_fmt(r['step_time_us_mean'])} µs; "
-            f"self µs/step by timeline: training thread {_fmt(t['training_thread'])},"
-            f" other threads {_fmt(t['other_threads'])}, GPU {_fmt(t['gpu'])}"
+            f"\nrank {r['rank']}: {r['steps']} steps, step {fmt(r['step_time_us_mean'], US)} µs; "
+            f"self µs/step by timeline: training thread {fmt(t['training_thread'], US)},"
+            f" other threads {fmt(t['other_threads'], US)}, GPU {fmt(t['gpu'], US)}"
         )
-        print(
-            _table(
-                r["ops"],
-                {
-                    "name": "operator",
-                    "kind": "kind",
-                    "calls_per_step": "calls/step",
-                    "self_us_per_step": "self µs/step",
-                    "total_us_per_step": "total µs/step",
-                    "pct_of_step": "% of step",
-                },
-            )
-        )
+        print(_table(r["ops"], OPS_COLS))  # the report's Operators columns
     for w in result["warnings"]:
         print(f"warning: {w}")
 
@@ -65,49 +85,15 @@ def print_diff(result: dict, *, top: int = 30) -> None:
         " per analysed step"
     )
     st = result["step_time_us"]
-    print(f"step µs: A {_fmt(st['a'])}, B {_fmt(st['b'])}, delta {_fmt(st['delta'])}")
-    cols = {
-        "name": "operator",
-        "status": "status",
-        "calls_per_step_a": "calls/step A",
-        "calls_per_step_b": "calls/step B",
-        "self_us_per_step_a": "self µs/step A",
-        "self_us_per_step_b": "self µs/step B",
-        "delta_us_per_step": "delta µs/step",
-        "delta_pct": "delta %",
-    }
-    if result["per_sample"]:
-        cols["delta_us_per_sample"] = "delta µs/sample"
+    print(f"step µs: A {fmt(st['a'], US)}, B {fmt(st['b'], US)}, delta {fmt(st['delta'], US)}")
+    cols = DIFF_OP_COLS if result["per_sample"] else without(DIFF_OP_COLS, "delta_us_per_sample")
     print(f"\noperators (top {top} by |delta|)")
     print(_table(result["ops"][:top], cols))
     if result["phases"]:
-        print("\nphases (steps.csv, ms per step)")
-        rows = [
-            {**p, **{k: p[k] * 1e3 for k in ("a_s", "b_s", "delta_s")}} for p in result["phases"]
-        ]
-        print(
-            _table(
-                rows,
-                {"phase": "phase", "a_s": "A ms", "b_s": "B ms", "delta_s": "delta ms"}
-                | {"delta_pct": "delta %"},
-                2,
-            )
-        )
+        print("\nphases (steps.csv, per step)")
+        print(_table(result["phases"], DIFF_PHASE_COLS))
     if result["collectives"]:
         print("\ncollectives (per step)")
-        print(
-            _table(
-                result["collectives"],
-                {
-                    "name": "collective",
-                    "status": "status",
-                    "calls_per_step_a": "calls A",
-                    "calls_per_step_b": "calls B",
-                    "latency_us_per_step_a": "latency µs A",
-                    "latency_us_per_step_b": "latency µs B",
-                    "delta_us_per_step": "delta µs",
-                },
-            )
-        )
+        print(_table(result["collectives"], DIFF_COLLECTIVE_COLS))
     for w in result["warnings"]:
         print(f"warning: {w}")

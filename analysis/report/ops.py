@@ -12,7 +12,7 @@ from typing import Any
 
 from analysis.opsdiff import diff_entries
 from analysis.report.columns import C
-from analysis.report.tables import Table, unique_labels
+from analysis.report.tables import Table
 
 __all__ = ["ops_context"]
 
@@ -96,7 +96,7 @@ def _operators(data: dict[str, Any], labels: dict[str, str]) -> list[dict[str, A
     return out
 
 
-def ops_context(data: dict[str, Any]) -> dict[str, Any]:
-    """Template context for the two sections (empty lists when no run has op data)."""
-    labels = unique_labels(data.get("runs", []))
+def ops_context(data: dict[str, Any], labels: dict[str, str]) -> dict[str, Any]:
+    """Template context for the two sections (empty lists when no run has op data); `labels` are
+    the report's one label per run."""
     return {"ddp_adds": _ddp_adds(data, labels), "operators": _operators(data, labels)}
