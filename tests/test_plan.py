@@ -33,6 +33,7 @@ def test_cpu_layouts_split_cores_and_batch():
     ddp = plan(cfg(mode="ddp"), CPU)  # default: 2 processes on CPU, gloo
     assert layout(ddp) == ("gloo", 2, 2, ["cpu", "cpu"], 64, 32)
     assert ddp.threads_per_rank == 4
+    assert plan(cfg(mode="ddp", threads=3), CPU).threads_per_rank == 3  # --threads N wins
     two_nodes = plan(cfg(mode="ddp"), CPU, nproc=2, nnodes=2)
     assert layout(two_nodes) == ("gloo", 2, 4, ["cpu"] * 4, 64, 16)
     weak = plan(cfg(mode="ddp", scaling="weak"), CPU, nproc=4)

@@ -1,7 +1,7 @@
 """`make bench-comm`: an nccl-tests-like collective benchmark as a torchrun job.
 
 `python -m workloads.bench_comm --backend gloo --nproc 2` plans the job with the launcher's own
-validation (`workloads.launch.validate`), writes a run folder whose run.json has `kind: "comm"`,
+planner (`workloads.plan`), writes a run folder whose run.json has `kind: "comm"`,
 and starts itself under torchrun (`--worker`). Every rank then times all_reduce, broadcast,
 all_gather_into_tensor, reduce_scatter_tensor and all_to_all_single (float32) over powers-of-2
 message sizes: warm-up iterations, then `--iters` timed ones, each started after a barrier; an
@@ -32,7 +32,10 @@ from tqdm import tqdm
 from analysis.collectives import bus_factor
 from analysis.comm import COMM_COLUMNS, fit_all
 from profiler.record import SCHEMA_VERSION, collect_env, write_csv_atomic, write_json_atomic
-from workloads.launch import LaunchError, validate
+from workloads.config import TrainConfig
+from workloads.launch import LaunchError
+from workloads.plan import Environment
+from workloads.plan import plan as plan_run
 from workloads.runlog import utc_now
 
 __all__ = ["COLLECTIVES", "default_sizes", "main"]
@@ -259,8 +262,14 @@ def launch(args: argparse.Namespace) -> int:
     """Plan with the launcher's validation, write the run folder, start the ranks under torchrun."""
     if args.nproc is not None and args.nproc < 1:  # 0 would fall back to the default count
         raise LaunchError(f"--nproc must be >= 1; got {args.nproc}")
-    plan = validate("ddp", args.backend, nproc=args.nproc, device=args.device)
-    use_cuda = plan.devices[0].startswith("cuda")
+    # Weak scaling: a collective benchmark has no batch to split, so none can refuse the plan.
+    job = TrainConfig(mode="ddp", backend=args.backend, device=args.device, scaling="weak")
+    plan = plan_run(job, Environment.detect(), nproc=args.nproc)
+    if plan.reason is not None:
+        raise LaunchError(plan.reason)
+    for warning in plan.warnings:
+        print(f"workloads.bench_comm: warning: {warning}", file=sys.stderr)
+    use_cuda = plan.use_cuda
     max_bytes = args.max_bytes or (64 * MIB if use_cuda else 16 * MIB)
     sizes = _parse_sizes(args.sizes) if args.sizes else default_sizes(max_bytes)
     if args.iters < 1 or args.warmup < 0:

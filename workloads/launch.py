@@ -105,7 +105,7 @@ def _execute(cfg: TrainConfig, plan: Plan, args: argparse.Namespace, extra: list
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     if not plan.use_cuda:
         # What train sets anyway; it also silences torchrun's OMP_NUM_THREADS note.
-        env["OMP_NUM_THREADS"] = str(cfg.threads or plan.threads_per_rank)
+        env["OMP_NUM_THREADS"] = str(plan.threads_per_rank)
         # A CUDA build of torch on a machine without a GPU makes Kineto log a harmless
         # "ERROR ... gpuGetDeviceCount failed" at every trace; level 5 keeps CPU logs clean.
         env.setdefault("KINETO_LOG_LEVEL", "5")

@@ -77,7 +77,8 @@ class Plan:
     global_batch: int | None
     per_device_batch: int | None
     threads_per_rank: int | None
-    """CPU ranks split the cores (cores // processes per node); GPU ranks keep torch's default."""
+    """`--threads N`, else CPU ranks split the cores (cores // processes per node) and GPU ranks
+    keep torch's default."""
     reason: str | None = None
     warnings: tuple[str, ...] = ()
 
@@ -149,7 +150,8 @@ def plan(cfg: TrainConfig, env: Environment, *, nproc: int | None = None, nnodes
     warnings: tuple[str, ...] = ()
     if reason is None:  # a refused plan leaves the layout null (what a skipped record holds)
         devices = [f"cuda:{i}" if use_cuda else "cpu" for i in range(count)] * nodes
-        threads = env.torch_threads if use_cuda else max(1, env.cpu_cores // processes)
+        auto = env.torch_threads if use_cuda else max(1, env.cpu_cores // processes)
+        threads = cfg.threads or auto  # --threads N wins
         if not use_cuda and processes > env.cpu_cores:
             warnings = (
                 f"--nproc {processes} exceeds the {env.cpu_cores} CPU cores; ranks will "
