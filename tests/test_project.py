@@ -343,16 +343,18 @@ def test_threads_reach_torch_and_train_argv():
 
     from workloads.config import TrainConfig, to_argv
     from workloads.context import RunContext
+    from workloads.plan import Environment, plan
     from workloads.train import _set_threads, build_parser
 
     before = torch.get_num_threads()
     cpu = torch.device("cpu")
+    one = plan(TrainConfig(threads=1, device="cpu"), Environment.detect())  # --threads 1 wins
     ctx = RunContext(
-        mode="single", rank=0, local_rank=0, world_size=1, local_world_size=1, nnodes=1,
-        backend="none", device=cpu, devices=(cpu,),
+        mode="single", rank=0, local_rank=0, world_size=1, local_world_size=1,
+        device=cpu, devices=(cpu,), plan=one,
     )  # fmt: skip
     try:
-        assert _set_threads(ctx, 1) == 1 == torch.get_num_threads()
+        assert _set_threads(ctx) == 1 == torch.get_num_threads()
     finally:
         torch.set_num_threads(before)
     ns = build_parser().parse_args(to_argv(TrainConfig(threads=3)))  # launcher -> every rank
