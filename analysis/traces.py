@@ -8,6 +8,7 @@ busbw), stragglers and step-time spread. A bad file costs one line in `skipped`,
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Iterable
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from pathlib import Path
@@ -97,6 +98,33 @@ def _summaries(files: list[Path], workers: int, progress: bool) -> Iterable[tupl
                 bar.update()
 
 
+_ATTEMPT_RE = re.compile(r"_attempt(\d+)\.")
+
+
+def _one_attempt(summaries: list[dict], skipped: list[dict]) -> list[dict]:
+    """Keep the traces of one attempt of a restarted job (`rank<r>_attempt<k>.*`; no suffix is
+    attempt 0): the attempt with the most ranks, the latest among equals. Two attempts may
+    have traced the same steps, so mixing them would count a step twice."""
+    attempts: dict[int, list[dict]] = {}
+    for s in summaries:
+        m = _ATTEMPT_RE.search(Path(s["file"]).name)
+        attempts.setdefault(int(m.group(1)) if m else 0, []).append(s)
+    if len(attempts) < 2:
+        return summaries
+    keep = max(attempts, key=lambda a: (len({s["rank"] for s in attempts[a]}), a))
+    skipped += [
+        {
+            "file": s["file"],
+            "reason": f"restart attempt {a} of the job — attempt {keep}'s traces are analysed "
+            "(one attempt, so no step counts twice)",
+        }
+        for a, ss in attempts.items()
+        if a != keep
+        for s in ss
+    ]
+    return attempts[keep]
+
+
 def _assign_ranks(summaries: list[dict], skipped: list[dict], warnings: list[str]) -> list[dict]:
     """Drop rank-less traces (unless alone) and later duplicates of a rank; never guess a rank."""
     if len(summaries) == 1 and summaries[0]["rank"] is None:
@@ -161,7 +189,7 @@ def analyze_trace_dir(path: Path, *, workers: int | None = None, progress: bool 
         else:
             good.append(summary)
     warnings: list[str] = []
-    ranks = _assign_ranks(good, skipped, warnings)
+    ranks = _assign_ranks(_one_attempt(good, skipped), skipped, warnings)
     skipped.sort(key=lambda s: s["file"])
     if not ranks:
         reasons = "; ".join(f"{Path(s['file']).name}: {s['reason']}" for s in skipped[:3])

@@ -100,7 +100,9 @@ def run_reason(run: dict[str, Any]) -> str:
         return ""
     if isinstance(err, dict):
         where = f" (rank {err['rank']})" if err.get("rank") is not None else ""
-        return f"{err.get('message') or 'failed'}{where}"
+        kind = f"{err['kind']}: " if err.get("kind") else ""  # crash, killed, oom, diverged, ...
+        first_line = (str(err.get("message") or "failed").splitlines() or ["failed"])[0]
+        return f"{kind}{first_line}{where}"
     return str(err)
 
 
