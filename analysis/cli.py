@@ -19,6 +19,8 @@ from typing import Any
 import pandas as pd
 
 from analysis.errors import AnalysisError
+from analysis.jsonsafe import clip, finite_json
+from analysis.outputs import check_json_out
 
 __all__ = ["main"]
 
@@ -28,6 +30,8 @@ def _fmt(value: Any, digits: int = 1) -> Any:
         return "-"
     if isinstance(value, float):
         return f"{value:,.{digits}f}"
+    if isinstance(value, str):
+        return clip(value)  # strings from records can be megabytes long; the JSON keeps them whole
     return value
 
 
@@ -48,9 +52,11 @@ def _write_json(result: dict, out: Path | None) -> None:
     if out is None:
         return
     tmp = out.with_name(f".{out.name}.tmp")
+    # The results are already finite (finite_json); this keeps a later change from writing NaN.
+    text = json.dumps(finite_json(result, result.setdefault("warnings", [])), indent=2)
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
-        tmp.write_text(json.dumps(result, indent=2, allow_nan=False) + "\n", encoding="utf-8")
+        tmp.write_text(text + "\n", encoding="utf-8")
         tmp.replace(out)
     except OSError as err:
         with contextlib.suppress(OSError):
@@ -176,9 +182,15 @@ def print_runs(result: dict) -> None:
     )
     for run in result["runs"]:
         if run["error"]:
-            print(f"  {run['run_id']}: {run['status']}: {run['error'].get('message')}")
+            print(f"  {clip(run['run_id'])}: {run['status']}: {clip(run['error'].get('message'))}")
         for warning in run["warnings"]:
-            print(f"  warning: {warning}")
+            print(f"  warning: {clip(warning)}")
+    for warning in result.get("warnings", []):
+        print(f"warning: {warning}")
+    if result.get("invalid"):
+        print(f"\ninvalid {len(result['invalid'])}:")
+        for bad in result["invalid"]:
+            print(f"  {clip(bad['reason'])}")
     if result["groups"]:
         print("\ngroups (mean ± sample std over seeds)")
         rows = [
@@ -236,10 +248,27 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
+def _check_out(args: argparse.Namespace) -> None:
+    """Refuse a bad --json before any work: empty, a folder, an input or inside an input."""
+    if args.json is None:
+        return
+    if args.command == "traces":
+        from analysis.traces import find_trace_files
+
+        files = find_trace_files(args.trace_dir)
+        folders = [args.trace_dir] if args.trace_dir.is_dir() else []
+        check_json_out(args.json, files, folders)
+    else:
+        from analysis.runs import find_run_dirs
+
+        check_json_out(args.json, [], find_run_dirs(args.runs_dirs)[0])
+
+
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     progress = not args.no_progress
     try:
+        _check_out(args)
         if args.command == "project":
             from analysis.project_cli import print_projection, run
 

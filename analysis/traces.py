@@ -16,7 +16,8 @@ from pathlib import Path
 from tqdm import tqdm
 
 from analysis.collectives import combine_collectives
-from analysis.errors import AnalysisError
+from analysis.errors import AnalysisError, unexpected
+from analysis.jsonsafe import finite_json
 from analysis.rank import summarize_file
 
 __all__ = ["SCHEMA_VERSION", "analyze_trace_dir", "find_trace_files"]
@@ -75,6 +76,9 @@ def _summarize(path: Path) -> tuple[dict | None, str | None]:
         return summarize_file(path), None
     except AnalysisError as err:
         return None, f"{err.what} — {err.fix}"
+    except Exception as err:  # noqa: BLE001 — RecursionError, MemoryError, ...: one hostile
+        # file costs one line, never the other ranks.
+        return None, unexpected(err)
 
 
 def _summaries(files: list[Path], workers: int, progress: bool) -> Iterable[tuple[Path, tuple]]:
@@ -94,7 +98,11 @@ def _summaries(files: list[Path], workers: int, progress: bool) -> Iterable[tupl
         with ProcessPoolExecutor(max_workers=workers) as pool:
             futures = {pool.submit(_summarize, f): f for f in files}
             for fut in as_completed(futures):
-                yield futures[fut], fut.result()
+                try:
+                    result = fut.result()
+                except Exception as err:  # noqa: BLE001 — a worker killed (e.g. out of memory)
+                    result = (None, unexpected(err))
+                yield futures[fut], result
                 bar.update()
 
 
@@ -205,7 +213,7 @@ def analyze_trace_dir(path: Path, *, workers: int | None = None, progress: bool 
     tables = combine_collectives({r["rank"]: r["instances"] for r in ranks}, world_size)
     means = [r["step_time_us_mean"] for r in ranks]
     lo, hi = min(means), max(means)
-    return {
+    result = {
         "schema_version": SCHEMA_VERSION,
         "trace_dir": str(path),
         "world_size": world_size if worlds else None,
@@ -220,3 +228,4 @@ def analyze_trace_dir(path: Path, *, workers: int | None = None, progress: bool 
         "skipped": skipped,
         "warnings": warnings,
     }
+    return finite_json(result, warnings)

@@ -16,6 +16,7 @@ from urllib.parse import quote
 
 import pandas as pd
 
+from analysis.jsonsafe import clip
 from analysis.report.columns import (
     ACCURACY_COLS,
     COLLECTIVE_COLS,
@@ -89,8 +90,8 @@ def fmt(value: Any, col: Column, row: dict[str, Any] | None = None) -> str:
         std = (row or {}).get(col.std_key) if col.kind == "pm" else None
         return f"{text} ± {std * col.scale:,.{col.digits}f}" if not _missing(std) else text
     if isinstance(value, list):
-        return ", ".join(map(str, value)) or "—"
-    return str(value)
+        return clip(", ".join(map(str, value))) or "—"
+    return clip(str(value))
 
 
 def run_reason(run: dict[str, Any]) -> str:
@@ -161,6 +162,8 @@ def summary_rows(data: dict[str, Any], labels: dict[str, str]) -> list[dict[str,
     ]
     for s in data.get("skipped", []):
         rows.append({"run_id": Path(s["path"]).name, "status": "unreadable", "reason": s["reason"]})
+    for s in data.get("invalid", []):  # broke the run-folder contract: never analysed
+        rows.append({"run_id": Path(s["path"]).name, "status": "invalid", "reason": s["reason"]})
     return rows
 
 
