@@ -218,7 +218,7 @@ def load_trace(path: Path) -> LoadedTrace:
         bad = isinstance(info, dict) and "rank" in info and _count(info["rank"]) is None
         if bad:
             warnings.append(
-                f"{path}: distributedInfo.rank {str(info['rank'])[:40]!r} is not a rank"
+                f"{path}: distributedInfo.rank {repr(info['rank'])[:40]} is not a rank"
                 " (a non-negative integer) — ignored; the rank comes from the file name if any"
             )
         if isinstance(info, dict) and _count(info.get("rank")) is not None:

@@ -144,6 +144,7 @@ def _assign_ranks(summaries: list[dict], skipped: list[dict], warnings: list[str
     kept: dict[int, dict] = {}
     for s in sorted(summaries, key=lambda s: s["file"]):
         if s["rank"] is None:
+            warnings += s["warnings"]  # e.g. why its distributedInfo rank was not taken
             skipped.append(
                 {
                     "file": s["file"],

@@ -78,7 +78,10 @@ def _replace_folder(files: dict[str, str], out_dir: Path) -> None:
         tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", suffix=".tmp", dir=parent))
         os.chmod(tmp, 0o777 & ~_UMASK)  # mkdtemp's 0700 would hide the report from others
         for name, text in files.items():
-            (tmp / name).write_text(text, encoding="utf-8", newline="")
+            try:
+                (tmp / name).write_text(text, encoding="utf-8", newline="")
+            except OSError as exc:  # name the report file, not the temporary folder
+                raise OSError(exc.errno, exc.strerror, name) from exc
         old = None
         if out_dir.exists():
             old = parent / f"{tmp.name[:-4]}.old"
