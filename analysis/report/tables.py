@@ -264,7 +264,7 @@ def _run_env(run: dict[str, Any]) -> dict[str, Any]:
     # The runs JSON copies only some env fields; python etc. are read from run.json itself.
     try:
         env = json.loads((Path(run["path"]) / "run.json").read_text(encoding="utf-8")).get("env")
-    except (OSError, ValueError, AttributeError):
+    except (OSError, ValueError, AttributeError, RecursionError):
         return {}
     return env if isinstance(env, dict) else {}
 
