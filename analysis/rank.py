@@ -182,6 +182,7 @@ def summarize_file(path: Path) -> dict:
         "kind": "gpu" if gpu else "cpu",
         "origin_us": c.origin_us + loaded.base_time_us,
         "steps": len(per_step),
+        "dropped_events": c.dropped_events,
         "step_numbers": numbers,
         **{
             k: _mean(per_step, k)

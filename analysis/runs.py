@@ -232,6 +232,11 @@ def _attach_trace(entry: dict, run_dir: Path, *, progress: bool) -> None:
         return
     entry["trace"] = trace
     entry["warnings"] += [f"{s['file']}: {s['reason']}" for s in trace["skipped"]]
+    entry["warnings"] += [
+        f"{r['file']}: dropped {r['dropped_events']} event(s) with impossible times — not analysed"
+        for r in trace["ranks"]
+        if r.get("dropped_events")
+    ]
     ranks = [r for r in trace["ranks"] if r["step_time_us_mean"]]
     if ranks:
         entry["comm_pct"] = statistics.fmean(

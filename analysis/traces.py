@@ -29,6 +29,7 @@ _RANK_FIELDS = (
     "rank_source",
     "kind",
     "steps",
+    "dropped_events",
     "step_numbers",
     "step_time_us_mean",
     "compute_us",

@@ -309,6 +309,19 @@ def test_impossible_events_are_dropped_and_counted(case, tmp_path, ddp_traces, c
         assert ranks[1][key] == pytest.approx(clean_ranks[1][key]), key
     (line,) = [w for w in result["warnings"] if "impossible times" in w]
     assert bad.name in line and "dropped 1 event" in line
+    assert ranks[1]["dropped_events"] == 1 and ranks[0]["dropped_events"] == 0
+
+
+def test_dropped_events_reach_the_run_warnings(tmp_path, ddp_mlp_run):
+    run = tmp_path / "ddp"
+    shutil.copytree(ddp_mlp_run, run)
+    r1 = sorted((run / "traces").glob("rank1*"))[0]
+    trace = _load(r1)
+    EVENT_CASES["negative-dur"](trace)
+    r1.write_bytes(gzip.compress(json.dumps(trace).encode()))
+    (entry,) = compare_runs([run], progress=False)["runs"]
+    assert [r["rank"] for r in entry["trace"]["ranks"]] == [0, 1]
+    assert any(r1.name in w and "dropped 1 event" in w for w in entry["warnings"])
 
 
 def test_rank_true_is_not_a_rank(tmp_path, ddp_traces, clean_ranks):
