@@ -14,7 +14,7 @@ import io
 import re
 import sys
 from pathlib import Path
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, get_args
 
 import msgspec
 
@@ -23,6 +23,7 @@ from analysis.errors import AnalysisError
 __all__ = [
     "SCHEMA_VERSIONS",
     "STATUSES",
+    "STEP_COLUMNS",
     "InvalidRecord",
     "RunRecord",
     "StepRow",
@@ -31,7 +32,8 @@ __all__ = [
 ]
 
 SCHEMA_VERSIONS = (1, 2)  # run-folder schema versions this reader understands
-STATUSES = ("running", "ok", "failed", "skipped", "interrupted")
+Status = Literal["running", "ok", "failed", "skipped", "interrupted"]
+STATUSES = get_args(Status)
 # JSON cannot hold inf/NaN, but steps.csv cells can ("inf", "nan"): NaN fails `ge`, inf fails `le`.
 _FINITE_MAX = sys.float_info.max
 Count = Annotated[int, msgspec.Meta(ge=0)]
@@ -129,7 +131,7 @@ class RunRecord(msgspec.Struct):
     """run.json (docs/run-folder.md): only the fields analysis reads are typed; others pass."""
 
     schema_version: int
-    status: Literal["running", "ok", "failed", "skipped", "interrupted"]
+    status: Status
     config: Config
     run_id: Annotated[str, msgspec.Meta(min_length=1)] | None = None
     error: ErrorInfo | None = None
@@ -156,6 +158,10 @@ class StepRow(msgspec.Struct):
     rss_bytes: Count | None = None
     cuda_allocated_bytes: Count | None = None
     profiled: Flag | None = None
+
+
+# The columns every steps.csv must have (StepRow's required fields); the others may be empty.
+STEP_COLUMNS = StepRow.__struct_fields__[: -len(StepRow.__struct_defaults__)]
 
 
 class InvalidRecord(AnalysisError):
@@ -185,7 +191,7 @@ def _explain(err: msgspec.ValidationError) -> tuple[str, str]:
     """(field path such as `config.world_size`, problem) from a msgspec error message."""
     m = _AT_RE.match(str(err))
     msg, at = (m["msg"], m["at"] or "") if m else (str(err), "")
-    msg = msg.replace(f"<= {_FINITE_MAX!r}", "finite").replace(f"<= {_FINITE_MAX}", "finite")
+    msg = msg.replace(f"`float` <= {_FINITE_MAX!r}", "a finite `float`")
     return at.lstrip("."), msg
 
 
@@ -240,7 +246,7 @@ def read_steps(path: Path) -> list[StepRow]:
     except (OSError, UnicodeDecodeError) as err:
         raise InvalidRecord(path, "", f"unreadable ({err})") from None
     reader = csv.DictReader(io.StringIO(text))
-    missing = [f for f in StepRow.__struct_fields__[:8] if f not in (reader.fieldnames or [])]
+    missing = [f for f in STEP_COLUMNS if f not in (reader.fieldnames or [])]
     if missing:
         raise InvalidRecord(path, missing[0], "column missing from the header")
     rows = [
