@@ -167,12 +167,19 @@ STEP_COLUMNS = StepRow.__struct_fields__[: -len(StepRow.__struct_defaults__)]
 class InvalidRecord(AnalysisError):
     """A run.json or steps.csv that breaks the run-folder contract; `field` names the field."""
 
-    def __init__(self, path: Path, field: str, problem: str) -> None:
+    def __init__(
+        self,
+        path: Path,
+        field: str,
+        problem: str,
+        fix: str = "fix or remove this run folder (re-run it to get a valid record)",
+    ) -> None:
+        # msgspec quotes bad enum values: a 2 MB `status` must not become a 2 MB line.
+        problem = " ".join(problem.split())
+        problem = problem if len(problem) <= 300 else problem[:299] + "…"
         self.file, self.field, self.problem = str(path), field, problem
         super().__init__(
-            path,
-            f"invalid `{field}`: {problem}" if field else f"invalid: {problem}",
-            "fix or remove this run folder (re-run it to get a valid record)",
+            path, f"invalid `{field}`: {problem}" if field else f"invalid: {problem}", fix
         )
 
     def to_dict(self) -> dict[str, str]:
@@ -231,7 +238,8 @@ def read_record(path: Path) -> tuple[RunRecord, dict]:
         raise InvalidRecord(
             path,
             "schema_version",
-            f"unknown version {rec.schema_version} (this dpscope reads {known}); update dpscope",
+            f"unknown version {rec.schema_version} (this dpscope reads {known})",
+            "analyse it with the dpscope version that wrote it",
         )
     return rec, raw
 

@@ -486,16 +486,28 @@ def test_failed_report_write_leaves_the_previous_report_whole(tmp_path, single_m
 # ---------------------------------------------------------------------------------------------
 
 
-def test_report_builds_from_good_and_every_bad_run(bad_runs, tmp_path, single_mlp_run):
-    """The whole mixed folder, traces included, plus a run with a 2 MB env.os: the report lists
-    every bad run as invalid, keeps the good numbers, and the long string is clipped on the page
-    but whole in summary.json."""
+def test_report_builds_from_good_and_every_bad_run(bad_runs, tmp_path, single_mlp_run, ddp_mlp_run):
+    """The whole mixed folder, traces included, plus a run with a 2 MB env.os and a run with bad
+    traces: the report lists every bad run as invalid, keeps the good numbers (the bad traces cost
+    one warning each), and the long string is clipped on the page but whole in summary.json."""
     long_run = bad_runs.parent / f"{bad_runs.name}-long" / "long-os"
     shutil.copytree(single_mlp_run, long_run)
     rec = read_run(long_run)
     rec.update(run_id="long-os", traces=[])
     rec["env"]["os"] = "L" * 2_000_000
     (long_run / "run.json").write_text(json.dumps(rec))
+    # A DDP run whose rank-0 trace holds impossible events and whose rank-1 trace is 100,000 deep.
+    traced = long_run.parent / "bad-traces"
+    shutil.copytree(ddp_mlp_run, traced)
+    rec = read_run(traced)
+    rec["run_id"] = "bad-traces"
+    (traced / "run.json").write_text(json.dumps(rec))
+    r0, r1 = sorted((traced / "traces").glob("rank*"))
+    trace = _load(r0)
+    for case in EVENT_CASES.values():
+        case(trace)
+    r0.write_bytes(gzip.compress(json.dumps(trace).encode()))
+    r1.write_bytes(gzip.compress(_deep_top(_load(r1)).encode()))
     out = tmp_path / "report"
     assert (
         report_main([str(bad_runs), str(long_run.parent), "--out", str(out), "--no-progress"]) == 0
@@ -504,7 +516,10 @@ def test_report_builds_from_good_and_every_bad_run(bad_runs, tmp_path, single_ml
     for name in [*RUN_CASES, "nested-run-json"]:
         assert rows[name]["status"] == "invalid" and rows[name]["reason"], name
     good = [r for r in rows.values() if r["status"] == "ok" and r["run_id"] != "long-os"]
-    assert len(good) == 2 and all(float(r["samples_per_s"]) > 0 for r in good)
+    assert len(good) == 3 and all(float(r["samples_per_s"]) > 0 for r in good)
+    reason = rows["bad-traces"]["reason"]
+    assert f"{r0.name}: dropped {len(EVENT_CASES)} event(s)" in reason
+    assert f"{r1.name}: nested too deeply" in reason
     html = (out / "index.html").read_text(encoding="utf-8")
     assert "L" * 2_000_000 not in html and "L" * 200 + "…" in html
     assert len(html) < 5_000_000

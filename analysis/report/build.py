@@ -23,7 +23,7 @@ import pandas as pd
 from tqdm import tqdm
 
 from analysis.errors import AnalysisError
-from analysis.jsonsafe import clip
+from analysis.jsonsafe import DISPLAY_CHARS, clip
 from analysis.outputs import check_report_out
 from analysis.report import figures
 from analysis.report.findings import THRESHOLDS, findings
@@ -57,14 +57,18 @@ os.umask(_UMASK)
 _PATH_KEYS = frozenset({"path", "file", "trace_files", "trace_dir"})
 
 
-def _display(obj: Any) -> Any:
-    """A copy of the runs JSON with long strings clipped for display (summary.json keeps all)."""
+FIGURE_CHARS = 40  # figure labels: a longer one squeezes the plot out of its canvas
+
+
+def _display(obj: Any, limit: int = DISPLAY_CHARS, keep: frozenset = _PATH_KEYS) -> Any:
+    """A copy of the runs JSON with long strings clipped for display (summary.json keeps all);
+    values under the `keep` keys are left as they are."""
     if isinstance(obj, str):
-        return clip(obj)
+        return clip(obj, limit)
     if isinstance(obj, dict):
-        return {k: v if k in _PATH_KEYS else _display(v) for k, v in obj.items()}
+        return {k: v if k in keep else _display(v, limit, keep) for k, v in obj.items()}
     if isinstance(obj, list | tuple):
-        return [_display(v) for v in obj]
+        return [_display(v, limit, keep) for v in obj]
     return obj
 
 
@@ -153,12 +157,14 @@ def _bar(frame: pd.DataFrame, labels: dict[str, str], *extra: str) -> pd.DataFra
     bar = frame["run_id"].map(labels).fillna(frame["run_id"])
     for col in extra:
         bar = bar + " · " + frame[col].map(lambda v, c=col: f"{c} {v}" if c == "rank" else str(v))
-    return frame.assign(bar=bar)
+    return frame.assign(bar=bar.map(lambda b: clip(b, 2 * FIGURE_CHARS)))
 
 
 def _figures(
     data: dict[str, Any], tables: dict[str, Table], progress: bool
 ) -> dict[str, str | None]:
+    # Run ids stay as in the tables (already clipped there): they key the labels of every figure.
+    data = _display(data, FIGURE_CHARS, _PATH_KEYS | {"run_id", "run_ids", "baseline_run_id"})
     labels = unique_labels(data.get("runs", []))
     runs = _runs_frame(data)
     steps = pd.DataFrame(
