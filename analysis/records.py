@@ -257,9 +257,12 @@ def read_steps(path: Path) -> list[StepRow]:
     missing = [f for f in STEP_COLUMNS if f not in (reader.fieldnames or [])]
     if missing:
         raise InvalidRecord(path, missing[0], "column missing from the header")
-    rows = [
-        {k: v for k, v in row.items() if v not in ("", None) and k is not None} for row in reader
-    ]
+    rows = []
+    for row in reader:
+        if None in row:  # DictReader's key for cells beyond the header
+            line = reader.line_num
+            raise InvalidRecord(path, f"line {line}", "more cells than the header has columns")
+        rows.append({k: v for k, v in row.items() if v not in ("", None)})
     try:
         return msgspec.convert(rows, list[StepRow], strict=False)
     except msgspec.ValidationError as err:

@@ -12,7 +12,6 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-import msgspec
 import pandas as pd
 from tqdm import tqdm
 
@@ -23,7 +22,6 @@ from analysis.records import (
     Config,
     EvalEntry,
     InvalidRecord,
-    StepRow,
     StepTime,
     read_record,
     read_steps,
@@ -199,17 +197,14 @@ def load_run(run_dir: Path) -> dict:
     steps_csv = run_dir / "steps.csv"
     if steps_csv.is_file():
         try:
-            rows = read_steps(steps_csv)
+            read_steps(steps_csv)
         except InvalidRecord as err:
             if rec.status == "ok":
                 raise
             # A run that did not finish may have been cut off mid-row: its numbers are not used.
             entry["warnings"].append(f"{err} — phases left empty")
-        else:
-            frame = pd.DataFrame(
-                [msgspec.structs.astuple(r) for r in rows], columns=StepRow.__struct_fields__
-            )
-            entry["phases_s"], entry["phases_per_rank_s"] = _phases(frame)
+        else:  # every cell is now known to be valid: pandas reads the same file into columns
+            entry["phases_s"], entry["phases_per_rank_s"] = _phases(pd.read_csv(steps_csv))
     elif entry["status"] == "ok":
         entry["warnings"].append(f"{steps_csv}: missing — phases left empty")
     return entry

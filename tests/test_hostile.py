@@ -84,6 +84,12 @@ def _steps_cell(column: str, value: str) -> Callable[[Path], None]:
     return edit
 
 
+def _steps_extra_cell(path: Path) -> None:
+    lines = path.read_text().splitlines()
+    lines[3] += ",7"
+    path.write_text("\n".join(lines) + "\n")
+
+
 def _failed_with_string_error(rec: dict) -> None:
     rec.update(status="failed", error="rank 1 died", metrics={})
 
@@ -129,6 +135,7 @@ RUN_CASES = {
     "steps-text-cell": ("ddp", None, _steps_cell("step_time_s", "abc"), "`step_time_s, line 4`"),
     "steps-warmup-text": ("ddp", None, _steps_cell("warmup", "yes"), "`warmup, line 4`"),
     "steps-inf": ("ddp", None, _steps_cell("data_s", "inf"), "`data_s, line 4`"),
+    "steps-extra-cell": ("ddp", None, _steps_extra_cell, "`line 4`: more cells"),
 }
 
 

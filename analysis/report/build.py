@@ -55,8 +55,6 @@ os.umask(_UMASK)
 # Keys whose strings are file paths (links must stay whole); every other string from a record is
 # cut to DISPLAY_CHARS for the page, so the report's time does not grow with a string's length.
 _PATH_KEYS = frozenset({"path", "file", "trace_files", "trace_dir"})
-
-
 FIGURE_CHARS = 40  # figure labels: a longer one squeezes the plot out of its canvas
 
 
