@@ -23,7 +23,6 @@ import pytest
 from analysis.cli import main as analysis_main
 from analysis.errors import unexpected
 from analysis.jsonsafe import finite_json
-from analysis.report import build_report
 from analysis.report.__main__ import main as report_main
 from analysis.runs import compare_runs
 from analysis.traces import analyze_trace_dir
@@ -458,34 +457,38 @@ def test_bad_report_out_is_refused_before_work(target, tmp_path, single_mlp_run,
 
 
 @pytest.mark.skipif(os.name != "posix", reason="RLIMIT_FSIZE is POSIX-only")
-def test_failed_report_write_leaves_the_previous_report_whole(tmp_path, single_mlp_run):
-    """A real write failure part-way (file-size limit hit on index.html, after the CSVs): the
-    error names the file and the previous report is untouched."""
+def test_failed_report_write_leaves_the_previous_report_whole(tmp_path):
+    """A real write failure part-way (the file-size limit hit on index.html, after the CSVs and
+    summary.json were written): the error names the file and the previous report is untouched."""
     import resource
     import signal
 
+    from analysis.report.build import _replace_folder
+
     out = tmp_path / "report"
-    build_report([single_mlp_run], out, progress=False)
+    files = {"summary.csv": "a\n1\n", "summary.json": "{}\n", "index.html": "new" * 100_000}
+    _replace_folder({**files, "index.html": "old"}, out)
     before = {p.name: p.read_bytes() for p in out.iterdir()}
 
     def limit() -> None:
         signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # get EFBIG instead of being killed
         resource.setrlimit(resource.RLIMIT_FSIZE, (64_000, 64_000))
 
-    proc = cli(
-        "-m",
-        "analysis.report",
-        str(single_mlp_run),
-        "--out",
-        str(out),
-        "--no-progress",
-        preexec_fn=limit,
+    code = (
+        "import json, sys; from pathlib import Path\n"
+        "from analysis.report.build import ReportError, _replace_folder\n"
+        "files = json.loads(sys.argv[2]); files['index.html'] *= 100_000\n"
+        "try: _replace_folder(files, Path(sys.argv[1]))\n"
+        "except ReportError as e: sys.exit(f'report: {e}')\n"
     )
-    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+    arg = json.dumps({**files, "index.html": "new"})  # a 300 kB argument would be too long
+    proc = cli("-c", code, str(out), arg, preexec_fn=limit)
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr
     (line,) = proc.stderr.strip().splitlines()
-    assert "index.html" in line and "previous report is unchanged" in line
+    assert "(index.html)" in line and "File too large" in line
+    assert "previous report is unchanged" in line
     assert {p.name: p.read_bytes() for p in out.iterdir()} == before
-    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []
+    assert [p.name for p in tmp_path.iterdir()] == ["report"]  # no temporary folder left
 
 
 # ---------------------------------------------------------------------------------------------
