@@ -46,7 +46,7 @@ PathText = Annotated[str, msgspec.Meta(max_length=4096)]
 
 class ErrorInfo(msgspec.Struct):
     message: str | None = None
-    rank: Count | None = None
+    rank: int | None = None  # any integer: a writer may mark "no rank" its own way
     exit_code: int | None = None
     log_tail: list[str] = []
 
