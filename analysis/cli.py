@@ -291,6 +291,11 @@ def main(argv: list[str] | None = None) -> int:
         show(result)
         if args.json is not None:
             print(f"wrote {args.json}")
+        if args.command == "runs" and not result["runs"]:  # every folder was invalid: unusable
+            where = ", ".join(map(str, args.runs_dirs))
+            raise AnalysisError(
+                where, "no run could be analysed", "fix or remove the invalid run folders listed"
+            )
     except AnalysisError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2

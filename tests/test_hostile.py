@@ -244,6 +244,19 @@ def test_runs_cli_lists_invalid_and_writes_valid_json(bad_runs, tmp_path):
     assert "config.world_size" in proc.stdout
 
 
+def test_runs_cli_exits_2_when_every_run_is_invalid(bad_runs, tmp_path, capsys):
+    """Still lists the invalid run (and writes the JSON), then one error line: nothing usable."""
+    shutil.copytree(bad_runs / "world-size-abc", tmp_path / "runs" / "world-size-abc")
+    out = tmp_path / "runs.json"
+    args = ["runs", str(tmp_path / "runs"), "--no-traces", "--no-progress", "--json", str(out)]
+    assert analysis_main(args) == 2
+    captured = capsys.readouterr()
+    assert "invalid 1:" in captured.out and "config.world_size" in captured.out
+    (line,) = captured.err.strip().splitlines()
+    assert line.startswith("error: ") and "no run could be analysed" in line
+    assert len(_strict_json(out.read_text())["invalid"]) == 1
+
+
 # ---------------------------------------------------------------------------------------------
 # Traces: impossible events dropped and counted; any exception costs one file
 # ---------------------------------------------------------------------------------------------
