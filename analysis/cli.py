@@ -291,7 +291,8 @@ def main(argv: list[str] | None = None) -> int:
         show(result)
         if args.json is not None:
             print(f"wrote {args.json}")
-        if args.command == "runs" and not result["runs"]:  # every folder was invalid: unusable
+        if args.command == "runs" and not result["runs"] and not result.get("tunes"):
+            # every folder was invalid: nothing usable
             where = ", ".join(map(str, args.runs_dirs))
             raise AnalysisError(
                 where, "no run could be analysed", "fix or remove the invalid run folders listed"

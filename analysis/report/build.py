@@ -243,7 +243,8 @@ def write_report(data: dict[str, Any], out_dir: Path, *, progress: bool = True) 
             ops=ops_context(data),
             projection=projection_context(data),
             thresholds=THRESHOLDS,
-            tunes=tune_sections(data),
+            # Tune commands and notes are dpscope's own long lines: a looser clip keeps them whole.
+            tunes=tune_sections({"tunes": _display(full.get("tunes") or [], 10 * DISPLAY_CHARS)}),
             n_runs=len(data.get("runs", []))
             + len(data.get("skipped", []))
             + len(data.get("invalid", [])),

@@ -34,6 +34,7 @@ from analysis.report.columns import (
 __all__ = ["Column", "Table", "all_tables", "fmt", "run_label", "run_reason"]
 
 MIB = 2**20
+CELL_CHARS = 2000  # longest text shown in one table cell
 
 
 @dataclass(kw_only=True)
@@ -89,9 +90,11 @@ def fmt(value: Any, col: Column, row: dict[str, Any] | None = None) -> str:
         text = f"{value * col.scale:,.{col.digits}f}"
         std = (row or {}).get(col.std_key) if col.kind == "pm" else None
         return f"{text} ± {std * col.scale:,.{col.digits}f}" if not _missing(std) else text
+    # Record strings are already clipped one by one (build._display); this bound only stops a
+    # cell that joins many of them, or one read outside the runs JSON, from growing without limit.
     if isinstance(value, list):
-        return clip(", ".join(map(str, value))) or "—"
-    return clip(str(value))
+        return clip(", ".join(map(str, value)), CELL_CHARS) or "—"
+    return clip(str(value), CELL_CHARS)
 
 
 def run_reason(run: dict[str, Any]) -> str:
