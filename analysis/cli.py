@@ -258,10 +258,16 @@ def _check_out(args: argparse.Namespace) -> None:
         files = find_trace_files(args.trace_dir)
         folders = [args.trace_dir] if args.trace_dir.is_dir() else []
         check_json_out(args.json, files, folders)
-    else:
+    else:  # runs, ops, diff: never inside one of the run folders read
         from analysis.runs import find_run_dirs
 
-        check_json_out(args.json, [], find_run_dirs(args.runs_dirs)[0])
+        names = ("runs_dirs", "run", "run_a", "run_b")
+        inputs = [p for n in names for p in _as_list(getattr(args, n, None))]
+        check_json_out(args.json, [], find_run_dirs(inputs)[0])
+
+
+def _as_list(value: Any) -> list:
+    return [] if value is None else value if isinstance(value, list) else [value]
 
 
 def main(argv: list[str] | None = None) -> int:
