@@ -258,10 +258,10 @@ def _check_out(args: argparse.Namespace) -> None:
         files = find_trace_files(args.trace_dir)
         folders = [args.trace_dir] if args.trace_dir.is_dir() else []
         check_json_out(args.json, files, folders)
-    else:  # runs, ops, diff: never inside one of the run folders read
+    else:  # runs, ops, diff, project: never inside one of the run folders read
         from analysis.runs import find_run_dirs
 
-        names = ("runs_dirs", "run", "run_a", "run_b")
+        names = ("runs_dirs", "run", "run_a", "run_b", "comm", "measured", "batch_runs")
         inputs = [p for n in names for p in _as_list(getattr(args, n, None))]
         check_json_out(args.json, [], find_run_dirs(inputs)[0])
 

@@ -18,6 +18,7 @@ from tqdm import tqdm
 from analysis.comm import is_comm_run
 from analysis.errors import AnalysisError, unexpected
 from analysis.jsonsafe import finite_json
+from analysis.projection_runs import comm_and_projections
 from analysis.records import (
     Config,
     EvalEntry,
@@ -26,7 +27,6 @@ from analysis.records import (
     read_record,
     read_steps,
 )
-from analysis.projection_runs import comm_and_projections
 from analysis.tune import is_tune_dir, load_tunes
 
 __all__ = ["SCHEMA_VERSION", "compare_runs", "find_run_dirs", "load_run"]
