@@ -11,10 +11,13 @@ import argparse
 import os
 import sys
 from pathlib import Path
+from typing import Any
 
 import pandas as pd
 
 from analysis.errors import AnalysisError
+from analysis.jsonsafe import clip, finite_json
+from analysis.outputs import check_json_out
 from analysis.report.columns import (
     CLI_COLLECTIVE_COLS,
     CLI_GROUP_COLS,
@@ -36,7 +39,8 @@ def _table(rows: list[dict], columns: list[Column]) -> str:
     if not rows:
         return "(none)"
     frame = pd.DataFrame(
-        [{c.header: fmt(r.get(c.key), c, r) for c in columns} for r in rows],
+        # Record strings can be megabytes long: clipped for display, whole in the JSON.
+        [{c.header: fmt(clip(r.get(c.key)), c, r) for c in columns} for r in rows],
         columns=[c.header for c in columns],
     )
     return frame.to_string(index=False)
@@ -47,6 +51,8 @@ def _write_json(result: dict, out: Path | None) -> None:
     AnalysisError line, never a traceback."""
     if out is None:
         return
+    # The results are already finite (finite_json); this keeps a later change from writing NaN.
+    finite_json(result, result.setdefault("warnings", []))
     try:
         write_json_atomic(out, result)
     except OSError as err:
@@ -102,9 +108,15 @@ def print_runs(result: dict) -> None:
     print(_table(rows, CLI_RUN_COLS))
     for run in result["runs"]:
         if run["error"]:
-            print(f"  {run['run_id']}: {run['status']}: {run['error'].get('message')}")
+            print(f"  {clip(run['run_id'])}: {run['status']}: {clip(run['error'].get('message'))}")
         for warning in run["warnings"]:
-            print(f"  warning: {warning}")
+            print(f"  warning: {clip(warning)}")
+    for warning in result.get("warnings", []):
+        print(f"warning: {warning}")
+    if result.get("invalid"):
+        print(f"\ninvalid {len(result['invalid'])}:")
+        for bad in result["invalid"]:
+            print(f"  {clip(bad['reason'])}")
     if result["groups"]:
         print("\ngroups (mean ± sample std over seeds)")
         print(_table(result["groups"], CLI_GROUP_COLS))
@@ -133,10 +145,33 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
+def _check_out(args: argparse.Namespace) -> None:
+    """Refuse a bad --json before any work: empty, a folder, an input or inside an input."""
+    if args.json is None:
+        return
+    if args.command == "traces":
+        from analysis.traces import find_trace_files
+
+        files = find_trace_files(args.trace_dir)
+        folders = [args.trace_dir] if args.trace_dir.is_dir() else []
+        check_json_out(args.json, files, folders)
+    else:  # runs, ops, diff, project: never inside one of the run folders read
+        from analysis.runs import find_run_dirs
+
+        names = ("runs_dirs", "run", "run_a", "run_b", "comm", "measured", "batch_runs")
+        inputs = [p for n in names for p in _as_list(getattr(args, n, None))]
+        check_json_out(args.json, [], find_run_dirs(inputs)[0])
+
+
+def _as_list(value: Any) -> list:
+    return [] if value is None else value if isinstance(value, list) else [value]
+
+
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     progress = not args.no_progress
     try:
+        _check_out(args)
         if args.command == "project":
             from analysis.project_cli import print_projection, run
 
@@ -159,6 +194,12 @@ def main(argv: list[str] | None = None) -> int:
         show(result)
         if args.json is not None:
             print(f"wrote {args.json}")
+        if args.command == "runs" and not result["runs"] and not result.get("tunes"):
+            # every folder was invalid: nothing usable
+            where = ", ".join(map(str, args.runs_dirs))
+            raise AnalysisError(
+                where, "no run could be analysed", "fix or remove the invalid run folders listed"
+            )
     except AnalysisError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2

@@ -92,8 +92,10 @@ class ProfilerSession:
         prof.export_chrome_trace(str(path))  # gzipped because the name ends in .gz
         self._written.append(path)
 
-    def start(self) -> None:
-        """Begin the schedule (step 0 is the first `wait` step). Idempotent."""
+    def start(self, *, step: int = 0) -> None:
+        """Begin the schedule at optimizer step `step` (0 = the first `wait` step; a resumed run
+        passes the step it resumed from, so the schedule and the `ProfilerStep#` numbers follow
+        the run's global steps). Idempotent."""
         if not self.cfg.enabled or self._running:
             return
         activities = [ProfilerActivity.CPU]
@@ -113,6 +115,13 @@ class ProfilerSession:
             profile_memory=self.cfg.profile_memory,
             with_stack=self.cfg.with_stack,
         )
+        if step:
+            # Public attributes of torch.profiler.profile: the schedule is consulted at
+            # `step_num`, and start() labels the first step with it.
+            self._prof.step_num = step
+            self._prof.current_action = self._prof.schedule(step)
+            if hasattr(self._prof, "_prev_schedule_action"):
+                self._prof._prev_schedule_action = self._prof.current_action
         self._prof.start()
         self._running = True
 

@@ -104,6 +104,19 @@ class TrainConfig:
     profile_repeat: int = _opt(1, "profiler schedule: cycles (0 = until the run ends)")
     profile_with_stack: bool = _opt(False, "record Python stacks in traces (much larger files)")
     checkpoint: bool = _opt(False, "save checkpoint.pt (rank 0, atomic) after every epoch")
+    checkpoint_every: int = _opt(
+        0,
+        "also save checkpoint.pt every N optimizer steps (0 = off); a restarted job resumes there",
+    )
+    save_final: bool = _opt(False, "save final.pt (the model's state_dict) at the end of the run")
+    stop_on_nonfinite: bool = _opt(
+        True, "stop the run (error.kind diverged) when a step's loss is NaN or infinite"
+    )
+    collective_timeout: float = _opt(
+        300.0,
+        "seconds a collective (and the launcher's heartbeat watchdog) waits before the run is "
+        "declared hung",
+    )
     init_method: str = _opt(
         "", "process-group init_method, e.g. file:///path (default: torchrun env://)"
     )
@@ -136,6 +149,7 @@ class TrainConfig:
             "num_workers",
             "threads",
             "warmup_steps",
+            "checkpoint_every",
             "dp_gpus",
             "lr",
             "momentum",
@@ -143,6 +157,8 @@ class TrainConfig:
         ):
             if getattr(self, name) < 0:
                 raise ValueError(f"--{_flag(name)} must be >= 0; got {getattr(self, name)}")
+        if self.collective_timeout <= 0:
+            raise ValueError(f"--collective-timeout must be > 0 s; got {self.collective_timeout}")
         if self.bucket_cap_mb <= 0:
             raise ValueError(f"--bucket-cap-mb must be > 0; got {self.bucket_cap_mb}")
         if self.max_steps and self.warmup_steps >= self.max_steps:

@@ -18,7 +18,7 @@ from torch import nn
 from torch.nn.parallel import DataParallel, DistributedDataParallel
 
 from workloads.config import TrainConfig
-from workloads.plan import Environment, Plan, plan
+from workloads.plan import Environment, Plan, plan, torchrun_layout
 
 __all__ = [
     "AutocastForward",
@@ -86,12 +86,10 @@ def init_context(cfg: TrainConfig) -> RunContext:
         local_rank = int(os.environ["LOCAL_RANK"])
         world_size = int(os.environ["WORLD_SIZE"])
         local_world = int(os.environ.get("LOCAL_WORLD_SIZE", world_size))
-        layout = {"nproc": local_world, "nnodes": max(1, world_size // max(1, local_world))}
     else:
         global_rank = local_rank = 0
         world_size = local_world = 1
-        layout = {}
-    run_plan = plan(cfg, Environment.detect(), **layout)
+    run_plan = plan(cfg, Environment.detect(), **torchrun_layout(cfg.mode))
     if run_plan.reason:
         raise ValueError(run_plan.reason)
     assert run_plan.devices is not None
@@ -103,10 +101,21 @@ def init_context(cfg: TrainConfig) -> RunContext:
         # Before init_process_group: NCCL creates its communicator on the current device.
         torch.cuda.set_device(devices[0])
     if cfg.mode == "ddp":
-        kwargs: dict = {"backend": run_plan.backend, "timeout": timedelta(minutes=10)}
+        kwargs: dict = {
+            "backend": run_plan.backend,
+            "timeout": timedelta(seconds=cfg.collective_timeout),
+        }
         if cfg.init_method:
             # file:// (or tcp://) rendezvous: rank and world size must be given explicitly.
             kwargs.update(init_method=cfg.init_method, rank=global_rank, world_size=world_size)
+        elif int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0):
+            # A restarted attempt shares torchrun's store with the attempts before it, whose
+            # stale gloo/NCCL addresses would be read back: give this attempt a key space of its own.
+            store, _, _ = next(dist.rendezvous("env://", timeout=kwargs["timeout"]))
+            prefix = f"/dpscope/attempt{os.environ['TORCHELASTIC_RESTART_COUNT']}"
+            kwargs.update(
+                store=dist.PrefixStore(prefix, store), rank=global_rank, world_size=world_size
+            )
         dist.init_process_group(**kwargs)
     return RunContext(
         mode=cfg.mode,

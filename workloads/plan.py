@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import platform
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import torch
@@ -18,7 +19,7 @@ import torch.distributed as dist
 
 from workloads.config import TrainConfig, batch_split
 
-__all__ = ["Environment", "Plan", "cpu_cores", "plan", "resolve_backend"]
+__all__ = ["Environment", "Plan", "cpu_cores", "plan", "resolve_backend", "torchrun_layout"]
 
 
 def cpu_cores() -> int:
@@ -85,6 +86,16 @@ class Plan:
     @property
     def use_cuda(self) -> bool:
         return bool(self.devices) and self.devices[0].startswith("cuda")
+
+
+def torchrun_layout(mode: str, environ: Mapping[str, str] = os.environ) -> dict[str, int]:
+    """`plan`'s nproc/nnodes for a training process: the torchrun job it belongs to (DDP), {}
+    otherwise (single and DP run in one process)."""
+    if mode != "ddp" or "WORLD_SIZE" not in environ:
+        return {}
+    world = int(environ["WORLD_SIZE"])
+    local = int(environ.get("LOCAL_WORLD_SIZE", world))
+    return {"nproc": local, "nnodes": max(1, world // max(1, local))}
 
 
 def resolve_backend(requested: str, *, use_cuda: bool, system: str | None = None) -> str:

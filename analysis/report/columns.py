@@ -14,9 +14,12 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from analysis.jsonsafe import clip
+
 __all__ = ["BYTE_UNITS", "C", "Column", "fmt", "missing", "without"]
 
 BYTE_UNITS = {"MiB": 2**20, "MB": 10**6}
+CELL_CHARS = 2000  # longest text shown in one table cell
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -68,9 +71,11 @@ def fmt(value: Any, col: Column, row: dict[str, Any] | None = None) -> str:
         text = f"{value * col.scale:,.{col.digits}f}"
         std = (row or {}).get(col.std_key) if col.kind == "pm" else None
         return f"{text} ± {std * col.scale:,.{col.digits}f}" if not missing(std) else text
+    # Record strings are already clipped one by one (build._display, the CLI's _table); this bound
+    # only stops a cell that joins many of them from growing without limit.
     if isinstance(value, list):
-        return ", ".join(map(str, value)) or "—"
-    return str(value)
+        return clip(", ".join(map(str, value)), CELL_CHARS) or "—"
+    return clip(str(value), CELL_CHARS)
 
 
 def without(cols: Sequence[Column], *keys: str) -> list[Column]:

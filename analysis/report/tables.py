@@ -75,7 +75,9 @@ def run_reason(run: dict[str, Any]) -> str:
         return ""
     if isinstance(err, dict):
         where = f" (rank {err['rank']})" if err.get("rank") is not None else ""
-        return f"{err.get('message') or 'failed'}{where}"
+        kind = f"{err['kind']}: " if err.get("kind") else ""  # crash, killed, oom, diverged, ...
+        first_line = (str(err.get("message") or "failed").splitlines() or ["failed"])[0]
+        return f"{kind}{first_line}{where}"
     return str(err)
 
 
@@ -134,6 +136,8 @@ def summary_rows(data: dict[str, Any], labels: dict[str, str]) -> list[dict[str,
     ]
     for s in data.get("skipped", []):
         rows.append({"run_id": Path(s["path"]).name, "status": "unreadable", "reason": s["reason"]})
+    for s in data.get("invalid", []):  # broke the run-folder contract: never analysed
+        rows.append({"run_id": Path(s["path"]).name, "status": "invalid", "reason": s["reason"]})
     return rows
 
 
