@@ -52,6 +52,15 @@ class _MemArgs(msgspec.Struct, gc=False):
 
 
 _DECODER = msgspec.json.Decoder(_MemArgs)
+_LIST_DECODER = msgspec.json.Decoder(list[_MemArgs])
+_PHASE_SET = frozenset(PHASES)
+
+
+def _decode_one(raw: bytes) -> _MemArgs | None:
+    try:
+        return _DECODER.decode(raw)
+    except msgspec.DecodeError:
+        return None
 
 
 def device_name(device_type: int, device_id: int) -> str:
@@ -78,39 +87,52 @@ class MemoryAccumulator:
     """Collects `[memory]` events and phase ranges chunk by chunk (see analysis.classify)."""
 
     def __init__(self) -> None:
-        self.ts: list[float] = []
-        self.total: list[int] = []
-        self.delta: list[int] = []
-        self.device: list[str] = []
+        # One numpy array per chunk and column: no per-event Python objects outlive the chunk.
+        self.ts: list[np.ndarray] = []
+        self.total: list[np.ndarray] = []
+        self.delta: list[np.ndarray] = []
+        self.dtype: list[np.ndarray] = []
+        self.did: list[np.ndarray] = []
         self.phases: list[tuple[str, float, float]] = []
-        self._names: dict[tuple[int, int], str] = {}
 
     def add(self, events: list[Event]) -> None:
-        for e in events:
-            name = e.name
-            if name == _MEMORY_NAME:
-                try:
-                    a = _DECODER.decode(e.args) if e.args else None
-                except msgspec.DecodeError:
-                    a = None  # one malformed event is dropped, not the trace
-                if a is None or a.total is None:
-                    continue
-                key = (a.device_type or 0, a.device_id if a.device_id is not None else -1)
-                if key not in self._names:
-                    self._names[key] = device_name(*key)
-                self.ts.append(e.ts)
-                self.total.append(a.total)
-                self.delta.append(a.nbytes or 0)
-                self.device.append(self._names[key])
-            elif name in PHASES and e.ph == "X":
-                self.phases.append((name, e.ts, e.ts + e.dur))
+        # Comprehensions and one decoder call per chunk: a third of a trace's events can be
+        # [memory] events, and a Python branch or a decode call per event would show in the time.
+        mem = [e for e in events if e.name == _MEMORY_NAME and e.args]
+        self.phases += [
+            (e.name, e.ts, e.ts + e.dur) for e in events if e.name in _PHASE_SET and e.ph == "X"
+        ]
+        if not mem:
+            return
+        try:
+            args = _LIST_DECODER.decode(b"[" + b",".join(e.args for e in mem) + b"]")
+        except msgspec.DecodeError:  # one malformed event: decode one by one, dropping it
+            args = [_decode_one(e.args) for e in mem]
+        ok = [
+            (e.ts, a)
+            for e, a in zip(mem, args, strict=True)
+            if a is not None and a.total is not None
+        ]
+        n = len(ok)
+        self.ts.append(np.fromiter((t for t, _ in ok), np.float64, n))
+        self.total.append(np.fromiter((a.total for _, a in ok), np.int64, n))
+        self.delta.append(np.fromiter((a.nbytes or 0 for _, a in ok), np.int64, n))
+        self.dtype.append(np.fromiter((a.device_type or 0 for _, a in ok), np.int64, n))
+        ids = (-1 if a.device_id is None else a.device_id for _, a in ok)
+        self.did.append(np.fromiter(ids, np.int64, n))
 
     def finish(self, origin: float) -> MemoryEvents:
+        def cat(parts: list[np.ndarray], dtype) -> np.ndarray:
+            return np.concatenate(parts) if parts else np.empty(0, dtype)
+
+        dtype, did = cat(self.dtype, np.int64), cat(self.did, np.int64)
+        pairs, inverse = np.unique(np.stack([dtype, did], axis=1), axis=0, return_inverse=True)
+        names = [device_name(int(t), int(i)) for t, i in pairs]
         return MemoryEvents(
-            ts=np.asarray(self.ts, dtype=np.float64) - origin,
-            total=np.asarray(self.total, dtype=np.int64),
-            delta=np.asarray(self.delta, dtype=np.int64),
-            device=self.device,
+            ts=cat(self.ts, np.float64) - origin,
+            total=cat(self.total, np.int64),
+            delta=cat(self.delta, np.int64),
+            device=[names[i] for i in inverse.ravel().tolist()],
             phases=sorted(
                 ((n, s - origin, e - origin) for n, s, e in self.phases), key=lambda p: p[1]
             ),
