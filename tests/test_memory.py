@@ -225,3 +225,47 @@ def test_downsample_keeps_the_extremes() -> None:
     ts, ys = downsample(t, y, points=500)
     assert ts.size <= 502 and ys.max() == 10_000 and ys.min() == y.min()
     assert np.all(np.diff(ts) > 0) and ts[0] == 0 and ts[-1] == t[-1]
+
+
+def test_buffers_and_shared_storage_are_counted_once() -> None:
+    """smallcnn's BatchNorm statistics are buffers; a weight tied to two modules is one storage;
+    Adam's moments (and its step counters) are optimizer state."""
+    from profiler.memory_breakdown import StaticMemory
+
+    torch.manual_seed(0)
+    model = build_model("smallcnn", num_classes=10)
+    tied = torch.nn.Sequential(model, torch.nn.Linear(10, 10, bias=False))
+    tied.append(torch.nn.Linear(10, 10, bias=False))
+    tied[2].weight = tied[1].weight  # one storage reached twice
+    opt = torch.optim.Adam(tied.parameters(), lr=1e-3)
+    static = StaticMemory(rank=0, devices=[torch.device("cpu")], planned_steps=1)
+    tied(torch.randn(2, 3, 32, 32)).sum().backward()
+    static.after_backward(tied, 0)
+    opt.step()
+    static.after_optimizer(tied, opt, 0)
+    (e,) = static.entries()
+    params = {id(p): p for p in tied.parameters()}.values()  # parameters() already dedups ties
+    param_bytes = sum(p.numel() * 4 for p in params)
+    assert e["parameters_bytes"] == param_bytes
+    assert e["gradients_bytes"] == param_bytes
+    assert e["buffers_bytes"] == sum(b.numel() * b.element_size() for b in tied.buffers()) > 0
+    steps = sum(s["step"].numel() * s["step"].element_size() for s in opt.state.values())
+    assert e["optimizer_state_bytes"] == 2 * param_bytes + steps
+    assert e["ddp_buckets_bytes"] == 0 and e["counted_at_step"] == 0
+
+
+def test_parameters_viewing_one_storage_count_it_once() -> None:
+    """Two distinct Parameters that are views of one flat tensor (as DDP's bucket views or a
+    flattened model make them): the storage's bytes, once."""
+    from profiler.memory_breakdown import StaticMemory
+
+    flat = torch.zeros(30)
+    module = torch.nn.Module()
+    module.a = torch.nn.Parameter(flat[:10])
+    module.b = torch.nn.Parameter(flat[10:])
+    assert module.a.untyped_storage().data_ptr() == module.b.untyped_storage().data_ptr()
+    static = StaticMemory(rank=0, devices=[torch.device("cpu")], planned_steps=1)
+    static.after_backward(module, 0)  # no gradients yet: none counted
+    static.after_optimizer(module, torch.optim.SGD(module.parameters(), lr=0.1), 0)
+    (e,) = static.entries()
+    assert e["parameters_bytes"] == 30 * 4 and e["gradients_bytes"] == 0

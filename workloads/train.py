@@ -289,14 +289,13 @@ def train(cfg: TrainConfig, ctx: RunContext, run_dir: Path) -> None:
             )
             loss = hooks.poison(loss, state.step)
             beat.beat(state.step, "optimizer")
-
-            static.after_backward(model, state.step)  # outside the timed phases
+            static.after_backward(model, state.step)  # between phases; counts once
             with timer.phase("optimizer"):
                 scaler.step(optimizer)
                 scaler.update()
                 optimizer.zero_grad(set_to_none=True)
-            static.after_optimizer(model, optimizer, state.step)
             times = timer.end_step()
+            static.after_optimizer(model, optimizer, state.step)  # once; outside step_time_s
             profiler.step()
             sample = memory.step_sample()
             if state.step == first_step:
