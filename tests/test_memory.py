@@ -269,3 +269,20 @@ def test_parameters_viewing_one_storage_count_it_once() -> None:
     static.after_optimizer(module, torch.optim.SGD(module.parameters(), lr=0.1), 0)
     (e,) = static.entries()
     assert e["parameters_bytes"] == 30 * 4 and e["gradients_bytes"] == 0
+
+
+def test_malformed_breakdown_in_run_json_is_dropped_not_fatal() -> None:
+    from analysis.memory import breakdown_entries, fill_dynamic
+
+    assert breakdown_entries("junk") == [] and breakdown_entries(None) == []
+    entries = breakdown_entries(
+        [{"rank": 0, "device": "cpu", "parameters_bytes": "12", "gradients_bytes": True}, 7, {}]
+    )
+    assert len(entries) == 1 and entries[0]["parameters_bytes"] is None
+    assert entries[0]["gradients_bytes"] is None and entries[0]["forward_peak_bytes"] is None
+    # a run folder from before the breakdown: entries come from the trace alone, static null
+    ranks = [{"rank": 1, "memory": {"devices": [{"device": "cpu", "forward_peak_bytes": 5}]}}]
+    made: list[dict] = []
+    assert fill_dynamic(made, ranks) == []
+    assert made[0]["rank"] == 1 and made[0]["forward_peak_bytes"] == 5
+    assert made[0]["static_total_bytes"] is None
