@@ -126,11 +126,14 @@ def timeline_figure(data: dict[str, Any], labels: dict[str, str]) -> str | None:
     bands and the static floor. CUDA curves are the caching allocator's absolute total; CPU
     curves only count allocations made while profiling, so they are placed on the floor where
     the first traced forward begins (the value `start_level_bytes` there)."""
-    panels = _panels(data)[:MAX_PANELS]
+    everything = _panels(data)
+    panels = everything[:MAX_PANELS]
     if not panels:
         return None
     _theme()
     fig, axes = plt.subplots(len(panels), 1, figsize=(9, 2.3 * len(panels)), squeeze=False)
+    if len(everything) > len(panels):
+        fig.suptitle(f"the first {len(panels)} of {len(everything)} rank/device curves", fontsize=9)
     for ax, p in zip(axes[:, 0], panels, strict=True):
         dev, floor = p["dev"], p["floor"]
         t0 = min([ph["start_us"] for ph in p["phases"]] or dev["timeline"]["t_us"][:1])
