@@ -99,8 +99,12 @@ class MemoryAccumulator:
         # Comprehensions and one decoder call per chunk: a third of a trace's events can be
         # [memory] events, and a Python branch or a decode call per event would show in the time.
         mem = [e for e in events if e.name == _MEMORY_NAME and e.args]
+        # The CPU-side ranges only: on CUDA traces Kineto repeats each record_function range on
+        # the GPU timeline (`gpu_user_annotation`), at GPU times.
         self.phases += [
-            (e.name, e.ts, e.ts + e.dur) for e in events if e.name in _PHASE_SET and e.ph == "X"
+            (e.name, e.ts, e.ts + e.dur)
+            for e in events
+            if e.name in _PHASE_SET and e.ph == "X" and e.cat == "user_annotation"
         ]
         if not mem:
             return

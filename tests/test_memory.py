@@ -183,6 +183,7 @@ def test_phase_peaks_on_hand_built_events() -> None:
             _mem(45, 70, 1070),
             _mem(55, 500, 1570),
             _mem(58, -570, 1000),
+            Event(ph="X", cat="gpu_user_annotation", name="forward", ts=26, dur=30),  # ignored
             _mem(14, 4096, 8192, 1, 0),  # a CUDA device: its own curve
             _mem(24, 1024, 9216, 1, 0),
         ]
