@@ -112,3 +112,13 @@ def test_static_floor_rule() -> None:
     assert floor_bytes(e, "ddp") == 70  # DDP's own buckets stay (in the total), grads go
     assert floor_bytes({**e, "ddp_buckets_bytes": 0}, "ddp") == 100  # grads are bucket views
     assert floor_bytes({"static_total_bytes": None, "gradients_bytes": 1}, "ddp") is None
+
+
+def test_seeds_with_the_same_numbers_give_one_finding() -> None:
+    runs = []
+    for seed in (0, 1):
+        a, b = _dp_run(), _dp_run()
+        a["run_id"], b["run_id"] = f"dp-s{seed}", f"dp-other-s{seed}"
+        runs += [a, b]
+    (f,) = memory_findings({"runs": runs})
+    assert f.run_ids == ["dp-s0", "dp-other-s0", "dp-s1", "dp-other-s1"]

@@ -263,7 +263,14 @@ def memory_findings(data: dict[str, Any]) -> list[Finding]:
         )
         if base is not None and (f := _vs_single(run, base)):
             out.append(f)
-    return out
+    # Static counts do not depend on the seed: runs of several seeds say the same sentence once.
+    merged: dict[str, Finding] = {}
+    for f in out:
+        if f.text in merged:
+            ids = merged[f.text].run_ids + [r for r in f.run_ids if r not in merged[f.text].run_ids]
+            f = Finding(rule=f.rule, severity=f.severity, text=f.text, run_ids=ids)
+        merged[f.text] = f
+    return list(merged.values())
 
 
 def context(data: dict[str, Any]) -> dict[str, Any]:
