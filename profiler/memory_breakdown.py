@@ -19,6 +19,8 @@ assigned to the first category that reaches it in this order:
   bucket's size (what `gradient_as_bucket_view=True` does once DDP has rebuilt its buckets after
   the first iteration), otherwise its bytes are extra. By default this is about the gradients'
   size; with `--gradient-as-bucket-view` it is 0 and `gradients_bytes` is the bucket storage.
+  (Should a torch version lack that private call, DDP's logged bucket sizes are used instead,
+  all extra unless the model was built with gradient_as_bucket_view.)
 
 `static_total_bytes` is their sum. The count is taken once, at the second optimizer step (the
 first when the run has only one): after DDP's bucket rebuild and once optimizer state exists, and
@@ -27,6 +29,7 @@ outside the profiler's recorded steps with the default schedule.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable
 
 import torch
@@ -130,7 +133,10 @@ class StaticMemory:
         # A same-shaped copy of each bucket with its parameters: the reducer's only Python view
         # of its buckets. Taken after the optimizer step, when the gradients are already freed,
         # so the copy does not raise the step's memory peak.
-        buckets = model.reducer._get_zeros_like_grad_buckets()
+        try:
+            buckets = model.reducer._get_zeros_like_grad_buckets()
+        except (AttributeError, RuntimeError):  # a private API: never let it fail a training run
+            return self._ddp_extra_from_logging(model)
         for bucket in buckets:
             buf = bucket.buffer()
             nbytes = buf.numel() * buf.element_size()
@@ -144,6 +150,16 @@ class StaticMemory:
                 extra[str(buf.device)] = extra.get(str(buf.device), 0) + int(nbytes)
         del buckets
         return extra
+
+    def _ddp_extra_from_logging(self, model: nn.parallel.DistributedDataParallel) -> dict[str, int]:
+        """Fallback without the reducer's buckets: DDP's logged bucket sizes, all extra unless
+        the model uses gradient-as-bucket-view."""
+        if getattr(model, "gradient_as_bucket_view", False):
+            return {}
+        info = model._get_ddp_logging_data()
+        sizes = info.get("rebuilt_bucket_sizes") or info.get("bucket_sizes") or ""
+        device = str(next(model.module.parameters()).device)
+        return {device: sum(int(n) for n in re.findall(r"\d+", str(sizes)))}
 
     def entries(self) -> list[dict]:
         """run.json `metrics.memory_breakdown` entries of this rank, one per device; [] when the

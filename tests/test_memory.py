@@ -287,3 +287,20 @@ def test_malformed_breakdown_in_run_json_is_dropped_not_fatal() -> None:
     assert fill_dynamic(made, ranks) == []
     assert made[0]["rank"] == 1 and made[0]["forward_peak_bytes"] == 5
     assert made[0]["static_total_bytes"] is None
+
+
+def test_bucket_fallback_uses_ddp_logged_sizes(tmp_path: Path, monkeypatch) -> None:
+    """Without the reducer's private bucket call the logged bucket sizes give the same bytes."""
+    import torch.distributed as dist
+
+    from profiler.memory_breakdown import StaticMemory
+
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'rdzv'}", rank=0, world_size=1)
+    try:
+        model = torch.nn.parallel.DistributedDataParallel(build_model("mlp", num_classes=10))
+        static = StaticMemory(rank=0, devices=[torch.device("cpu")], planned_steps=1)
+        assert static._ddp_extra_from_logging(model) == {"cpu": PARAM_BYTES}
+        model.gradient_as_bucket_view = True
+        assert static._ddp_extra_from_logging(model) == {}
+    finally:
+        dist.destroy_process_group()
