@@ -3,7 +3,7 @@ a stacked bar of it per run, rank and device, the allocated-bytes timeline per r
 bands and the static floor, and findings that name the cause of a difference between modes.
 
 Reads only the runs JSON (`memory_breakdown` of each run and its trace ranks' `memory`); every
-number is defined in docs/analysis.md §10.
+number is defined in docs/analysis.md §11.
 """
 
 from __future__ import annotations
