@@ -22,7 +22,7 @@ from tqdm import tqdm
 from analysis.errors import AnalysisError
 from analysis.jsonsafe import DISPLAY_CHARS, clip
 from analysis.outputs import check_report_out
-from analysis.report import figures
+from analysis.report import figures, memory_section
 from analysis.report.findings import THRESHOLDS, findings
 from analysis.report.ops import ops_context
 from analysis.report.projection import projection_context
@@ -200,7 +200,9 @@ def write_report(data: dict[str, Any], out_dir: Path, *, progress: bool = True) 
     # the tables): a figure and a table cannot name a run differently.
     labels = unique_labels(_display(data.get("runs", []), FIGURE_CHARS, _PATH_KEYS | {"run_id"}))
     tables = all_tables(data, out_dir, labels)
-    found = findings(data)
+    memory = memory_section.context(data, labels)
+    tables["memory_breakdown"] = memory["table"]
+    found = findings(data) + memory["findings"]
     figs = _figures(data, tables, labels, progress)
     summary = _json_safe(
         {**full, "findings": [f.to_dict() for f in found], "thresholds": THRESHOLDS}
@@ -216,6 +218,7 @@ def write_report(data: dict[str, Any], out_dir: Path, *, progress: bool = True) 
             figures=figs,
             ops=ops_context(data, labels),
             projection=projection_context(data),
+            memory_breakdown=memory,
             thresholds=THRESHOLDS,
             # Tune commands and notes are dpscope's own long lines: a looser clip keeps them whole.
             tunes=tune_sections({"tunes": _display(full.get("tunes") or [], 10 * DISPLAY_CHARS)}),
