@@ -11,7 +11,7 @@ import pytest
 
 from tests.conftest import read_run
 from workloads.config import TrainConfig
-from workloads.plan import Environment, plan
+from workloads.plan import Environment, plan, runnable_plan, torchrun_layout
 
 CPU = Environment(system="Linux", cuda=False, gpus=0, nccl=False, cpu_cores=8, torch_threads=8)
 GPUS = Environment(system="Linux", cuda=True, gpus=4, nccl=True, cpu_cores=32, torch_threads=16)
@@ -91,6 +91,27 @@ def test_more_cpu_ranks_than_cores_is_a_warning_with_one_thread_each():
     p = plan(cfg(mode="ddp"), dataclasses.replace(CPU, cpu_cores=2), nproc=4)
     assert p.reason is None and p.threads_per_rank == 1
     assert "--nproc 4 exceeds the 2 CPU cores" in p.warnings[0]
+
+
+def test_runnable_plan_refuses_with_the_tools_error_and_prints_its_warnings(capsys):
+    """bench-comm and tune-ddp run one job: the plan's reason is their one-line error."""
+
+    class ToolError(Exception):
+        pass
+
+    with pytest.raises(ToolError, match="--mode dp needs at least one CUDA device"):
+        runnable_plan(cfg(mode="dp"), CPU, prog="tool", error=ToolError)
+    p = runnable_plan(cfg(mode="ddp"), dataclasses.replace(CPU, cpu_cores=2), prog="tool", nproc=4)
+    assert p.replicas == 4
+    (line,) = capsys.readouterr().err.splitlines()
+    assert line.startswith("tool: warning: --nproc 4 exceeds the 2 CPU cores")
+
+
+def test_torchrun_layout_is_what_init_context_plans_with():
+    env = {"WORLD_SIZE": "8", "LOCAL_WORLD_SIZE": "4"}
+    assert torchrun_layout("ddp", env) == {"nproc": 4, "nnodes": 2}
+    assert torchrun_layout("ddp", {"WORLD_SIZE": "2"}) == {"nproc": 2, "nnodes": 1}
+    assert torchrun_layout("single", env) == {} and torchrun_layout("ddp", {}) == {}
 
 
 def test_the_trainer_records_the_plan_the_launcher_made(ddp_mlp_run):

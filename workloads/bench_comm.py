@@ -34,8 +34,7 @@ from analysis.comm import COMM_COLUMNS, fit_all
 from profiler.record import SCHEMA_VERSION, collect_env, write_csv_atomic, write_json_atomic
 from workloads.config import TrainConfig
 from workloads.launch import LaunchError
-from workloads.plan import Environment
-from workloads.plan import plan as plan_run
+from workloads.plan import Environment, runnable_plan
 from workloads.runlog import utc_now
 
 __all__ = ["COLLECTIVES", "default_sizes", "main"]
@@ -264,11 +263,9 @@ def launch(args: argparse.Namespace) -> int:
         raise LaunchError(f"--nproc must be >= 1; got {args.nproc}")
     # Weak scaling: a collective benchmark has no batch to split, so none can refuse the plan.
     job = TrainConfig(mode="ddp", backend=args.backend, device=args.device, scaling="weak")
-    plan = plan_run(job, Environment.detect(), nproc=args.nproc)
-    if plan.reason is not None:
-        raise LaunchError(plan.reason)
-    for warning in plan.warnings:
-        print(f"workloads.bench_comm: warning: {warning}", file=sys.stderr)
+    plan = runnable_plan(
+        job, Environment.detect(), prog="workloads.bench_comm", error=LaunchError, nproc=args.nproc
+    )
     use_cuda = plan.use_cuda
     max_bytes = args.max_bytes or (64 * MIB if use_cuda else 16 * MIB)
     sizes = _parse_sizes(args.sizes) if args.sizes else default_sizes(max_bytes)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import platform
+import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -19,7 +20,15 @@ import torch.distributed as dist
 
 from workloads.config import TrainConfig, batch_split
 
-__all__ = ["Environment", "Plan", "cpu_cores", "plan", "resolve_backend", "torchrun_layout"]
+__all__ = [
+    "Environment",
+    "Plan",
+    "cpu_cores",
+    "plan",
+    "resolve_backend",
+    "runnable_plan",
+    "torchrun_layout",
+]
 
 
 def cpu_cores() -> int:
@@ -181,3 +190,21 @@ def plan(cfg: TrainConfig, env: Environment, *, nproc: int | None = None, nnodes
         reason=reason,
         warnings=warnings,
     )
+
+
+def runnable_plan(
+    cfg: TrainConfig,
+    env: Environment,
+    *,
+    prog: str,
+    error: type[Exception] = ValueError,
+    nproc: int | None = None,
+) -> Plan:
+    """`plan` for a tool that runs exactly one job (bench-comm, tune-ddp): a plan that cannot run
+    here raises `error(plan.reason)`; its warnings go to stderr as `<prog>: warning: ...`."""
+    p = plan(cfg, env, nproc=nproc)
+    if p.reason is not None:
+        raise error(p.reason)
+    for warning in p.warnings:
+        print(f"{prog}: warning: {warning}", file=sys.stderr)
+    return p

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import sys
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
@@ -186,8 +185,7 @@ def prepare(
     """Validate everything before any folder exists; return (workload, launcher argv, knobs, skipped)."""
     from workloads.data import DataError, check_available
     from workloads.launch import build_parser as launch_parser
-    from workloads.plan import Environment
-    from workloads.plan import plan as plan_run
+    from workloads.plan import Environment, runnable_plan
 
     if opts.trials < 1:
         raise TuneError(f"TRIALS (--trials) must be >= 1; got {opts.trials}")
@@ -227,14 +225,12 @@ def prepare(
         raise TuneError("make tune-ddp tunes one-node DDP; drop --nnodes/--mode from ARGS")
     try:  # the launcher's planner: devices, backend and the batch split (accumulation included)
         cfg = config_from_namespace(ns, mode="ddp", backend=ns.backend)
-        plan = plan_run(cfg, Environment.detect(), nproc=ns.nproc)
+        plan = runnable_plan(
+            cfg, Environment.detect(), prog="workloads.tune", error=TuneError, nproc=ns.nproc
+        )
         check_available(ns.dataset, ns.data_dir, download=ns.download)
     except (DataError, ValueError) as exc:
         raise TuneError(str(exc)) from None
-    if plan.reason is not None:
-        raise TuneError(plan.reason)
-    for warning in plan.warnings:
-        print(f"workloads.tune: warning: {warning}", file=sys.stderr)
     cfg.backend = plan.backend
     skipped = {k.name: r for k in knobs if (r := skip_reason(k, cfg, plan.backend, plan.replicas))}
     knobs = [dataclasses.replace(k, note=knob_note(k, cfg)) for k in knobs]
