@@ -16,7 +16,6 @@ from pathlib import Path
 
 import numpy as np
 import torch
-import torch.distributed as dist
 from torch import nn
 
 from profiler.atomic import atomic_path
@@ -133,14 +132,9 @@ def checkpoint_now(
     """Collective under DDP: every rank hands its RNG states and its step rows since the last
     checkpoint to rank 0, which folds the rows into `state.rows` and writes one consistent file.
     `pending` is emptied on every rank (its rows now live in the checkpoint)."""
-    mine = {"rng": capture_rng(), "rows": list(pending)}
-    if ctx.mode == "ddp":
-        gathered = [None] * ctx.world_size if ctx.is_main else None
-        dist.gather_object(mine, gathered, dst=0)
-    else:
-        gathered = [mine]
+    gathered = ctx.gather_to_main({"rng": capture_rng(), "rows": list(pending)})
     pending.clear()
-    if not ctx.is_main:
+    if gathered is None:  # not rank 0
         return
     state.rows.extend(r for g in gathered for r in g["rows"])
     save_checkpoint(path, model, optimizer, state, scaler=scaler, rng=[g["rng"] for g in gathered])

@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from datetime import timedelta
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -70,6 +71,15 @@ class RunContext:
     def nnodes(self) -> int:
         """Nodes in the job."""
         return self.plan.nnodes
+
+    def gather_to_main(self, obj: Any) -> list[Any] | None:
+        """Collective under DDP: every rank's `obj`, in rank order, on rank 0 (None on the
+        others); outside DDP just [obj]."""
+        if self.mode != "ddp":
+            return [obj]
+        gathered = [None] * self.world_size if self.is_main else None
+        dist.gather_object(obj, gathered, dst=0)
+        return gathered
 
 
 def init_context(cfg: TrainConfig) -> RunContext:

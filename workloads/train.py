@@ -384,13 +384,9 @@ def _finish(
         "memory_breakdown": static.entries(),
         "traces": [p.relative_to(run_dir).as_posix() for p in profiler.trace_files()],
     }
-    if ctx.mode == "ddp":
-        gathered = [None] * ctx.world_size if ctx.is_main else None
-        dist.gather_object(mine, gathered, dst=0)
-    else:
-        gathered = [mine]
+    gathered = ctx.gather_to_main(mine)
     ddp_info = _ddp_info(model)
-    if not ctx.is_main:
+    if gathered is None:  # not rank 0
         return
     all_rows = sorted(
         (r for g in gathered for r in g["rows"]), key=lambda r: (r["step"], r["rank"])
