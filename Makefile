@@ -99,3 +99,17 @@ test: setup
 
 clean:
 	rm -rf $(RUNS) $(filter-out $(REPORT_DIR)/README.md,$(wildcard $(REPORT_DIR)/*)) .pytest_cache .ruff_cache
+
+# --- scaling sweep (README: Scaling sweeps) ---------------------------------------------------
+# NPROCS empty: powers of two up to the GPU count (1 2 on CPU); given empty on the command line
+# (`NPROCS=`) it is an error rather than a silent default.
+NPROCS   ?=
+MODES    ?= single dp ddp
+BACKENDS ?= nccl gloo
+SCALING  ?= strong
+SWEEP    ?=
+.PHONY: profile-sweep
+profile-sweep: setup
+	$(PY) -m workloads.sweep $(if $(filter command line,$(origin NPROCS)),--nprocs "$(NPROCS)") \
+	    --modes "$(MODES)" --backends "$(BACKENDS)" --seeds "$(SEEDS)" --scaling "$(SCALING)" \
+	    $(if $(SWEEP),--sweep "$(SWEEP)") $(RUN_FLAGS) $(ARGS)

@@ -35,6 +35,7 @@ CONFIG_FIELDS = (
     "seed",
     "amp",
     "devices",
+    "sweep_id",
 )
 ENV_FIELDS = ("os", "hostname", "torch", "cuda", "nccl", "threads_per_rank")
 GROUP_KEY = ("model", "dataset", "scaling", "mode", "backend", "world_size", "os")
