@@ -173,6 +173,10 @@ def load_run(run_dir: Path) -> dict:
         "step_time_s_mean": step_time.get("mean"),
         "step_time_s_p95": step_time.get("p95"),
         "wall_time_s": metrics.get("wall_time_s"),
+        # Wall time of each epoch's training loop as run (partial when --max-steps cut it).
+        "epoch_time_s": _mean_std(
+            metrics["epoch_time_s"] if isinstance(metrics.get("epoch_time_s"), list) else []
+        )[0],
         "baseline_run_id": None,
         "speedup": None,
         "scaling_efficiency": None,

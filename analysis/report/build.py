@@ -23,6 +23,14 @@ from tqdm import tqdm
 
 from analysis.report import figures
 from analysis.report.findings import THRESHOLDS, findings
+from analysis.report.scaling import (
+    GROUP_FIGURES_ABOVE,
+    MAX_CHIPS,
+    group_label,
+    scaling_figures,
+    scaling_frame,
+    skipped_by_reason,
+)
 from analysis.report.tables import Table, all_tables, fmt, unique_labels
 
 __all__ = ["ReportError", "ReportFiles", "build_report", "write_report"]
@@ -86,6 +94,8 @@ def _runs_frame(data: dict[str, Any]) -> pd.DataFrame:
     ]
     df = pd.DataFrame([{k: r.get(k) for k in keys} for r in runs], columns=keys)
     df["label"] = df["run_id"].map(labels)
+    group_of = {rid: group_label(g) for g in data.get("groups", []) for rid in g.get("run_ids", [])}
+    df["group"] = [group_of.get(r, lab) for r, lab in zip(df["run_id"], df["label"], strict=True)]
     backend = df["backend"].where(~df["backend"].isin(["none", "dp"]) & df["backend"].notna(), "")
     df["series"] = df["mode"].astype(str) + backend.map(lambda b: f" ({b})" if b else "")
     # One line per comparable set: never average a model's throughput with another model's.
@@ -127,8 +137,9 @@ def _figures(
         ],
         columns=["run_id", "rank", "step", "step_time_ms"],
     )
+    by_group = len(runs) > GROUP_FIGURES_ABOVE
     jobs = {
-        "summary": lambda: figures.summary_figure(runs),
+        "summary": lambda: figures.summary_figure(runs, by_group=by_group),
         "speedup": lambda: figures.speedup_figure(runs),
         "phases": lambda: figures.phases_figure(_bar(tables["phases"].frame(), labels, "rank")),
         "comm": lambda: figures.comm_figure(
@@ -178,6 +189,11 @@ def write_report(data: dict[str, Any], out_dir: Path, *, progress: bool = True) 
             labels=unique_labels(data.get("runs", [])),
             findings=found,
             figures=figs,
+            scaling_figures=scaling_figures(scaling_frame(data)),
+            skipped_reasons=skipped_by_reason(data),
+            many_runs=sum(r.get("status") == "ok" for r in data.get("runs", []))
+            > GROUP_FIGURES_ABOVE,
+            max_chips=MAX_CHIPS,
             thresholds=THRESHOLDS,
             n_runs=len(data.get("runs", [])) + len(data.get("skipped", [])),
             generated_at=datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),

@@ -209,3 +209,36 @@ TRACE_COLS = [
     C(key="trace_links", label="Trace files", kind="links", wrap=True),
     C(key="log_links", label="Logs", kind="links", wrap=True),
 ]
+# The sweep headline (analysis.report.scaling.headline_rows): one row per group of seeds.
+HEADLINE_COLS = [
+    C(key="os", label="Platform"),
+    C(key="backend", label="Backend"),
+    C(key="mode", label="Mode"),
+    C(key="world_size", label="World size", unit="devices", kind="int"),
+    C(key="model", label="Model"),
+    C(key="dataset", label="Dataset"),
+    C(key="scaling", label="Scaling"),
+    C(key="batch", label="Batch", unit="global; per device for weak", kind="int"),
+    C(key="n_seeds", label="Seeds", unit="count", kind="int"),
+    C(key="epoch_time_s", label="Time per epoch", unit="s", kind="num", digits=2),
+    C(
+        key="samples_per_s_mean",
+        label="Throughput",
+        unit="samples/s, mean ± std",
+        kind="pm",
+        digits=1,
+        std_key="samples_per_s_std",
+    ),
+    C(key="speedup_mean", label="Speedup", unit="×, mean ± std", kind="pm", std_key="speedup_std"),
+    C(
+        key="scaling_efficiency_mean",
+        label="Efficiency",
+        unit="%, mean ± std",
+        kind="pm",
+        digits=1,
+        scale=100.0,
+        std_key="scaling_efficiency_std",
+    ),
+    C(key="peak_memory_bytes", label="Peak memory / device", unit="MiB", kind="bytes"),
+    C(key="top1_pct_mean", label="Top-1", unit="%, mean ± std", kind="pm", std_key="top1_pct_std"),
+]

@@ -57,14 +57,18 @@ def _min_span(ax: plt.Axes, values: pd.Series, span: float) -> None:
     ax.ticklabel_format(axis="y", useOffset=False, style="plain")
 
 
-def summary_figure(runs: pd.DataFrame) -> str | None:
-    """Throughput per run (samples/s), coloured by mode."""
+def summary_figure(runs: pd.DataFrame, *, by_group: bool = False) -> str | None:
+    """Throughput per run (samples/s), coloured by mode; with `by_group`, one bar per group of
+    seeds (mean, error bar = std over seeds) so a 100-run sweep stays a readable figure."""
     df = runs.dropna(subset=["samples_per_s"])
     if df.empty:
         return None
     _theme()
-    fig, ax = plt.subplots(figsize=(8, _height(len(df))))
-    sns.barplot(data=df, x="samples_per_s", y="label", hue="mode", dodge=False, ax=ax)
+    y = "group" if by_group else "label"
+    fig, ax = plt.subplots(figsize=(8, _height(df[y].nunique())))
+    sns.barplot(
+        data=df, x="samples_per_s", y=y, hue="mode", dodge=False, errorbar="sd", capsize=0.2, ax=ax
+    )
     ax.set(xlabel="throughput (samples/s)", ylabel="")
     ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), title="mode")
     return _uri(fig)
