@@ -113,3 +113,7 @@ profile-sweep: setup
 	$(PY) -m workloads.sweep $(if $(filter command line,$(origin NPROCS)),--nprocs "$(NPROCS)") \
 	    --modes "$(MODES)" --backends "$(BACKENDS)" --seeds "$(SEEDS)" --scaling "$(SCALING)" \
 	    $(if $(SWEEP),--sweep "$(SWEEP)") $(RUN_FLAGS) $(ARGS)
+
+.PHONY: bench-report
+bench-report: setup
+	$(PY) -m analysis.report.bench --out $(or $(BENCH_OUT),reports/bench/report.json)

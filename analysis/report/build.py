@@ -107,14 +107,27 @@ def _runs_frame(data: dict[str, Any]) -> pd.DataFrame:
     return df
 
 
-def _bar(frame: pd.DataFrame, labels: dict[str, str], *extra: str) -> pd.DataFrame:
-    """Add a `bar` column (run label · rank · ...) used as the y axis of per-rank figures."""
+def _pooled_bar(
+    frame: pd.DataFrame, labels: dict[str, str], *extra: str, pooled: bool = False
+) -> pd.DataFrame:
+    """Add a `bar` column (run label · rank · ...) used as the y axis of per-rank figures.
+
+    `pooled`: `labels` map runs to their group, and rows sharing a bar (the seeds of a group)
+    become one row holding their mean, so a sweep draws one bar per group and rank, not per run.
+    """
     if frame.empty:
         return frame.assign(bar=pd.Series(dtype=str))
     bar = frame["run_id"].map(labels).fillna(frame["run_id"])
     for col in extra:
         bar = bar + " · " + frame[col].map(lambda v, c=col: f"{c} {v}" if c == "rank" else str(v))
-    return frame.assign(bar=bar)
+    frame = frame.assign(bar=bar)
+    if not pooled:
+        return frame
+    keys = ["bar", *(["step"] if "step" in frame else [])]
+    # Numeric columns, including all-empty ones (CUDA memory on CPU runs) the figures still name.
+    nums = {c: pd.to_numeric(frame[c], errors="coerce") for c in frame if c not in keys}
+    nums = {c: v for c, v in nums.items() if v.notna().sum() == frame[c].notna().sum()}
+    return frame[keys].assign(**nums).groupby(keys, sort=False).mean().reset_index()
 
 
 def _figures(
@@ -138,20 +151,26 @@ def _figures(
         columns=["run_id", "rank", "step", "step_time_ms"],
     )
     by_group = len(runs) > GROUP_FIGURES_ABOVE
+    if by_group:  # per-rank figures: one bar per group of seeds (mean), not one per run
+        labels = dict(zip(runs["run_id"], runs["group"], strict=True))
+
+    def bar_of(frame: pd.DataFrame, labels: dict[str, str], *extra: str) -> pd.DataFrame:
+        return _pooled_bar(frame, labels, *extra, pooled=by_group)
+
     jobs = {
         "summary": lambda: figures.summary_figure(runs, by_group=by_group),
         "speedup": lambda: figures.speedup_figure(runs),
-        "phases": lambda: figures.phases_figure(_bar(tables["phases"].frame(), labels, "rank")),
+        "phases": lambda: figures.phases_figure(bar_of(tables["phases"].frame(), labels, "rank")),
         "comm": lambda: figures.comm_figure(
-            _bar(tables["overlap"].frame(), labels, "rank"),
-            _bar(tables["collectives"].frame(), labels, "name"),
+            bar_of(tables["overlap"].frame(), labels, "rank"),
+            bar_of(tables["collectives"].frame(), labels, "name"),
         ),
         "memory": lambda: figures.memory_figure(
-            _bar(tables["memory"].frame(), labels, "rank", "device")
+            bar_of(tables["memory"].frame(), labels, "rank", "device")
         ),
         "accuracy": lambda: figures.accuracy_figure(runs),
         "environment": lambda: figures.environment_figure(runs),
-        "traces": lambda: figures.step_times_figure(_bar(steps, labels, "rank")),
+        "traces": lambda: figures.step_times_figure(bar_of(steps, labels, "rank")),
     }
     return {
         name: job()
