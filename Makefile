@@ -100,6 +100,36 @@ test: setup
 clean:
 	rm -rf $(RUNS) $(filter-out $(REPORT_DIR)/README.md,$(wildcard $(REPORT_DIR)/*)) .pytest_cache .ruff_cache
 
+# --- DDP tuning (make tune-ddp): workloads.tune measures the DDP knobs on this workload ------
+# STEPS defaults to 30 here unless given on the command line or in the environment.
+TRIALS          ?= 3
+TUNE_ACCUM      ?= 0
+TUNE_BUDGET_S   ?= 0
+TUNE_CANDIDATES ?=
+TUNE_STEPS = $(if $(filter command line environment,$(origin STEPS)),$(STEPS),30)
+
+.PHONY: tune-ddp
+tune-ddp: setup
+	$(PY) -m workloads.tune --model $(MODEL) --dataset $(DATASET) --batch-size $(BATCH) \
+	    $(NPROC_FLAG) --backend $(BACKEND) --epochs $(EPOCHS) --max-steps $(TUNE_STEPS) \
+	    --trials $(TRIALS) --budget-s $(TUNE_BUDGET_S) $(if $(filter 1,$(TUNE_ACCUM)),--accum) \
+	    --candidates "$(TUNE_CANDIDATES)" --runs-dir $(RUNS) $(ARGS)
+
+# --- collective benchmark and scaling projection (issue 9) ----------------------------------
+# COMM_SIZES: explicit byte sizes ("1024 1048576"); else powers of 2 from 4 B to COMM_MAX bytes
+# (empty: 64 MiB on GPU, 16 MiB on CPU). COMM_ITERS timed iterations per size after COMM_WARMUP.
+COMM_SIZES  ?=
+COMM_MAX    ?=
+COMM_ITERS  ?= 20
+COMM_WARMUP ?= 5
+.PHONY: bench-comm bench-projection
+bench-comm: setup
+	$(PY) -m workloads.bench_comm $(NPROC_FLAG) --backend $(BACKEND) --runs-dir $(RUNS) \
+	    --iters $(COMM_ITERS) --warmup $(COMM_WARMUP) $(if $(strip $(COMM_MAX)),--max-bytes $(COMM_MAX)) \
+	    $(if $(strip $(COMM_SIZES)),--sizes "$(COMM_SIZES)") $(ARGS)
+bench-projection: setup
+	$(PY) -m workloads.bench_projection --runs-dir $(RUNS)/bench-projection $(ARGS)
+
 # --- scaling sweep (README: Scaling sweeps) ---------------------------------------------------
 # NPROCS empty: powers of two up to the GPU count (1 2 on CPU); given empty on the command line
 # (`NPROCS=`) it is an error rather than a silent default.

@@ -15,12 +15,14 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from analysis.loader import Args, ChunkSplitError, Event, decode_args, decode_correlation
+from analysis.tbprofiler import NO_ID, TbAccumulator, TbRoles
 
 __all__ = [
     "COMM",
     "COMM_KERNEL_RE",
     "COMM_OP_RE",
     "COMPUTE",
+    "MAX_DUR_US",
     "MEMORY",
     "OTHER",
     "Classified",
@@ -34,6 +36,10 @@ MEMORY_KERNEL_RE = re.compile(r"^(Memcpy|Memset|dma)")
 # CPU-side collective annotations written by c10d: `nccl:all_reduce`, `gloo:broadcast`, ...
 COMM_OP_RE = re.compile(r"^(nccl|gloo|mpi|ucc|xccl|hccl):")
 COMPUTE, COMM, MEMORY, OTHER = 0, 1, 2, 3
+_OPS, _ISSUE, _OTHER_OP = 0, 1, 2  # op_events roles: computation, issue-only, the rest
+# No profiled event lasts longer than this (11.6 days): a longer `dur` is corrupt, not slow.
+MAX_DUR_US = 1e12
+_INF = float("inf")
 
 _KERNEL_CATS = {"kernel", "Kernel"}
 _MEMORY_CATS = {"gpu_memcpy", "gpu_memset", "Memcpy", "Memset"}
@@ -132,10 +138,13 @@ class Classified:
     step_numbers: list[int]
     anchors: Ranges  # nccl:*/gloo:* collective annotations, with args
     rpc: Ranges  # record_param_comms ops, with args
-    compute_ops: Ranges  # CPU ops (all threads); computation on a kernel-less trace
-    tb_cpu_ops: Ranges  # tb-profiler's CpuOp role (ops + annotations, no comm/steps/data)
+    compute_ops: Ranges  # CPU ops (all threads, no names); computation on a kernel-less trace
+    tb: TbRoles  # what torch-tb-profiler keeps, by its own rules (tbprofiler.py)
     data: Ranges  # `data` record_function ranges and DataLoader __next__ calls
+    op_events: Ranges  # operators for the per-op table: cpu_op events and collective calls
+    op_role: np.ndarray  # per op event: _OPS (compute_ops), _ISSUE, _OTHER_OP
     cpu_span: tuple[float, float]  # first start / last end of CPU ops (tb-profiler's fallback step)
+    dropped_events: int = 0  # 'X' events dropped for impossible times (never analysed)
 
 
 def _is_data(name: str) -> bool:
@@ -155,18 +164,23 @@ class _Accumulator:
         self.steps = _Columns(codes, names=True, tids=True)  # their thread is the training thread
         self.anchors = _Columns(codes, names=True, tids=True, args=True)
         self.rpc = _Columns(codes, tids=True, args=True)
-        self.compute = _Columns(codes, tids=True)
-        self.tb_cpu = _Columns(codes)
+        self.tb = TbAccumulator()
         self.data = _Columns(codes)
+        self.op_events = _Columns(codes, names=True, tids=True)  # ops, issue ops, then the rest
+        self.op_role: list[np.ndarray] = []
         self.cpu_lo, self.cpu_hi = np.inf, -np.inf
         self.class_of: dict[tuple[str, str], int] = {}  # kernel classes, once per distinct name
+        self.dropped = 0  # complete events with impossible times (see MAX_DUR_US)
 
     def add(self, events: list[Event]) -> None:
-        kernels, runtime, steps, anchors, rpc, ops, issue, annotations, data = (
-            [] for _ in range(9)
-        )
+        kernels, runtime, steps, anchors, rpc, ops, issue, data, tb = ([] for _ in range(9))
         for e in events:
             if e.ph != "X":
+                continue
+            # Impossible times (missing, negative, non-finite, absurdly long) are dropped and
+            # counted, never analysed: one such ProfilerStep would poison every mean.
+            if not (0.0 <= e.dur <= MAX_DUR_US and -_INF < e.ts < _INF):
+                self.dropped += 1
                 continue
             cat = e.cat
             if cat in _KERNEL_CATS or cat in _MEMORY_CATS or cat in _SYNC_CATS:
@@ -184,12 +198,17 @@ class _Accumulator:
                 elif name == "record_param_comms":
                     rpc.append(e)
                 elif cat not in _OP_CATS:
-                    annotations.append(e)
+                    if cat == "Python":  # tb-profiler counts these as CPU ops
+                        tb.append(e)
+                    continue  # user ranges (forward, backward, ...) are not operators
                 elif name.startswith(_ISSUE_OPS):
                     issue.append(e)
                 else:
                     ops.append(e)
+            else:
+                tb.append(e)  # other categories: only tb-profiler may keep some
         corr = np.empty(len(kernels), np.int64)
+        tb_ext: list[int] = []
         for i, e in enumerate(kernels):
             key = (e.name, e.cat)
             if key not in self.class_of:
@@ -198,6 +217,8 @@ class _Accumulator:
             self.kernel_cls.append(cls)
             args = decode_args(e)
             corr[i] = args.correlation if args.correlation is not None else -2
+            ext = args.external_id_lc if args.external_id_lc is not None else args.external_id
+            tb_ext.append(NO_ID if ext is None else ext)  # tb-profiler's order of the two keys
             # Only comm kernels need their args later (linking, sizes); drop the rest now.
             self.kernels.args.append(args if cls == COMM else None)
         self.kernel_corr.append(corr)
@@ -209,9 +230,16 @@ class _Accumulator:
         self.steps.add(steps)
         self.anchors.add(anchors)
         self.rpc.add(rpc)
-        self.compute.add(ops)
-        self.tb_cpu.add([*ops, *issue, *rpc, *annotations])
+        self.tb.add_kernels(kernels, tb_ext, [NO_ID if c == -2 else c for c in corr.tolist()])
+        self.tb.add_host([*steps, *anchors, *data, *rpc, *runtime, *tb])
         self.data.add(data)
+        rest = [*anchors, *(e for e in (*rpc, *data) if e.cat in _OP_CATS)]
+        self.op_events.add([*ops, *issue, *rest])
+        self.op_role.append(
+            np.repeat(
+                np.array([_OPS, _ISSUE, _OTHER_OP], np.int8), [len(ops), len(issue), len(rest)]
+            )
+        )
         cpu_like = [
             e for e in (*ops, *issue, *anchors, *rpc, *steps) if e.cat not in _ANNOTATION_CATS
         ]
@@ -225,12 +253,14 @@ class _Accumulator:
             self.steps,
             self.anchors,
             self.rpc,
-            self.compute,
-            self.tb_cpu,
+            self.op_events,
             self.data,
         )
-        origin = min(min(p.first() for p in parts), self.cpu_lo)
+        origin = min(min(p.first() for p in parts), self.cpu_lo, self.tb.first)
         origin = 0.0 if not np.isfinite(origin) else float(origin)
+        op_events = self.op_events.ranges(origin)
+        role = np.concatenate(self.op_role) if self.op_role else np.empty(0, np.int8)
+        is_op, plain = role == _OPS, role != _OTHER_OP
         k = self.kernels.ranges(origin)
         rt = self.runtime.ranges(origin)
         corr = np.concatenate(self.runtime_corr) if self.runtime_corr else np.empty(0, np.int64)
@@ -267,10 +297,15 @@ class _Accumulator:
             step_numbers=step_numbers,
             anchors=anchors,
             rpc=self.rpc.ranges(origin),
-            compute_ops=self.compute.ranges(origin),
-            tb_cpu_ops=self.tb_cpu.ranges(origin),
+            compute_ops=Ranges(
+                op_events.start[is_op], op_events.end[is_op], tids=op_events.tids[is_op]
+            ),
+            tb=self.tb.finish(origin, op_events.start[plain], op_events.end[plain]),
             data=self.data.ranges(origin),
+            op_events=op_events,
+            op_role=role,
             cpu_span=span,
+            dropped_events=self.dropped,
         )
 
 

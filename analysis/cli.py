@@ -1,4 +1,5 @@
-"""`python -m analysis traces DIR` and `python -m analysis runs RUNS_DIR...`: tables and JSON.
+"""`python -m analysis traces DIR`, `runs RUNS_DIR...`, `ops RUN`, `diff RUN_A RUN_B`: tables
+and JSON.
 
 Bad input never shows a traceback: AnalysisError becomes one `error: ...` line on stderr and exit
 code 2; per-file problems are printed as one line each while the good files are still analysed.
@@ -18,6 +19,8 @@ from typing import Any
 import pandas as pd
 
 from analysis.errors import AnalysisError
+from analysis.jsonsafe import clip, finite_json
+from analysis.outputs import check_json_out
 
 __all__ = ["main"]
 
@@ -27,11 +30,15 @@ def _fmt(value: Any, digits: int = 1) -> Any:
         return "-"
     if isinstance(value, float):
         return f"{value:,.{digits}f}"
+    if isinstance(value, str):
+        return clip(value)  # strings from records can be megabytes long; the JSON keeps them whole
     return value
 
 
 def _table(rows: list[dict], columns: dict[str, str], digits: int = 1) -> str:
     """Render `rows` with `columns` {key: header-with-unit} as a plain aligned table."""
+    if not rows:
+        return "(none)"
     frame = pd.DataFrame(
         [{h: _fmt(r.get(k), digits) for k, h in columns.items()} for r in rows],
         columns=list(columns.values()),
@@ -45,9 +52,11 @@ def _write_json(result: dict, out: Path | None) -> None:
     if out is None:
         return
     tmp = out.with_name(f".{out.name}.tmp")
+    # The results are already finite (finite_json); this keeps a later change from writing NaN.
+    text = json.dumps(finite_json(result, result.setdefault("warnings", [])), indent=2)
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
-        tmp.write_text(json.dumps(result, indent=2, allow_nan=False) + "\n", encoding="utf-8")
+        tmp.write_text(text + "\n", encoding="utf-8")
         tmp.replace(out)
     except OSError as err:
         with contextlib.suppress(OSError):
@@ -173,9 +182,15 @@ def print_runs(result: dict) -> None:
     )
     for run in result["runs"]:
         if run["error"]:
-            print(f"  {run['run_id']}: {run['status']}: {run['error'].get('message')}")
+            print(f"  {clip(run['run_id'])}: {run['status']}: {clip(run['error'].get('message'))}")
         for warning in run["warnings"]:
-            print(f"  warning: {warning}")
+            print(f"  warning: {clip(warning)}")
+    for warning in result.get("warnings", []):
+        print(f"warning: {warning}")
+    if result.get("invalid"):
+        print(f"\ninvalid {len(result['invalid'])}:")
+        for bad in result["invalid"]:
+            print(f"  {clip(bad['reason'])}")
     if result["groups"]:
         print("\ngroups (mean ± sample std over seeds)")
         rows = [
@@ -208,6 +223,10 @@ def print_runs(result: dict) -> None:
                 },
             )
         )
+    for tune in result.get("tunes", []):  # make tune-ddp folders: their verdict, not their trials
+        best = tune["best"]
+        verdict = f"best {best['name']}" if best else "no knob beat the run-to-run noise"
+        print(f"\ntune {tune['tune_id']} ({tune['status']}): {verdict}\n  {tune['command']}")
     _print_skipped(result["skipped"], "path")
 
 
@@ -220,28 +239,70 @@ def _parser() -> argparse.ArgumentParser:
     r = sub.add_parser("runs", help="compare run folders (speedup, memory, accuracy, comm)")
     r.add_argument("runs_dirs", type=Path, nargs="+", metavar="RUNS_DIR")
     r.add_argument("--no-traces", action="store_true", help="skip trace analysis")
-    for s in (t, r):
+    from analysis import opscli  # `ops` and `diff`
+    from analysis.project_cli import add_parser
+
+    for s in (t, r, *opscli.add_parsers(sub), add_parser(sub)):
         s.add_argument("--json", type=Path, default=None, metavar="OUT", help="write JSON here")
         s.add_argument("--no-progress", action="store_true", help="no progress bar")
     return p
+
+
+def _check_out(args: argparse.Namespace) -> None:
+    """Refuse a bad --json before any work: empty, a folder, an input or inside an input."""
+    if args.json is None:
+        return
+    if args.command == "traces":
+        from analysis.traces import find_trace_files
+
+        files = find_trace_files(args.trace_dir)
+        folders = [args.trace_dir] if args.trace_dir.is_dir() else []
+        check_json_out(args.json, files, folders)
+    else:  # runs, ops, diff, project: never inside one of the run folders read
+        from analysis.runs import find_run_dirs
+
+        names = ("runs_dirs", "run", "run_a", "run_b", "comm", "measured", "batch_runs")
+        inputs = [p for n in names for p in _as_list(getattr(args, n, None))]
+        check_json_out(args.json, [], find_run_dirs(inputs)[0])
+
+
+def _as_list(value: Any) -> list:
+    return [] if value is None else value if isinstance(value, list) else [value]
 
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     progress = not args.no_progress
     try:
-        if args.command == "traces":
+        _check_out(args)
+        if args.command == "project":
+            from analysis.project_cli import print_projection, run
+
+            result, show = run(args), print_projection
+        elif args.command == "traces":
             from analysis.traces import analyze_trace_dir
 
             result = analyze_trace_dir(args.trace_dir, workers=args.workers, progress=progress)
-        else:
+            show = print_traces
+        elif args.command == "runs":
             from analysis.runs import compare_runs
 
             result = compare_runs(args.runs_dirs, progress=progress, traces=not args.no_traces)
+            show = print_runs
+        else:
+            from analysis import opscli
+
+            result, show = opscli.run(args)
         _write_json(result, args.json)  # before the tables: a closed pipe must not lose it
-        (print_traces if args.command == "traces" else print_runs)(result)
+        show(result)
         if args.json is not None:
             print(f"wrote {args.json}")
+        if args.command == "runs" and not result["runs"] and not result.get("tunes"):
+            # every folder was invalid: nothing usable
+            where = ", ".join(map(str, args.runs_dirs))
+            raise AnalysisError(
+                where, "no run could be analysed", "fix or remove the invalid run folders listed"
+            )
     except AnalysisError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2

@@ -12,11 +12,13 @@ from pathlib import Path
 
 import numpy as np
 
-from analysis.classify import COMM, COMPUTE, Classified, Ranges, classify
+from analysis.classify import COMM, COMPUTE, MAX_DUR_US, Classified, Ranges, classify
 from analysis.collectives import rank_instances
 from analysis.errors import AnalysisError
 from analysis.intervals import Intervals, clip, intersection_us, merge, total_us, union_us
 from analysis.loader import load_trace
+from analysis.ops import rank_ops
+from analysis.tbprofiler import tb_split
 
 __all__ = ["summarize_file"]
 
@@ -143,32 +145,6 @@ def _hta_breakdown(c: Classified, lo: np.ndarray, hi: np.ndarray) -> dict:
     }
 
 
-def _tb_split(c: Classified, lo: np.ndarray, hi: np.ndarray) -> dict:
-    """tb-profiler's per-step [computation, overlapping, communication, other], averaged (µs)."""
-    if len(c.kernels):
-        comp_all = merge(*_sel(c.kernels, c.kernel_cls == COMPUTE))
-    else:
-        comp_all = merge(c.tb_cpu_ops.start, c.tb_cpu_ops.end)
-    comm_k = _sel(c.kernels, c.kernel_cls == COMM)
-    comm_all = merge(
-        np.concatenate([c.anchors.start, comm_k[0]]), np.concatenate([c.anchors.end, comm_k[1]])
-    )
-    acc = np.zeros(4)
-    for s, e in zip(lo.tolist(), hi.tolist(), strict=True):
-        comp, comm = clip(comp_all, s, e), clip(comm_all, s, e)
-        overlap = intersection_us(comp, comm)
-        acc += [
-            total_us(comp) - overlap,
-            overlap,
-            total_us(comm) - overlap,
-            (e - s) - total_us(comp) - total_us(comm) + overlap,
-        ]
-    acc = np.maximum(acc / max(1, lo.size), 0.0)  # -0.0/-1e-12 from float cancellation
-    return dict(
-        zip(("computation", "overlapping", "communication", "other"), acc.tolist(), strict=True)
-    )
-
-
 def _mean(rows: list[dict], key: str) -> float:
     return float(np.mean([r[key] for r in rows])) if rows else 0.0
 
@@ -187,7 +163,12 @@ def summarize_file(path: Path) -> dict:
             "no profiler events (no ops, kernels or ProfilerSteps)",
             "the profiler recorded nothing; check its schedule",
         )
-    warnings: list[str] = []
+    warnings: list[str] = list(loaded.warnings)
+    if c.dropped_events:
+        warnings.append(
+            f"{path}: dropped {c.dropped_events} event(s) with impossible times (missing ts/dur,"
+            f" negative, non-finite or over {MAX_DUR_US:.0e} µs) — not analysed"
+        )
     lo, hi, numbers = _windows(c, loaded.path, warnings)
     per_step = _step_rows(c, lo, hi, numbers)
     gpu = len(c.kernels) > 0
@@ -201,6 +182,7 @@ def summarize_file(path: Path) -> dict:
         "kind": "gpu" if gpu else "cpu",
         "origin_us": c.origin_us + loaded.base_time_us,
         "steps": len(per_step),
+        "dropped_events": c.dropped_events,
         "step_numbers": numbers,
         **{
             k: _mean(per_step, k)
@@ -219,11 +201,20 @@ def summarize_file(path: Path) -> dict:
         * sum(r["idle_us"] for r in per_step)
         / max(1e-9, sum(r["step_time_us"] for r in per_step)),
         "hta": _hta_breakdown(c, lo, hi) if gpu else None,
-        "tb_split": _tb_split(c, lo, hi),
+        "tb_split": tb_split(c.tb),
+        "ops": [],  # filled below, once the mean step time is known
+        # tb-profiler averages over its own steps (all ProfilerSteps, device-adjusted on GPU).
+        "tb_split_steps": len(c.tb.steps),
+        "tb_split_step_time_us_mean": (
+            float(np.mean([e - s for s, e in c.tb.steps])) if c.tb.steps else None
+        ),
         "per_step": per_step,
         "warnings": warnings,
         "instances": rank_instances(c, float(lo[0]), float(hi[-1])),
     }
+    summary["ops"], summary["ops_self_us_per_step"] = rank_ops(
+        c, lo, hi, numbers == [None], summary["step_time_us_mean"]
+    )
     if gpu:  # on GPU traces the rank-level idle and overlap follow HTA's definitions exactly
         summary["idle_pct"] = summary["hta"]["idle_pct"]
         summary["overlap_pct"] = summary["hta"]["overlap_pct"]

@@ -6,7 +6,6 @@ defined in docs/analysis.md; the JSON shape is the "runs JSON" schema there (sch
 
 from __future__ import annotations
 
-import json
 import math
 import statistics
 from collections.abc import Iterable, Sequence
@@ -16,7 +15,19 @@ from typing import Any
 import pandas as pd
 from tqdm import tqdm
 
-from analysis.errors import AnalysisError
+from analysis.comm import is_comm_run
+from analysis.errors import AnalysisError, unexpected
+from analysis.jsonsafe import finite_json
+from analysis.projection_runs import comm_and_projections
+from analysis.records import (
+    Config,
+    EvalEntry,
+    InvalidRecord,
+    StepTime,
+    read_record,
+    read_steps,
+)
+from analysis.tune import is_tune_dir, load_tunes
 
 __all__ = ["SCHEMA_VERSION", "compare_runs", "find_run_dirs", "load_run"]
 
@@ -53,23 +64,28 @@ def find_run_dirs(paths: Sequence[Path]) -> tuple[list[Path], list[dict]]:
     """Expand `paths` (run folders or folders of run folders) into run folders, sorted by name.
 
     Returns (run_dirs, skipped) where skipped lists {path, reason} for paths holding no run.
+    Tune folders (with a tune.json, from `make tune-ddp`) are neither: analysis.tune reads them,
+    and their trial run folders are deliberately not expanded into the comparison.
     """
     run_dirs: list[Path] = []
     skipped: list[dict] = []
     for path in map(Path, paths):
         if (path / "run.json").is_file():
             run_dirs.append(path)
+        elif is_tune_dir(path):
+            continue  # its trials are summarised by the tuning section (analysis.tune), not listed
         elif path.is_dir():
             children = sorted(
                 p for p in path.iterdir() if p.is_dir() and not p.name.startswith(".")
             )
             found = [p for p in children if (p / "run.json").is_file()]
+            tunes = [p for p in children if p not in found and is_tune_dir(p)]
             skipped += [
                 {"path": str(p), "reason": "no run.json — not a run folder"}
                 for p in children
-                if p not in found
+                if p not in found and p not in tunes
             ]
-            if not found:
+            if not found and not tunes:
                 skipped.append(
                     {
                         "path": str(path),
@@ -81,10 +97,6 @@ def find_run_dirs(paths: Sequence[Path]) -> tuple[list[Path], list[dict]]:
         else:
             skipped.append({"path": str(path), "reason": "does not exist — check the path"})
     return run_dirs, skipped
-
-
-def _nan_to_none(x: Any) -> Any:
-    return None if x is None or (isinstance(x, float) and not math.isfinite(x)) else x
 
 
 def _phases(steps: pd.DataFrame) -> tuple[dict | None, list[dict]]:
@@ -133,50 +145,40 @@ def _memory(entries: list[dict]) -> dict:
     return out
 
 
-def _num_devices(config: dict) -> int:
+def _num_devices(config: Config) -> int:
     """Devices a run spreads over: DDP ranks, DP's GPUs, 1 for single (efficiency's divisor)."""
-    if config.get("mode") == "dp":
-        return max(1, len(set(config.get("devices") or [])))
-    return int(config.get("world_size") or 1)
+    if config.mode == "dp":
+        return max(1, len(set(config.devices)))
+    return config.world_size
 
 
 def load_run(run_dir: Path) -> dict:
     """One run entry of the runs JSON, without the cross-run fields (baseline, speedup, ...).
 
-    Raises AnalysisError when run.json is missing or unreadable; a missing steps.csv or bad traces
+    run.json and steps.csv are validated first (analysis/records.py). Raises AnalysisError when
+    run.json is missing or unreadable and InvalidRecord when either file breaks the run-folder
+    contract; a missing steps.csv (or a bad one in a run that did not finish ok) or bad traces
     only add a line to the entry's `warnings`.
     """
-    run_json = run_dir / "run.json"
-    try:
-        rec = json.loads(run_json.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise AnalysisError(run_json, "missing", "not a run folder") from None
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
-        raise AnalysisError(
-            run_json, f"unreadable ({err})", "the run was interrupted while writing; re-run it"
-        ) from None
-    if not isinstance(rec, dict) or not isinstance(rec.get("config"), dict):
-        raise AnalysisError(run_json, "has no `config` object", "re-run with the current launcher")
-    config, env = rec["config"], rec.get("env") or {}
-    metrics = rec.get("metrics") or {}
-    step_time = metrics.get("step_time_s") or {}
-    best = (rec.get("eval") or {}).get("best") or {}
+    rec, raw = read_record(run_dir / "run.json")
+    config, env, metrics = rec.config, rec.env, rec.metrics
+    step_time = metrics.step_time_s or StepTime()
+    best = rec.eval.best or EvalEntry()
+    memory = (raw.get("metrics") or {}).get("memory") or []
     entry: dict[str, Any] = {
-        "run_id": rec.get("run_id", run_dir.name),
+        "run_id": rec.run_id or run_dir.name,
         "path": str(run_dir),
-        "status": rec.get("status"),
-        "error": rec.get("error"),
-        **{k: config.get(k) for k in CONFIG_FIELDS},
-        **{k: env.get(k) for k in ENV_FIELDS},
+        "status": rec.status,
+        "error": raw.get("error"),
+        **{k: getattr(config, k) for k in CONFIG_FIELDS},
+        **{k: getattr(env, k) for k in ENV_FIELDS},
         "num_devices": _num_devices(config),
-        "samples_per_s": metrics.get("samples_per_s"),
-        "step_time_s_mean": step_time.get("mean"),
-        "step_time_s_p95": step_time.get("p95"),
-        "wall_time_s": metrics.get("wall_time_s"),
+        "samples_per_s": metrics.samples_per_s,
+        "step_time_s_mean": step_time.mean,
+        "step_time_s_p95": step_time.p95,
+        "wall_time_s": metrics.wall_time_s,
         # Wall time of each epoch's training loop as run (partial when --max-steps cut it).
-        "epoch_time_s": _mean_std(
-            metrics["epoch_time_s"] if isinstance(metrics.get("epoch_time_s"), list) else []
-        )[0],
+        "epoch_time_s": _mean_std(metrics.epoch_time_s)[0],
         "baseline_run_id": None,
         "speedup": None,
         "scaling_efficiency": None,
@@ -185,21 +187,27 @@ def load_run(run_dir: Path) -> dict:
         "comm_pct": None,
         "exposed_comm_pct": None,
         "overlap_pct": None,
-        "memory": metrics.get("memory") or [],
-        **_memory(metrics.get("memory") or []),
-        "test_loss": best.get("test_loss"),
-        "top1_pct": best.get("top1_pct"),
-        "top5_pct": best.get("top5_pct"),
-        "trace_files": [str(t) for t in rec.get("traces") or []],
+        # Verbatim (validated) entries: fields newer writers add pass through to the report.
+        "memory": memory,
+        **_memory(memory),
+        "test_loss": best.test_loss,
+        "top1_pct": best.top1_pct,
+        "top5_pct": best.top5_pct,
+        "trace_files": list(rec.traces),
         "trace": None,
         "warnings": [],
     }
     steps_csv = run_dir / "steps.csv"
     if steps_csv.is_file():
         try:
+            read_steps(steps_csv)
+        except InvalidRecord as err:
+            if rec.status == "ok":
+                raise
+            # A run that did not finish may have been cut off mid-row: its numbers are not used.
+            entry["warnings"].append(f"{err} — phases left empty")
+        else:  # every cell is now known to be valid: pandas reads the same file into columns
             entry["phases_s"], entry["phases_per_rank_s"] = _phases(pd.read_csv(steps_csv))
-        except (ValueError, KeyError, pd.errors.ParserError) as err:
-            entry["warnings"].append(f"{steps_csv}: unreadable ({err}) — phases left empty")
     elif entry["status"] == "ok":
         entry["warnings"].append(f"{steps_csv}: missing — phases left empty")
     return entry
@@ -217,8 +225,16 @@ def _attach_trace(entry: dict, run_dir: Path, *, progress: bool) -> None:
     except AnalysisError as err:
         entry["warnings"].append(str(err))
         return
+    except Exception as err:  # noqa: BLE001 — the run's record stays; only its traces are lost
+        entry["warnings"].append(f"{trace_dir}: {unexpected(err)}")
+        return
     entry["trace"] = trace
     entry["warnings"] += [f"{s['file']}: {s['reason']}" for s in trace["skipped"]]
+    entry["warnings"] += [
+        f"{r['file']}: dropped {r['dropped_events']} event(s) with impossible times — not analysed"
+        for r in trace["ranks"]
+        if r.get("dropped_events")
+    ]
     ranks = [r for r in trace["ranks"] if r["step_time_us_mean"]]
     if ranks:
         entry["comm_pct"] = statistics.fmean(
@@ -316,21 +332,33 @@ def compare_runs(paths: Sequence[Path], *, progress: bool = True, traces: bool =
     no run could be read at all; unreadable folders are listed under `skipped`.
     """
     run_dirs, skipped = find_run_dirs(paths)
+    comm_dirs = [d for d in run_dirs if is_comm_run(d)]  # `make bench-comm`: not a training run
+    run_dirs = [d for d in run_dirs if d not in comm_dirs]
     runs = []
     bar = tqdm(
         run_dirs, desc="runs", unit="run", leave=False, disable=not progress or len(run_dirs) < 2
     )
+    invalid: list[dict] = []
     for run_dir in bar:
         try:
             entry = load_run(run_dir)
+            if traces and entry["status"] == "ok":
+                _attach_trace(entry, run_dir, progress=False)  # one bar, over the runs
+        except InvalidRecord as err:
+            invalid.append({"path": str(run_dir), **err.to_dict()})
+            continue
         except AnalysisError as err:
             skipped.append({"path": str(run_dir), "reason": f"{err.what} — {err.fix}"})
             continue
-        if traces and entry["status"] == "ok":
-            _attach_trace(entry, run_dir, progress=False)  # one bar, over the runs
+        except Exception as err:  # noqa: BLE001 — one bad run (even a RecursionError or
+            # MemoryError) costs one line; the other runs are still compared.
+            skipped.append({"path": str(run_dir), "reason": unexpected(err)})
+            continue
         _unique_id(entry, run_dir, {r["run_id"] for r in runs})
         runs.append(entry)
-    if not runs:
+    tunes, tune_skipped = load_tunes(paths)
+    skipped += tune_skipped
+    if not runs and not tunes and not comm_dirs and not invalid:
         where = ", ".join(map(str, paths)) or "(no paths)"
         raise AnalysisError(
             where, "no readable run folders", "run `make profile-all` first or pass the runs folder"
@@ -338,13 +366,14 @@ def compare_runs(paths: Sequence[Path], *, progress: bool = True, traces: bool =
     order = {"single": 0, "dp": 1, "ddp": 2}
     runs.sort(key=lambda r: (order.get(r["mode"], 9), str(r["run_id"])))
     _link_baselines(runs)
-    for run in runs:
-        for key, value in run.items():
-            if isinstance(value, float):
-                run[key] = _nan_to_none(value)
-    return {
+    result = {
         "schema_version": SCHEMA_VERSION,
         "runs": runs,
         "groups": _groups(runs),
         "skipped": skipped,
+        "tunes": tunes,
+        **comm_and_projections(comm_dirs, runs),
+        "invalid": invalid,
+        "warnings": [],
     }
+    return finite_json(result, result["warnings"])

@@ -8,6 +8,7 @@ busbw), stragglers and step-time spread. A bad file costs one line in `skipped`,
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Iterable
 from concurrent.futures import ProcessPoolExecutor, as_completed
 from pathlib import Path
@@ -15,7 +16,8 @@ from pathlib import Path
 from tqdm import tqdm
 
 from analysis.collectives import combine_collectives
-from analysis.errors import AnalysisError
+from analysis.errors import AnalysisError, unexpected
+from analysis.jsonsafe import finite_json
 from analysis.rank import summarize_file
 
 __all__ = ["SCHEMA_VERSION", "analyze_trace_dir", "find_trace_files"]
@@ -27,6 +29,7 @@ _RANK_FIELDS = (
     "rank_source",
     "kind",
     "steps",
+    "dropped_events",
     "step_numbers",
     "step_time_us_mean",
     "compute_us",
@@ -39,6 +42,10 @@ _RANK_FIELDS = (
     "idle_pct",
     "hta",
     "tb_split",
+    "tb_split_steps",
+    "tb_split_step_time_us_mean",
+    "ops",
+    "ops_self_us_per_step",
     "per_step",
     "warnings",
 )
@@ -70,6 +77,9 @@ def _summarize(path: Path) -> tuple[dict | None, str | None]:
         return summarize_file(path), None
     except AnalysisError as err:
         return None, f"{err.what} — {err.fix}"
+    except Exception as err:  # noqa: BLE001 — RecursionError, MemoryError, ...: one hostile
+        # file costs one line, never the other ranks.
+        return None, unexpected(err)
 
 
 def _summaries(files: list[Path], workers: int, progress: bool) -> Iterable[tuple[Path, tuple]]:
@@ -89,8 +99,39 @@ def _summaries(files: list[Path], workers: int, progress: bool) -> Iterable[tupl
         with ProcessPoolExecutor(max_workers=workers) as pool:
             futures = {pool.submit(_summarize, f): f for f in files}
             for fut in as_completed(futures):
-                yield futures[fut], fut.result()
+                try:
+                    result = fut.result()
+                except Exception as err:  # noqa: BLE001 — a worker killed (e.g. out of memory)
+                    result = (None, unexpected(err))
+                yield futures[fut], result
                 bar.update()
+
+
+_ATTEMPT_RE = re.compile(r"_attempt(\d+)\.")
+
+
+def _one_attempt(summaries: list[dict], skipped: list[dict]) -> list[dict]:
+    """Keep the traces of one attempt of a restarted job (`rank<r>_attempt<k>.*`; no suffix is
+    attempt 0): the attempt with the most ranks, the latest among equals. Two attempts may
+    have traced the same steps, so mixing them would count a step twice."""
+    attempts: dict[int, list[dict]] = {}
+    for s in summaries:
+        m = _ATTEMPT_RE.search(Path(s["file"]).name)
+        attempts.setdefault(int(m.group(1)) if m else 0, []).append(s)
+    if len(attempts) < 2:
+        return summaries
+    keep = max(attempts, key=lambda a: (len({s["rank"] for s in attempts[a]}), a))
+    skipped += [
+        {
+            "file": s["file"],
+            "reason": f"restart attempt {a} of the job — attempt {keep}'s traces are analysed "
+            "(one attempt, so no step counts twice)",
+        }
+        for a, ss in attempts.items()
+        if a != keep
+        for s in ss
+    ]
+    return attempts[keep]
 
 
 def _assign_ranks(summaries: list[dict], skipped: list[dict], warnings: list[str]) -> list[dict]:
@@ -104,6 +145,7 @@ def _assign_ranks(summaries: list[dict], skipped: list[dict], warnings: list[str
     kept: dict[int, dict] = {}
     for s in sorted(summaries, key=lambda s: s["file"]):
         if s["rank"] is None:
+            warnings += s["warnings"]  # e.g. why its distributedInfo rank was not taken
             skipped.append(
                 {
                     "file": s["file"],
@@ -157,7 +199,7 @@ def analyze_trace_dir(path: Path, *, workers: int | None = None, progress: bool 
         else:
             good.append(summary)
     warnings: list[str] = []
-    ranks = _assign_ranks(good, skipped, warnings)
+    ranks = _assign_ranks(_one_attempt(good, skipped), skipped, warnings)
     skipped.sort(key=lambda s: s["file"])
     if not ranks:
         reasons = "; ".join(f"{Path(s['file']).name}: {s['reason']}" for s in skipped[:3])
@@ -173,7 +215,7 @@ def analyze_trace_dir(path: Path, *, workers: int | None = None, progress: bool 
     tables = combine_collectives({r["rank"]: r["instances"] for r in ranks}, world_size)
     means = [r["step_time_us_mean"] for r in ranks]
     lo, hi = min(means), max(means)
-    return {
+    result = {
         "schema_version": SCHEMA_VERSION,
         "trace_dir": str(path),
         "world_size": world_size if worlds else None,
@@ -188,3 +230,4 @@ def analyze_trace_dir(path: Path, *, workers: int | None = None, progress: bool 
         "skipped": skipped,
         "warnings": warnings,
     }
+    return finite_json(result, warnings)

@@ -94,8 +94,10 @@ class ProfilerSession:
         after = set(self.trace_dir.glob(f"{self.worker_name}.{TRACE_GLOB}"))
         self._written.extend(sorted(after - before))
 
-    def start(self) -> None:
-        """Begin the schedule (step 0 is the first `wait` step). Idempotent."""
+    def start(self, *, step: int = 0) -> None:
+        """Begin the schedule at optimizer step `step` (0 = the first `wait` step; a resumed run
+        passes the step it resumed from, so the schedule and the `ProfilerStep#` numbers follow
+        the run's global steps). Idempotent."""
         if not self.cfg.enabled or self._running:
             return
         activities = [ProfilerActivity.CPU]
@@ -115,6 +117,13 @@ class ProfilerSession:
             profile_memory=self.cfg.profile_memory,
             with_stack=self.cfg.with_stack,
         )
+        if step:
+            # Public attributes of torch.profiler.profile: the schedule is consulted at
+            # `step_num`, and start() labels the first step with it.
+            self._prof.step_num = step
+            self._prof.current_action = self._prof.schedule(step)
+            if hasattr(self._prof, "_prev_schedule_action"):
+                self._prof._prev_schedule_action = self._prof.current_action
         self._prof.start()
         self._running = True
 

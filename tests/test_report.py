@@ -252,7 +252,7 @@ def test_section_tables_match_analysis_json(built):
             )
             assert same(row["scaling_efficiency_mean"][0], g["scaling_efficiency_mean"])
             assert row["scaling_efficiency_mean"][1].startswith(
-                f"{g['scaling_efficiency_mean'] * 100:.1f}"
+                f"{g['scaling_efficiency_mean'] * 100:,.1f}"  # fmt's thousands separator
             )
     env = page.row("environment", run_id=ddp["run_id"])
     assert env["hostname"][1] == ddp["hostname"] and env["torch"][1] == ddp["torch"]
@@ -422,3 +422,24 @@ def test_speedup_series_never_pool_two_models():
     assert sorted(df["series"]) == ["ddp (gloo) · mlp", "ddp (gloo) · smallcnn"]
     one = _runs_frame({"runs": [run("a", "mlp", 2500.0), run("c", "mlp", 2400.0)]})
     assert set(one["series"]) == {"ddp (gloo)"}
+
+
+def test_what_ddp_adds_and_operator_tables(built, ddp_mlp_run):
+    """The DDP group's "What DDP adds" table (DDP rank 0 vs its single run) shows DDP's
+    all-reduce as new, one call per bucket; each run and rank has a collapsible operator table."""
+    _, _, expected, page = built
+    buckets = json.loads((ddp_mlp_run / "run.json").read_text())["metrics"]["ddp"]["num_buckets"]
+    assert page.section_of_table["ddp-adds-0"] == "operators"
+    row = page.row("ddp-adds-0", name="gloo:all_reduce")
+    assert row["status"][0] == "new" and float(row["calls_per_step_b"][0]) == buckets
+    assert len(page.tables["ddp-adds-0"]) == 10
+    ops_tables = [t for t in page.tables if t.startswith("ops-")]
+    n_ranks = sum(len(r["trace"]["ranks"]) for r in expected["runs"] if r["trace"])
+    assert len(ops_tables) == n_ranks and all(page.tables[t] for t in ops_tables)
+    for run in expected["runs"]:
+        top = run["trace"]["ranks"][0]["ops"][0]
+        assert any(
+            r["name"][1] == top["name"] and same(r["self_us_per_step"][0], top["self_us_per_step"])
+            for t in ops_tables
+            for r in page.tables[t]
+        ), top

@@ -7,6 +7,7 @@ The equivalence test is the proof of "identical training": single-device with a 
 from __future__ import annotations
 
 import csv
+import gzip
 import json
 import threading
 
@@ -28,14 +29,14 @@ RUN_KEYS = set(
 CONFIG_KEYS = set(
     """mode backend world_size nnodes nproc_per_node devices model dataset global_batch
     per_device_batch scaling amp seed epochs max_steps lr momentum weight_decay sync_bn num_workers
-    pin_memory warmup_steps rendezvous ddp profile""".split()
+    pin_memory warmup_steps rendezvous ddp profile grad_accum_steps micro_batch""".split()
 )
 ENV_KEYS = set(
     "os platform python torch cuda nccl gpus cpu_model cpu_cores threads_per_rank hostname".split()
 )
 METRIC_KEYS = set(
     """samples_per_s step_time_s per_rank epoch_time_s wall_time_s memory memory_after_first_step
-    ddp""".split()
+    ddp param_grad_bytes""".split()
 )
 STEPS_HEADER = """rank epoch step warmup step_time_s data_s forward_s backward_s optimizer_s samples loss
     rss_bytes cuda_allocated_bytes""".split()
@@ -252,3 +253,74 @@ def test_single_and_ddp_train_identically(equivalence_runs):
     assert read_run(ddp_dir)["eval"]["best"]["test_loss"] == pytest.approx(
         ev["test_loss"], abs=1e-5
     )
+
+
+# --- gradient accumulation (issue 10) -------------------------------------------------------
+
+
+def test_grad_accum_splits_each_share_into_micro_batches():
+    cfg = TrainConfig(batch_size=64, grad_accum_steps=2)
+    record = config_record(
+        cfg, backend="gloo", world_size=2, nnodes=1, nproc_per_node=2, devices=[], replicas=2
+    )
+    # global batch = per-device micro-batch x world x K
+    assert (record["global_batch"], record["micro_batch"], record["grad_accum_steps"]) == (
+        64,
+        16,
+        2,
+    )
+    assert record["micro_batch"] * 2 * 2 == record["global_batch"]
+    with pytest.raises(ValueError, match="multiple of 24"):
+        batch_split(TrainConfig(batch_size=60, grad_accum_steps=8), 3)
+    with pytest.raises(ValueError, match="--grad-accum-steps must be >= 1"):
+        TrainConfig(grad_accum_steps=0)
+
+
+@pytest.fixture(scope="module")
+def accum_run(runs_dir, equivalence_runs):
+    """DDP, 2 ranks, K = 2 micro-batches of 16 per optimizer step (global batch 64), profiled so
+    the traces show how many all-reduces each step makes; otherwise as `equivalence_runs`."""
+    args = "--model mlp --dataset synthetic --max-steps 20 --batch-size 64 --epochs 1 --seed 7"
+    args += " --device cpu --checkpoint --mode ddp --nproc 2 --backend gloo --grad-accum-steps 2"
+    launch([*args.split(), "--run-id", "eq-ddp-accum", "--runs-dir", str(runs_dir)])
+    return runs_dir / "eq-ddp-accum"
+
+
+def test_ddp_grad_accum_trains_like_single_device(equivalence_runs, accum_run):
+    single_dir, _ = equivalence_runs
+    single = {int(r["step"]): float(r["loss"]) for r in read_steps(single_dir)}
+    per_step: dict[int, list[float]] = {}
+    for r in read_steps(accum_run):
+        per_step.setdefault(int(r["step"]), []).append(float(r["loss"]))
+        assert int(r["samples"]) == 32  # each rank's share of the step: 2 micro-batches of 16
+    assert sorted(per_step) == list(range(20))
+    for step, loss in single.items():
+        assert sum(per_step[step]) / 2 == pytest.approx(loss, abs=1e-5), f"step {step}"
+    a = load_checkpoint(single_dir / "checkpoint.pt")["model"]
+    b = load_checkpoint(accum_run / "checkpoint.pt")["model"]
+    for name, w in a.items():
+        torch.testing.assert_close(b[name], w, atol=1e-5, rtol=0)
+    config = read_run(accum_run)["config"]
+    assert (config["grad_accum_steps"], config["micro_batch"], config["global_batch"]) == (
+        2,
+        16,
+        64,
+    )
+
+
+def test_ddp_grad_accum_all_reduces_once_per_optimizer_step(accum_run):
+    """no_sync on the first micro-batch: each traced step holds one all-reduce per bucket, not
+    two (which the same math without no_sync would make)."""
+    run = read_run(accum_run)
+    buckets = run["metrics"]["ddp"]["num_buckets"]
+    for trace in run["traces"]:
+        with gzip.open(accum_run / trace, "rt") as f:
+            events = [e for e in json.load(f)["traceEvents"] if e.get("ph") == "X"]
+        steps = [e for e in events if e["name"].startswith("ProfilerStep#")]
+        forwards = [e for e in events if e["name"] == "forward"]
+        assert len(steps) == 3  # the default schedule's active steps
+        for step in steps:
+            lo, hi = step["ts"], step["ts"] + step["dur"]
+            inside = [e for e in events if lo <= e["ts"] < hi]
+            assert sum(e["name"] == "gloo:all_reduce" for e in inside) == buckets
+            assert sum(e in forwards for e in inside) == 2  # two micro-batches

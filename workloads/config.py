@@ -61,6 +61,12 @@ class TrainConfig:
     scaling: str = _opt(
         "strong", "strong: fixed global batch | weak: fixed per-device batch", ("strong", "weak")
     )
+    grad_accum_steps: int = _opt(
+        1,
+        "micro-batches per optimizer step (gradient accumulation; DDP all-reduces once per step, "
+        "the others run under no_sync): global batch = per-device micro-batch x world x K, so "
+        "--batch-size keeps its meaning and each device's share is split into K micro-batches",
+    )
     lr: float = _opt(0.05, "SGD learning rate")
     momentum: float = _opt(0.9, "SGD momentum")
     weight_decay: float = _opt(5e-4, "SGD weight decay")
@@ -71,6 +77,9 @@ class TrainConfig:
     )
     sync_bn: bool = _opt(False, "convert BatchNorm to SyncBatchNorm under ddp")
     num_workers: int = _opt(0, "DataLoader worker processes per rank")
+    threads: int = _opt(
+        0, "torch threads per rank (0 = CPU cores ÷ processes per node; GPU: torch's)"
+    )
     pin_memory: bool = _opt(False, "DataLoader pin_memory (useful with CUDA)")
     seed: int = _opt(0, "seed of model init and of the global data order (one run per seed)")
     warmup_steps: int = _opt(2, "first steps kept out of throughput (marked warmup=1 in steps.csv)")
@@ -88,6 +97,19 @@ class TrainConfig:
     profile_repeat: int = _opt(1, "profiler schedule: cycles (0 = until the run ends)")
     profile_with_stack: bool = _opt(False, "record Python stacks in traces (much larger files)")
     checkpoint: bool = _opt(False, "save checkpoint.pt (rank 0, atomic) after every epoch")
+    checkpoint_every: int = _opt(
+        0,
+        "also save checkpoint.pt every N optimizer steps (0 = off); a restarted job resumes there",
+    )
+    save_final: bool = _opt(False, "save final.pt (the model's state_dict) at the end of the run")
+    stop_on_nonfinite: bool = _opt(
+        True, "stop the run (error.kind diverged) when a step's loss is NaN or infinite"
+    )
+    collective_timeout: float = _opt(
+        300.0,
+        "seconds a collective (and the launcher's heartbeat watchdog) waits before the run is "
+        "declared hung",
+    )
     init_method: str = _opt(
         "", "process-group init_method, e.g. file:///path (default: torchrun env://)"
     )
@@ -113,13 +135,15 @@ class TrainConfig:
                 raise ValueError(
                     f"--{_flag(name)} must be one of {', '.join(choices)}; got {getattr(self, name)!r}"
                 )
-        for name in ("epochs", "batch_size"):
+        for name in ("epochs", "batch_size", "grad_accum_steps"):
             if getattr(self, name) < 1:
                 raise ValueError(f"--{_flag(name)} must be >= 1; got {getattr(self, name)}")
         for name in (
             "max_steps",
             "num_workers",
+            "threads",
             "warmup_steps",
+            "checkpoint_every",
             "dp_gpus",
             "lr",
             "momentum",
@@ -127,6 +151,8 @@ class TrainConfig:
         ):
             if getattr(self, name) < 0:
                 raise ValueError(f"--{_flag(name)} must be >= 0; got {getattr(self, name)}")
+        if self.collective_timeout <= 0:
+            raise ValueError(f"--collective-timeout must be > 0 s; got {self.collective_timeout}")
         if self.bucket_cap_mb <= 0:
             raise ValueError(f"--bucket-cap-mb must be > 0; got {self.bucket_cap_mb}")
         if self.max_steps and self.warmup_steps >= self.max_steps:
@@ -205,16 +231,27 @@ def batch_split(cfg: TrainConfig, replicas: int) -> tuple[int, int]:
     """(global_batch, per_device_batch) for `replicas` model replicas (DDP ranks or DP GPUs).
 
     Strong scaling keeps the global batch, so each device gets global / replicas; weak scaling
-    keeps the per-device batch, so the global batch grows with the replicas.
+    keeps the per-device batch, so the global batch grows with the replicas. Both are per
+    optimizer step: with --grad-accum-steps K each device's share is K micro-batches of
+    per_device_batch / K, which must divide evenly.
     """
     if cfg.scaling == "weak":
-        return cfg.batch_size * replicas, cfg.batch_size
-    if cfg.batch_size % replicas:
+        global_batch, per_device = cfg.batch_size * replicas, cfg.batch_size
+    elif cfg.batch_size % replicas:
         raise ValueError(
             f"--batch-size {cfg.batch_size} (global, --scaling strong) is not divisible by "
             f"{replicas} devices; pick a multiple of {replicas} or use --scaling weak"
         )
-    return cfg.batch_size, cfg.batch_size // replicas
+    else:
+        global_batch, per_device = cfg.batch_size, cfg.batch_size // replicas
+    if per_device % cfg.grad_accum_steps:
+        multiple = cfg.grad_accum_steps * (1 if cfg.scaling == "weak" else replicas)
+        raise ValueError(
+            f"--grad-accum-steps {cfg.grad_accum_steps} does not divide the per-device batch "
+            f"{per_device} ({replicas} devices, --scaling {cfg.scaling}); pick a --batch-size "
+            f"that is a multiple of {multiple}"
+        )
+    return global_batch, per_device
 
 
 def default_run_id(cfg: TrainConfig, *, backend: str, world_size: int) -> str:
@@ -246,6 +283,8 @@ def config_record(
         "dataset": cfg.dataset,
         "global_batch": global_batch,
         "per_device_batch": per_device_batch,
+        "grad_accum_steps": cfg.grad_accum_steps,
+        "micro_batch": per_device_batch // cfg.grad_accum_steps,
         "scaling": cfg.scaling,
         "amp": cfg.amp,
         "seed": cfg.seed,

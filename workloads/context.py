@@ -116,10 +116,18 @@ def init_context(cfg: TrainConfig) -> RunContext:
             device = torch.device("cuda", local_rank)
         else:
             device = torch.device("cpu")
-        kwargs: dict = {"backend": backend, "timeout": timedelta(minutes=10)}
+        kwargs: dict = {"backend": backend, "timeout": timedelta(seconds=cfg.collective_timeout)}
         if cfg.init_method:
             # file:// (or tcp://) rendezvous: rank and world size must be given explicitly.
             kwargs.update(init_method=cfg.init_method, rank=global_rank, world_size=world_size)
+        elif int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0") or 0):
+            # A restarted attempt shares torchrun's store with the attempts before it, whose
+            # stale gloo/NCCL addresses would be read back: give this attempt a key space of its own.
+            store, _, _ = next(dist.rendezvous("env://", timeout=kwargs["timeout"]))
+            prefix = f"/dpscope/attempt{os.environ['TORCHELASTIC_RESTART_COUNT']}"
+            kwargs.update(
+                store=dist.PrefixStore(prefix, store), rank=global_rank, world_size=world_size
+            )
         dist.init_process_group(**kwargs)
         return RunContext(
             mode="ddp",

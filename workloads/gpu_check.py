@@ -8,7 +8,9 @@ Runs (all on the GPUs present, N = visible GPU count, small model, few steps):
 Checks: exit code and status, devices, one memory entry per (rank, CUDA device) with a non-zero
 allocator peak, CUDA memory in steps.csv, GPU kernels and the backend's collectives in the traces,
 DDP bucket info, and per-step loss parity of dp and ddp-nccl against single (the MLP has no
-BatchNorm, so all three train the same model on the same global batches).
+BatchNorm, so all three train the same model on the same global batches). With N > 1 GPUs also
+projected vs measured 1 -> N GPUs: a single run at DDP's per-device batch, an nccl comm benchmark,
+then `analysis project` of the single run to N ranks against ddp-nccl, and ddp-nccl's replay.
 """
 
 from __future__ import annotations
@@ -25,7 +27,8 @@ from pathlib import Path
 import torch
 
 REPO = Path(__file__).resolve().parents[1]
-LOSS_ATOL = 1e-4  # GPU reductions differ in order between a 64-sample batch and N shards
+LOSS_ATOL = 1e-4
+PROJECTION_TOL_PCT = 25.0  # the goal is 10%; the check fails only well beyond it  # GPU reductions differ in order between a 64-sample batch and N shards
 
 
 def _launch(runs_dir: Path, run_id: str, args: list[str]) -> int:
@@ -150,6 +153,40 @@ def check_run(
     return True
 
 
+def _projection_check(
+    check: Checker, runs_dir: Path, stamp: str, gpus: int, usable: dict[str, Path]
+) -> None:
+    """Projected vs measured 1 -> N GPUs: an nccl comm benchmark, then `analysis project` of the
+    single-GPU run to N ranks against the measured ddp-nccl run, and the DDP run's replay."""
+    from analysis.errors import AnalysisError
+    from analysis.project import project
+
+    comm = runs_dir / f"gpu-comm-nccl-{stamp}"
+    cmd = [sys.executable, "-m", "workloads.bench_comm", "--backend", "nccl", "--nproc", str(gpus)]
+    cmd += ["--runs-dir", str(runs_dir), "--run-id", comm.name, "--iters", "10"]
+    print(f"\n$ {' '.join(cmd)}", flush=True)
+    if not check("projection", "bench-comm nccl", subprocess.run(cmd, cwd=REPO).returncode == 0):
+        return
+    try:
+        ranks = sorted({1, 2, gpus})
+        out = project(
+            usable["single"], comm, ranks, measured=[usable["ddp-nccl"]],
+            batch_runs=[usable["single-b32"]],
+        )  # fmt: skip
+        replay = project(usable["ddp-nccl"], comm, [gpus])["replay"]
+    except AnalysisError as err:
+        check("projection", "analysis project", False, str(err))
+        return
+    for label, c in ((f"projected 1 -> {gpus} GPUs", out["measured"][0]), ("replay", replay)):
+        check(
+            "projection",
+            f"{label}: {1e3 * c['predicted_step_time_s']:.2f} ms vs measured "
+            f"{1e3 * c['measured_step_time_s']:.2f} ms, error {c['error_pct']:+.1f}% (goal 10%)",
+            abs(c["error_pct"]) <= PROJECTION_TOL_PCT,
+            f"beyond {PROJECTION_TOL_PCT}%",
+        )
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m workloads.gpu_check", description=__doc__.splitlines()[0]
@@ -214,6 +251,10 @@ def main(argv: list[str] | None = None) -> int:
             argv("ddp", "nccl", *"--model smallcnn --sync-bn".split()),
         ),
     ]
+    if gpus > 1:  # compute at DDP's per-device batch, for the projection check (no linear guess)
+        plan.append(
+            ("single-b32", "single", "none", 1, argv("single", "auto", "--batch-size", "32"))
+        )
     if torch.cuda.is_bf16_supported():  # what autocast itself requires for bf16 on CUDA
         # DataParallel's replica threads must keep bf16 (autocast's dtype is thread-local).
         plan.insert(2, ("dp-bf16", "dp", "none", 1, argv("dp", "auto", "--amp", "bf16")))
@@ -241,6 +282,8 @@ def main(argv: list[str] | None = None) -> int:
                     worst <= LOSS_ATOL,
                     f"> {LOSS_ATOL}",
                 )
+    if gpus > 1 and {"single", "single-b32", "ddp-nccl"} <= usable.keys():
+        _projection_check(check, runs_dir, stamp, gpus, usable)
     print(f"\ngpu-check: {check.passed} passed, {check.failed} failed; run folders in {runs_dir}")
     return 0 if check.failed == 0 else 1
 

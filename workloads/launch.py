@@ -5,16 +5,16 @@ It checks what this machine can run (one clear line and exit code 2 otherwise), 
 for single/DP, through torchrun (`python -m torch.distributed.run`) for DDP — relays its output to
 the console and `logs/launcher.log`, and afterwards turns a crash into `status: failed` with the
 failing rank, its exit code and the last lines of its log. `--mode all` runs every mode this
-machine supports and records the others as `status: skipped` with the reason.
+machine supports and records the others as `status: skipped` with the reason. The training runs
+under workloads.supervise: a heartbeat watchdog ends a hung job, Ctrl-C/SIGTERM stops every
+process, and runlog.finalize gives each failed run its `error.kind` (never downgrading `ok`).
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import platform
-import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,12 +34,16 @@ from workloads.config import (
 )
 from workloads.context import cpu_cores, resolve_backend
 from workloads.data import check_available
-from workloads.runlog import diagnose, utc_now
+from workloads.runlog import finalize, utc_now
+from workloads.supervise import flight_recorder_env, run_supervised
 
 __all__ = ["LaunchError", "Plan", "main", "validate"]
 
 REPO = Path(__file__).resolve().parents[1]
 ALL_MODES = (("single", "auto"), ("dp", "auto"), ("ddp", "nccl"), ("ddp", "gloo"))
+# The watchdog waits this much longer than --collective-timeout, so that a rank's own timeout
+# error (and NCCL's flight-recorder dump) comes first when a rank hangs in a collective.
+WATCHDOG_GRACE_S = 10.0
 
 
 class LaunchError(Exception):
@@ -200,28 +204,8 @@ def _command(cfg: TrainConfig, plan: Plan, args: argparse.Namespace, extra: list
             "--rdzv-id",
             cfg.run_id,
         ]
-    return [*cmd, "--max-restarts", "0", "-m", "workloads.train", *train_argv]
-
-
-def _stream(cmd: list[str], *, env: dict, log_path: Path) -> int:
-    """Run `cmd` from the repo root, relaying its output (raw, so progress bars work) to the
-    console and to `log_path`; return its exit code."""
-    with open(log_path, "ab") as log:
-        log.write(("$ " + " ".join(cmd) + "\n").encode())
-        log.flush()
-        proc = subprocess.Popen(
-            cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT
-        )
-        assert proc.stdout is not None
-        try:
-            while chunk := os.read(proc.stdout.fileno(), 65536):
-                sys.stdout.buffer.write(chunk)
-                sys.stdout.buffer.flush()
-                log.write(chunk)
-            return proc.wait()
-        except KeyboardInterrupt:  # Ctrl-C reaches the children too; wait so nothing is orphaned
-            proc.wait()
-            return proc.returncode or 130
+    restarts = ["--max-restarts", str(args.max_restarts)]
+    return [*cmd, *restarts, "-m", "workloads.train", *train_argv]
 
 
 def _execute(cfg: TrainConfig, plan: Plan, args: argparse.Namespace, extra: list[str]) -> str:
@@ -240,30 +224,36 @@ def _execute(cfg: TrainConfig, plan: Plan, args: argparse.Namespace, extra: list
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     if not plan.devices[0].startswith("cuda"):
         # What train sets anyway; it also silences torchrun's OMP_NUM_THREADS note.
-        env["OMP_NUM_THREADS"] = str(plan.threads_per_rank)
+        env["OMP_NUM_THREADS"] = str(cfg.threads or plan.threads_per_rank)
         # A CUDA build of torch on a machine without a GPU makes Kineto log a harmless
         # "ERROR ... gpuGetDeviceCount failed" at every trace; level 5 keeps CPU logs clean.
         env.setdefault("KINETO_LOG_LEVEL", "5")
+    if plan.backend == "nccl":
+        env = {**flight_recorder_env(run_dir / "logs"), **env}
     log_name = "launcher.log" if is_record_node else f"launcher-node{args.node_rank}.log"
     launcher_log = run_dir / "logs" / log_name
-    returncode = _stream(_command(cfg, plan, args, extra), env=env, log_path=launcher_log)
+    outcome = run_supervised(
+        _command(cfg, plan, args, extra),
+        cwd=REPO,
+        env=env,
+        log_path=launcher_log,
+        logs=run_dir / "logs",
+        stall_s=cfg.collective_timeout + WATCHDOG_GRACE_S,
+    )
+    returncode = outcome.returncode
     if not is_record_node:
         print(
             f"node {args.node_rank} finished (exit code {returncode}); node 0 writes {run_dir / 'run.json'}"
         )
         return "ok" if returncode == 0 else "failed"
-    record = json.loads((run_dir / "run.json").read_text())
-    if returncode != 0 or record.get("status") != "ok":
-        record.update(
-            status="failed",
-            error=diagnose(run_dir, returncode, launcher_log),
-            finished_at=utc_now(),
-        )
-        write_json_atomic(run_dir / "run.json", record)
+    record = finalize(run_dir, outcome, launcher_log)
     print(f"\nrun folder: {run_dir}  status: {record['status']}")
     if record["status"] == "failed":
-        print(f"  error: {record['error']['message']}\n  logs:  {run_dir / 'logs'}")
-    return record["status"]
+        print(
+            f"  error ({record['error']['kind']}): {record['error']['message']}\n"
+            f"  logs:  {run_dir / 'logs'}"
+        )
+    return "interrupted" if outcome.interrupted and record["status"] != "ok" else record["status"]
 
 
 def _skip(cfg: TrainConfig, plan: Plan, nnodes: int, reason: str) -> None:
@@ -298,6 +288,13 @@ def run(args: argparse.Namespace, extra: list[str]) -> int:
     if args.nnodes > 1 and not args.rdzv_endpoint:
         raise LaunchError(
             "--nnodes > 1 needs --rdzv-endpoint HOST:PORT (node 0's address, same on every node)"
+        )
+    if args.max_restarts < 0:
+        raise LaunchError(f"--max-restarts must be >= 0; got {args.max_restarts}")
+    if args.max_restarts and args.mode != "ddp":
+        raise LaunchError(
+            "--max-restarts restarts torchrun's workers, so it needs --mode ddp "
+            "(run single-device as --mode ddp --nproc 1 to get restarts)"
         )
     if args.nnodes > 1 and args.mode != "ddp":
         raise LaunchError("--nnodes > 1 only makes sense with --mode ddp")
@@ -353,6 +350,8 @@ def run(args: argparse.Namespace, extra: list[str]) -> int:
             statuses.append("skipped")
             continue
         statuses.append(_execute(cfg, plan, args, extra))
+        if statuses[-1] == "interrupted":
+            break  # the user stopped the job: start no further mode
     if args.node_rank == 0:
         print(
             f"\nnext: make report RUNS={args.runs_dir}   (or: python -m analysis.report {args.runs_dir} --out reports)"
@@ -360,6 +359,8 @@ def run(args: argparse.Namespace, extra: list[str]) -> int:
         print(
             f"      make tensorboard RUNS={args.runs_dir}   (traces in TensorBoard's profiler plugin)"
         )
+    if "interrupted" in statuses:
+        return 130
     return 1 if "failed" in statuses else 0
 
 
@@ -410,6 +411,13 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="record a mode this machine can't run as status: skipped (as --mode all does) "
         "instead of exiting with an error; what `make profile-sweep` uses",
+    )
+    parser.add_argument(
+        "--max-restarts",
+        type=int,
+        default=0,
+        help="ddp: torchrun restarts the job this many times after a rank fails; each restart "
+        "resumes from the last checkpoint.pt (see --checkpoint-every)",
     )
     add_config_arguments(parser, exclude=("mode", "backend", "init_method"))
     return parser

@@ -17,10 +17,14 @@ import time
 from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from profiler.record import write_json_atomic
 
-__all__ = ["diagnose", "rank_log", "utc_now", "write_error_record"]
+if TYPE_CHECKING:
+    from workloads.supervise import Outcome
+
+__all__ = ["diagnose", "finalize", "rank_log", "utc_now", "write_error_record"]
 
 LOG_TAIL_LINES = 20
 
@@ -62,8 +66,11 @@ def rank_log(path: Path) -> Iterator[None]:
             sys.stdout, sys.stderr = old
 
 
-def write_error_record(run_dir: Path, *, rank: int, exc: BaseException) -> None:
-    """Record why this rank is exiting with code 1 (read back by `diagnose`)."""
+def write_error_record(
+    run_dir: Path, *, rank: int, exc: BaseException, details: dict | None = None
+) -> None:
+    """Record why this rank is exiting with code 1 (read back by `diagnose`); `details` adds
+    fields such as `kind`, `attempt` and `step` (workloads.faults.classify)."""
     write_json_atomic(
         run_dir / "logs" / f"rank{rank}.error.json",
         {
@@ -71,6 +78,7 @@ def write_error_record(run_dir: Path, *, rank: int, exc: BaseException) -> None:
             "exit_code": 1,
             "message": f"{type(exc).__name__}: {exc}",
             "time": time.time(),
+            **(details or {}),
         },
     )
 
@@ -90,31 +98,119 @@ def _torchrun_failures(text: str) -> tuple[dict[int, int], int | None]:
     return codes, int(root.group(1)) if root else None
 
 
+def _killed_message(rank: int, code: int) -> str:
+    from workloads.faults import signal_name
+
+    message = f"rank {rank} was killed by {signal_name(code)} (exit code {code})"
+    if code == -9:
+        message += (
+            "; SIGKILL is what the kernel's OOM killer sends when host memory runs out "
+            "(check `dmesg`, lower --batch-size or --num-workers)"
+        )
+    return message
+
+
 def diagnose(run_dir: Path, returncode: int, launcher_log: Path) -> dict:
-    """The run.json `error` object for a failed run: the first rank that failed, its exit code,
-    its message and the last lines of its log."""
+    """The run.json `error` object for a failed run: its `kind`, the first rank that failed, its
+    exit code, its message and the last lines of its log.
+
+    Only the last attempt's error records count (earlier attempts were restarted). A rank ended
+    by a signal other than torchrun's own SIGTERM, without an error record, comes first: the
+    errors of its peers (a closed connection) are consequences. A rank that timed out in a
+    collective means a hang: the heartbeats then name the rank that stopped first.
+    """
+    from workloads.heartbeat import diagnose_hang, read_heartbeats
+
     logs = run_dir / "logs"
-    records = [json.loads(p.read_text()) for p in sorted(logs.glob("rank*.error.json"))]
+    records = []
+    for p in sorted(logs.glob("rank*.error.json")):
+        try:
+            records.append(json.loads(p.read_text()))
+        except (OSError, ValueError):
+            continue
+    if records:
+        last = max(r.get("attempt", 0) for r in records)
+        records = [r for r in records if r.get("attempt", 0) == last]
     text = launcher_log.read_text(errors="replace") if launcher_log.is_file() else ""
     codes, root = _torchrun_failures(text)
-    if records:
+    recorded = {r.get("rank") for r in records}
+    killed = sorted(r for r, c in codes.items() if c < 0 and c != -15 and r not in recorded)
+    extra: dict = {}
+    if killed:
+        rank = killed[0]
+        exit_code, kind = codes[rank], "killed"
+        message = _killed_message(rank, exit_code)
+    elif records:
         first = min(records, key=lambda r: r.get("time", float("inf")))
         rank = first["rank"]
         exit_code = codes.get(rank, first["exit_code"])
+        kind = first.get("kind", "crash")
         message = f"rank {rank} failed: {first['message']}"
+        extra = {k: first[k] for k in ("step", "value", "per_device_batch") if k in first}
+        if kind == "hang":
+            hang = diagnose_hang(read_heartbeats(logs))
+            if hang.get("rank") is not None:
+                message = f"{hang.pop('message')} ({message})"
+                rank = hang.pop("rank")
+                extra = {k: v for k, v in hang.items() if k != "kind"}
     elif root is not None:
         rank, exit_code = root, codes.get(root)
-        message = f"rank {rank} exited with code {exit_code} (see logs/rank{rank}.log)"
+        kind = "killed" if exit_code is not None and exit_code < 0 else "crash"
+        message = (
+            _killed_message(rank, exit_code)
+            if kind == "killed"
+            else f"rank {rank} exited with code {exit_code} (see logs/rank{rank}.log)"
+        )
     else:
         rank, exit_code = None, returncode
+        kind = "killed" if returncode < 0 else "crash"
         message = (
             f"training exited with code {returncode} without writing its record "
             f"(see logs/{launcher_log.name})"
         )
     rank_log = logs / f"rank{rank}.log"
     return {
+        "kind": kind,
         "message": message,
         "rank": rank,
         "exit_code": exit_code,
+        **extra,
         "log_tail": _tail(rank_log if rank is not None and rank_log.is_file() else launcher_log),
     }
+
+
+def finalize(run_dir: Path, outcome: Outcome, launcher_log: Path) -> dict:
+    """After the training ended: turn a run.json that is not `ok` into `failed` with its error
+    (and restarts); return the record. Never downgraded: once rank 0 wrote `ok`, whatever
+    happens afterwards (a signal to the launcher, a rank failing in teardown) leaves it ok."""
+    from workloads.faults import read_attempts
+
+    record = json.loads((run_dir / "run.json").read_text())
+    if record.get("status") != "ok":
+        resumes = read_attempts(run_dir)
+        record.update(
+            status="failed",
+            error=_error(run_dir, outcome, launcher_log),
+            finished_at=utc_now(),
+            restarts=max((a["attempt"] for a in resumes), default=0),
+            resumes=resumes,
+        )
+        write_json_atomic(run_dir / "run.json", record)
+    return record
+
+
+def _error(run_dir: Path, outcome: Outcome, launcher_log: Path) -> dict:
+    """run.json `error` of a failed run (kinds: docs/run-folder.md)."""
+    if outcome.interrupted:
+        return {
+            "kind": "interrupted",
+            "message": f"interrupted: {outcome.interrupted} reached the launcher; every rank "
+            "was stopped",
+            "rank": None,
+            "exit_code": outcome.returncode,
+            "log_tail": [],
+        }
+    if outcome.hang:
+        base = diagnose(run_dir, outcome.returncode, launcher_log)
+        return {**base, **outcome.hang, "exit_code": outcome.returncode}
+    return diagnose(run_dir, outcome.returncode, launcher_log)

@@ -5,18 +5,23 @@ and the wrapper (workloads.context.wrap_model). Each optimizer step is timed in 
 (data, forward, backward, optimizer), advances the profiler schedule and samples memory. At the
 end every rank's step rows and memory peaks are gathered to rank 0, which writes steps.csv and
 run.json atomically. Each rank logs to `logs/rank<r>.log`; a rank that raises also writes
-`logs/rank<r>.error.json` and exits 1 so the launcher can name it.
+`logs/rank<r>.error.json` (with its `kind`, workloads.faults) and exits 1 so the launcher can
+name it. Every phase boundary rewrites `logs/rank<r>.heartbeat.json` (workloads.heartbeat);
+`--checkpoint-every` and a torchrun restart resume through workloads.checkpoint.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import re
 import sys
 import time
 import traceback
+from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -36,7 +41,8 @@ from profiler.record import (
 )
 from profiler.session import ProfileConfig, ProfilerSession
 from profiler.timers import StepTimer
-from workloads.checkpoint import LoopState, save_checkpoint
+from workloads import faults
+from workloads.checkpoint import LoopState, checkpoint_now, resume, save_final
 from workloads.config import (
     TrainConfig,
     add_config_arguments,
@@ -54,6 +60,7 @@ from workloads.context import (
     wrap_model,
 )
 from workloads.data import GlobalBatchSampler, build_datasets, eval_loader, train_loader
+from workloads.heartbeat import Heartbeat
 from workloads.models import build_model
 from workloads.runlog import rank_log, utc_now, write_error_record
 from workloads.summary import best_epoch, step_metrics
@@ -64,9 +71,12 @@ __all__ = ["evaluate", "main", "train"]
 FAIL_RANK_ENV, FAIL_STEP_ENV = "DPSCOPE_FAIL_RANK", "DPSCOPE_FAIL_STEP"
 
 
-def _set_threads(ctx: RunContext) -> int:
-    """CPU ranks share the cores evenly (cores // processes per node); GPU runs keep torch's default."""
-    if ctx.device.type == "cpu":
+def _set_threads(ctx: RunContext, threads: int = 0) -> int:
+    """`--threads N` wins; else CPU ranks share the cores evenly (cores // processes per node) and
+    GPU runs keep torch's default."""
+    if threads:
+        torch.set_num_threads(threads)
+    elif ctx.device.type == "cpu":
         torch.set_num_threads(max(1, cpu_cores() // ctx.local_world_size))
     return torch.get_num_threads()
 
@@ -91,13 +101,17 @@ def _ddp_info(model: nn.Module) -> dict | None:
 
 
 @torch.no_grad()
-def evaluate(model: nn.Module, loader: DataLoader, ctx: RunContext, *, epoch: int) -> dict:
+def evaluate(
+    model: nn.Module, loader: DataLoader, ctx: RunContext, *, epoch: int, on_batch=None
+) -> dict:
     """Test loss / top-1 / top-5 over the whole test split. Each rank evaluates its shard with
     the unwrapped module (no collectives per batch) and the sums are all-reduced, so every mode
     reports the same numbers."""
     model.eval()
     sums = torch.zeros(4, dtype=torch.float64, device=ctx.device)  # loss, top1, top5, samples
     for x, y in loader:
+        if on_batch:  # a long eval still shows progress to the launcher's hang watchdog
+            on_batch()
         x, y = x.to(ctx.device), y.to(ctx.device)
         out = model(x).float()
         top = out.topk(min(5, out.shape[1]), dim=1).indices
@@ -132,10 +146,54 @@ def _maybe_fail(rank: int, step: int) -> None:
         )
 
 
+def _forward_backward(
+    model: nn.Module,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    *,
+    accum: int,
+    timer: StepTimer,
+    scaler: torch.amp.GradScaler,
+    amp: torch.dtype | None,
+    on_backward: Callable[[], None] | None = None,
+) -> torch.Tensor:
+    """Forward and backward of one optimizer step over `accum` micro-batches; returns the loss
+    over the rank's whole share (the mean of the equal-sized micro-batch means).
+
+    Micro-batch k is the k-th contiguous chunk of this rank's share, i.e. positions
+    [k*m, (k+1)*m) of it (m = share / accum), so the step still covers exactly the sampler's
+    global batch. Each micro-batch loss is scaled by 1/accum so the accumulated gradient is the
+    share's mean gradient; under DDP all but the last micro-batch run under `no_sync()`, so the
+    bucketed all-reduce happens once per optimizer step. Forward/backward time of every
+    micro-batch adds up in the step's `forward`/`backward` phases.
+    """
+    ddp = isinstance(model, nn.parallel.DistributedDataParallel)
+    losses = []
+    for k, (xm, ym) in enumerate(zip(x.chunk(accum), y.chunk(accum), strict=True)):
+        skip_sync = ddp and k < accum - 1
+        with model.no_sync() if skip_sync else contextlib.nullcontext():
+            with timer.phase("forward"):
+                with torch.autocast(x.device.type, dtype=amp, enabled=amp is not None):
+                    loss = F.cross_entropy(model(xm), ym)
+            if on_backward is not None and k == accum - 1:
+                on_backward()  # before the backward that all-reduces (fault hooks, heartbeat)
+            with timer.phase("backward"):
+                scaler.scale(loss / accum if accum > 1 else loss).backward()
+        losses.append(loss.detach())
+    return losses[0] if accum == 1 else torch.stack(losses).mean()
+
+
+def _backward_starts(hooks: faults.FaultHooks, beat: Heartbeat, rank: int, step: int) -> None:
+    hooks.before_backward(rank, step)  # the hang test hook
+    beat.beat(step, "backward")
+
+
 def train(cfg: TrainConfig, ctx: RunContext, run_dir: Path) -> None:
     """Train, evaluate each epoch, and (rank 0) write steps.csv and run.json."""
     start = time.perf_counter()
-    threads = _set_threads(ctx)
+    hooks, attempt_no = faults.FaultHooks.from_env(), faults.attempt()  # read once, not per step
+    beat = Heartbeat.of_rank(run_dir, ctx.rank, attempt=attempt_no, collectives=ctx.mode == "ddp")
+    threads = _set_threads(ctx, cfg.threads)
     use_cuda = ctx.device.type == "cuda"
     data = build_datasets(cfg.dataset, cfg.data_dir, download=cfg.download)
     global_batch, per_device = batch_split(cfg, ctx.replicas)
@@ -170,47 +228,63 @@ def train(cfg: TrainConfig, ctx: RunContext, run_dir: Path) -> None:
     profiler = ProfilerSession(
         ProfileConfig(**cfg.profile_kwargs()),
         trace_dir=run_dir / "traces",
-        worker_name="dp" if ctx.mode == "dp" else f"rank{ctx.rank}",
+        # A restarted attempt's traces get names of their own (rank<r>_attempt<k>.<ts>...).
+        worker_name=("dp" if ctx.mode == "dp" else f"rank{ctx.rank}")
+        + (f"_attempt{attempt_no}" if attempt_no else ""),
         use_cuda=use_cuda,
     )
     state = LoopState()
-    rows: list[dict] = []
-    epoch_times: list[float] = []
+    ckpt = run_dir / "checkpoint.pt"
+    if attempt_no:  # torchrun restarted the job: continue from the last checkpoint, if any
+        resume(ckpt, ctx, model, optimizer, scaler, state, attempt_no=attempt_no)
+    first_step = state.step
+    rows: list[dict] = []  # this rank's rows since the last checkpoint (earlier: state.rows)
     planned = cfg.epochs * len(sampler)
     planned = min(planned, cfg.max_steps) if cfg.max_steps else planned
     print(
         f"[rank{ctx.rank}] mode={ctx.mode} backend={ctx.backend} device={ctx.device} "
         f"world={ctx.world_size} threads={threads} global_batch={global_batch} per_device={per_device} "
-        f"steps={planned}",
+        f"grad_accum={cfg.grad_accum_steps} "
+        f"steps={planned}"
+        + (f" attempt={attempt_no} resumed_from={first_step}" if attempt_no else ""),
         flush=True,
     )
     bar = tqdm(
         total=planned,
+        initial=first_step,
         desc=f"{ctx.mode} train",
         unit="step",
         disable=not ctx.is_main,
         file=sys.__stderr__,
     )
     memory.start()
-    profiler.start()
+    profiler.start(step=state.step)
     while state.epoch < cfg.epochs and state.step < planned:
         sampler.set_epoch(state.epoch, start=state.epoch_step)
         epoch_start = time.perf_counter()
         batches = iter(loader)
         while state.epoch_step < len(sampler) and state.step < planned:
             timer.start_step()
+            beat.beat(state.step, "data")
             with timer.phase("data"):
                 x, y = next(batches)
                 x = x.to(ctx.device, non_blocking=True)
                 y = y.to(ctx.device, non_blocking=True)
             _maybe_fail(ctx.rank, state.step)
-            with timer.phase("forward"):
-                with torch.autocast(
-                    ctx.device.type, dtype=amp_dtype, enabled=amp_dtype is not None
-                ):
-                    loss = F.cross_entropy(model(x), y)
-            with timer.phase("backward"):
-                scaler.scale(loss).backward()
+            hooks.before_forward(ctx.rank, state.step)
+            beat.beat(state.step, "forward")
+            loss = _forward_backward(
+                model,
+                x,
+                y,
+                accum=cfg.grad_accum_steps,
+                timer=timer,
+                scaler=scaler,
+                amp=amp_dtype,
+                on_backward=partial(_backward_starts, hooks, beat, ctx.rank, state.step),
+            )
+            loss = hooks.poison(loss, state.step)
+            beat.beat(state.step, "optimizer")
             with timer.phase("optimizer"):
                 scaler.step(optimizer)
                 scaler.update()
@@ -218,8 +292,12 @@ def train(cfg: TrainConfig, ctx: RunContext, run_dir: Path) -> None:
             times = timer.end_step()
             profiler.step()
             sample = memory.step_sample()
-            if state.step == 0:
+            if state.step == first_step:
                 memory.mark_first_step()
+            loss_value = float(loss.item())
+            faults.check_loss(
+                loss_value, rank=ctx.rank, step=state.step, stop=cfg.stop_on_nonfinite
+            )
             rows.append(
                 {
                     "rank": ctx.rank,
@@ -228,17 +306,23 @@ def train(cfg: TrainConfig, ctx: RunContext, run_dir: Path) -> None:
                     "warmup": int(state.step < cfg.warmup_steps),
                     **times,
                     "samples": len(y),
-                    "loss": float(loss.item()),
+                    "loss": loss_value,
                     "rss_bytes": sample["rss_bytes"],
                     "cuda_allocated_bytes": sample["cuda_allocated_bytes"],
                 }
             )
             state.step += 1
             state.epoch_step += 1
+            if cfg.checkpoint_every and state.step % cfg.checkpoint_every == 0:
+                beat.beat(state.step, "checkpoint")
+                checkpoint_now(ckpt, ctx, model, optimizer, scaler, state, rows)
             bar.update(1)
-            bar.set_postfix(loss=f"{rows[-1]['loss']:.4f}", refresh=False)
-        epoch_times.append(time.perf_counter() - epoch_start)
-        result = evaluate(unwrap_model(model), test_loader, ctx, epoch=state.epoch)
+            bar.set_postfix(loss=f"{loss_value:.4f}", refresh=False)
+        state.epoch_times.append(time.perf_counter() - epoch_start)
+        beat.beat(state.step, "eval")
+        result = evaluate(
+            unwrap_model(model), test_loader, ctx, epoch=state.epoch, on_batch=beat.tick
+        )
         state.evals.append(result)
         print(
             f"[rank{ctx.rank}] epoch {state.epoch}: {state.epoch_step} steps, "
@@ -247,21 +331,26 @@ def train(cfg: TrainConfig, ctx: RunContext, run_dir: Path) -> None:
         )
         state.epoch += 1
         state.epoch_step = 0
-        if cfg.checkpoint and ctx.is_main:
-            save_checkpoint(run_dir / "checkpoint.pt", model, optimizer, state)
+        if cfg.checkpoint:
+            beat.beat(state.step, "checkpoint")
+            checkpoint_now(ckpt, ctx, model, optimizer, scaler, state, rows)
     bar.close()
     profiler.stop()
     memory.stop()
+    if cfg.save_final and ctx.is_main:
+        save_final(run_dir / "final.pt", model)
+    beat.beat(state.step, "finish")
     _finish(
         cfg,
         ctx,
         run_dir,
         model=model,
-        rows=rows,
+        rows=state.rows + rows,  # rank 0: every rank's rows up to the checkpoint, then its own
         memory=memory,
         profiler=profiler,
         evals=state.evals,
-        epoch_times=epoch_times,
+        epoch_times=state.epoch_times,
+        restarts=attempt_no,
         threads=threads,
         start=start,
     )
@@ -278,6 +367,7 @@ def _finish(
     profiler: ProfilerSession,
     evals: list[dict],
     epoch_times: list[float],
+    restarts: int,
     threads: int,
     start: float,
 ) -> None:
@@ -328,10 +418,19 @@ def _finish(
             "memory": [m for g in gathered for m in g["memory"]],
             "memory_after_first_step": [m for g in gathered for m in g["memory_after_first_step"]],
             "ddp": ddp_info,
+            # Per-parameter gradient bytes in model.parameters() order: what DDP's reducer buckets
+            # (analysis project computes a single-device run's buckets from it).
+            "param_grad_bytes": [
+                p.numel() * p.element_size()
+                for p in unwrap_model(model).parameters()
+                if p.requires_grad
+            ],
         },
         "eval": {"epochs": evals, "best": best_epoch(evals)},
         "traces": sorted(t for g in gathered for t in g["traces"]),
     }
+    if restarts:  # earlier attempts' traces too (their names say which attempt)
+        record.update(faults.restart_record(run_dir, restarts), traces=faults.all_traces(run_dir))
     write_json_atomic(run_dir / "run.json", record)
     print(f"[rank0] wrote {run_dir / 'run.json'}", flush=True)
 
@@ -365,7 +464,8 @@ def main(argv: list[str] | None = None) -> int:
             train(cfg, ctx, run_dir)
         except BaseException as exc:  # noqa: BLE001 - every failure must leave a record for the launcher
             traceback.print_exc()
-            write_error_record(run_dir, rank=env_rank, exc=exc)
+            details = faults.error_details(exc, cfg)
+            write_error_record(run_dir, rank=env_rank, exc=exc, details=details)
         else:
             teardown()
             return 0

@@ -153,7 +153,7 @@ def comm_figure(overlap: pd.DataFrame, collectives: pd.DataFrame) -> str | None:
             df.columns = [name for _, name in TB]
             colors, title, xlabel = (
                 sns.color_palette("muted", 4),
-                "tb-profiler split per rank",
+                "tb-profiler split per rank (tb-profiler's rules, not dpscope's)",
                 "per-step time (µs)",
             )
         else:

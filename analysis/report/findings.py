@@ -234,6 +234,8 @@ def _failures(data: dict[str, Any]) -> list[Finding]:
         if r.get("status") != "ok":
             err = r.get("error")
             why = (err.get("message") if isinstance(err, dict) else err) or "no reason recorded"
+            if isinstance(err, dict) and err.get("kind"):  # error.kind: crash, killed, oom, ...
+                why = f"{err['kind']}: {why}"
             by_reason.setdefault((str(r.get("status")), str(why)), []).append(r["run_id"])
     out = []
     for (status, why), ids in by_reason.items():
@@ -256,6 +258,8 @@ def _failures(data: dict[str, Any]) -> list[Finding]:
                 text=f"Folder {s['path']} could not be read: {s['reason']}",
             )
         )
+    for s in data.get("invalid", []):
+        out.append(Finding(rule="run_invalid", severity="bad", text=f"Invalid run: {s['reason']}"))
     return out
 
 

@@ -1,0 +1,98 @@
+"""The report's "DDP tuning" section: one table and one figure per tune folder in the runs JSON
+(`data["tunes"]`, analysis.tune). Numbers are the tuner's (docs/analysis.md §8); this module only
+arranges and plots them. Every string ends up in the page through Jinja2 autoescape."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import matplotlib.pyplot as plt
+import pandas as pd
+import seaborn as sns
+
+from analysis.report.columns import Column
+from analysis.report.figures import _height, _theme, _uri
+from analysis.report.tables import Table
+
+__all__ = ["TUNE_COLS", "tune_figure", "tune_sections"]
+
+C = Column
+TUNE_COLS = [
+    C(key="name", label="Candidate"),
+    C(key="args_text", label="Arguments"),
+    C(key="status", label="Status"),
+    C(key="trials_text", label="Trials ok"),
+    C(key="samples_per_s_median", label="Median throughput", unit="samples/s", kind="num", digits=1),
+    C(key="spread_pct", label="Spread (max − min)", unit="% of median", kind="num", digits=1),
+    C(key="speedup_vs_baseline", label="Speedup", unit="×", kind="num", digits=3),
+    C(key="speedup_range", label="Speedup range", unit="×"),
+    C(key="p_value", label="p (Mann–Whitney)", kind="num", digits=3),
+    C(key="significant_text", label="Significant"),
+    C(key="loss_text", label="Max loss Δ", unit="nats"),
+    C(key="reason", label="Notes", wrap=True),
+]  # fmt: skip
+
+
+def _row(arm: dict[str, Any], *, baseline: bool, tolerance: Any) -> dict[str, Any]:
+    lo, hi = arm.get("speedup_min"), arm.get("speedup_max")
+    loss, flagged = arm.get("loss_max_abs_diff"), arm.get("loss_flagged")
+    notes = [arm.get("reason") or "", arm.get("note") or ""]
+    if flagged:
+        notes.append(f"loss differs from the baseline by more than {tolerance} nats")
+    if baseline:
+        notes.append("reference; loss Δ = its own trial-to-trial difference")
+    return {
+        **arm,
+        "args_text": " ".join(arm.get("args") or []) or "(workload as given)",
+        "trials_text": f"{arm.get('trials_ok', 0)}/{arm.get('trials', 0)}",
+        "speedup_range": "" if lo is None or hi is None else f"{lo:.3f}–{hi:.3f}",
+        "significant_text": "" if baseline else ("yes" if arm.get("significant") else "no"),
+        "loss_text": "—" if loss is None else f"{loss:.2e}" + (" (flagged)" if flagged else ""),
+        "reason": "; ".join(n for n in notes if n),
+    }
+
+
+def _times(v: Any) -> str:
+    return "—" if v is None else f"{v:.3f}×"
+
+
+def tune_figure(tune: dict[str, Any]) -> str | None:
+    """Speedup per candidate (median, bar from its slowest to its fastest trial), 1× marked."""
+    rows = [
+        {"candidate": c["name"], "speedup": c["speedup_vs_baseline"], "lo": c["speedup_min"],
+         "hi": c["speedup_max"], "significant": "yes" if c["significant"] else "no"}
+        for c in tune.get("candidates", [])
+        if c.get("speedup_vs_baseline") is not None
+    ]  # fmt: skip
+    if not rows:
+        return None
+    df = pd.DataFrame(rows)
+    _theme()
+    fig, ax = plt.subplots(figsize=(8, _height(len(df))))
+    ax.hlines(df["candidate"], df["lo"], df["hi"], color="0.6", linewidth=3, zorder=1)
+    sns.scatterplot(
+        data=df, x="speedup", y="candidate", hue="significant", hue_order=["yes", "no"],
+        s=70, zorder=2, ax=ax,
+    )  # fmt: skip
+    ax.axvline(1.0, color="0.3", linestyle="--", linewidth=1)
+    ax.set(xlabel="speedup vs baseline (×; bar: slowest to fastest trial)", ylabel="")
+    ax.legend(fontsize=8, title="significant", loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    return _uri(fig)
+
+
+def tune_sections(data: dict[str, Any]) -> list[dict[str, Any]]:
+    """One entry per tune: its header fields, its Table (baseline first) and its figure."""
+    out = []
+    for i, tune in enumerate(data.get("tunes") or []):
+        tolerance = (tune.get("rules") or {}).get("loss_tolerance")
+        rows = [_row(tune["baseline"], baseline=True, tolerance=tolerance)]
+        rows += [_row(c, baseline=False, tolerance=tolerance) for c in tune["candidates"]]
+        out.append(
+            {
+                **tune,
+                "table": Table(id=f"tune-{i}", columns=TUNE_COLS, rows=rows),
+                "figure": tune_figure(tune),
+                "best_speedup": _times((tune.get("best") or {}).get("speedup_vs_baseline")),
+            }
+        )
+    return out

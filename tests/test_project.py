@@ -1,0 +1,396 @@
+"""Issue 9: the collective benchmark (real torchrun, gloo) and the scaling projection.
+
+References: the α–β fit and the replay against hand-built exact cases; DDP's bucket assignment
+against torch's own `_compute_bucket_assignment_by_size` and against a real DDP run's reducer.
+No timing is asserted: measured errors are printed by `make bench-projection`.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from analysis.cli import main as analysis_main
+from analysis.collectives import bus_factor
+from analysis.comm import COMM_COLUMNS, collective_time_us, fit_alpha_beta, with_measured_curve
+from analysis.project import project, unprofiled_steps
+from analysis.project_model import ddp_buckets, expected_max, simulate_step
+from analysis.runs import compare_runs
+from tests.conftest import REPO, read_run
+
+COLLECTIVES = {
+    "all_reduce",
+    "broadcast",
+    "all_gather_into_tensor",
+    "reduce_scatter_tensor",
+    "all_to_all_single",
+}
+
+
+def _bench(args: list[str]) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "workloads.bench_comm", *args],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+
+
+@pytest.fixture(scope="module")
+def comm_run(tmp_path_factory) -> Path:
+    """A real 2-rank gloo comm benchmark with tiny sizes and few iterations."""
+    runs = tmp_path_factory.mktemp("comm")
+    sizes = "4 64 4096 65536"
+    args = "--backend gloo --nproc 2 --iters 3 --warmup 1 --run-id comm-gloo".split()
+    proc = _bench([*args, "--sizes", sizes, "--runs-dir", str(runs)])
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return runs / "comm-gloo"
+
+
+def test_bench_comm_writes_a_checked_comm_run(comm_run):
+    rec = read_run(comm_run)
+    assert rec["kind"] == "comm" and rec["status"] == "ok"
+    with open(comm_run / "comm.csv", newline="") as f:
+        assert next(csv.reader(f)) == COMM_COLUMNS  # exactly these columns, in this order
+    rows = pd.read_csv(comm_run / "comm.csv")
+    skipped = {s["collective"] for s in rec["metrics"]["skipped"]}
+    assert set(rows["collective"]) | skipped == COLLECTIVES  # each one measured or skipped
+    assert all(s["reason"] for s in rec["metrics"]["skipped"])
+    assert all(rec["metrics"]["checks"][c] == "ok" for c in set(rows["collective"]))
+    assert (rows["backend"] == "gloo").all() and (rows["world_size"] == 2).all()
+    assert (rows["iters"] == 3).all() and (rows["time_us_p95"] >= rows["time_us_median"]).all()
+    # 4 B is one float: it cannot split over 2 ranks, so only all_reduce/broadcast run it.
+    assert set(rows[rows["bytes"] == 4]["collective"]) <= {"all_reduce", "broadcast"}
+    algbw = rows["bytes"] / rows["time_us_median"] / 1e3
+    assert np.allclose(rows["algbw_gbps"], algbw)
+    factors = rows["collective"].map(lambda c: bus_factor(c, 2))
+    assert np.allclose(rows["busbw_gbps"], rows["algbw_gbps"] * factors)
+    models = rec["metrics"]["comm_model"]
+    for name in set(rows["collective"]):
+        m = models[name]
+        assert m["alpha_us"] >= 0 and m["bus_gbps"] > 0 and m["fit_error_pct_mean"] >= 0
+    assert "α–β fit" in (comm_run / "logs" / "table.txt").read_text(encoding="utf-8")
+
+
+@pytest.mark.parametrize(
+    ("args", "match"),
+    [
+        (["--nproc", "0"], "--nproc must be >= 1"),
+        (["--sizes", "1 kib"], "--sizes must be byte counts"),
+        (["--backend", "nccl", "--device", "cpu"], "--backend nccl needs CUDA"),
+    ],
+)
+def test_bench_comm_bad_input_is_one_line(tmp_path, capsys, args, match):
+    from workloads import bench_comm
+
+    assert bench_comm.main(["--runs-dir", str(tmp_path), *args]) == 2  # refused before torchrun
+    err = capsys.readouterr().err
+    lines = [ln for ln in err.splitlines() if ln.strip()]
+    assert len(lines) == 1 and match in lines[0] and "Traceback" not in err
+    assert not any(tmp_path.iterdir())  # refused before any run folder exists
+
+
+def test_alpha_beta_fit_recovers_an_exact_model():
+    sizes = np.array([4, 1024, 65536, 1 << 20, 1 << 24], dtype=float)
+    for name, n in (("all_reduce", 4), ("all_gather_into_tensor", 8), ("broadcast", 2)):
+        truth = {"collective": name, "alpha_us": 7.0, "bus_gbps": 12.0}
+        times = [collective_time_us(truth, s, n) for s in sizes]
+        fit = fit_alpha_beta(name, n, sizes, np.array(times))
+        assert fit["alpha_us"] == pytest.approx(7.0, rel=1e-6)
+        assert fit["bus_gbps"] == pytest.approx(12.0, rel=1e-6)
+        assert fit["fit_error_pct_max"] < 1e-6
+    # hand-computed: ring all_reduce over 4 ranks, 1 MB at 10 GB/s bus, α = 5 µs
+    model = {"collective": "all_reduce", "alpha_us": 5.0, "bus_gbps": 10.0}
+    assert collective_time_us(model, 1e6, 4) == pytest.approx(6 * 5 + 1.5 * 100)
+    assert collective_time_us(model, 1e6, 1) == 0.0
+
+
+def test_measured_curve_gives_the_benchmark_back():
+    """gloo jumps ~10x in time between 1 and 2 MiB (seen on this machine): one (α, B) pair cannot
+    follow that, the per-size bandwidth must give every benchmarked median back at its own n."""
+    sizes, times = [1024, 1 << 20, 1 << 21, 1 << 22], [100.0, 500.0, 5000.0, 10000.0]
+    fit = fit_alpha_beta("all_reduce", 2, sizes, times)
+    assert fit["fit_error_pct_max"] > 20  # the single fit is off somewhere
+    model = with_measured_curve(fit, sizes, times)
+    assert [collective_time_us(model, s, 2) for s in sizes] == pytest.approx(times)
+    assert 5000 < collective_time_us(model, 3e6, 2) < 10000  # between its neighbours
+    # other n: ring formulas, 2(n−1) latency steps and 2(n−1)/n of the bytes
+    bw = 1 / (model["curve"]["bus_gbps"][-1] * 1e3)
+    want = 6 * fit["alpha_us"] + 1.5 * (1 << 22) * bw
+    assert collective_time_us(model, 1 << 22, 4) == pytest.approx(want)
+
+
+def test_ddp_buckets_match_torch_and_the_real_reducer(ddp_mlp_run):
+    import torch.distributed as dist
+
+    from workloads.models import build_model
+
+    for name in ("resnet18", "mlp", "smallcnn"):
+        params = [p for p in build_model(name, num_classes=10).parameters() if p.requires_grad]
+        for cap_mb in (25.0, 1.0, 0.5):
+            ready = params[::-1]  # gradients become ready in reverse order
+            limits = [dist._DEFAULT_FIRST_BUCKET_BYTES, int(cap_mb * 2**20)]
+            idx, _ = dist._compute_bucket_assignment_by_size(ready, limits, [False] * len(ready))
+            want = [sum(ready[i].numel() * 4 for i in b) for b in idx]
+            assert ddp_buckets([p.numel() * 4 for p in params], cap_mb) == want
+    metrics = read_run(ddp_mlp_run)["metrics"]
+    assert ddp_buckets(metrics["param_grad_bytes"], 25.0) == metrics["ddp"]["bucket_sizes_bytes"]
+
+
+def test_bucket_simulation_by_hand():
+    # bucket 1 ready at 1 s runs 0.5 s; bucket 2 ready at 2 s waits for nothing, runs 3 s -> 5 s
+    assert simulate_step([1.0, 2.0], [0.5, 3.0], 2.0) == pytest.approx(5.0)
+    # bucket 2 ready at 1.2 s must wait for bucket 1 (ends at 1.5 s) -> 1.5 + 3
+    assert simulate_step([1.0, 1.2], [0.5, 3.0], 2.0) == pytest.approx(4.5)
+
+
+def test_expected_max_by_hand():
+    # two equally likely values 1 and 2: max of two draws is 1 only when both are 1 (1/4)
+    assert expected_max(np.array([2.0, 1.0]), 2) == pytest.approx(1 * 0.25 + 2 * 0.75)
+    assert expected_max(np.array([2.0, 1.0]), 1) == pytest.approx(1.5)
+    assert expected_max(np.full(7, 3.0), 64) == pytest.approx(3.0)  # no spread, no wait
+
+
+def test_unprofiled_steps_from_schedule_and_column():
+    steps = pd.DataFrame({"step": range(8), "warmup": [1, 1, 0, 0, 0, 0, 0, 0]})
+    config = {"profile": {"enabled": True, "wait": 1, "warmup": 1, "active": 3, "repeat": 1}}
+    assert list(unprofiled_steps(steps, config)["step"]) == [5, 6, 7]  # 1..4: profiler on
+    config["profile"]["repeat"] = 0  # cycles until the end: 6, 7 are the next cycle's on-steps
+    assert list(unprofiled_steps(steps, config)["step"]) == [5]
+    with_column = steps.assign(profiled=[0, 0, 1, 0, 0, 1, 1, 0])  # the column wins when present
+    assert list(unprofiled_steps(with_column, config)["step"]) == [3, 4, 7]
+
+
+def _fake_run(path: Path, *, mode: str, n: int, phases: dict, buckets: list[int], **cfg) -> Path:
+    """A hand-built training run folder: 10 steps, none profiled, fixed phase times."""
+    path.mkdir(parents=True)
+    batch = cfg.get("per_device_batch", 32)
+    rows = []
+    for step in range(10):
+        for rank in range(n):
+            rows.append(
+                {
+                    "rank": rank,
+                    "step": step,
+                    "warmup": int(step < 2),
+                    "step_time_s": sum(phases.values()),
+                    **{f"{k}_s": v for k, v in phases.items()},
+                }
+            )
+    pd.DataFrame(rows).to_csv(path / "steps.csv", index=False)
+    rec = {
+        "run_id": path.name,
+        "status": "ok",
+        "config": {
+            "mode": mode,
+            "backend": "gloo" if mode == "ddp" else "none",
+            "world_size": n,
+            "per_device_batch": batch,
+            "global_batch": batch * n,
+            "scaling": "weak",
+            "ddp": {"bucket_cap_mb": 25.0, "comm_hook": "none"},
+            "profile": {"enabled": False},
+            **cfg,
+        },
+        "env": {"threads_per_rank": 1},
+        "metrics": {"ddp": {"bucket_sizes_bytes": buckets}, "param_grad_bytes": buckets},
+    }
+    (path / "run.json").write_text(json.dumps(rec))
+    return path
+
+
+def _fake_comm(path: Path, *, alpha_us: float, bus_gbps: float, backend: str = "gloo") -> Path:
+    path.mkdir(parents=True)
+    model = {"collective": "all_reduce", "alpha_us": alpha_us, "bus_gbps": bus_gbps}
+    rows = []
+    for nbytes in (1024, 65536, 1 << 20, 1 << 22):
+        t = collective_time_us(model, nbytes, 2)
+        algbw = nbytes / t / 1e3
+        rows.append(
+            dict(
+                collective="all_reduce", backend=backend, world_size=2, bytes=nbytes, iters=5,
+                time_us_median=t, time_us_p95=t, algbw_gbps=algbw, busbw_gbps=algbw,
+            )
+        )  # fmt: skip
+    pd.DataFrame(rows, columns=COMM_COLUMNS).to_csv(path / "comm.csv", index=False)
+    rec = {
+        "kind": "comm",
+        "run_id": path.name,
+        "status": "ok",
+        "config": {"backend": backend, "world_size": 2},
+    }
+    (path / "run.json").write_text(json.dumps(rec))
+    return path
+
+
+def test_replay_of_an_exact_ddp_run_is_exact(tmp_path):
+    """A DDP run whose backward = compute + exactly the modelled all-reduce of its one bucket
+    (ready when backward ends): the replay must give its step time back, and a weak-scaling
+    single-device run with that compute must project the same step at n = 2."""
+    comm = _fake_comm(tmp_path / "comm", alpha_us=50.0, bus_gbps=2.0)
+    bucket = 3_000_000
+    ar_s = collective_time_us(
+        {"collective": "all_reduce", "alpha_us": 50, "bus_gbps": 2}, bucket, 2
+    )
+    ar_s /= 1e6
+    compute = {"data": 0.001, "forward": 0.004, "backward": 0.008, "optimizer": 0.002}
+    ddp_phases = dict(compute, backward=compute["backward"] + ar_s)
+    ddp = _fake_run(tmp_path / "ddp", mode="ddp", n=2, phases=ddp_phases, buckets=[bucket])
+    single = _fake_run(tmp_path / "single", mode="single", n=1, phases=compute, buckets=[bucket])
+    # traced (profiled) steps run 1.5x slower: the exposed share of the step is what carries over
+    traced = {
+        "exposed_comm_us": 1.5 * ar_s * 1e6,
+        "step_time_us_mean": 1.5 * sum(ddp_phases.values()) * 1e6,
+    }
+    trace = {"ranks": [traced, traced]}
+    out = project(ddp, comm, [1, 2, 4], trace=trace)
+    assert out["replay"]["error_pct"] == pytest.approx(0.0, abs=1e-6)
+    by_n = {p["ranks"]: p for p in out["predictions"]}
+    assert by_n[1]["comm_s"] == 0 and by_n[1]["scaling_efficiency"] == pytest.approx(1.0)
+    assert by_n[2]["exposed_comm_s"] == pytest.approx(ar_s)
+    assert by_n[4]["comm_s"] > by_n[2]["comm_s"]  # 2(n−1) steps and 2(n−1)/n of the bytes
+    weak = project(single, comm, [2], measured=[ddp], traces=False)
+    assert weak["measured"][0]["error_pct"] == pytest.approx(0.0, abs=1e-6)
+    for p in out["predictions"]:
+        assert p["samples_per_s"] == pytest.approx(p["global_batch"] / p["step_time_s"])
+        assert p["speedup"] == pytest.approx(p["scaling_efficiency"] * p["ranks"])
+    big = project(single, comm, [2], wire_bytes_factor=2.0)  # 6 MB on the wire > 4 MiB measured
+    assert any("extrapolated" in w for w in big["warnings"])
+
+
+def test_project_real_ddp_run_prints_replay_error(ddp_mlp_run, comm_run, tmp_path, capsys):
+    out_json = tmp_path / "p.json"
+    args = [str(ddp_mlp_run), "--comm", str(comm_run), "--ranks", "1,2,8,64", "--json"]
+    assert analysis_main(["project", *args, str(out_json)]) == 0
+    text = capsys.readouterr().out
+    assert "replay at n=2: measured" in text and "error" in text
+    result = json.loads(out_json.read_text())
+    assert result["ranks"] == [1, 2, 8, 64] and result["inputs"]["buckets_bytes"]
+    fields = {"step_time_s", "compute_s", "comm_s", "exposed_comm_s", "samples_per_s"}
+    for p in result["predictions"]:
+        assert fields | {"speedup", "scaling_efficiency", "ranks"} <= set(p)
+        assert p["step_time_s"] == pytest.approx(
+            p["compute_s"] + p["straggler_s"] + p["exposed_comm_s"]
+        )
+        assert 0 <= p["exposed_comm_s"] <= p["comm_s"] + 1e-12
+    assert result["replay"]["ranks"] == 2 and np.isfinite(result["replay"]["error_pct"])
+    assert result["inputs"]["traced_exposed_comm_s"] is not None  # taken out of backward
+    assert result["assumptions"]
+
+
+def _error_line(argv: list[str], capsys) -> str:
+    assert analysis_main(argv) == 2
+    err = capsys.readouterr().err
+    lines = [ln for ln in err.splitlines() if ln.strip()]
+    assert len(lines) == 1 and "Traceback" not in err, err
+    return lines[0]
+
+
+def test_project_bad_input_is_one_line(tmp_path, comm_run, single_mlp_run, capsys):
+    nccl = _fake_comm(tmp_path / "nccl", alpha_us=5, bus_gbps=50, backend="nccl")
+    run = ["project", str(single_mlp_run), "--comm"]
+    line = _error_line([*run, str(nccl), "--backend", "gloo"], capsys)
+    assert "benchmarks nccl, not the gloo asked for" in line
+    assert "must be >= 1" in _error_line([*run, str(comm_run), "--ranks", "2,0"], capsys)
+    line = _error_line(["project", str(comm_run), "--comm", str(comm_run)], capsys)
+    assert "not a training run" in line
+    profiled = tmp_path / "profiled"
+    shutil.copytree(single_mlp_run, profiled, ignore=shutil.ignore_patterns("traces"))
+    steps = pd.read_csv(profiled / "steps.csv").assign(profiled=1)
+    steps.to_csv(profiled / "steps.csv", index=False)
+    line = _error_line(["project", str(profiled), "--comm", str(comm_run)], capsys)
+    assert "no unprofiled measured step" in line
+    one = _fake_comm(tmp_path / "one-rank", alpha_us=5, bus_gbps=50)
+    rec = json.loads((one / "run.json").read_text())
+    (one / "run.json").write_text(
+        json.dumps({**rec, "config": {"backend": "gloo", "world_size": 1}})
+    )
+    assert "nothing was transferred" in _error_line([*run, str(one)], capsys)
+    line = _error_line([*run, str(comm_run), "--inter-node", "fast"], capsys)
+    assert "--inter-node" in line
+
+
+def test_comm_runs_are_not_training_runs_and_reach_the_report(
+    tmp_path, comm_run, single_mlp_run, ddp_mlp_run
+):
+    from analysis.report.build import write_report
+
+    for d in (comm_run, single_mlp_run, ddp_mlp_run):
+        shutil.copytree(d, tmp_path / "runs" / d.name)
+    data = compare_runs([tmp_path / "runs"], progress=False, traces=False)
+    assert {r["run_id"] for r in data["runs"]} == {"single-mlp", "ddp-gloo-mlp"}
+    assert [c["run_id"] for c in data["comm"]] == ["comm-gloo"]
+    (proj,) = data["projections"]
+    assert proj["run_id"] == "single-mlp" and proj["measured"][0]["run_id"] == "ddp-gloo-mlp"
+    assert [r["run_id"] for r in proj["replays"]] == ["ddp-gloo-mlp"]
+    files = write_report(data, tmp_path / "report", progress=False)
+    html = files.index_html.read_text(encoding="utf-8")
+    assert 'id="projection"' in html and 'id="figure-projection"' in html
+    assert 'id="figure-busbw"' in html and "replay of ddp-gloo-mlp at n=2" in html
+
+
+def test_threads_reach_torch_and_train_argv():
+    import torch
+
+    from workloads.config import TrainConfig, to_argv
+    from workloads.context import RunContext
+    from workloads.train import _set_threads, build_parser
+
+    before = torch.get_num_threads()
+    cpu = torch.device("cpu")
+    ctx = RunContext(
+        mode="single", rank=0, local_rank=0, world_size=1, local_world_size=1, nnodes=1,
+        backend="none", device=cpu, devices=(cpu,),
+    )  # fmt: skip
+    try:
+        assert _set_threads(ctx, 1) == 1 == torch.get_num_threads()
+    finally:
+        torch.set_num_threads(before)
+    ns = build_parser().parse_args(to_argv(TrainConfig(threads=3)))  # launcher -> every rank
+    assert ns.threads == 3
+    with pytest.raises(ValueError, match="--threads must be >= 0"):
+        TrainConfig(threads=-1)
+
+
+def test_a_damaged_comm_run_is_one_skipped_line(tmp_path, comm_run, single_mlp_run):
+    for d in (comm_run, single_mlp_run):
+        shutil.copytree(d, tmp_path / d.name)
+    csv_path = tmp_path / comm_run.name / "comm.csv"
+    lines = csv_path.read_text().splitlines()
+    lines[1] = lines[1].replace(",gloo,2,", ",gloo,two,")
+    csv_path.write_text("\n".join(lines) + "\n")
+    data = compare_runs([tmp_path], progress=False, traces=False)
+    assert [r["run_id"] for r in data["runs"]] == ["single-mlp"] and data["comm"] == []
+    (skip,) = data["projection_skipped"]
+    assert "non-numeric values" in skip["reason"]
+
+
+def test_strong_scaling_is_linear_in_batch_unless_a_run_at_that_batch_is_given(tmp_path):
+    comm = _fake_comm(tmp_path / "comm", alpha_us=50.0, bus_gbps=2.0)
+    phases = {"data": 0.002, "forward": 0.008, "backward": 0.016, "optimizer": 0.004}
+    big = _fake_run(
+        tmp_path / "b64", mode="single", n=1, phases=phases, buckets=[1000], per_device_batch=64
+    )
+    half = {"data": 0.0015, "forward": 0.005, "backward": 0.011, "optimizer": 0.004}
+    small = _fake_run(
+        tmp_path / "b32", mode="single", n=1, phases=half, buckets=[1000], per_device_batch=32
+    )
+    linear = project(big, comm, [2], scaling="strong")["predictions"][0]
+    assert linear["per_device_batch"] == 32 and linear["compute_source"] == "linear in batch"
+    assert linear["compute_s"] == pytest.approx((0.002 + 0.008 + 0.016) / 2 + 0.004)
+    measured = project(big, comm, [2], scaling="strong", batch_runs=[small])["predictions"][0]
+    assert measured["compute_source"] == "measured (b32)"
+    assert measured["compute_s"] == pytest.approx(sum(half.values()))
+    weak = project(big, comm, [2], scaling="weak")["predictions"][0]
+    assert weak["per_device_batch"] == 64 and weak["compute_s"] == pytest.approx(
+        sum(phases.values())
+    )

@@ -1,0 +1,382 @@
+"""`make bench-comm`: an nccl-tests-like collective benchmark as a torchrun job.
+
+`python -m workloads.bench_comm --backend gloo --nproc 2` plans the job with the launcher's own
+validation (`workloads.launch.validate`), writes a run folder whose run.json has `kind: "comm"`,
+and starts itself under torchrun (`--worker`). Every rank then times all_reduce, broadcast,
+all_gather_into_tensor, reduce_scatter_tensor and all_to_all_single (float32) over powers-of-2
+message sizes: warm-up iterations, then `--iters` timed ones, each started after a barrier; an
+iteration's time is the slowest rank's (an all-reduce MAX of every rank's times, as nccl-tests
+reports). Rank 0 writes comm.csv (median and p95 per size, algbw = bytes ÷ median time, busbw =
+algbw × the analysis's bus factor), the α–β fit per collective (analysis.comm) into run.json, and
+prints an nccl-tests-like table. Each collective's result is checked once on rank-valued tensors;
+a collective that fails the check, or that the backend cannot run, is listed as skipped with why.
+Message size follows nccl-tests: the larger buffer (all_gather: output; reduce_scatter: input).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import torch
+import torch.distributed as dist
+from tqdm import tqdm
+
+from analysis.collectives import bus_factor
+from analysis.comm import COMM_COLUMNS, fit_all
+from profiler.record import SCHEMA_VERSION, collect_env, write_csv_atomic, write_json_atomic
+from workloads.launch import LaunchError, validate
+from workloads.runlog import utc_now
+
+__all__ = ["COLLECTIVES", "default_sizes", "main"]
+
+REPO = Path(__file__).resolve().parents[1]
+COLLECTIVES = (
+    "all_reduce",
+    "broadcast",
+    "all_gather_into_tensor",
+    "reduce_scatter_tensor",
+    "all_to_all_single",
+)
+MIB = 1 << 20
+
+
+def default_sizes(max_bytes: int) -> list[int]:
+    """Powers of 2 from 4 B (one float32) to `max_bytes`."""
+    sizes, s = [], 4
+    while s <= max_bytes:
+        sizes.append(s)
+        s *= 2
+    return sizes
+
+
+def _parse_sizes(text: str) -> list[int]:
+    try:
+        sizes = sorted({int(t) for t in text.replace(",", " ").split()})
+    except ValueError:
+        raise LaunchError(
+            f"--sizes must be byte counts like '1024 1048576'; got {text!r}"
+        ) from None
+    if not sizes or sizes[0] < 4:
+        raise LaunchError(f"--sizes must be >= 4 bytes (one float32); got {text!r}")
+    return sizes
+
+
+# --- the collectives: buffers, one call, and the one-time correctness check -------------------
+
+
+def _buffers(name: str, count: int, n: int, dev: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """(input, output) float32 buffers of a `count`-element message (count divisible by n)."""
+    small = count // n
+    inp = torch.empty(small if name == "all_gather_into_tensor" else count, device=dev)
+    out = torch.empty(small if name == "reduce_scatter_tensor" else count, device=dev)
+    return inp, out
+
+
+def _call(name: str, inp: torch.Tensor, out: torch.Tensor) -> None:
+    if name == "all_reduce":
+        dist.all_reduce(inp)
+    elif name == "broadcast":
+        dist.broadcast(inp, src=0)
+    elif name == "all_gather_into_tensor":
+        dist.all_gather_into_tensor(out, inp)
+    elif name == "reduce_scatter_tensor":
+        dist.reduce_scatter_tensor(out, inp)
+    else:
+        dist.all_to_all_single(out, inp)
+
+
+def _check(name: str, n: int, rank: int, dev: torch.device) -> bool:
+    """Run `name` once on rank-valued tensors and compare with the exact result on this rank."""
+    count = 4 * n
+    inp, out = _buffers(name, count, n, dev)
+    idx = torch.arange(inp.numel(), device=dev, dtype=torch.float32)
+    chunk = count // n
+    if name in ("all_reduce", "broadcast"):
+        inp.fill_(rank + 1)
+        expect = torch.full_like(inp, n * (n + 1) / 2 if name == "all_reduce" else 1.0)
+        _call(name, inp, out)
+        return bool(torch.equal(inp, expect))
+    if name == "all_gather_into_tensor":
+        inp.fill_(rank + 1)
+        expect = torch.arange(count, device=dev) // chunk + 1.0
+    elif name == "reduce_scatter_tensor":
+        inp.copy_((rank + 1) * (idx + 1))
+        expect = n * (n + 1) / 2 * (torch.arange(chunk, device=dev) + rank * chunk + 1.0)
+    else:  # chunk j of rank r's input goes to rank j's chunk r
+        inp.copy_(rank * n + idx // chunk)
+        expect = (torch.arange(count, device=dev) // chunk) * n + rank * 1.0
+    _call(name, inp, out)
+    return bool(torch.equal(out, expect.float()))
+
+
+def _sync(dev: torch.device) -> None:
+    if dev.type == "cuda":
+        torch.cuda.synchronize(dev)
+
+
+def _time_one(
+    name: str, count: int, n: int, dev: torch.device, warmup: int, iters: int
+) -> np.ndarray:
+    """Per-iteration seconds of the slowest rank (all-reduce MAX of every rank's times)."""
+    inp, out = _buffers(name, count, n, dev)
+    inp.fill_(1.0)
+    mine = torch.zeros(iters, dtype=torch.float64, device=dev)
+    for i in range(warmup + iters):
+        dist.barrier()  # every rank starts the iteration together
+        _sync(dev)
+        t0 = time.perf_counter()
+        _call(name, inp, out)
+        _sync(dev)
+        if i >= warmup:
+            mine[i - warmup] = time.perf_counter() - t0
+    dist.all_reduce(mine, op=dist.ReduceOp.MAX)
+    return mine.cpu().numpy()
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0] if text else ''}"[:300]
+
+
+def _table(frame: pd.DataFrame, name: str, backend: str, n: int) -> str:
+    lines = [
+        f"# {name}  backend {backend}  world_size {n}  (float32; time = slowest rank per "
+        "iteration; GB = 1e9 B)",
+        f"# {'size(B)':>12} {'count':>10} {'time_med(us)':>13} {'time_p95(us)':>13} "
+        f"{'algbw(GB/s)':>12} {'busbw(GB/s)':>12}",
+    ]
+    for r in frame.itertuples():
+        busbw = "-" if pd.isna(r.busbw_gbps) else f"{r.busbw_gbps:12.3f}"
+        lines.append(
+            f"  {r.bytes:>12} {r.bytes // 4:>10} {r.time_us_median:>13.1f} "
+            f"{r.time_us_p95:>13.1f} {r.algbw_gbps:>12.3f} {busbw:>12}"
+        )
+    return "\n".join(lines)
+
+
+def worker(args: argparse.Namespace) -> int:
+    """One torchrun rank: benchmark every collective; rank 0 writes the results."""
+    backend = args.backend
+    local = int(os.environ.get("LOCAL_RANK", "0"))
+    use_cuda = args.device == "cuda"
+    dev = torch.device(f"cuda:{local}" if use_cuda else "cpu")
+    if use_cuda:
+        torch.cuda.set_device(dev)
+    torch.set_num_threads(max(1, args.threads))
+    dist.init_process_group(backend)
+    rank, n = dist.get_rank(), dist.get_world_size()
+    run_dir = Path(args.runs_dir) / args.run_id
+    sizes = _parse_sizes(args.sizes)
+    rows, skipped, checks = [], [], {}
+    bar = tqdm(total=len(COLLECTIVES) * len(sizes), desc="bench-comm", disable=rank != 0)
+    for name in COLLECTIVES:
+        try:
+            ok = _check(name, n, rank, dev)
+        except (RuntimeError, NotImplementedError, ValueError) as exc:
+            skipped.append({"collective": name, "reason": _first_line(exc)})
+            bar.update(len(sizes))
+            continue
+        flag = torch.tensor([1.0 if ok else 0.0], device=dev)
+        dist.all_reduce(flag, op=dist.ReduceOp.MIN)  # every rank agrees on the verdict
+        checks[name] = "ok" if flag.item() == 1.0 else "wrong result"
+        if checks[name] != "ok":
+            skipped.append({"collective": name, "reason": "result check failed (wrong values)"})
+            bar.update(len(sizes))
+            continue
+        for nbytes in sizes:
+            bar.update(1)
+            count = nbytes // 4
+            if name not in ("all_reduce", "broadcast"):
+                count -= count % n  # the message must split evenly over the ranks
+            if count < 1:
+                continue
+            t_us = _time_one(name, count, n, dev, args.warmup, args.iters) * 1e6
+            med = float(np.median(t_us))
+            algbw = count * 4 / med / 1e3  # bytes/µs -> GB/s (1e9 B)
+            factor = bus_factor(name, n)
+            rows.append(
+                {
+                    "collective": name,
+                    "backend": backend,
+                    "world_size": n,
+                    "bytes": count * 4,
+                    "iters": args.iters,
+                    "time_us_median": med,
+                    "time_us_p95": float(np.percentile(t_us, 95)),
+                    "algbw_gbps": algbw,
+                    "busbw_gbps": algbw * factor if factor is not None else None,
+                }
+            )
+    bar.close()
+    if rank == 0:
+        _write_results(run_dir, rows, skipped, checks, backend, n)
+    dist.destroy_process_group()
+    return 0
+
+
+def _write_results(
+    run_dir: Path, rows: list[dict], skipped: list[dict], checks: dict, backend: str, n: int
+) -> None:
+    import json
+
+    write_csv_atomic(run_dir / "comm.csv", rows, COMM_COLUMNS)
+    frame = pd.DataFrame(rows, columns=COMM_COLUMNS)
+    models = fit_all(frame)
+    out = []
+    for name, g in frame.groupby("collective", sort=False):
+        out.append(_table(g, str(name), backend, n))
+        if name in models:
+            m = models[name]
+            out.append(
+                f"  α–β fit: α = {m['alpha_us']:.2f} µs/step × {m['steps']} steps, "
+                f"B = {m['bus_gbps']:.3f} GB/s bus; fit error mean {m['fit_error_pct_mean']:.1f}% "
+                f"max {m['fit_error_pct_max']:.1f}%"
+            )
+    out += [f"# skipped {s['collective']}: {s['reason']}" for s in skipped]
+    text = "\n".join(out)
+    print(text, flush=True)
+    (run_dir / "logs").mkdir(parents=True, exist_ok=True)
+    (run_dir / "logs" / "table.txt").write_text(text + "\n", encoding="utf-8")
+    record = json.loads((run_dir / "run.json").read_text(encoding="utf-8"))
+    record.update(
+        status="ok",
+        finished_at=utc_now(),
+        metrics={"comm_model": models, "checks": checks, "skipped": skipped},
+    )
+    write_json_atomic(run_dir / "run.json", record)
+    print(f"\nrun folder: {run_dir}  status: ok  (comm.csv, α–β fits in run.json)")
+
+
+def launch(args: argparse.Namespace) -> int:
+    """Plan with the launcher's validation, write the run folder, start the ranks under torchrun."""
+    if args.nproc is not None and args.nproc < 1:  # 0 would fall back to the default count
+        raise LaunchError(f"--nproc must be >= 1; got {args.nproc}")
+    plan = validate("ddp", args.backend, nproc=args.nproc, device=args.device)
+    use_cuda = plan.devices[0].startswith("cuda")
+    max_bytes = args.max_bytes or (64 * MIB if use_cuda else 16 * MIB)
+    sizes = _parse_sizes(args.sizes) if args.sizes else default_sizes(max_bytes)
+    if args.iters < 1 or args.warmup < 0:
+        raise LaunchError(
+            f"--iters must be >= 1 and --warmup >= 0; got {args.iters}, {args.warmup}"
+        )
+    threads = args.threads or plan.threads_per_rank
+    stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%S")
+    run_id = args.run_id or f"comm-{plan.backend}-n{plan.replicas}-{stamp}"
+    run_dir = Path(args.runs_dir) / run_id
+    if (run_dir / "run.json").exists():
+        raise LaunchError(f"run folder {run_dir} already holds a run; pick another --run-id")
+    (run_dir / "logs").mkdir(parents=True, exist_ok=True)
+    record = {
+        "schema_version": SCHEMA_VERSION,
+        "kind": "comm",
+        "run_id": run_id,
+        "status": "running",
+        "error": None,
+        "created_at": utc_now(),
+        "finished_at": None,
+        "config": {
+            "backend": plan.backend,
+            "world_size": plan.replicas,
+            "nproc_per_node": plan.nproc,
+            "devices": plan.devices,
+            "sizes_bytes": sizes,
+            "iters": args.iters,
+            "warmup": args.warmup,
+            "dtype": "float32",
+        },
+        "env": collect_env(threads_per_rank=threads),
+        "metrics": {},
+    }
+    write_json_atomic(run_dir / "run.json", record)
+    worker_argv = [
+        "--worker",
+        "--backend",
+        plan.backend,
+        "--device",
+        "cuda" if use_cuda else "cpu",
+        "--runs-dir",
+        str(args.runs_dir),
+        "--run-id",
+        run_id,
+        "--sizes",
+        " ".join(map(str, sizes)),
+        "--iters",
+        str(args.iters),
+        "--warmup",
+        str(args.warmup),
+        "--threads",
+        str(threads),
+    ]
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
+    cmd += ["--nproc-per-node", str(plan.nproc), "-m", "workloads.bench_comm", *worker_argv]
+    env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS=str(threads))
+    env.setdefault("KINETO_LOG_LEVEL", "5")
+    with open(run_dir / "logs" / "launcher.log", "w", encoding="utf-8") as log:
+        log.write("$ " + " ".join(cmd) + "\n")
+    code = subprocess.run(cmd, cwd=REPO, env=env).returncode
+    import json
+
+    record = json.loads((run_dir / "run.json").read_text(encoding="utf-8"))
+    if code != 0 or record.get("status") != "ok":
+        record.update(
+            status="failed",
+            finished_at=utc_now(),
+            error={
+                "message": f"torchrun exited with code {code}; see the output above",
+                "rank": None,
+                "exit_code": code,
+                "log_tail": [],
+            },
+        )
+        write_json_atomic(run_dir / "run.json", record)
+        print(f"run folder: {run_dir}  status: failed (torchrun exit code {code})")
+        return 1
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m workloads.bench_comm", description=__doc__.split("\n")[0]
+    )
+    p.add_argument("--backend", choices=("auto", "nccl", "gloo"), default="auto")
+    p.add_argument("--nproc", type=int, default=None, help="ranks (default as profile-ddp)")
+    p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
+    p.add_argument("--runs-dir", default="runs")
+    p.add_argument("--run-id", default="", help="default: comm-<backend>-n<world>-<time>")
+    p.add_argument("--sizes", default="", help="explicit byte sizes, e.g. '1024 1048576'")
+    p.add_argument(
+        "--max-bytes",
+        type=int,
+        default=0,
+        help="largest power-of-2 size (default 64 MiB GPU, 16 MiB CPU)",
+    )
+    p.add_argument("--iters", type=int, default=20, help="timed iterations per size")
+    p.add_argument("--warmup", type=int, default=5, help="untimed iterations per size")
+    p.add_argument(
+        "--threads", type=int, default=0, help="torch threads per rank (0 = cores ÷ ranks)"
+    )
+    p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    if args.worker:
+        return worker(args)
+    try:
+        return launch(args)
+    except LaunchError as exc:
+        print(f"workloads.bench_comm: error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,201 @@
+"""Fault injection test hooks, the non-finite-loss stop, and how a rank's exception is classified.
+
+Test hooks (environment variables, read ONCE when training starts; they act only in the first
+attempt of a job, so a restarted job runs clean):
+
+- `DPSCOPE_KILL_RANK` / `DPSCOPE_KILL_STEP`: that rank sends itself SIGKILL before the forward
+  of that optimizer step (as the OOM killer would).
+- `DPSCOPE_HANG_RANK` / `DPSCOPE_HANG_STEP`: that rank sleeps forever before its backward, so
+  the other ranks wait in the gradient allreduce.
+- `DPSCOPE_NAN_STEP`: every rank's loss becomes NaN at that step (a divergence).
+
+`classify` maps the exception a rank died of to run.json's `error.kind` and its details.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import signal
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from workloads.config import TrainConfig, batch_split
+
+__all__ = [
+    "FaultHooks",
+    "NonFiniteLoss",
+    "attempt",
+    "check_loss",
+    "all_traces",
+    "classify",
+    "error_details",
+    "restart_record",
+    "per_device_batch",
+    "read_attempts",
+    "signal_name",
+    "write_attempt",
+]
+
+KILL_RANK_ENV, KILL_STEP_ENV = "DPSCOPE_KILL_RANK", "DPSCOPE_KILL_STEP"
+HANG_RANK_ENV, HANG_STEP_ENV = "DPSCOPE_HANG_RANK", "DPSCOPE_HANG_STEP"
+NAN_STEP_ENV = "DPSCOPE_NAN_STEP"
+# Phrases of the gloo/NCCL/store errors a rank raises when a collective or the store times out.
+_TIMEOUT_WORDS = ("timed out", "timeout", "watchdog caught collective operation")
+
+
+def attempt(env: Mapping[str, str] = os.environ) -> int:
+    """This job attempt's number: torchrun's restart count (0 for the first attempt and outside
+    torchrun)."""
+    return int(env.get("TORCHELASTIC_RESTART_COUNT", "0") or 0)
+
+
+def _int(env: Mapping[str, str], name: str) -> int | None:
+    raw = env.get(name, "")
+    if raw == "":
+        return None
+    try:
+        return int(raw)
+    except ValueError:
+        raise ValueError(f"{name} must be an integer; got {raw!r}") from None
+
+
+@dataclass(frozen=True, kw_only=True)
+class FaultHooks:
+    """The test hooks as read once at start; all None when unset or after a restart."""
+
+    kill_rank: int | None = None
+    kill_step: int | None = None
+    hang_rank: int | None = None
+    hang_step: int | None = None
+    nan_step: int | None = None
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] = os.environ) -> FaultHooks:
+        if attempt(env) > 0:
+            return cls()  # a restarted job must not fail the same way again
+        return cls(
+            kill_rank=_int(env, KILL_RANK_ENV),
+            kill_step=_int(env, KILL_STEP_ENV),
+            hang_rank=_int(env, HANG_RANK_ENV),
+            hang_step=_int(env, HANG_STEP_ENV),
+            nan_step=_int(env, NAN_STEP_ENV),
+        )
+
+    def before_forward(self, rank: int, step: int) -> None:
+        if self.kill_rank == rank and self.kill_step == step:
+            print(f"[rank{rank}] {KILL_RANK_ENV} test hook: SIGKILL at step {step}", flush=True)
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    def before_backward(self, rank: int, step: int) -> None:
+        if self.hang_rank == rank and self.hang_step == step:
+            print(f"[rank{rank}] {HANG_RANK_ENV} test hook: hanging at step {step}", flush=True)
+            while True:
+                time.sleep(3600)
+
+    def poison(self, loss: torch.Tensor, step: int) -> torch.Tensor:
+        return loss * float("nan") if self.nan_step == step else loss
+
+
+class NonFiniteLoss(FloatingPointError):
+    """The loss became NaN or infinite (`--stop-on-nonfinite`)."""
+
+    def __init__(self, *, rank: int, step: int, value: float) -> None:
+        self.rank, self.step, self.value = rank, step, value
+        super().__init__(
+            f"loss is {value} at step {step} on rank {rank}; lower --lr, check the data, or pass "
+            "--no-stop-on-nonfinite to keep training"
+        )
+
+
+def check_loss(value: float, *, rank: int, step: int, stop: bool) -> None:
+    """Raise NonFiniteLoss when `stop` and the step's loss is not finite."""
+    if stop and not math.isfinite(value):
+        raise NonFiniteLoss(rank=rank, step=step, value=value)
+
+
+def signal_name(code: int) -> str:
+    """'SIGKILL' for -9 (a negative exit code is the signal that ended the process)."""
+    try:
+        return signal.Signals(-code).name
+    except ValueError:
+        return f"signal {-code}"
+
+
+def classify(exc: BaseException, *, per_device_batch: int | None) -> dict:
+    """run.json `error` fields for the exception a rank died of: {kind, message, ...}.
+
+    kind is `oom` (torch.OutOfMemoryError), `diverged` (NonFiniteLoss), `hang` (a collective or
+    store timeout; the launcher names the stuck rank from the heartbeats), `interrupted`
+    (KeyboardInterrupt) or `crash` (anything else).
+    """
+    text = f"{type(exc).__name__}: {exc}"
+    if isinstance(exc, torch.OutOfMemoryError):
+        return {
+            "kind": "oom",
+            "message": f"out of memory at per-device batch {per_device_batch}: lower --batch-size "
+            f"or keep the global batch with gradient accumulation (--grad-accum-steps K) ({text.splitlines()[0]})",
+            "per_device_batch": per_device_batch,
+        }
+    if isinstance(exc, NonFiniteLoss):
+        return {"kind": "diverged", "message": str(exc), "step": exc.step, "value": str(exc.value)}
+    if isinstance(exc, KeyboardInterrupt):
+        return {"kind": "interrupted", "message": "interrupted (SIGINT)"}
+    if any(w in str(exc).lower() for w in _TIMEOUT_WORDS):
+        return {"kind": "hang", "message": text}
+    return {"kind": "crash", "message": text}
+
+
+def per_device_batch(cfg: TrainConfig) -> int | None:
+    """The per-device batch this process was going to use (for an out-of-memory record)."""
+    replicas = int(os.environ.get("WORLD_SIZE", "1")) if cfg.mode == "ddp" else 1
+    if cfg.mode == "dp":
+        replicas = cfg.dp_gpus or torch.cuda.device_count() or 1
+    try:
+        return batch_split(cfg, replicas)[1]
+    except ValueError:
+        return None
+
+
+def error_details(exc: BaseException, cfg: TrainConfig) -> dict:
+    """A rank's error record fields beyond its message: classify's, plus the attempt."""
+    return {**classify(exc, per_device_batch=per_device_batch(cfg)), "attempt": attempt()}
+
+
+def restart_record(run_dir: Path, restarts: int) -> dict:
+    """run.json `restarts` and `resumes` (docs/run-folder.md)."""
+    return {"restarts": restarts, "resumes": read_attempts(run_dir)}
+
+
+def all_traces(run_dir: Path) -> list[str]:
+    """Every attempt's trace files, relative to the run folder."""
+    return sorted(
+        p.relative_to(run_dir).as_posix() for p in run_dir.glob("traces/*.pt.trace.json.gz")
+    )
+
+
+def write_attempt(run_dir: Path, *, attempt_no: int, resumed_from_step: int) -> None:
+    """Rank 0 of a restarted attempt notes where it resumed (`logs/attempt<k>.json`)."""
+    from profiler.record import write_json_atomic
+
+    write_json_atomic(
+        run_dir / "logs" / f"attempt{attempt_no}.json",
+        {"attempt": attempt_no, "resumed_from_step": resumed_from_step, "time": time.time()},
+    )
+
+
+def read_attempts(run_dir: Path) -> list[dict]:
+    """run.json `resumes`: {attempt, resumed_from_step} of every restarted attempt, in order."""
+    out = []
+    for p in (run_dir / "logs").glob("attempt*.json"):
+        try:
+            a = json.loads(p.read_text())
+            out.append({"attempt": int(a["attempt"]), "resumed_from_step": a["resumed_from_step"]})
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+    return sorted(out, key=lambda a: a["attempt"])
