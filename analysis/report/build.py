@@ -27,6 +27,8 @@ from analysis.jsonsafe import DISPLAY_CHARS, clip
 from analysis.outputs import check_report_out
 from analysis.report import figures
 from analysis.report.findings import THRESHOLDS, findings
+from analysis.report.ops import ops_context
+from analysis.report.projection import projection_context
 from analysis.report.scaling import (
     GROUP_FIGURES_ABOVE,
     MAX_CHIPS,
@@ -35,8 +37,6 @@ from analysis.report.scaling import (
     scaling_frame,
     skipped_by_reason,
 )
-from analysis.report.ops import ops_context
-from analysis.report.projection import projection_context
 from analysis.report.tables import Table, all_tables, fmt, unique_labels
 from analysis.report.tune import tune_sections
 
