@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from analysis.loader import Args, ChunkSplitError, Event, decode_args, decode_correlation
+from analysis.memory import MemoryAccumulator, MemoryEvents
 from analysis.tbprofiler import NO_ID, TbAccumulator, TbRoles
 
 __all__ = [
@@ -145,6 +146,7 @@ class Classified:
     op_role: np.ndarray  # per op event: _OPS (compute_ops), _ISSUE, _OTHER_OP
     cpu_span: tuple[float, float]  # first start / last end of CPU ops (tb-profiler's fallback step)
     dropped_events: int = 0  # 'X' events dropped for impossible times (never analysed)
+    memory: MemoryEvents | None = None  # [memory] events and phase ranges (analysis.memory)
 
 
 def _is_data(name: str) -> bool:
@@ -171,8 +173,10 @@ class _Accumulator:
         self.cpu_lo, self.cpu_hi = np.inf, -np.inf
         self.class_of: dict[tuple[str, str], int] = {}  # kernel classes, once per distinct name
         self.dropped = 0  # complete events with impossible times (see MAX_DUR_US)
+        self.memory = MemoryAccumulator()
 
     def add(self, events: list[Event]) -> None:
+        self.memory.add(events)
         kernels, runtime, steps, anchors, rpc, ops, issue, data, tb = ([] for _ in range(9))
         for e in events:
             if e.ph != "X":
@@ -306,6 +310,7 @@ class _Accumulator:
             op_role=role,
             cpu_span=span,
             dropped_events=self.dropped,
+            memory=self.memory.finish(origin),
         )
 
 

@@ -17,6 +17,7 @@ from analysis.collectives import rank_instances
 from analysis.errors import AnalysisError
 from analysis.intervals import Intervals, clip, intersection_us, merge, total_us, union_us
 from analysis.loader import load_trace
+from analysis.memory import memory_summary
 from analysis.ops import rank_ops
 from analysis.tbprofiler import tb_split
 
@@ -211,10 +212,12 @@ def summarize_file(path: Path) -> dict:
         "per_step": per_step,
         "warnings": warnings,
         "instances": rank_instances(c, float(lo[0]), float(hi[-1])),
+        "memory": memory_summary(c.memory, str(loaded.path)),
     }
     summary["ops"], summary["ops_self_us_per_step"] = rank_ops(
         c, lo, hi, numbers == [None], summary["step_time_us_mean"]
     )
+    warnings += summary["memory"]["warnings"]
     if gpu:  # on GPU traces the rank-level idle and overlap follow HTA's definitions exactly
         summary["idle_pct"] = summary["hta"]["idle_pct"]
         summary["overlap_pct"] = summary["hta"]["overlap_pct"]

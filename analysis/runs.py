@@ -18,6 +18,7 @@ from tqdm import tqdm
 from analysis.comm import is_comm_run
 from analysis.errors import AnalysisError, unexpected
 from analysis.jsonsafe import finite_json
+from analysis.memory import breakdown_entries, fill_dynamic
 from analysis.projection_runs import comm_and_projections
 from analysis.records import (
     Config,
@@ -190,6 +191,7 @@ def load_run(run_dir: Path) -> dict:
         # Verbatim (validated) entries: fields newer writers add pass through to the report.
         "memory": memory,
         **_memory(memory),
+        "memory_breakdown": breakdown_entries((raw.get("metrics") or {}).get("memory_breakdown")),
         "test_loss": best.test_loss,
         "top1_pct": best.top1_pct,
         "top5_pct": best.top5_pct,
@@ -235,6 +237,7 @@ def _attach_trace(entry: dict, run_dir: Path, *, progress: bool) -> None:
         for r in trace["ranks"]
         if r.get("dropped_events")
     ]
+    entry["warnings"] += fill_dynamic(entry["memory_breakdown"], trace["ranks"])
     ranks = [r for r in trace["ranks"] if r["step_time_us_mean"]]
     if ranks:
         entry["comm_pct"] = statistics.fmean(

@@ -47,6 +47,7 @@ _RANK_FIELDS = (
     "ops",
     "ops_self_us_per_step",
     "per_step",
+    "memory",
     "warnings",
 )
 

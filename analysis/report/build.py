@@ -25,7 +25,7 @@ from tqdm import tqdm
 from analysis.errors import AnalysisError
 from analysis.jsonsafe import DISPLAY_CHARS, clip
 from analysis.outputs import check_report_out
-from analysis.report import figures
+from analysis.report import figures, memory_section
 from analysis.report.findings import THRESHOLDS, findings
 from analysis.report.ops import ops_context
 from analysis.report.projection import projection_context
@@ -256,7 +256,9 @@ def write_report(data: dict[str, Any], out_dir: Path, *, progress: bool = True) 
     _check_out(out_dir, [Path(r["path"]) for r in data.get("runs", []) if r.get("path")])
     full, data = data, _display(data)
     tables = all_tables(data, out_dir)
-    found = findings(data)
+    memory = memory_section.context(data)
+    tables["memory_breakdown"] = memory["table"]
+    found = findings(data) + memory["findings"]
     figs = _figures(data, tables, progress)
     summary = _json_safe(
         {**full, "findings": [f.to_dict() for f in found], "thresholds": THRESHOLDS}
@@ -277,6 +279,7 @@ def write_report(data: dict[str, Any], out_dir: Path, *, progress: bool = True) 
             max_chips=MAX_CHIPS,
             ops=ops_context(data),
             projection=projection_context(data),
+            memory_breakdown=memory,
             thresholds=THRESHOLDS,
             # Tune commands and notes are dpscope's own long lines: a looser clip keeps them whole.
             tunes=tune_sections({"tunes": _display(full.get("tunes") or [], 10 * DISPLAY_CHARS)}),
