@@ -32,7 +32,8 @@ from analysis.report.projection import projection_context
 from analysis.report.scaling import (
     GROUP_FIGURES_ABOVE,
     MAX_CHIPS,
-    group_label,
+    first_of_groups,
+    group_labels,
     scaling_figures,
     scaling_frame,
     skipped_by_reason,
@@ -145,7 +146,7 @@ def _runs_frame(data: dict[str, Any]) -> pd.DataFrame:
     ]
     df = pd.DataFrame([{k: r.get(k) for k in keys} for r in runs], columns=keys)
     df["label"] = df["run_id"].map(labels)
-    group_of = {rid: group_label(g) for g in data.get("groups", []) for rid in g.get("run_ids", [])}
+    group_of = group_labels(data)
     df["group"] = [group_of.get(r, lab) for r, lab in zip(df["run_id"], df["label"], strict=True)]
     backend = df["backend"].where(~df["backend"].isin(["none", "dp"]) & df["backend"].notna(), "")
     df["series"] = df["mode"].astype(str) + backend.map(lambda b: f" ({b})" if b else "")
@@ -263,6 +264,7 @@ def write_report(data: dict[str, Any], out_dir: Path, *, progress: bool = True) 
     summary = _json_safe(
         {**full, "findings": [f.to_dict() for f in found], "thresholds": THRESHOLDS}
     )
+    many = sum(r.get("status") == "ok" for r in data.get("runs", [])) > GROUP_FIGURES_ABOVE
     html = (
         _environment()
         .get_template("index.html.j2")
@@ -274,10 +276,9 @@ def write_report(data: dict[str, Any], out_dir: Path, *, progress: bool = True) 
             figures=figs,
             scaling_figures=scaling_figures(scaling_frame(data)),
             skipped_reasons=skipped_by_reason(data),
-            many_runs=sum(r.get("status") == "ok" for r in data.get("runs", []))
-            > GROUP_FIGURES_ABOVE,
+            many_runs=many,
             max_chips=MAX_CHIPS,
-            ops=ops_context(data),
+            ops=ops_context(first_of_groups(data) if many else data),
             projection=projection_context(data),
             memory_breakdown=memory,
             thresholds=THRESHOLDS,

@@ -16,7 +16,9 @@ import pandas as pd
 __all__ = [
     "GROUP_FIGURES_ABOVE",
     "MAX_CHIPS",
+    "first_of_groups",
     "group_label",
+    "group_labels",
     "headline_rows",
     "scaling_frame",
     "skipped_by_reason",
@@ -29,15 +31,38 @@ GROUP_FIGURES_ABOVE = 12
 MAX_CHIPS = 4
 
 
-def group_label(group: dict[str, Any]) -> str:
-    """`ddp·gloo·n4 · mlp/synthetic · Linux` style label of a group (seeds pooled)."""
+def group_label(group: dict[str, Any], *, show: tuple[str, ...] = ("workload", "os")) -> str:
+    """`ddp·gloo·n4 · mlp/synthetic · Linux` style label of a group (seeds pooled); `show` picks
+    which of the workload and platform parts to add (those that tell the report's groups apart)."""
     parts = [str(group.get("mode") or "?")]
     if group.get("backend") not in (None, "none", "dp"):
         parts.append(str(group["backend"]))
     parts.append(f"n{group.get('world_size') or '?'}")
-    return " · ".join(
-        ["·".join(parts), f"{group.get('model')}/{group.get('dataset')}", str(group.get("os"))]
+    out = ["·".join(parts)]
+    if "workload" in show:
+        out.append(f"{group.get('model')}/{group.get('dataset')}")
+    if "os" in show:
+        out.append(str(group.get("os")))
+    return " · ".join(out)
+
+
+def group_labels(data: dict[str, Any]) -> dict[str, str]:
+    """run_id -> its group's label, naming the workload and platform only when the report holds
+    several: figure labels are drawn as glyph paths, so every character costs page weight."""
+    groups = data.get("groups", [])
+    show = tuple(
+        part
+        for part, keys in (("workload", ("model", "dataset")), ("os", ("os",)))
+        if len({tuple(g.get(k) for k in keys) for g in groups}) > 1
     )
+    return {rid: group_label(g, show=show) for g in groups for rid in g.get("run_ids", [])}
+
+
+def first_of_groups(data: dict[str, Any]) -> dict[str, Any]:
+    """The runs JSON with only the first run of each group: per-run detail (operator tables) that
+    would repeat itself once per seed is shown for one representative run per group."""
+    keep = {g["run_ids"][0] for g in data.get("groups", []) if g.get("run_ids")}
+    return {**data, "runs": [r for r in data.get("runs", []) if r.get("run_id") in keep]}
 
 
 def _mean(values: list[Any]) -> float | None:
