@@ -32,6 +32,7 @@ from analysis.report.projection import projection_context
 from analysis.report.scaling import (
     GROUP_FIGURES_ABOVE,
     MAX_CHIPS,
+    MAX_FINDINGS,
     first_of_groups,
     group_labels,
     scaling_figures,
@@ -257,14 +258,14 @@ def write_report(data: dict[str, Any], out_dir: Path, *, progress: bool = True) 
     _check_out(out_dir, [Path(r["path"]) for r in data.get("runs", []) if r.get("path")])
     full, data = data, _display(data)
     tables = all_tables(data, out_dir)
-    memory = memory_section.context(data)
+    many = sum(r.get("status") == "ok" for r in data.get("runs", [])) > GROUP_FIGURES_ABOVE
+    memory = memory_section.context(data, first_of_groups(data) if many else None)
     tables["memory_breakdown"] = memory["table"]
     found = findings(data) + memory["findings"]
     figs = _figures(data, tables, progress)
     summary = _json_safe(
         {**full, "findings": [f.to_dict() for f in found], "thresholds": THRESHOLDS}
     )
-    many = sum(r.get("status") == "ok" for r in data.get("runs", [])) > GROUP_FIGURES_ABOVE
     html = (
         _environment()
         .get_template("index.html.j2")
@@ -278,6 +279,7 @@ def write_report(data: dict[str, Any], out_dir: Path, *, progress: bool = True) 
             skipped_reasons=skipped_by_reason(data),
             many_runs=many,
             max_chips=MAX_CHIPS,
+            max_findings=MAX_FINDINGS,
             ops=ops_context(first_of_groups(data) if many else data),
             projection=projection_context(data),
             memory_breakdown=memory,

@@ -16,6 +16,7 @@ import pandas as pd
 __all__ = [
     "GROUP_FIGURES_ABOVE",
     "MAX_CHIPS",
+    "MAX_FINDINGS",
     "first_of_groups",
     "group_label",
     "group_labels",
@@ -29,6 +30,8 @@ __all__ = [
 GROUP_FIGURES_ABOVE = 12
 # A finding names at most this many runs, then "and N more".
 MAX_CHIPS = 4
+# Above GROUP_FIGURES_ABOVE runs, the findings after the first MAX_FINDINGS fold into a <details>.
+MAX_FINDINGS = 12
 
 
 def group_label(group: dict[str, Any], *, show: tuple[str, ...] = ("workload", "os")) -> str:
