@@ -60,8 +60,6 @@ class ReportFiles:
     csvs: list[Path] = field(default_factory=list)
 
 
-_UMASK = os.umask(0)
-os.umask(_UMASK)
 # Keys whose strings are file paths (links must stay whole); every other string from a record is
 # cut to DISPLAY_CHARS for the page, so the report's time does not grow with a string's length.
 _PATH_KEYS = frozenset({"path", "file", "trace_files", "trace_dir"})
@@ -80,40 +78,68 @@ def _display(obj: Any, limit: int = DISPLAY_CHARS, keep: frozenset = _PATH_KEYS)
     return obj
 
 
+MANIFEST = ".dpscope-report.json"  # the files the last report wrote into its folder
+
+
 def _replace_folder(files: dict[str, str], out_dir: Path) -> None:
-    """Write `files` into a temporary sibling folder, then rename it into place: a failure part-way
-    leaves the previous report whole. Raises ReportError naming the file that failed."""
-    parent = out_dir.parent
-    tmp: Path | None = None
+    """Put `files` into `out_dir` as one unit, leaving every other file there alone (the
+    folder's README, a `bench/` subfolder, the user's notes).
+
+    All files are first written into a hidden staging folder inside `out_dir` (same filesystem),
+    then swapped in by rename, index.html last; the previous report's files (and those it wrote
+    that this one does not, from its manifest) move to a hidden backup folder that is deleted at
+    the end. A failure part-way moves everything back, so the previous report stays whole; the
+    ReportError names the file that failed."""
+    stage: Path | None = None
+    backup: Path | None = None
+    swapped: list[str] = []
     try:
-        parent.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", suffix=".tmp", dir=parent))
-        os.chmod(tmp, 0o777 & ~_UMASK)  # mkdtemp's 0700 would hide the report from others
-        for name, text in files.items():
+        out_dir.mkdir(parents=True, exist_ok=True)
+        stage = Path(tempfile.mkdtemp(prefix=".report-new-", dir=out_dir))
+        backup = Path(tempfile.mkdtemp(prefix=".report-old-", dir=out_dir))
+        names = [*sorted(n for n in files if n != "index.html"), MANIFEST, "index.html"]
+        texts = {**files, MANIFEST: json.dumps(sorted(files)) + "\n"}
+        for name in names:
             try:
-                (tmp / name).write_text(text, encoding="utf-8", newline="")
-            except OSError as exc:  # name the report file, not the temporary folder
+                # A plain write is enough in the private staging folder; open() gives the file the
+                # umask's mode, which the rename keeps.
+                (stage / name).write_text(texts[name], encoding="utf-8", newline="")
+            except OSError as exc:  # name the report file, not the staging folder
                 raise OSError(exc.errno, exc.strerror, name) from exc
-        old = None
-        if out_dir.exists():
-            old = parent / f"{tmp.name[:-4]}.old"
-            os.replace(out_dir, old)
+        stale = [n for n in _previous_files(out_dir) if n not in texts and (out_dir / n).is_file()]
         try:
-            os.replace(tmp, out_dir)
+            for name in [*stale, *names]:
+                if (out_dir / name).exists():
+                    os.replace(out_dir / name, backup / name)
+                swapped.append(name)
+                if name in texts:
+                    os.replace(stage / name, out_dir / name)
         except OSError:
-            if old is not None:
-                os.replace(old, out_dir)  # put the previous report back
+            for name in reversed(swapped):  # undo: the previous report's files go back
+                (out_dir / name).unlink(missing_ok=True)
+                if (backup / name).exists():
+                    os.replace(backup / name, out_dir / name)
             raise
-        if old is not None:
-            shutil.rmtree(old, ignore_errors=True)
     except OSError as exc:
-        if tmp is not None:
-            shutil.rmtree(tmp, ignore_errors=True)
         where = f" ({exc.filename})" if exc.filename else ""
         raise ReportError(
             f"cannot write the report into {out_dir}{where}: {exc.strerror or exc};"
             " pass another --out (the previous report is unchanged)"
         ) from exc
+    finally:
+        for folder in (stage, backup):
+            if folder is not None:
+                shutil.rmtree(folder, ignore_errors=True)
+
+
+def _previous_files(out_dir: Path) -> list[str]:
+    """Plain file names the previous report listed in its manifest (nothing if unreadable)."""
+    try:
+        names = json.loads((out_dir / MANIFEST).read_text(encoding="utf-8"))
+    except (OSError, ValueError, RecursionError):
+        return []
+    ok = isinstance(names, list) and all(isinstance(n, str) for n in names)
+    return [n for n in names if Path(n).name == n and not n.startswith(".")] if ok else []
 
 
 def _json_safe(obj: Any) -> Any:
