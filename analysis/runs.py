@@ -47,6 +47,7 @@ CONFIG_FIELDS = (
     "seed",
     "amp",
     "devices",
+    "sweep_id",
 )
 ENV_FIELDS = (
     "os",
@@ -188,6 +189,8 @@ def load_run(run_dir: Path) -> dict:
         "step_time_s_mean": step_time.mean,
         "step_time_s_p95": step_time.p95,
         "wall_time_s": metrics.wall_time_s,
+        # Wall time of each epoch's training loop as run (partial when --max-steps cut it).
+        "epoch_time_s": _mean_std(metrics.epoch_time_s)[0],
         "baseline_run_id": None,
         "speedup": None,
         "scaling_efficiency": None,

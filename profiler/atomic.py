@@ -5,9 +5,6 @@ through it too. A write goes to a temp file in the target's folder (os.replace i
 within one filesystem), is fsync'ed, then replaces the target, so a reader or a crash never sees
 half a file; on any failure the temp file is removed and the old target is left as it was.
 
-A folder of files that only make sense together (the report) is written whole into a temp sibling
-folder and renamed into place (`replace_folder_atomic`).
-
 The temp file is created with mode 0666 and the kernel applies the process umask, so the result
 has the mode a plain `open(path, "w")` would give it (mkstemp's private 0600 would make records
 and reports unreadable to other users of a shared machine).
@@ -21,14 +18,12 @@ import io
 import json
 import os
 import secrets
-import shutil
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 __all__ = [
     "atomic_path",
-    "replace_folder_atomic",
     "write_csv_atomic",
     "write_json_atomic",
     "write_text_atomic",
@@ -84,38 +79,3 @@ def write_csv_atomic(path: Path, rows: list[dict], columns: list[str]) -> None:
     for row in rows:
         writer.writerow({k: ("" if v is None else v) for k, v in row.items()})
     write_text_atomic(path, buf.getvalue())
-
-
-def replace_folder_atomic(folder: Path, files: Mapping[str, str]) -> None:
-    """Write `files` {name: text} into a temp sibling folder, then rename it over `folder`.
-
-    A failure part-way leaves the previous folder whole and no temp folder behind. The OSError
-    raised names the file that failed (its `filename` is the name in `files`), not the temp path.
-    The folder gets the mode a plain mkdir would give it (0777 & ~umask), like the files.
-    """
-    folder = Path(folder)
-    parent = folder.parent
-    parent.mkdir(parents=True, exist_ok=True)
-    tmp = parent / f".{folder.name}.{secrets.token_hex(6)}.tmp"
-    os.mkdir(tmp, 0o777)  # the kernel applies the umask (mkdtemp's 0700 would hide it)
-    try:
-        for name, text in files.items():
-            try:
-                write_text_atomic(tmp / name, text)
-            except OSError as exc:  # name the file, not the temp folder
-                raise OSError(exc.errno, exc.strerror, name) from exc
-        old = None
-        if folder.exists():
-            old = tmp.with_suffix(".old")
-            os.replace(folder, old)
-        try:
-            os.replace(tmp, folder)
-        except OSError:
-            if old is not None:
-                os.replace(old, folder)  # put the previous folder back
-            raise
-        if old is not None:
-            shutil.rmtree(old, ignore_errors=True)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise

@@ -189,7 +189,7 @@ def run(args: argparse.Namespace, extra: list[str]) -> int:
             cfg, backend=plan.backend, world_size=plan.replicas
         )
         if plan.reason is not None:
-            if args.mode != "all":
+            if args.mode != "all" and not args.skip_impossible:
                 raise LaunchError(plan.reason)
             _skip(cfg, plan)  # impossible here (or with this batch): recorded as skipped
             statuses.append("skipped")
@@ -253,6 +253,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--rdzv-file",
         default="",
         help="file:// rendezvous: a path every rank can reach; becomes init_method",
+    )
+    parser.add_argument(
+        "--skip-impossible",
+        action="store_true",
+        help="record a mode this machine can't run as status: skipped (as --mode all does) "
+        "instead of exiting with an error; what `make profile-sweep` uses",
     )
     parser.add_argument(
         "--max-restarts",
