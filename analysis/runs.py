@@ -21,7 +21,15 @@ from analysis.errors import AnalysisError
 from analysis.projection_runs import comm_and_projections
 from analysis.tune import is_tune_dir, load_tunes
 
-__all__ = ["SCHEMA_VERSION", "compare_runs", "find_run_dirs", "load_run"]
+__all__ = [
+    "GROUP_KEY",
+    "SCHEMA_VERSION",
+    "WORKLOAD_KEY",
+    "compare_runs",
+    "find_run_dirs",
+    "load_run",
+    "workload_key",
+]
 
 SCHEMA_VERSION = 1
 PHASES = ("data", "forward", "backward", "optimizer")
@@ -40,7 +48,12 @@ CONFIG_FIELDS = (
     "devices",
 )
 ENV_FIELDS = ("os", "hostname", "torch", "cuda", "nccl", "threads_per_rank")
-GROUP_KEY = ("model", "dataset", "scaling", "mode", "backend", "world_size", "os")
+# "Same workload": runs that agree on all of these ran the same problem on the same kind of machine,
+# so their throughput can be compared or pooled. `fixed_batch` is the batch the scaling mode holds
+# fixed (global for strong, per-device for weak); runs from different OSes or device types are
+# never pooled. Baselines, groups and findings all use this one key.
+WORKLOAD_KEY = ("model", "dataset", "scaling", "fixed_batch", "amp", "device_type", "os")
+GROUP_KEY = (*WORKLOAD_KEY, "mode", "backend", "world_size")
 GROUP_STATS = (
     "samples_per_s",
     "speedup",
@@ -95,8 +108,12 @@ def _nan_to_none(x: Any) -> Any:
 
 
 def _phases(steps: pd.DataFrame) -> tuple[dict | None, list[dict]]:
-    """Mean seconds per non-warm-up step of each phase, over all ranks and per rank."""
+    """Mean seconds per step of each phase, over all ranks and per rank, on the steps throughput
+    uses: neither warm-up nor profiled (schema 1 folders have no `profiled` column: every
+    non-warm-up step); falls back to the measured steps, then to every step, rather than nothing."""
     body = steps[steps["warmup"] == 0]
+    if "profiled" in steps.columns and (body["profiled"] == 0).any():
+        body = body[body["profiled"] == 0]
     if body.empty:  # a run shorter than its warm-up: fall back to every step rather than nothing
         body = steps
     if body.empty:
@@ -119,12 +136,15 @@ def _memory(entries: list[dict]) -> dict:
     """Peak memory and imbalance over the run's memory entries (one per rank/device).
 
     Uses `peak_allocated_bytes` (CUDA) when every entry has it, else `peak_rss_bytes` (CPU runs).
+    `memory_imbalance_pct` (the one imbalance definition) = (max / min − 1) × 100: how much more
+    the fullest device holds than the emptiest. `memory_imbalance_max_over_mean` = max / mean is
+    an extra column only.
     """
     out = {
         "memory_metric": None,
         "peak_memory_bytes": None,
+        "memory_imbalance_pct": None,
         "memory_imbalance_max_over_mean": None,
-        "memory_imbalance_range_over_max": None,
     }
     for field in ("peak_allocated_bytes", "peak_rss_bytes"):
         values = [e.get(field) for e in entries]
@@ -133,11 +153,22 @@ def _memory(entries: list[dict]) -> dict:
             out.update(
                 memory_metric=field,
                 peak_memory_bytes=int(hi),
+                memory_imbalance_pct=(hi / lo - 1) * 100 if lo > 0 else None,
                 memory_imbalance_max_over_mean=hi / mean if mean > 0 else None,
-                memory_imbalance_range_over_max=(hi - lo) / hi if hi > 0 else None,
             )
             break
     return out
+
+
+def _device_type(config: dict) -> str | None:
+    """`cpu`, `cuda`, ... from the run's first device (`cuda:1` -> `cuda`); None when unknown."""
+    devices = config.get("devices") or []
+    return str(devices[0]).split(":", 1)[0] if devices else None
+
+
+def workload_key(run: dict) -> tuple:
+    """The "same workload" key of a run entry: its WORKLOAD_KEY values."""
+    return tuple(run.get(k) for k in WORKLOAD_KEY)
 
 
 def _num_devices(config: dict) -> int:
@@ -175,11 +206,16 @@ def load_run(run_dir: Path) -> dict:
         "error": rec.get("error"),
         **{k: config.get(k) for k in CONFIG_FIELDS},
         **{k: env.get(k) for k in ENV_FIELDS},
+        "fixed_batch": config.get(
+            "global_batch" if config.get("scaling") == "strong" else "per_device_batch"
+        ),
+        "device_type": _device_type(config),
         "num_devices": _num_devices(config),
         "samples_per_s": metrics.get("samples_per_s"),
         "step_time_s_mean": step_time.get("mean"),
         "step_time_s_p95": step_time.get("p95"),
         "wall_time_s": metrics.get("wall_time_s"),
+        "profiler_overhead_pct": metrics.get("profiler_overhead_pct"),
         "baseline_run_id": None,
         "speedup": None,
         "scaling_efficiency": None,
@@ -195,12 +231,19 @@ def load_run(run_dir: Path) -> dict:
         "top5_pct": best.get("top5_pct"),
         "trace_files": [str(t) for t in rec.get("traces") or []],
         "trace": None,
-        "warnings": [],
+        "warnings": [str(w) for w in rec.get("warnings") or [] if w],
     }
     steps_csv = run_dir / "steps.csv"
     if steps_csv.is_file():
         try:
-            entry["phases_s"], entry["phases_per_rank_s"] = _phases(pd.read_csv(steps_csv))
+            steps = pd.read_csv(steps_csv)
+            entry["phases_s"], entry["phases_per_rank_s"] = _phases(steps)
+            if "profiled" not in steps.columns and entry["status"] == "ok":
+                entry["warnings"].append(
+                    f"{steps_csv}: no `profiled` column (run-folder schema "
+                    f"{rec.get('schema_version', 1)}) — throughput and phases include the "
+                    "profiled steps; re-run with the current dpscope to exclude them"
+                )
         except (ValueError, KeyError, pd.errors.ParserError) as err:
             entry["warnings"].append(f"{steps_csv}: unreadable ({err}) — phases left empty")
     elif entry["status"] == "ok":
@@ -234,13 +277,6 @@ def _attach_trace(entry: dict, run_dir: Path, *, progress: bool) -> None:
         entry["overlap_pct"] = statistics.fmean(overlaps) if overlaps else None
 
 
-def _baseline_key(run: dict) -> tuple:
-    # Strong scaling keeps the global batch, weak scaling the per-device batch: the baseline must
-    # have processed the same problem for the ratio to mean "what parallelism bought".
-    batch = run["global_batch"] if run["scaling"] == "strong" else run["per_device_batch"]
-    return run["model"], run["dataset"], run["scaling"], run["amp"], batch
-
-
 def _link_baselines(runs: list[dict]) -> None:
     """Fill baseline_run_id, speedup and scaling_efficiency of every ok run."""
     singles = [
@@ -249,7 +285,9 @@ def _link_baselines(runs: list[dict]) -> None:
     for run in runs:
         if run["status"] != "ok" or not run["samples_per_s"]:
             continue
-        same = [s for s in singles if _baseline_key(s) == _baseline_key(run)]
+        # The baseline must have run the same problem on the same kind of machine for the ratio
+        # to mean "what parallelism bought".
+        same = [s for s in singles if workload_key(s) == workload_key(run)]
         seeded = [s for s in same if s["seed"] == run["seed"]]
         base = (seeded or same or [None])[0]
         if base is None:
@@ -286,9 +324,7 @@ def _groups(runs: list[dict]) -> list[dict]:
     return sorted(
         groups,
         key=lambda g: (
-            str(g["model"]),
-            str(g["dataset"]),
-            str(g["scaling"]),
+            *(str(g[k]) for k in WORKLOAD_KEY),
             order.get(g["mode"], 9),
             str(g["backend"]),
             g["world_size"] or 0,

@@ -239,6 +239,7 @@ def train(cfg: TrainConfig, ctx: RunContext, run_dir: Path) -> None:
         resume(ckpt, ctx, model, optimizer, scaler, state, attempt_no=attempt_no)
     first_step = state.step
     rows: list[dict] = []  # this rank's rows since the last checkpoint (earlier: state.rows)
+    active_steps: list[int] = []  # steps the profiler recorded (profiler_overhead_pct)
     planned = cfg.epochs * len(sampler)
     planned = min(planned, cfg.max_steps) if cfg.max_steps else planned
     print(
@@ -290,6 +291,9 @@ def train(cfg: TrainConfig, ctx: RunContext, run_dir: Path) -> None:
                 scaler.update()
                 optimizer.zero_grad(set_to_none=True)
             times = timer.end_step()
+            phase = profiler.phase()  # of this step, asked before step() moves the schedule on
+            if phase == "active":
+                active_steps.append(state.step)
             profiler.step()
             sample = memory.step_sample()
             if state.step == first_step:
@@ -304,6 +308,7 @@ def train(cfg: TrainConfig, ctx: RunContext, run_dir: Path) -> None:
                     "epoch": state.epoch,
                     "step": state.step,
                     "warmup": int(state.step < cfg.warmup_steps),
+                    "profiled": int(phase != "none"),
                     **times,
                     "samples": len(y),
                     "loss": loss_value,
@@ -346,6 +351,7 @@ def train(cfg: TrainConfig, ctx: RunContext, run_dir: Path) -> None:
         run_dir,
         model=model,
         rows=state.rows + rows,  # rank 0: every rank's rows up to the checkpoint, then its own
+        active_steps=active_steps,
         memory=memory,
         profiler=profiler,
         evals=state.evals,
@@ -363,6 +369,7 @@ def _finish(
     *,
     model: nn.Module,
     rows: list[dict],
+    active_steps: list[int],
     memory: MemoryTracker,
     profiler: ProfilerSession,
     evals: list[dict],
@@ -374,6 +381,7 @@ def _finish(
     """Gather every rank's rows and memory to rank 0, which writes steps.csv and run.json."""
     mine = {
         "rows": rows,
+        "active_steps": active_steps,
         "device": [str(d) for d in ctx.devices],
         "memory": memory.summary(),
         "memory_after_first_step": memory.summary_after_first_step(),
@@ -394,6 +402,11 @@ def _finish(
     previous = run_dir / "run.json"
     created = json.loads(previous.read_text()).get("created_at") if previous.is_file() else None
     devices = [d for g in gathered for d in g["device"]]
+    metrics = step_metrics(
+        all_rows,
+        {(g["rows"][0]["rank"], s) for g in gathered if g["rows"] for s in g["active_steps"]},
+    )
+    warnings = metrics.pop("warnings")
     record = {
         "schema_version": SCHEMA_VERSION,
         "run_id": cfg.run_id,
@@ -412,7 +425,7 @@ def _finish(
         ),
         "env": collect_env(threads_per_rank=threads),
         "metrics": {
-            **step_metrics(all_rows),
+            **metrics,
             "epoch_time_s": epoch_times,
             "wall_time_s": time.perf_counter() - start,
             "memory": [m for g in gathered for m in g["memory"]],
@@ -428,6 +441,7 @@ def _finish(
         },
         "eval": {"epochs": evals, "best": best_epoch(evals)},
         "traces": sorted(t for g in gathered for t in g["traces"]),
+        "warnings": warnings,
     }
     if restarts:  # earlier attempts' traces too (their names say which attempt)
         record.update(faults.restart_record(run_dir, restarts), traces=faults.all_traces(run_dir))
