@@ -15,7 +15,9 @@ BACKEND  ?= auto
 MODEL    ?= resnet18
 DATASET  ?= synthetic
 EPOCHS   ?= 1
-STEPS    ?= 12
+# 16: 2 warm-up steps and the profiler window (steps 1-4) leave 11 unprofiled measured steps
+# for throughput (at least 8 wanted; run.json warns when there are none).
+STEPS    ?= 16
 BATCH    ?= 64
 SEEDS    ?= 0
 RUNS     ?= runs

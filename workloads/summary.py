@@ -38,6 +38,8 @@ def _overhead_pct(rows: list[dict], active: set[tuple[int, int]]) -> float | Non
     """profiler_overhead_pct: (mean step time of the profiler's active steps ÷ mean step time of
     the unprofiled measured steps − 1) × 100, each mean taken on the slowest rank (the rank with
     the largest mean in that set, since the slowest rank bounds the job)."""
+    if not active:  # --no-profile, or no active step inside the run
+        return None
     traced: dict[int, list[float]] = {}
     clean: dict[int, list[float]] = {}
     for r in rows:
