@@ -42,7 +42,7 @@ RUN_FLAGS = --model $(MODEL) --dataset $(DATASET) --epochs $(EPOCHS) --max-steps
 
 help:
 	@echo "dpscope targets: setup profile-single profile-dp profile-ddp profile-all report demo"
-	@echo "                 tensorboard bench-analysis gpu-check test lint format clean"
+	@echo "                 tensorboard bench bench-overhead bench-analysis gpu-check test lint format clean"
 	@echo "see README.md for every variable (NPROC BACKEND MODEL DATASET EPOCHS STEPS BATCH SEEDS RUNS ARGS ...)"
 
 # Re-install only when requirements.txt changed (the stamp is newer otherwise).
@@ -83,6 +83,7 @@ tensorboard: setup
 bench-analysis: setup
 	$(PY) -m pip install -q -r requirements-bench.txt
 	$(PY) -m analysis.bench
+	$(PY) -m bench.scaling $(if $(BENCH_OUT),--json $(BENCH_OUT))
 
 gpu-check: setup
 	$(PY) -m workloads.gpu_check --runs-dir $(RUNS)/gpu-check
@@ -131,3 +132,13 @@ bench-comm: setup
 	    $(if $(strip $(COMM_SIZES)),--sizes "$(COMM_SIZES)") $(ARGS)
 bench-projection: setup
 	$(PY) -m workloads.bench_projection --runs-dir $(RUNS)/bench-projection $(ARGS)
+
+# --- benchmarks (issue 8): every arm in one run, interleaved, >= 3 repeats, medians and ratios ---
+# BENCH_OUT: a .json file, or a folder for <folder>/<name>.json (default reports/bench/<name>.json).
+BENCH_OUT ?=
+.PHONY: bench bench-overhead
+
+bench: bench-overhead bench-analysis
+
+bench-overhead: setup
+	$(PY) -m bench.overhead $(if $(BENCH_OUT),--json $(BENCH_OUT))
