@@ -1,7 +1,7 @@
 """Cross-run comparison: speedup, scaling efficiency, phases, memory imbalance, accuracy parity.
 
 Reads run folders only (docs/run-folder.md): `run.json`, `steps.csv` and `traces/`. Every number is
-defined in docs/analysis.md; the JSON shape is the "runs JSON" schema there (schema_version 1).
+defined in docs/analysis.md; the JSON shape is the "runs JSON" schema there (schema_version 2).
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ __all__ = [
     "workload_key",
 ]
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 PHASES = ("data", "forward", "backward", "optimizer")
 # The config/env fields copied verbatim into each run entry.
 CONFIG_FIELDS = (
@@ -349,7 +349,7 @@ def _unique_id(entry: dict, run_dir: Path, taken: set[str]) -> None:
 
 
 def compare_runs(paths: Sequence[Path], *, progress: bool = True, traces: bool = True) -> dict:
-    """The runs JSON (schema_version 1) for run folders or folders of run folders in `paths`.
+    """The runs JSON (schema_version 2) for run folders or folders of run folders in `paths`.
 
     `traces=False` skips trace analysis (trace fields stay null). Raises AnalysisError only when
     no run could be read at all; unreadable folders are listed under `skipped`.

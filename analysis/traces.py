@@ -1,4 +1,4 @@
-"""Analyse a folder of per-rank Kineto traces: the "traces JSON" (schema_version 1).
+"""Analyse a folder of per-rank Kineto traces: the "traces JSON" (schema_version 2).
 
 Each file is reduced to its rank summary in its own worker process (events never leave the
 worker), then ranks are aligned on one clock and compared: collectives (transfer vs sync, algbw,
@@ -27,7 +27,7 @@ __all__ = [
     "reduce_files",
 ]
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 _RANK_FIELDS = (
     "rank",
     "file",
