@@ -381,6 +381,7 @@ def _finish(
     """Gather every rank's rows and memory to rank 0, which writes steps.csv and run.json."""
     mine = {
         "rows": rows,
+        "rank": ctx.rank,
         "active_steps": active_steps,
         "device": [str(d) for d in ctx.devices],
         "memory": memory.summary(),
@@ -404,7 +405,7 @@ def _finish(
     devices = [d for g in gathered for d in g["device"]]
     metrics = step_metrics(
         all_rows,
-        {(g["rows"][0]["rank"], s) for g in gathered if g["rows"] for s in g["active_steps"]},
+        {(g["rank"], s) for g in gathered for s in g["active_steps"]},
     )
     warnings = metrics.pop("warnings")
     record = {
