@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from analysis.loader import Args, ChunkSplitError, Event, decode_args, decode_correlation
+from analysis.memory import MemoryAccumulator, MemoryEvents
 from analysis.tbprofiler import NO_ID, TbAccumulator, TbRoles
 
 __all__ = [
@@ -22,6 +23,7 @@ __all__ = [
     "COMM_KERNEL_RE",
     "COMM_OP_RE",
     "COMPUTE",
+    "MAX_DUR_US",
     "MEMORY",
     "OTHER",
     "Classified",
@@ -36,6 +38,9 @@ MEMORY_KERNEL_RE = re.compile(r"^(Memcpy|Memset|dma)")
 COMM_OP_RE = re.compile(r"^(nccl|gloo|mpi|ucc|xccl|hccl):")
 COMPUTE, COMM, MEMORY, OTHER = 0, 1, 2, 3
 _OPS, _ISSUE, _OTHER_OP = 0, 1, 2  # op_events roles: computation, issue-only, the rest
+# No profiled event lasts longer than this (11.6 days): a longer `dur` is corrupt, not slow.
+MAX_DUR_US = 1e12
+_INF = float("inf")
 
 _KERNEL_CATS = {"kernel", "Kernel"}
 _MEMORY_CATS = {"gpu_memcpy", "gpu_memset", "Memcpy", "Memset"}
@@ -140,6 +145,8 @@ class Classified:
     op_events: Ranges  # operators for the per-op table: cpu_op events and collective calls
     op_role: np.ndarray  # per op event: _OPS (compute_ops), _ISSUE, _OTHER_OP
     cpu_span: tuple[float, float]  # first start / last end of CPU ops (tb-profiler's fallback step)
+    dropped_events: int = 0  # 'X' events dropped for impossible times (never analysed)
+    memory: MemoryEvents | None = None  # [memory] events and phase ranges (analysis.memory)
 
 
 def _is_data(name: str) -> bool:
@@ -165,11 +172,19 @@ class _Accumulator:
         self.op_role: list[np.ndarray] = []
         self.cpu_lo, self.cpu_hi = np.inf, -np.inf
         self.class_of: dict[tuple[str, str], int] = {}  # kernel classes, once per distinct name
+        self.dropped = 0  # complete events with impossible times (see MAX_DUR_US)
+        self.memory = MemoryAccumulator()
 
     def add(self, events: list[Event]) -> None:
+        self.memory.add(events)
         kernels, runtime, steps, anchors, rpc, ops, issue, data, tb = ([] for _ in range(9))
         for e in events:
             if e.ph != "X":
+                continue
+            # Impossible times (missing, negative, non-finite, absurdly long) are dropped and
+            # counted, never analysed: one such ProfilerStep would poison every mean.
+            if not (0.0 <= e.dur <= MAX_DUR_US and -_INF < e.ts < _INF):
+                self.dropped += 1
                 continue
             cat = e.cat
             if cat in _KERNEL_CATS or cat in _MEMORY_CATS or cat in _SYNC_CATS:
@@ -294,6 +309,8 @@ class _Accumulator:
             op_events=op_events,
             op_role=role,
             cpu_span=span,
+            dropped_events=self.dropped,
+            memory=self.memory.finish(origin),
         )
 
 

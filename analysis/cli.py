@@ -22,6 +22,8 @@ from typing import Any
 import pandas as pd
 
 from analysis.errors import AnalysisError
+from analysis.jsonsafe import clip, finite_json
+from analysis.outputs import check_json_out
 
 __all__ = ["main"]
 
@@ -31,6 +33,8 @@ def _fmt(value: Any, digits: int = 1) -> Any:
         return "-"
     if isinstance(value, float):
         return f"{value:,.{digits}f}"
+    if isinstance(value, str):
+        return clip(value)  # strings from records can be megabytes long; the JSON keeps them whole
     return value
 
 
@@ -51,9 +55,11 @@ def _write_json(result: dict, out: Path | None) -> None:
     if out is None:
         return
     tmp = out.with_name(f".{out.name}.tmp")
+    # The results are already finite (finite_json); this keeps a later change from writing NaN.
+    text = json.dumps(finite_json(result, result.setdefault("warnings", [])), indent=2)
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
-        tmp.write_text(json.dumps(result, indent=2, allow_nan=False) + "\n", encoding="utf-8")
+        tmp.write_text(text + "\n", encoding="utf-8")
         tmp.replace(out)
     except OSError as err:
         with contextlib.suppress(OSError):
@@ -180,9 +186,15 @@ def print_runs(result: dict) -> None:
     )
     for run in result["runs"]:
         if run["error"]:
-            print(f"  {run['run_id']}: {run['status']}: {run['error'].get('message')}")
+            print(f"  {clip(run['run_id'])}: {run['status']}: {clip(run['error'].get('message'))}")
         for warning in run["warnings"]:
-            print(f"  warning: {warning}")
+            print(f"  warning: {clip(warning)}")
+    for warning in result.get("warnings", []):
+        print(f"warning: {warning}")
+    if result.get("invalid"):
+        print(f"\ninvalid {len(result['invalid'])}:")
+        for bad in result["invalid"]:
+            print(f"  {clip(bad['reason'])}")
     if result["groups"]:
         print("\ngroups (mean ± sample std over seeds)")
         rows = [
@@ -269,10 +281,35 @@ def _shard(args: argparse.Namespace, progress: bool) -> int:
     return 0
 
 
+def _check_out(args: argparse.Namespace) -> None:
+    """Refuse a bad --json before any work: empty, a folder, an input or inside an input."""
+    if args.json is None:
+        return
+    if args.command == "traces":
+        from analysis.traces import find_trace_files
+
+        files = find_trace_files(args.trace_dir)
+        folders = [args.trace_dir] if args.trace_dir.is_dir() else []
+        check_json_out(args.json, files, folders)
+    elif args.command == "merge":  # never over one of the parts being merged
+        check_json_out(args.json, args.parts)
+    else:  # runs, ops, diff, project: never inside one of the run folders read
+        from analysis.runs import find_run_dirs
+
+        names = ("runs_dirs", "run", "run_a", "run_b", "comm", "measured", "batch_runs")
+        inputs = [p for n in names for p in _as_list(getattr(args, n, None))]
+        check_json_out(args.json, [], find_run_dirs(inputs)[0])
+
+
+def _as_list(value: Any) -> list:
+    return [] if value is None else value if isinstance(value, list) else [value]
+
+
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     progress = not args.no_progress
     try:
+        _check_out(args)
         if args.command == "traces" and args.shard is not None:
             return _shard(args, progress)
         if args.command == "project":
@@ -302,6 +339,12 @@ def main(argv: list[str] | None = None) -> int:
         show(result)
         if args.json is not None:
             print(f"wrote {args.json}")
+        if args.command == "runs" and not result["runs"] and not result.get("tunes"):
+            # every folder was invalid: nothing usable
+            where = ", ".join(map(str, args.runs_dirs))
+            raise AnalysisError(
+                where, "no run could be analysed", "fix or remove the invalid run folders listed"
+            )
     except AnalysisError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2

@@ -144,8 +144,8 @@ def is_comm_run(run_dir: Path) -> bool:
     """True when `run_dir/run.json` says `kind: "comm"` (a collective benchmark, not a training)."""
     try:
         rec = json.loads((Path(run_dir) / "run.json").read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
-        return False
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError):
+        return False  # not a comm run; load_run then says what is wrong with it
     return isinstance(rec, dict) and rec.get("kind") == "comm"
 
 

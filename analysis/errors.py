@@ -7,7 +7,7 @@ keeps its traceback.
 
 from __future__ import annotations
 
-__all__ = ["AnalysisError"]
+__all__ = ["AnalysisError", "unexpected"]
 
 
 class AnalysisError(Exception):
@@ -16,3 +16,17 @@ class AnalysisError(Exception):
     def __init__(self, where: str, what: str, fix: str) -> None:
         self.where, self.what, self.fix = str(where), what, fix
         super().__init__(f"{self.where}: {what} — {fix}")
+
+
+def unexpected(err: BaseException) -> str:
+    """One line for an exception that is not an AnalysisError (a hostile or broken file hit a
+    path no rule covers): the batch records it as a skipped item and goes on."""
+    if isinstance(err, RecursionError):
+        what = "nested too deeply to analyse (RecursionError)"
+    elif isinstance(err, MemoryError):
+        what = "ran out of memory while analysing it (MemoryError)"
+    else:
+        text = " ".join(str(err).split())
+        text = text if len(text) <= 200 else text[:199] + "…"
+        what = f"could not be analysed ({type(err).__name__}: {text})"
+    return f"{what} — check the file; if torch.profiler/dpscope wrote it, report it as a bug"

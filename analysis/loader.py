@@ -11,10 +11,11 @@ so only one chunk of event objects is ever alive. Rank and world size come from 
 from __future__ import annotations
 
 import gzip
+import math
 import re
 import zlib
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import msgspec
@@ -41,8 +42,9 @@ class Event(msgspec.Struct, gc=False):
     cat: str = ""
     name: str = ""
     tid: int | str = 0  # `pid` is never used: not decoding it saves memory
-    ts: float = 0.0
-    dur: float = 0.0
+    # NaN when absent: an event without a time is dropped by classify, never taken as 0.
+    ts: float = math.nan
+    dur: float = math.nan
     args: msgspec.Raw = msgspec.Raw(b"")
 
 
@@ -142,6 +144,7 @@ class LoadedTrace:
     rank_source: str  # "distributedInfo", "file name" or "none"
     backend: str | None
     base_time_us: float  # baseTimeNanoseconds / 1000, 0 when absent
+    warnings: list[str] = field(default_factory=list)  # header values ignored as impossible
 
     def event_chunks(self, *, size: int = CHUNK_BYTES) -> Iterator[Iterator[list[Event]]]:
         """Yields one chunked pass over the events; if a chunk boundary turns out to be invalid,
@@ -192,6 +195,11 @@ def _read_bytes(path: Path) -> bytes:
     return data
 
 
+def _count(value: object) -> int | None:
+    """`value` if it is a non-negative int (JSON `true` is not a rank), else None."""
+    return value if type(value) is int and value >= 0 else None
+
+
 def load_trace(path: Path) -> LoadedTrace:
     """Decode `path`; raises AnalysisError (one line) when it is not a usable Kineto trace."""
     path = Path(path)
@@ -201,17 +209,24 @@ def load_trace(path: Path) -> LoadedTrace:
         raise AnalysisError(path, "no `traceEvents` list", "this is not a torch.profiler trace")
     rank = world = backend = None
     source = "none"
+    warnings: list[str] = []
     if trace.distributedInfo:
         try:
             info = msgspec.json.decode(trace.distributedInfo)
         except msgspec.DecodeError:
             info = None
-        if isinstance(info, dict) and isinstance(info.get("rank"), int):
+        bad = isinstance(info, dict) and "rank" in info and _count(info["rank"]) is None
+        if bad:
+            warnings.append(
+                f"{path}: distributedInfo.rank {repr(info['rank'])[:40]} is not a rank"
+                " (a non-negative integer) — ignored; the rank comes from the file name if any"
+            )
+        if isinstance(info, dict) and _count(info.get("rank")) is not None:
             rank, source = info["rank"], "distributedInfo"
-            world = info.get("world_size") if isinstance(info.get("world_size"), int) else None
+            world = _count(info.get("world_size")) or None
             backend = info.get("backend") if isinstance(info.get("backend"), str) else None
     if rank is None and (rank := rank_from_name(path)) is not None:
         source = "file name"
     base_us = (trace.baseTimeNanoseconds or 0) / 1000.0
     raw = memoryview(trace.traceEvents).cast("B")
-    return LoadedTrace(path, raw.toreadonly(), rank, world, source, backend, base_us)
+    return LoadedTrace(path, raw.toreadonly(), rank, world, source, backend, base_us, warnings)

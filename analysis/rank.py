@@ -12,11 +12,12 @@ from pathlib import Path
 
 import numpy as np
 
-from analysis.classify import COMM, COMPUTE, Classified, Ranges, classify
+from analysis.classify import COMM, COMPUTE, MAX_DUR_US, Classified, Ranges, classify
 from analysis.collectives import rank_instances
 from analysis.errors import AnalysisError
 from analysis.intervals import Intervals, clip, intersection_us, merge, total_us, union_us
 from analysis.loader import load_trace
+from analysis.memory import memory_summary
 from analysis.ops import rank_ops
 from analysis.tbprofiler import tb_split
 
@@ -163,7 +164,12 @@ def summarize_file(path: Path) -> dict:
             "no profiler events (no ops, kernels or ProfilerSteps)",
             "the profiler recorded nothing; check its schedule",
         )
-    warnings: list[str] = []
+    warnings: list[str] = list(loaded.warnings)
+    if c.dropped_events:
+        warnings.append(
+            f"{path}: dropped {c.dropped_events} event(s) with impossible times (missing ts/dur,"
+            f" negative, non-finite or over {MAX_DUR_US:.0e} µs) — not analysed"
+        )
     lo, hi, numbers = _windows(c, loaded.path, warnings)
     per_step = _step_rows(c, lo, hi, numbers)
     gpu = len(c.kernels) > 0
@@ -177,6 +183,7 @@ def summarize_file(path: Path) -> dict:
         "kind": "gpu" if gpu else "cpu",
         "origin_us": c.origin_us + loaded.base_time_us,
         "steps": len(per_step),
+        "dropped_events": c.dropped_events,
         "step_numbers": numbers,
         **{
             k: _mean(per_step, k)
@@ -205,10 +212,12 @@ def summarize_file(path: Path) -> dict:
         "per_step": per_step,
         "warnings": warnings,
         "instances": rank_instances(c, float(lo[0]), float(hi[-1])),
+        "memory": memory_summary(c.memory, str(loaded.path)),
     }
     summary["ops"], summary["ops_self_us_per_step"] = rank_ops(
         c, lo, hi, numbers == [None], summary["step_time_us_mean"]
     )
+    warnings += summary["memory"]["warnings"]
     if gpu:  # on GPU traces the rank-level idle and overlap follow HTA's definitions exactly
         summary["idle_pct"] = summary["hta"]["idle_pct"]
         summary["overlap_pct"] = summary["hta"]["overlap_pct"]

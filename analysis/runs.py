@@ -6,7 +6,6 @@ defined in docs/analysis.md; the JSON shape is the "runs JSON" schema there (sch
 
 from __future__ import annotations
 
-import json
 import math
 import statistics
 from collections.abc import Iterable, Sequence
@@ -17,8 +16,18 @@ import pandas as pd
 from tqdm import tqdm
 
 from analysis.comm import is_comm_run
-from analysis.errors import AnalysisError
+from analysis.errors import AnalysisError, unexpected
+from analysis.jsonsafe import finite_json
+from analysis.memory import breakdown_entries, fill_dynamic
 from analysis.projection_runs import comm_and_projections
+from analysis.records import (
+    Config,
+    EvalEntry,
+    InvalidRecord,
+    StepTime,
+    read_record,
+    read_steps,
+)
 from analysis.tune import is_tune_dir, load_tunes
 
 __all__ = [
@@ -103,10 +112,6 @@ def find_run_dirs(paths: Sequence[Path]) -> tuple[list[Path], list[dict]]:
     return run_dirs, skipped
 
 
-def _nan_to_none(x: Any) -> Any:
-    return None if x is None or (isinstance(x, float) and not math.isfinite(x)) else x
-
-
 def _phases(steps: pd.DataFrame) -> tuple[dict | None, list[dict]]:
     """Mean seconds per step of each phase, over all ranks and per rank, on the steps throughput
     uses: neither warm-up nor profiled (schema 1 folders have no `profiled` column: every
@@ -160,10 +165,9 @@ def _memory(entries: list[dict]) -> dict:
     return out
 
 
-def _device_type(config: dict) -> str | None:
+def _device_type(config: Config) -> str | None:
     """`cpu`, `cuda`, ... from the run's first device (`cuda:1` -> `cuda`); None when unknown."""
-    devices = config.get("devices") or []
-    return str(devices[0]).split(":", 1)[0] if devices else None
+    return config.devices[0].split(":", 1)[0] if config.devices else None
 
 
 def workload_key(run: dict) -> tuple:
@@ -171,51 +175,43 @@ def workload_key(run: dict) -> tuple:
     return tuple(run.get(k) for k in WORKLOAD_KEY)
 
 
-def _num_devices(config: dict) -> int:
+def _num_devices(config: Config) -> int:
     """Devices a run spreads over: DDP ranks, DP's GPUs, 1 for single (efficiency's divisor)."""
-    if config.get("mode") == "dp":
-        return max(1, len(set(config.get("devices") or [])))
-    return int(config.get("world_size") or 1)
+    if config.mode == "dp":
+        return max(1, len(set(config.devices)))
+    return config.world_size
 
 
 def load_run(run_dir: Path) -> dict:
     """One run entry of the runs JSON, without the cross-run fields (baseline, speedup, ...).
 
-    Raises AnalysisError when run.json is missing or unreadable; a missing steps.csv or bad traces
+    run.json and steps.csv are validated first (analysis/records.py). Raises AnalysisError when
+    run.json is missing or unreadable and InvalidRecord when either file breaks the run-folder
+    contract; a missing steps.csv (or a bad one in a run that did not finish ok) or bad traces
     only add a line to the entry's `warnings`.
     """
-    run_json = run_dir / "run.json"
-    try:
-        rec = json.loads(run_json.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise AnalysisError(run_json, "missing", "not a run folder") from None
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
-        raise AnalysisError(
-            run_json, f"unreadable ({err})", "the run was interrupted while writing; re-run it"
-        ) from None
-    if not isinstance(rec, dict) or not isinstance(rec.get("config"), dict):
-        raise AnalysisError(run_json, "has no `config` object", "re-run with the current launcher")
-    config, env = rec["config"], rec.get("env") or {}
-    metrics = rec.get("metrics") or {}
-    step_time = metrics.get("step_time_s") or {}
-    best = (rec.get("eval") or {}).get("best") or {}
+    rec, raw = read_record(run_dir / "run.json")
+    config, env, metrics = rec.config, rec.env, rec.metrics
+    step_time = metrics.step_time_s or StepTime()
+    best = rec.eval.best or EvalEntry()
+    memory = (raw.get("metrics") or {}).get("memory") or []
+    # The batch the scaling mode holds fixed: part of the same-workload key (WORKLOAD_KEY).
+    fixed_batch = config.global_batch if config.scaling == "strong" else config.per_device_batch
     entry: dict[str, Any] = {
-        "run_id": rec.get("run_id", run_dir.name),
+        "run_id": rec.run_id or run_dir.name,
         "path": str(run_dir),
-        "status": rec.get("status"),
-        "error": rec.get("error"),
-        **{k: config.get(k) for k in CONFIG_FIELDS},
-        **{k: env.get(k) for k in ENV_FIELDS},
-        "fixed_batch": config.get(
-            "global_batch" if config.get("scaling") == "strong" else "per_device_batch"
-        ),
+        "status": rec.status,
+        "error": raw.get("error"),
+        **{k: getattr(config, k) for k in CONFIG_FIELDS},
+        **{k: getattr(env, k) for k in ENV_FIELDS},
+        "fixed_batch": fixed_batch,
         "device_type": _device_type(config),
         "num_devices": _num_devices(config),
-        "samples_per_s": metrics.get("samples_per_s"),
-        "step_time_s_mean": step_time.get("mean"),
-        "step_time_s_p95": step_time.get("p95"),
-        "wall_time_s": metrics.get("wall_time_s"),
-        "profiler_overhead_pct": metrics.get("profiler_overhead_pct"),
+        "samples_per_s": metrics.samples_per_s,
+        "step_time_s_mean": step_time.mean,
+        "step_time_s_p95": step_time.p95,
+        "wall_time_s": metrics.wall_time_s,
+        "profiler_overhead_pct": metrics.profiler_overhead_pct,
         "baseline_run_id": None,
         "speedup": None,
         "scaling_efficiency": None,
@@ -224,28 +220,35 @@ def load_run(run_dir: Path) -> dict:
         "comm_pct": None,
         "exposed_comm_pct": None,
         "overlap_pct": None,
-        "memory": metrics.get("memory") or [],
-        **_memory(metrics.get("memory") or []),
-        "test_loss": best.get("test_loss"),
-        "top1_pct": best.get("top1_pct"),
-        "top5_pct": best.get("top5_pct"),
-        "trace_files": [str(t) for t in rec.get("traces") or []],
+        # Verbatim (validated) entries: fields newer writers add pass through to the report.
+        "memory": memory,
+        **_memory(memory),
+        "memory_breakdown": breakdown_entries((raw.get("metrics") or {}).get("memory_breakdown")),
+        "test_loss": best.test_loss,
+        "top1_pct": best.top1_pct,
+        "top5_pct": best.top5_pct,
+        "trace_files": list(rec.traces),
         "trace": None,
-        "warnings": [str(w) for w in rec.get("warnings") or [] if w],
+        "warnings": [w for w in rec.warnings if w],  # the writer's own (e.g. no unprofiled step)
     }
     steps_csv = run_dir / "steps.csv"
     if steps_csv.is_file():
         try:
+            read_steps(steps_csv)
+        except InvalidRecord as err:
+            if rec.status == "ok":
+                raise
+            # A run that did not finish may have been cut off mid-row: its numbers are not used.
+            entry["warnings"].append(f"{err} — phases left empty")
+        else:  # every cell is now known to be valid: pandas reads the same file into columns
             steps = pd.read_csv(steps_csv)
             entry["phases_s"], entry["phases_per_rank_s"] = _phases(steps)
             if "profiled" not in steps.columns and entry["status"] == "ok":
                 entry["warnings"].append(
                     f"{steps_csv}: no `profiled` column (run-folder schema "
-                    f"{rec.get('schema_version', 1)}) — throughput and phases include the "
+                    f"{rec.schema_version}) — throughput and phases include the "
                     "profiled steps; re-run with the current dpscope to exclude them"
                 )
-        except (ValueError, KeyError, pd.errors.ParserError) as err:
-            entry["warnings"].append(f"{steps_csv}: unreadable ({err}) — phases left empty")
     elif entry["status"] == "ok":
         entry["warnings"].append(f"{steps_csv}: missing — phases left empty")
     return entry
@@ -263,8 +266,17 @@ def _attach_trace(entry: dict, run_dir: Path, *, progress: bool) -> None:
     except AnalysisError as err:
         entry["warnings"].append(str(err))
         return
+    except Exception as err:  # noqa: BLE001 — the run's record stays; only its traces are lost
+        entry["warnings"].append(f"{trace_dir}: {unexpected(err)}")
+        return
     entry["trace"] = trace
     entry["warnings"] += [f"{s['file']}: {s['reason']}" for s in trace["skipped"]]
+    entry["warnings"] += [
+        f"{r['file']}: dropped {r['dropped_events']} event(s) with impossible times — not analysed"
+        for r in trace["ranks"]
+        if r.get("dropped_events")
+    ]
+    entry["warnings"] += fill_dynamic(entry["memory_breakdown"], trace["ranks"])
     ranks = [r for r in trace["ranks"] if r["step_time_us_mean"]]
     if ranks:
         entry["comm_pct"] = statistics.fmean(
@@ -361,19 +373,27 @@ def compare_runs(paths: Sequence[Path], *, progress: bool = True, traces: bool =
     bar = tqdm(
         run_dirs, desc="runs", unit="run", leave=False, disable=not progress or len(run_dirs) < 2
     )
+    invalid: list[dict] = []
     for run_dir in bar:
         try:
             entry = load_run(run_dir)
+            if traces and entry["status"] == "ok":
+                _attach_trace(entry, run_dir, progress=False)  # one bar, over the runs
+        except InvalidRecord as err:
+            invalid.append({"path": str(run_dir), **err.to_dict()})
+            continue
         except AnalysisError as err:
             skipped.append({"path": str(run_dir), "reason": f"{err.what} — {err.fix}"})
             continue
-        if traces and entry["status"] == "ok":
-            _attach_trace(entry, run_dir, progress=False)  # one bar, over the runs
+        except Exception as err:  # noqa: BLE001 — one bad run (even a RecursionError or
+            # MemoryError) costs one line; the other runs are still compared.
+            skipped.append({"path": str(run_dir), "reason": unexpected(err)})
+            continue
         _unique_id(entry, run_dir, {r["run_id"] for r in runs})
         runs.append(entry)
     tunes, tune_skipped = load_tunes(paths)
     skipped += tune_skipped
-    if not runs and not tunes and not comm_dirs:
+    if not runs and not tunes and not comm_dirs and not invalid:
         where = ", ".join(map(str, paths)) or "(no paths)"
         raise AnalysisError(
             where, "no readable run folders", "run `make profile-all` first or pass the runs folder"
@@ -381,15 +401,14 @@ def compare_runs(paths: Sequence[Path], *, progress: bool = True, traces: bool =
     order = {"single": 0, "dp": 1, "ddp": 2}
     runs.sort(key=lambda r: (order.get(r["mode"], 9), str(r["run_id"])))
     _link_baselines(runs)
-    for run in runs:
-        for key, value in run.items():
-            if isinstance(value, float):
-                run[key] = _nan_to_none(value)
-    return {
+    result = {
         "schema_version": SCHEMA_VERSION,
         "runs": runs,
         "groups": _groups(runs),
         "skipped": skipped,
         "tunes": tunes,
         **comm_and_projections(comm_dirs, runs),
+        "invalid": invalid,
+        "warnings": [],
     }
+    return finite_json(result, result["warnings"])

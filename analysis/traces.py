@@ -16,7 +16,8 @@ from pathlib import Path
 from tqdm import tqdm
 
 from analysis.collectives import combine_collectives
-from analysis.errors import AnalysisError
+from analysis.errors import AnalysisError, unexpected
+from analysis.jsonsafe import finite_json
 from analysis.rank import summarize_file
 
 __all__ = [
@@ -34,6 +35,7 @@ _RANK_FIELDS = (
     "rank_source",
     "kind",
     "steps",
+    "dropped_events",
     "step_numbers",
     "step_time_us_mean",
     "compute_us",
@@ -51,6 +53,7 @@ _RANK_FIELDS = (
     "ops",
     "ops_self_us_per_step",
     "per_step",
+    "memory",
     "warnings",
 )
 
@@ -81,6 +84,9 @@ def _summarize(path: Path) -> tuple[dict | None, str | None]:
         return summarize_file(path), None
     except AnalysisError as err:
         return None, f"{err.what} — {err.fix}"
+    except Exception as err:  # noqa: BLE001 — RecursionError, MemoryError, ...: one hostile
+        # file costs one line, never the other ranks.
+        return None, unexpected(err)
 
 
 def _summaries(files: list[Path], workers: int, progress: bool) -> Iterable[tuple[Path, tuple]]:
@@ -100,7 +106,11 @@ def _summaries(files: list[Path], workers: int, progress: bool) -> Iterable[tupl
         with ProcessPoolExecutor(max_workers=workers) as pool:
             futures = {pool.submit(_summarize, f): f for f in files}
             for fut in as_completed(futures):
-                yield futures[fut], fut.result()
+                try:
+                    result = fut.result()
+                except Exception as err:  # noqa: BLE001 — a worker killed (e.g. out of memory)
+                    result = (None, unexpected(err))
+                yield futures[fut], result
                 bar.update()
 
 
@@ -142,6 +152,7 @@ def _assign_ranks(summaries: list[dict], skipped: list[dict], warnings: list[str
     kept: dict[int, dict] = {}
     for s in sorted(summaries, key=lambda s: s["file"]):
         if s["rank"] is None:
+            warnings += s["warnings"]  # e.g. why its distributedInfo rank was not taken
             skipped.append(
                 {
                     "file": s["file"],
@@ -226,7 +237,7 @@ def combine_summaries(path: Path | str, good: list[dict], skipped: list[dict]) -
     tables = combine_collectives({r["rank"]: r["instances"] for r in ranks}, world_size)
     means = [r["step_time_us_mean"] for r in ranks]
     lo, hi = min(means), max(means)
-    return {
+    result = {
         "schema_version": SCHEMA_VERSION,
         "trace_dir": str(path),
         "world_size": world_size if worlds else None,
@@ -241,3 +252,4 @@ def combine_summaries(path: Path | str, good: list[dict], skipped: list[dict]) -
         "skipped": skipped,
         "warnings": warnings,
     }
+    return finite_json(result, warnings)

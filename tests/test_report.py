@@ -253,7 +253,7 @@ def test_section_tables_match_analysis_json(built):
             )
             assert same(row["scaling_efficiency_mean"][0], g["scaling_efficiency_mean"])
             assert row["scaling_efficiency_mean"][1].startswith(
-                f"{g['scaling_efficiency_mean'] * 100:.1f}"
+                f"{g['scaling_efficiency_mean'] * 100:,.1f}"  # fmt's thousands separator
             )
     env = page.row("environment", run_id=ddp["run_id"])
     assert env["hostname"][1] == ddp["hostname"] and env["torch"][1] == ddp["torch"]

@@ -11,6 +11,11 @@ DDP bucket info, and per-step loss parity of dp and ddp-nccl against single (the
 BatchNorm, so all three train the same model on the same global batches). With N > 1 GPUs also
 projected vs measured 1 -> N GPUs: a single run at DDP's per-device batch, an nccl comm benchmark,
 then `analysis project` of the single run to N ranks against ddp-nccl, and ddp-nccl's replay.
+The memory breakdown (MLP runs) on the CUDA allocator: parameters = gradients = momentum =
+Σ numel × 4 (DP: all on cuda:0), DDP buckets ≈ gradients (0 with the view, from an extra
+ddp-nccl --gradient-as-bucket-view run), the allocator's bytes at the end of a step at least the
+static floor + the batch, DDP − single on the allocator = the buckets within 5%, and the traced
+forward peak within 10% of the hand count.
 """
 
 from __future__ import annotations
@@ -26,9 +31,14 @@ from pathlib import Path
 
 import torch
 
+from analysis.runs import compare_runs
+from workloads.models import build_model
+
 REPO = Path(__file__).resolve().parents[1]
 LOSS_ATOL = 1e-4
 PROJECTION_TOL_PCT = 25.0  # the goal is 10%; the check fails only well beyond it  # GPU reductions differ in order between a 64-sample batch and N shards
+# Bytes one MLP sample occupies on the device: a 3×32×32 fp32 image and an int64 label.
+BATCH_SAMPLE_BYTES = 3 * 32 * 32 * 4 + 8
 
 
 def _launch(runs_dir: Path, run_id: str, args: list[str]) -> int:
@@ -187,6 +197,67 @@ def _projection_check(
         )
 
 
+def check_memory(check: Checker, label: str, run_dir: Path, *, mode: str, batch: int) -> None:
+    """The memory breakdown of an MLP run against the model's sizes and the CUDA allocator.
+
+    `batch` is the per-device batch. Hand counts: the MLP's forward peak is when the second ReLU
+    writes its output (the first ReLU's output, Linear 2's output and the new one are alive:
+    3 × batch × hidden × 4 bytes); the bytes allocated at the end of a step (after
+    zero_grad(set_to_none=True)) are at least the static floor plus the step's batch (inputs
+    fp32, labels int64).
+    """
+    mlp = build_model("mlp", num_classes=10)
+    params = sum(p.numel() * 4 for p in mlp.parameters())
+    (run,) = compare_runs([run_dir], progress=False)["runs"]
+    entries = run["memory_breakdown"]
+    owners = [e for e in entries if e["parameters_bytes"]]  # DP: only cuda:0 holds the module
+    check(label, "memory breakdown entries", bool(entries) and bool(owners), str(entries))
+    for e in owners:
+        where = f"rank {e['rank']} {e['device']}"
+        for key in ("parameters_bytes", "gradients_bytes", "optimizer_state_bytes"):
+            check(label, f"{where} {key} = Σ numel × 4", e[key] == params, f"{e[key]} != {params}")
+        buckets, grads = e["ddp_buckets_bytes"], e["gradients_bytes"]
+        if mode == "ddp-view":
+            check(label, f"{where} DDP buckets 0 with the view", buckets == 0, str(buckets))
+        elif mode == "ddp":
+            ok = abs(buckets - grads) <= 0.05 * grads
+            check(label, f"{where} DDP buckets ≈ gradients (5%)", ok, f"{buckets} vs {grads}")
+        hand = 3 * batch * mlp[1].out_features * 4
+        fwd = e["forward_peak_bytes"]
+        ok = fwd is not None and abs(fwd - hand) <= 0.10 * hand
+        check(label, f"{where} forward peak ≈ hand count (10%)", ok, f"{fwd} vs {hand}")
+    if mode == "dp":
+        return  # GPU 0 also holds DP's gathered outputs: no simple hand count at the step's end
+    allocated = _end_of_step_allocated(run_dir)
+    for e in owners:
+        grads_freed = mode != "ddp-view"  # with the view the gradients are DDP's buckets: kept
+        floor = e["static_total_bytes"] - (e["gradients_bytes"] if grads_freed else 0)
+        want = floor + batch * BATCH_SAMPLE_BYTES
+        got = allocated.get(e["rank"], 0)
+        # One-sided: the allocator also holds cuBLAS/cuBLASLt workspaces (kept per handle and
+        # stream), which no tensor owns; the DDP-vs-single check below cancels them exactly.
+        ok = got >= want
+        check(label, f"rank {e['rank']} allocator ≥ floor + batch", ok, f"{got} < {want}")
+
+
+def _end_of_step_allocated(run_dir: Path) -> dict[int, int]:
+    """Per rank, `torch.cuda.memory_allocated` after its last step (steps.csv)."""
+    with open(run_dir / "steps.csv", newline="") as f:
+        return {int(r["rank"]): int(r["cuda_allocated_bytes"]) for r in csv.DictReader(f)}
+
+
+def check_ddp_vs_single(check: Checker, single: Path, ddp: Path, *, gpus: int) -> None:
+    """On the CUDA allocator, DDP's rank 0 holds its unshared buckets more than the single run at
+    the end of a step, up to the batch difference (single: 32 × gpus samples, a rank: 32):
+    parameters, momentum and the cuBLAS workspaces are the same in both and cancel."""
+    (run,) = compare_runs([ddp], progress=False)["runs"]
+    buckets = next(e["ddp_buckets_bytes"] for e in run["memory_breakdown"] if e["rank"] == 0)
+    delta = _end_of_step_allocated(ddp)[0] - _end_of_step_allocated(single)[0]
+    want = buckets + (32 - 32 * gpus) * BATCH_SAMPLE_BYTES
+    ok = abs(delta - want) <= 0.05 * buckets
+    check("ddp-nccl", "allocator: DDP − single = buckets (5%)", ok, f"{delta} vs {want}")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m workloads.gpu_check", description=__doc__.splitlines()[0]
@@ -245,6 +316,13 @@ def main(argv: list[str] | None = None) -> int:
             argv("ddp", "nccl", *"--amp fp16 --comm-hook fp16".split()),
         ),
         (
+            "ddp-nccl-view",
+            "ddp",
+            "nccl",
+            gpus,
+            argv("ddp", "nccl", "--gradient-as-bucket-view"),
+        ),
+        (
             "ddp-nccl-syncbn",
             "ddp",
             "nccl",
@@ -266,9 +344,17 @@ def main(argv: list[str] | None = None) -> int:
         rc = _launch(runs_dir, run_dir.name, launch_args)
         if check_run(check, label, run_dir, rc, mode=mode, backend=backend, ranks=ranks, gpus=gpus):
             usable[label] = run_dir
+            if args.model == "mlp" and label in ("single", "dp", "ddp-nccl", "ddp-nccl-view"):
+                kind = "ddp-view" if label == "ddp-nccl-view" else mode
+                # Per-device batch: single takes the whole global batch, a DP replica or a
+                # DDP rank 32 (DP on cuda:0 runs its own replica's forward there).
+                batch = 32 * gpus if mode == "single" else 32
+                check_memory(check, label, run_dir, mode=kind, batch=batch)
             if label == "dp-bf16" and args.model == "mlp":
                 types = _matmul_input_types(run_dir, json.loads((run_dir / "run.json").read_text()))
                 check(label, "matmuls run in bf16", types == {"c10::BFloat16"}, str(types))
+    if "single" in usable and "ddp-nccl" in usable and args.model == "mlp":
+        check_ddp_vs_single(check, usable["single"], usable["ddp-nccl"], gpus=gpus)
     if "single" in usable and args.model == "mlp":
         reference = _losses(usable["single"])
         for label in ("dp", "ddp-nccl"):

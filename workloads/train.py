@@ -32,6 +32,7 @@ from torch.utils.data import DataLoader
 from tqdm import tqdm
 
 from profiler.memory import MemoryTracker
+from profiler.memory_breakdown import StaticMemory
 from profiler.record import (
     SCHEMA_VERSION,
     STEPS_COLUMNS,
@@ -250,6 +251,9 @@ def train(cfg: TrainConfig, ctx: RunContext, run_dir: Path) -> None:
         + (f" attempt={attempt_no} resumed_from={first_step}" if attempt_no else ""),
         flush=True,
     )
+    static = StaticMemory(
+        rank=ctx.rank, devices=list(ctx.devices), planned_steps=max(1, planned - first_step)
+    )
     bar = tqdm(
         total=planned,
         initial=first_step,
@@ -286,6 +290,7 @@ def train(cfg: TrainConfig, ctx: RunContext, run_dir: Path) -> None:
             )
             loss = hooks.poison(loss, state.step)
             beat.beat(state.step, "optimizer")
+            static.after_backward(model, state.step)  # between phases; counts once
             with timer.phase("optimizer"):
                 scaler.step(optimizer)
                 scaler.update()
@@ -294,6 +299,7 @@ def train(cfg: TrainConfig, ctx: RunContext, run_dir: Path) -> None:
             phase = profiler.phase()  # of this step, asked before step() moves the schedule on
             if phase == "active":
                 active_steps.append(state.step)
+            static.after_optimizer(model, optimizer, state.step)  # once; outside step_time_s
             profiler.step()
             sample = memory.step_sample()
             if state.step == first_step:
@@ -353,6 +359,7 @@ def train(cfg: TrainConfig, ctx: RunContext, run_dir: Path) -> None:
         rows=state.rows + rows,  # rank 0: every rank's rows up to the checkpoint, then its own
         active_steps=active_steps,
         memory=memory,
+        static=static,
         profiler=profiler,
         evals=state.evals,
         epoch_times=state.epoch_times,
@@ -371,6 +378,7 @@ def _finish(
     rows: list[dict],
     active_steps: list[int],
     memory: MemoryTracker,
+    static: StaticMemory,
     profiler: ProfilerSession,
     evals: list[dict],
     epoch_times: list[float],
@@ -386,6 +394,7 @@ def _finish(
         "device": [str(d) for d in ctx.devices],
         "memory": memory.summary(),
         "memory_after_first_step": memory.summary_after_first_step(),
+        "memory_breakdown": static.entries(),
         "traces": [p.relative_to(run_dir).as_posix() for p in profiler.trace_files()],
     }
     if ctx.mode == "ddp":
@@ -431,6 +440,7 @@ def _finish(
             "wall_time_s": time.perf_counter() - start,
             "memory": [m for g in gathered for m in g["memory"]],
             "memory_after_first_step": [m for g in gathered for m in g["memory_after_first_step"]],
+            "memory_breakdown": [m for g in gathered for m in g["memory_breakdown"]],
             "ddp": ddp_info,
             # Per-parameter gradient bytes in model.parameters() order: what DDP's reducer buckets
             # (analysis project computes a single-device run's buckets from it).

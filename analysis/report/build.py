@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import shutil
 import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -21,7 +22,10 @@ import jinja2
 import pandas as pd
 from tqdm import tqdm
 
-from analysis.report import figures
+from analysis.errors import AnalysisError
+from analysis.jsonsafe import DISPLAY_CHARS, clip
+from analysis.outputs import check_report_out
+from analysis.report import figures, memory_section
 from analysis.report.findings import THRESHOLDS, findings
 from analysis.report.ops import ops_context
 from analysis.report.projection import projection_context
@@ -47,16 +51,60 @@ class ReportFiles:
     csvs: list[Path] = field(default_factory=list)
 
 
-def _write_atomic(path: Path, text: str) -> None:
-    # Temp file in the same folder + os.replace: a reader never sees half a report.
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+_UMASK = os.umask(0)
+os.umask(_UMASK)
+# Keys whose strings are file paths (links must stay whole); every other string from a record is
+# cut to DISPLAY_CHARS for the page, so the report's time does not grow with a string's length.
+_PATH_KEYS = frozenset({"path", "file", "trace_files", "trace_dir"})
+FIGURE_CHARS = 40  # figure labels: a longer one squeezes the plot out of its canvas
+
+
+def _display(obj: Any, limit: int = DISPLAY_CHARS, keep: frozenset = _PATH_KEYS) -> Any:
+    """A copy of the runs JSON with long strings clipped for display (summary.json keeps all);
+    values under the `keep` keys are left as they are."""
+    if isinstance(obj, str):
+        return clip(obj, limit)
+    if isinstance(obj, dict):
+        return {k: v if k in keep else _display(v, limit, keep) for k, v in obj.items()}
+    if isinstance(obj, list | tuple):
+        return [_display(v, limit, keep) for v in obj]
+    return obj
+
+
+def _replace_folder(files: dict[str, str], out_dir: Path) -> None:
+    """Write `files` into a temporary sibling folder, then rename it into place: a failure part-way
+    leaves the previous report whole. Raises ReportError naming the file that failed."""
+    parent = out_dir.parent
+    tmp: Path | None = None
     try:
-        with os.fdopen(fd, "w", encoding="utf-8", newline="") as f:
-            f.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+        parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", suffix=".tmp", dir=parent))
+        os.chmod(tmp, 0o777 & ~_UMASK)  # mkdtemp's 0700 would hide the report from others
+        for name, text in files.items():
+            try:
+                (tmp / name).write_text(text, encoding="utf-8", newline="")
+            except OSError as exc:  # name the report file, not the temporary folder
+                raise OSError(exc.errno, exc.strerror, name) from exc
+        old = None
+        if out_dir.exists():
+            old = parent / f"{tmp.name[:-4]}.old"
+            os.replace(out_dir, old)
+        try:
+            os.replace(tmp, out_dir)
+        except OSError:
+            if old is not None:
+                os.replace(old, out_dir)  # put the previous report back
+            raise
+        if old is not None:
+            shutil.rmtree(old, ignore_errors=True)
+    except OSError as exc:
+        if tmp is not None:
+            shutil.rmtree(tmp, ignore_errors=True)
+        where = f" ({exc.filename})" if exc.filename else ""
+        raise ReportError(
+            f"cannot write the report into {out_dir}{where}: {exc.strerror or exc};"
+            " pass another --out (the previous report is unchanged)"
+        ) from exc
 
 
 def _json_safe(obj: Any) -> Any:
@@ -105,12 +153,14 @@ def _bar(frame: pd.DataFrame, labels: dict[str, str], *extra: str) -> pd.DataFra
     bar = frame["run_id"].map(labels).fillna(frame["run_id"])
     for col in extra:
         bar = bar + " · " + frame[col].map(lambda v, c=col: f"{c} {v}" if c == "rank" else str(v))
-    return frame.assign(bar=bar)
+    return frame.assign(bar=bar.map(lambda b: clip(b, 2 * FIGURE_CHARS)))
 
 
 def _figures(
     data: dict[str, Any], tables: dict[str, Table], progress: bool
 ) -> dict[str, str | None]:
+    # Run ids stay as in the tables (already clipped there): they key the labels of every figure.
+    data = _display(data, FIGURE_CHARS, _PATH_KEYS | {"run_id", "run_ids", "baseline_run_id"})
     labels = unique_labels(data.get("runs", []))
     runs = _runs_frame(data)
     steps = pd.DataFrame(
@@ -161,14 +211,25 @@ def _environment() -> jinja2.Environment:
     return env
 
 
+def _check_out(out_dir: Path, inputs: list[Path]) -> None:
+    try:
+        check_report_out(out_dir, inputs)
+    except AnalysisError as exc:
+        raise ReportError(str(exc)) from None
+
+
 def write_report(data: dict[str, Any], out_dir: Path, *, progress: bool = True) -> ReportFiles:
     """Write index.html, summary.json and the CSV tables for a runs JSON into `out_dir`."""
     out_dir = Path(out_dir)
+    _check_out(out_dir, [Path(r["path"]) for r in data.get("runs", []) if r.get("path")])
+    full, data = data, _display(data)
     tables = all_tables(data, out_dir)
-    found = findings(data)
+    memory = memory_section.context(data)
+    tables["memory_breakdown"] = memory["table"]
+    found = findings(data) + memory["findings"]
     figs = _figures(data, tables, progress)
     summary = _json_safe(
-        {**data, "findings": [f.to_dict() for f in found], "thresholds": THRESHOLDS}
+        {**full, "findings": [f.to_dict() for f in found], "thresholds": THRESHOLDS}
     )
     html = (
         _environment()
@@ -181,24 +242,21 @@ def write_report(data: dict[str, Any], out_dir: Path, *, progress: bool = True) 
             figures=figs,
             ops=ops_context(data),
             projection=projection_context(data),
+            memory_breakdown=memory,
             thresholds=THRESHOLDS,
-            tunes=tune_sections(data),
-            n_runs=len(data.get("runs", [])) + len(data.get("skipped", [])),
+            # Tune commands and notes are dpscope's own long lines: a looser clip keeps them whole.
+            tunes=tune_sections({"tunes": _display(full.get("tunes") or [], 10 * DISPLAY_CHARS)}),
+            n_runs=len(data.get("runs", []))
+            + len(data.get("skipped", []))
+            + len(data.get("invalid", [])),
             generated_at=datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),
         )
     )
     # Everything is rendered before the first write, so a failure above leaves the folder as it was.
     files = {t.csv: t.frame().to_csv(index=False) for t in tables.values() if t.csv}
     files["summary.json"] = json.dumps(summary, indent=2, allow_nan=False) + "\n"
-    files["index.html"] = html  # last: its appearance means the report is complete
-    try:
-        out_dir.mkdir(parents=True, exist_ok=True)
-        for name, text in files.items():
-            _write_atomic(out_dir / name, text)
-    except OSError as exc:
-        raise ReportError(
-            f"cannot write the report into {out_dir}: {exc.strerror or exc}; pass another --out"
-        ) from exc
+    files["index.html"] = html
+    _replace_folder(files, out_dir)
     index = out_dir / "index.html"
     csvs = [out_dir / t.csv for t in tables.values() if t.csv]
     return ReportFiles(index_html=index, summary_json=out_dir / "summary.json", csvs=csvs)
@@ -206,11 +264,12 @@ def write_report(data: dict[str, Any], out_dir: Path, *, progress: bool = True) 
 
 def build_report(paths: Sequence[Path], out_dir: Path, *, progress: bool = True) -> ReportFiles:
     """Analyse the run folders under `paths` with `compare_runs` and write the report."""
-    from analysis.runs import AnalysisError, compare_runs
+    from analysis.runs import compare_runs
 
     for p in paths:
         if not Path(p).is_dir():
             raise ReportError(f"{p} is not a folder; pass RUNS folders made by `make profile-all`")
+    _check_out(Path(out_dir), [Path(p) for p in paths])  # before any work
     try:
         data = compare_runs([Path(p) for p in paths], progress=progress)
     except AnalysisError as exc:

@@ -258,6 +258,8 @@ def _failures(data: dict[str, Any]) -> list[Finding]:
                 text=f"Folder {s['path']} could not be read: {s['reason']}",
             )
         )
+    for s in data.get("invalid", []):
+        out.append(Finding(rule="run_invalid", severity="bad", text=f"Invalid run: {s['reason']}"))
     return out
 
 

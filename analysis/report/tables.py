@@ -16,6 +16,7 @@ from urllib.parse import quote
 
 import pandas as pd
 
+from analysis.jsonsafe import clip
 from analysis.report.columns import (
     ACCURACY_COLS,
     COLLECTIVE_COLS,
@@ -33,6 +34,7 @@ from analysis.report.columns import (
 __all__ = ["Column", "Table", "all_tables", "fmt", "run_label", "run_reason"]
 
 MIB = 2**20
+CELL_CHARS = 2000  # longest text shown in one table cell
 
 
 @dataclass(kw_only=True)
@@ -88,9 +90,11 @@ def fmt(value: Any, col: Column, row: dict[str, Any] | None = None) -> str:
         text = f"{value * col.scale:,.{col.digits}f}"
         std = (row or {}).get(col.std_key) if col.kind == "pm" else None
         return f"{text} ± {std * col.scale:,.{col.digits}f}" if not _missing(std) else text
+    # Record strings are already clipped one by one (build._display); this bound only stops a
+    # cell that joins many of them, or one read outside the runs JSON, from growing without limit.
     if isinstance(value, list):
-        return ", ".join(map(str, value)) or "—"
-    return str(value)
+        return clip(", ".join(map(str, value)), CELL_CHARS) or "—"
+    return clip(str(value), CELL_CHARS)
 
 
 def run_reason(run: dict[str, Any]) -> str:
@@ -161,6 +165,8 @@ def summary_rows(data: dict[str, Any], labels: dict[str, str]) -> list[dict[str,
     ]
     for s in data.get("skipped", []):
         rows.append({"run_id": Path(s["path"]).name, "status": "unreadable", "reason": s["reason"]})
+    for s in data.get("invalid", []):  # broke the run-folder contract: never analysed
+        rows.append({"run_id": Path(s["path"]).name, "status": "invalid", "reason": s["reason"]})
     return rows
 
 
@@ -261,7 +267,7 @@ def _run_env(run: dict[str, Any]) -> dict[str, Any]:
     # The runs JSON copies only some env fields; python etc. are read from run.json itself.
     try:
         env = json.loads((Path(run["path"]) / "run.json").read_text(encoding="utf-8")).get("env")
-    except (OSError, ValueError, AttributeError):
+    except (OSError, ValueError, AttributeError, RecursionError):
         return {}
     return env if isinstance(env, dict) else {}
 
