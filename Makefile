@@ -142,3 +142,21 @@ bench: bench-overhead bench-analysis
 
 bench-overhead: setup
 	$(PY) -m bench.overhead $(if $(BENCH_OUT),--json $(BENCH_OUT))
+
+# --- scaling sweep (README: Scaling sweeps) ---------------------------------------------------
+# NPROCS empty: powers of two up to the GPU count (1 2 on CPU); given empty on the command line
+# (`NPROCS=`) it is an error rather than a silent default.
+NPROCS   ?=
+MODES    ?= single dp ddp
+BACKENDS ?= nccl gloo
+SCALING  ?= strong
+SWEEP    ?=
+.PHONY: profile-sweep
+profile-sweep: setup
+	$(PY) -m workloads.sweep $(if $(filter command line,$(origin NPROCS)),--nprocs "$(NPROCS)") \
+	    --modes "$(MODES)" --backends "$(BACKENDS)" --seeds "$(SEEDS)" --scaling "$(SCALING)" \
+	    $(if $(SWEEP),--sweep "$(SWEEP)") $(RUN_FLAGS) $(ARGS)
+
+.PHONY: bench-report
+bench-report: setup
+	$(PY) -m analysis.report.bench --out $(or $(BENCH_OUT),reports/bench/report.json)

@@ -11,9 +11,6 @@ from analysis.errors import AnalysisError
 
 __all__ = ["check_json_out", "check_report_out"]
 
-# Files a report folder holds; a non-empty --out folder with anything else is not replaced.
-REPORT_MARKERS = ("index.html", "summary.json")
-
 
 def _blocking_file(path: Path) -> Path | None:
     """The first existing non-folder among `path`'s parents (the write would fail there)."""
@@ -52,8 +49,9 @@ def check_json_out(out: Path, inputs: Iterable[Path], input_dirs: Iterable[Path]
 
 
 def check_report_out(out: Path, inputs: Iterable[Path]) -> None:
-    """Raise AnalysisError unless `out` is a new folder, an empty one or a previous report that
-    overlaps no input folder (the report replaces the whole folder)."""
+    """Raise AnalysisError unless `out` can hold the report: a folder name (not a file, not inside
+    a run folder) that holds no input. Other files in it are left alone (the report swaps in only
+    its own files)."""
 
     def refuse(why: str) -> AnalysisError:
         return AnalysisError(
@@ -74,6 +72,3 @@ def check_report_out(out: Path, inputs: Iterable[Path]) -> None:
         src = Path(path).resolve()
         if _inside(src, target):
             raise refuse(f"it holds the input {path}, which the report would replace")
-    if out.is_dir() and any(out.iterdir()):
-        if not all((out / m).is_file() for m in REPORT_MARKERS):
-            raise refuse("the folder holds files and is not a report (no index.html/summary.json)")

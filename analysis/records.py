@@ -64,6 +64,7 @@ class Config(msgspec.Struct):
     amp: str | None = None
     seed: int | None = None
     warmup_steps: Count | None = None
+    sweep_id: str | None = None
 
 
 class Env(msgspec.Struct):

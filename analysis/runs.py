@@ -55,6 +55,7 @@ CONFIG_FIELDS = (
     "seed",
     "amp",
     "devices",
+    "sweep_id",
 )
 ENV_FIELDS = ("os", "hostname", "torch", "cuda", "nccl", "threads_per_rank")
 # "Same workload": runs that agree on all of these ran the same problem on the same kind of machine,
@@ -212,6 +213,8 @@ def load_run(run_dir: Path) -> dict:
         "step_time_s_p95": step_time.p95,
         "wall_time_s": metrics.wall_time_s,
         "profiler_overhead_pct": metrics.profiler_overhead_pct,
+        # Wall time of each epoch's training loop as run (partial when --max-steps cut it).
+        "epoch_time_s": _mean_std(metrics.epoch_time_s)[0],
         "baseline_run_id": None,
         "speedup": None,
         "scaling_efficiency": None,

@@ -19,6 +19,7 @@ import pytest
 from analysis.collectives import combine_collectives
 from analysis.report.build import write_report
 from analysis.report.findings import findings
+from analysis.report.scaling import group_labels, scaling_frame
 from analysis.runs import compare_runs, load_run
 from analysis.traces import analyze_trace_dir
 from profiler.session import ProfileConfig
@@ -262,3 +263,10 @@ def test_bf16_fp32_and_other_os_runs_are_never_pooled(single_mlp_run, ddp_mlp_ru
         ("ddp-bf16", "single-bf16"),
         ("ddp-fp32", "single-fp32"),
     }
+    # The sweep view (group labels, scaling curves) keeps them apart too: one label per group,
+    # and every scaling-curve series holds runs of one workload only.
+    labels = group_labels(data)
+    assert len({labels[r] for r in by_id}) == len(data["groups"]), labels
+    frame = scaling_frame(data)
+    for _, series in frame.groupby(["panel", "series"]):
+        assert len(series[["amp", "device_type", "os"]].drop_duplicates()) == 1, series

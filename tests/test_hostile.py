@@ -467,7 +467,7 @@ def test_json_out_inside_a_run_folder_is_refused(tmp_path, single_mlp_run, capsy
     assert (run / "run.json").read_bytes() == before
 
 
-@pytest.mark.parametrize("target", ["", ".", "/", "file", "input", "inside-run", "foreign"])
+@pytest.mark.parametrize("target", ["", ".", "/", "file", "input", "inside-run"])
 def test_bad_report_out_is_refused_before_work(target, tmp_path, single_mlp_run, capsys):
     runs = tmp_path / "runs"
     shutil.copytree(single_mlp_run, runs / "single")
@@ -478,7 +478,6 @@ def test_bad_report_out_is_refused_before_work(target, tmp_path, single_mlp_run,
         "file": tmp_path / "file",
         "input": runs,
         "inside-run": runs / "single" / "report",
-        "foreign": tmp_path / "foreign",
     }.get(target, target)
     assert report_main([str(runs), "--out", str(out), "--no-progress"]) == 2
     (line,) = capsys.readouterr().err.strip().splitlines()
@@ -486,6 +485,27 @@ def test_bad_report_out_is_refused_before_work(target, tmp_path, single_mlp_run,
     assert (runs / "single" / "run.json").is_file() and not (runs / "single" / "report").exists()
     assert (tmp_path / "file").read_text() == "keep"
     assert (tmp_path / "foreign" / "notes.txt").read_text() == "keep"
+
+
+def test_report_into_a_folder_with_other_files_keeps_them(tmp_path, single_mlp_run):
+    """`make report` writes into reports/, which holds the project's README.md and bench/: the
+    report swaps in its own files only, and a second report removes what the first wrote and
+    the second does not (from the first one's manifest), never a foreign file."""
+    runs = tmp_path / "runs"
+    shutil.copytree(single_mlp_run, runs / "single")
+    out = tmp_path / "reports"
+    (out / "bench").mkdir(parents=True)
+    (out / "README.md").write_text("keep")
+    (out / "bench" / "overhead.json").write_text("{}")
+    assert report_main([str(runs), "--out", str(out), "--no-progress"]) == 0
+    assert (out / "index.html").is_file() and (out / "README.md").read_text() == "keep"
+    (out / "stale.csv").write_text("old")  # as if the previous report had written it
+    manifest = out / ".dpscope-report.json"
+    manifest.write_text(json.dumps([*json.loads(manifest.read_text()), "stale.csv"]))
+    assert report_main([str(runs), "--out", str(out), "--no-progress"]) == 0
+    assert not (out / "stale.csv").exists()
+    assert (out / "README.md").read_text() == "keep" and (out / "bench" / "overhead.json").exists()
+    assert not [p for p in out.iterdir() if p.name.startswith(".report-")]  # no staging left
 
 
 @pytest.mark.skipif(os.name != "posix", reason="RLIMIT_FSIZE is POSIX-only")
@@ -519,8 +539,7 @@ def test_failed_report_write_leaves_the_previous_report_whole(tmp_path):
     (line,) = proc.stderr.strip().splitlines()
     assert "(index.html)" in line and "File too large" in line
     assert "previous report is unchanged" in line
-    assert {p.name: p.read_bytes() for p in out.iterdir()} == before
-    assert [p.name for p in tmp_path.iterdir()] == ["report"]  # no temporary folder left
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before  # no staging folder left
 
 
 # ---------------------------------------------------------------------------------------------

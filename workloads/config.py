@@ -117,6 +117,7 @@ class TrainConfig:
     run_id: str = _opt(
         "", "run folder name (default: <mode>-<backend>-<model>-<dataset>-n<world>-s<seed>-<time>)"
     )
+    sweep_id: str = _opt("", "the sweep this run belongs to (set by `make profile-sweep`)")
 
     def __post_init__(self) -> None:
         for name in (
@@ -305,4 +306,5 @@ def config_record(
             "comm_hook": cfg.comm_hook,
         },
         "profile": ProfileConfig(**cfg.profile_kwargs()).to_dict(),
+        "sweep_id": cfg.sweep_id or None,
     }

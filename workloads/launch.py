@@ -322,11 +322,13 @@ def run(args: argparse.Namespace, extra: list[str]) -> int:
                 sync_bn=args.sync_bn,
             )
         except LaunchError as exc:
-            if args.mode != "all":
+            if args.mode != "all" and not args.skip_impossible:
                 raise
             plan = _skipped_plan(mode, backend, nproc, args.nnodes)
             cfg = config_from_namespace(args, mode=mode, backend=backend, init_method=init_method)
-            cfg.run_id = default_run_id(cfg, backend=plan.backend, world_size=plan.replicas)
+            cfg.run_id = cfg.run_id or default_run_id(
+                cfg, backend=plan.backend, world_size=plan.replicas
+            )
             _skip(cfg, plan, args.nnodes, str(exc))
             statuses.append("skipped")
             continue
@@ -342,7 +344,7 @@ def run(args: argparse.Namespace, extra: list[str]) -> int:
         try:  # a batch that does not divide fails here, before any process starts
             batch_split(cfg, plan.replicas)
         except ValueError as exc:
-            if args.mode != "all":
+            if args.mode != "all" and not args.skip_impossible:
                 raise
             _skip(cfg, plan, args.nnodes, str(exc))  # impossible with this batch: skipped
             statuses.append("skipped")
@@ -403,6 +405,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--rdzv-file",
         default="",
         help="file:// rendezvous: a path every rank can reach; becomes init_method",
+    )
+    parser.add_argument(
+        "--skip-impossible",
+        action="store_true",
+        help="record a mode this machine can't run as status: skipped (as --mode all does) "
+        "instead of exiting with an error; what `make profile-sweep` uses",
     )
     parser.add_argument(
         "--max-restarts",

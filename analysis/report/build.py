@@ -29,6 +29,16 @@ from analysis.report import figures, memory_section
 from analysis.report.findings import THRESHOLDS, findings
 from analysis.report.ops import ops_context
 from analysis.report.projection import projection_context
+from analysis.report.scaling import (
+    GROUP_FIGURES_ABOVE,
+    MAX_CHIPS,
+    MAX_FINDINGS,
+    first_of_groups,
+    group_labels,
+    scaling_figures,
+    scaling_frame,
+    skipped_by_reason,
+)
 from analysis.report.tables import Table, all_tables, fmt, unique_labels
 from analysis.report.tune import tune_sections
 from analysis.runs import WORKLOAD_KEY
@@ -51,8 +61,6 @@ class ReportFiles:
     csvs: list[Path] = field(default_factory=list)
 
 
-_UMASK = os.umask(0)
-os.umask(_UMASK)
 # Keys whose strings are file paths (links must stay whole); every other string from a record is
 # cut to DISPLAY_CHARS for the page, so the report's time does not grow with a string's length.
 _PATH_KEYS = frozenset({"path", "file", "trace_files", "trace_dir"})
@@ -71,40 +79,68 @@ def _display(obj: Any, limit: int = DISPLAY_CHARS, keep: frozenset = _PATH_KEYS)
     return obj
 
 
+MANIFEST = ".dpscope-report.json"  # the files the last report wrote into its folder
+
+
 def _replace_folder(files: dict[str, str], out_dir: Path) -> None:
-    """Write `files` into a temporary sibling folder, then rename it into place: a failure part-way
-    leaves the previous report whole. Raises ReportError naming the file that failed."""
-    parent = out_dir.parent
-    tmp: Path | None = None
+    """Put `files` into `out_dir` as one unit, leaving every other file there alone (the
+    folder's README, a `bench/` subfolder, the user's notes).
+
+    All files are first written into a hidden staging folder inside `out_dir` (same filesystem),
+    then swapped in by rename, index.html last; the previous report's files (and those it wrote
+    that this one does not, from its manifest) move to a hidden backup folder that is deleted at
+    the end. A failure part-way moves everything back, so the previous report stays whole; the
+    ReportError names the file that failed."""
+    stage: Path | None = None
+    backup: Path | None = None
+    swapped: list[str] = []
     try:
-        parent.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", suffix=".tmp", dir=parent))
-        os.chmod(tmp, 0o777 & ~_UMASK)  # mkdtemp's 0700 would hide the report from others
-        for name, text in files.items():
+        out_dir.mkdir(parents=True, exist_ok=True)
+        stage = Path(tempfile.mkdtemp(prefix=".report-new-", dir=out_dir))
+        backup = Path(tempfile.mkdtemp(prefix=".report-old-", dir=out_dir))
+        names = [*sorted(n for n in files if n != "index.html"), MANIFEST, "index.html"]
+        texts = {**files, MANIFEST: json.dumps(sorted(files)) + "\n"}
+        for name in names:
             try:
-                (tmp / name).write_text(text, encoding="utf-8", newline="")
-            except OSError as exc:  # name the report file, not the temporary folder
+                # A plain write is enough in the private staging folder; open() gives the file the
+                # umask's mode, which the rename keeps.
+                (stage / name).write_text(texts[name], encoding="utf-8", newline="")
+            except OSError as exc:  # name the report file, not the staging folder
                 raise OSError(exc.errno, exc.strerror, name) from exc
-        old = None
-        if out_dir.exists():
-            old = parent / f"{tmp.name[:-4]}.old"
-            os.replace(out_dir, old)
+        stale = [n for n in _previous_files(out_dir) if n not in texts and (out_dir / n).is_file()]
         try:
-            os.replace(tmp, out_dir)
+            for name in [*stale, *names]:
+                if (out_dir / name).exists():
+                    os.replace(out_dir / name, backup / name)
+                swapped.append(name)
+                if name in texts:
+                    os.replace(stage / name, out_dir / name)
         except OSError:
-            if old is not None:
-                os.replace(old, out_dir)  # put the previous report back
+            for name in reversed(swapped):  # undo: the previous report's files go back
+                (out_dir / name).unlink(missing_ok=True)
+                if (backup / name).exists():
+                    os.replace(backup / name, out_dir / name)
             raise
-        if old is not None:
-            shutil.rmtree(old, ignore_errors=True)
     except OSError as exc:
-        if tmp is not None:
-            shutil.rmtree(tmp, ignore_errors=True)
         where = f" ({exc.filename})" if exc.filename else ""
         raise ReportError(
             f"cannot write the report into {out_dir}{where}: {exc.strerror or exc};"
             " pass another --out (the previous report is unchanged)"
         ) from exc
+    finally:
+        for folder in (stage, backup):
+            if folder is not None:
+                shutil.rmtree(folder, ignore_errors=True)
+
+
+def _previous_files(out_dir: Path) -> list[str]:
+    """Plain file names the previous report listed in its manifest (nothing if unreadable)."""
+    try:
+        names = json.loads((out_dir / MANIFEST).read_text(encoding="utf-8"))
+    except (OSError, ValueError, RecursionError):
+        return []
+    ok = isinstance(names, list) and all(isinstance(n, str) for n in names)
+    return [n for n in names if Path(n).name == n and not n.startswith(".")] if ok else []
 
 
 def _json_safe(obj: Any) -> Any:
@@ -135,6 +171,8 @@ def _runs_frame(data: dict[str, Any]) -> pd.DataFrame:
     ]
     df = pd.DataFrame([{k: r.get(k) for k in keys} for r in runs], columns=keys)
     df["label"] = df["run_id"].map(labels)
+    group_of = group_labels(data)
+    df["group"] = [group_of.get(r, lab) for r, lab in zip(df["run_id"], df["label"], strict=True)]
     backend = df["backend"].where(~df["backend"].isin(["none", "dp"]) & df["backend"].notna(), "")
     df["series"] = df["mode"].astype(str) + backend.map(lambda b: f" ({b})" if b else "")
     # One line per comparable set: never average a model's throughput with another model's.
@@ -146,14 +184,27 @@ def _runs_frame(data: dict[str, Any]) -> pd.DataFrame:
     return df
 
 
-def _bar(frame: pd.DataFrame, labels: dict[str, str], *extra: str) -> pd.DataFrame:
-    """Add a `bar` column (run label · rank · ...) used as the y axis of per-rank figures."""
+def _pooled_bar(
+    frame: pd.DataFrame, labels: dict[str, str], *extra: str, pooled: bool = False
+) -> pd.DataFrame:
+    """Add a `bar` column (run label · rank · ...) used as the y axis of per-rank figures.
+
+    `pooled`: `labels` map runs to their group, and rows sharing a bar (the seeds of a group)
+    become one row holding their mean, so a sweep draws one bar per group and rank, not per run.
+    """
     if frame.empty:
         return frame.assign(bar=pd.Series(dtype=str))
     bar = frame["run_id"].map(labels).fillna(frame["run_id"])
     for col in extra:
         bar = bar + " · " + frame[col].map(lambda v, c=col: f"{c} {v}" if c == "rank" else str(v))
-    return frame.assign(bar=bar.map(lambda b: clip(b, 2 * FIGURE_CHARS)))
+    frame = frame.assign(bar=bar.map(lambda b: clip(b, 2 * FIGURE_CHARS)))
+    if not pooled:
+        return frame
+    keys = ["bar", *(["step"] if "step" in frame else [])]
+    # Numeric columns, including all-empty ones (CUDA memory on CPU runs) the figures still name.
+    nums = {c: pd.to_numeric(frame[c], errors="coerce") for c in frame if c not in keys}
+    nums = {c: v for c, v in nums.items() if v.notna().sum() == frame[c].notna().sum()}
+    return frame[keys].assign(**nums).groupby(keys, sort=False).mean().reset_index()
 
 
 def _figures(
@@ -178,20 +229,27 @@ def _figures(
         ],
         columns=["run_id", "rank", "step", "step_time_ms"],
     )
+    by_group = len(runs) > GROUP_FIGURES_ABOVE
+    if by_group:  # per-rank figures: one bar per group of seeds (mean), not one per run
+        labels = dict(zip(runs["run_id"], runs["group"], strict=True))
+
+    def bar_of(frame: pd.DataFrame, labels: dict[str, str], *extra: str) -> pd.DataFrame:
+        return _pooled_bar(frame, labels, *extra, pooled=by_group)
+
     jobs = {
-        "summary": lambda: figures.summary_figure(runs),
+        "summary": lambda: figures.summary_figure(runs, by_group=by_group),
         "speedup": lambda: figures.speedup_figure(runs),
-        "phases": lambda: figures.phases_figure(_bar(tables["phases"].frame(), labels, "rank")),
+        "phases": lambda: figures.phases_figure(bar_of(tables["phases"].frame(), labels, "rank")),
         "comm": lambda: figures.comm_figure(
-            _bar(tables["overlap"].frame(), labels, "rank"),
-            _bar(tables["collectives"].frame(), labels, "name"),
+            bar_of(tables["overlap"].frame(), labels, "rank"),
+            bar_of(tables["collectives"].frame(), labels, "name"),
         ),
         "memory": lambda: figures.memory_figure(
-            _bar(tables["memory"].frame(), labels, "rank", "device")
+            bar_of(tables["memory"].frame(), labels, "rank", "device")
         ),
         "accuracy": lambda: figures.accuracy_figure(runs),
         "environment": lambda: figures.environment_figure(runs),
-        "traces": lambda: figures.step_times_figure(_bar(steps, labels, "rank")),
+        "traces": lambda: figures.step_times_figure(bar_of(steps, labels, "rank")),
     }
     return {
         name: job()
@@ -224,7 +282,8 @@ def write_report(data: dict[str, Any], out_dir: Path, *, progress: bool = True) 
     _check_out(out_dir, [Path(r["path"]) for r in data.get("runs", []) if r.get("path")])
     full, data = data, _display(data)
     tables = all_tables(data, out_dir)
-    memory = memory_section.context(data)
+    many = sum(r.get("status") == "ok" for r in data.get("runs", [])) > GROUP_FIGURES_ABOVE
+    memory = memory_section.context(data, first_of_groups(data) if many else None)
     tables["memory_breakdown"] = memory["table"]
     found = findings(data) + memory["findings"]
     figs = _figures(data, tables, progress)
@@ -240,7 +299,12 @@ def write_report(data: dict[str, Any], out_dir: Path, *, progress: bool = True) 
             labels=unique_labels(data.get("runs", [])),
             findings=found,
             figures=figs,
-            ops=ops_context(data),
+            scaling_figures=scaling_figures(scaling_frame(data)),
+            skipped_reasons=skipped_by_reason(data),
+            many_runs=many,
+            max_chips=MAX_CHIPS,
+            max_findings=MAX_FINDINGS,
+            ops=ops_context(first_of_groups(data) if many else data),
             projection=projection_context(data),
             memory_breakdown=memory,
             thresholds=THRESHOLDS,

@@ -122,13 +122,15 @@ def _panels(data: dict[str, Any]) -> list[dict[str, Any]]:
     return out
 
 
-def timeline_figure(data: dict[str, Any], labels: dict[str, str]) -> str | None:
+def timeline_figure(
+    data: dict[str, Any], labels: dict[str, str], max_panels: int = MAX_PANELS
+) -> str | None:
     """Allocated bytes (MiB) over the profiled steps per run, rank and device, with the phase
     bands and the static floor. CUDA curves are the caching allocator's absolute total; CPU
     curves only count allocations made while profiling, so they are placed on the floor where
     the first traced forward begins (the value `start_level_bytes` there)."""
     everything = _panels(data)
-    panels = everything[:MAX_PANELS]
+    panels = everything[:max_panels]
     if not panels:
         return None
     _theme()
@@ -275,15 +277,23 @@ def memory_findings(data: dict[str, Any]) -> list[Finding]:
     return list(merged.values())
 
 
-def context(data: dict[str, Any]) -> dict[str, Any]:
-    """What the template partial needs: the table, both figures and the findings."""
-    labels = unique_labels(data.get("runs", []))
+def context(data: dict[str, Any], figure_data: dict[str, Any] | None = None) -> dict[str, Any]:
+    """What the template partial needs: the table, both figures and the findings. The figures
+    draw `figure_data` when given (a sweep's one run per group: static memory does not change
+    with the seed), the table and findings every run."""
+    shown = figure_data if figure_data is not None else data
+    labels = unique_labels(shown.get("runs", []))
     rows = breakdown_rows(data)
     return {
         "table": Table(
             id="memory_breakdown", columns=BREAKDOWN_COLS, rows=rows, csv="memory_breakdown.csv"
         ),
-        "breakdown_figure": breakdown_figure(rows, labels),
-        "timeline_figure": timeline_figure(data, labels),
+        "breakdown_figure": breakdown_figure(
+            rows if shown is data else breakdown_rows(shown), labels
+        ),
+        # A sweep shows fewer curves: each is a full step trace, and the page must stay light.
+        "timeline_figure": timeline_figure(
+            shown, labels, MAX_PANELS if figure_data is None else MAX_PANELS // 2
+        ),
         "findings": memory_findings(data),
     }

@@ -21,6 +21,7 @@ from analysis.report.columns import (
     ACCURACY_COLS,
     COLLECTIVE_COLS,
     ENV_COLS,
+    HEADLINE_COLS,
     MEMORY_COLS,
     OVERLAP_COLS,
     PHASE_COLS,
@@ -30,6 +31,7 @@ from analysis.report.columns import (
     TRACE_COLS,
     Column,
 )
+from analysis.report.scaling import headline_rows
 
 __all__ = ["Column", "Table", "all_tables", "fmt", "run_label", "run_reason"]
 
@@ -328,4 +330,7 @@ def all_tables(data: dict[str, Any], out_dir: Path) -> dict[str, Table]:
             id="environment", columns=ENV_COLS, rows=env_rows(data), csv="environment.csv"
         ),
         "traces": Table(id="traces", columns=TRACE_COLS, rows=trace_link_rows(data, out_dir)),
+        "headline": Table(
+            id="headline", columns=HEADLINE_COLS, rows=headline_rows(data), csv="headline.csv"
+        ),
     }

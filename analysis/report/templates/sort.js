@@ -21,3 +21,13 @@ document.querySelectorAll("table.sortable thead th").forEach((th) => {
     rows.forEach((r) => table.tBodies[0].appendChild(r));
   });
 });
+// Filter a long table: keep the rows whose text contains the query (case-insensitive).
+document.querySelectorAll("input.filter").forEach((input) => {
+  const table = document.getElementById(input.dataset.filter);
+  input.addEventListener("input", () => {
+    const q = input.value.trim().toLowerCase();
+    Array.from(table.tBodies[0].rows).forEach((r) => {
+      r.hidden = q !== "" && !r.textContent.toLowerCase().includes(q);
+    });
+  });
+});
