@@ -159,4 +159,4 @@ profile-sweep: setup
 
 .PHONY: bench-report
 bench-report: setup
-	$(PY) -m analysis.report.bench --out $(or $(BENCH_OUT),reports/bench/report.json)
+	$(PY) -m analysis.report.bench --out $(if $(filter %.json,$(BENCH_OUT)),$(BENCH_OUT),$(or $(BENCH_OUT),reports/bench)/report.json)
