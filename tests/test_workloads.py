@@ -30,7 +30,7 @@ RUN_KEYS = set(
 CONFIG_KEYS = set(
     """mode backend world_size nnodes nproc_per_node devices model dataset global_batch
     per_device_batch scaling amp seed epochs max_steps lr momentum weight_decay sync_bn num_workers
-    pin_memory warmup_steps rendezvous ddp profile grad_accum_steps micro_batch""".split()
+    pin_memory warmup_steps rendezvous ddp profile grad_accum_steps micro_batch sweep_id""".split()
 )
 ENV_KEYS = set(
     "os platform python torch cuda nccl gpus cpu_model cpu_cores threads_per_rank hostname".split()
