@@ -16,7 +16,9 @@ BACKEND  ?= auto
 MODEL    ?= resnet18
 DATASET  ?= synthetic
 EPOCHS   ?= 1
-STEPS    ?= 12
+# 16: 2 warm-up steps and the profiler window (steps 1-4) leave 11 unprofiled measured steps
+# for throughput (at least 8 wanted; run.json warns when there are none).
+STEPS    ?= 16
 BATCH    ?= 64
 SEEDS    ?= 0
 RUNS     ?= runs
@@ -41,7 +43,7 @@ RUN_FLAGS = --model $(MODEL) --dataset $(DATASET) --epochs $(EPOCHS) --max-steps
 
 help:
 	@echo "dpscope targets: setup profile-single profile-dp profile-ddp profile-all report demo"
-	@echo "                 tensorboard bench-analysis gpu-check test lint format clean"
+	@echo "                 tensorboard bench bench-overhead bench-analysis gpu-check test lint format clean"
 	@echo "see README.md for every variable (NPROC BACKEND MODEL DATASET EPOCHS STEPS BATCH SEEDS RUNS ARGS ...)"
 
 # Re-install only when requirements.txt changed (the stamp is newer otherwise).
@@ -84,6 +86,7 @@ tensorboard: setup
 bench-analysis: setup
 	$(PY) -m pip install -q -r requirements-bench.txt
 	$(PY) -m analysis.bench
+	$(PY) -m bench.scaling $(if $(BENCH_OUT),--json $(BENCH_OUT))
 
 gpu-check: setup
 	$(PY) -m workloads.gpu_check --runs-dir "$(RUNS)/gpu-check"
@@ -133,6 +136,16 @@ bench-comm: setup
 bench-projection: setup
 	$(PY) -m workloads.bench_projection --runs-dir "$(RUNS)/bench-projection" $(ARGS)
 
+# --- benchmarks (issue 8): every arm in one run, interleaved, >= 3 repeats, medians and ratios ---
+# BENCH_OUT: a .json file, or a folder for <folder>/<name>.json (default reports/bench/<name>.json).
+BENCH_OUT ?=
+.PHONY: bench bench-overhead
+
+bench: bench-overhead bench-analysis
+
+bench-overhead: setup
+	$(PY) -m bench.overhead $(if $(BENCH_OUT),--json $(BENCH_OUT))
+
 # --- scaling sweep (README: Scaling sweeps) ---------------------------------------------------
 # NPROCS empty: powers of two up to the GPU count (1 2 on CPU); given empty on the command line
 # (`NPROCS=`) it is an error rather than a silent default.
@@ -149,4 +162,4 @@ profile-sweep: setup
 
 .PHONY: bench-report
 bench-report: setup
-	$(PY) -m analysis.report.bench --out $(or $(BENCH_OUT),reports/bench/report.json)
+	$(PY) -m analysis.report.bench --out $(if $(filter %.json,$(BENCH_OUT)),$(BENCH_OUT),$(or $(BENCH_OUT),reports/bench)/report.json)

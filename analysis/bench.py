@@ -52,12 +52,12 @@ print(json.dumps({"seconds": time.perf_counter() - t, "ranks": len(o),
 """
 
 
-def build_trace_set(out: Path, ranks: int) -> None:
-    """`ranks` copies of the source trace, each with its own rank in `distributedInfo`."""
-    text = gzip.decompress(SOURCE.read_bytes())
+def build_trace_set(out: Path, ranks: int, source: Path = SOURCE) -> None:
+    """`ranks` copies of the `source` trace, each with its own rank in `distributedInfo`."""
+    text = gzip.decompress(source.read_bytes())
     pattern = re.compile(rb'"distributedInfo"\s*:\s*\{[^{}]*\}')
     if not pattern.search(text):
-        raise SystemExit(f"error: {SOURCE}: no distributedInfo to rewrite — is this the HTA trace?")
+        raise SystemExit(f"error: {source}: no distributedInfo to rewrite — is this the HTA trace?")
     for r in range(ranks):
         info = json.dumps({"backend": "nccl", "rank": r, "world_size": ranks}).encode()
         data = pattern.sub(b'"distributedInfo": ' + info, text, count=1)

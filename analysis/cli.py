@@ -1,6 +1,9 @@
 """`python -m analysis traces DIR`, `runs RUNS_DIR...`, `ops RUN`, `diff RUN_A RUN_B`: tables
 and JSON.
 
+`traces DIR --shard K/N --json PART` and `merge PART... --json OUT` split the traces analysis
+over many jobs (analysis/shard.py).
+
 Bad input never shows a traceback: AnalysisError becomes one `error: ...` line on stderr and exit
 code 2; per-file problems are printed as one line each while the good files are still analysed.
 """
@@ -133,16 +136,45 @@ def _parser() -> argparse.ArgumentParser:
     t = sub.add_parser("traces", help="analyse one folder of per-rank Kineto traces")
     t.add_argument("trace_dir", type=Path)
     t.add_argument("--workers", type=int, default=None, help="load processes (default: cores)")
+    t.add_argument(
+        "--shard",
+        default=None,
+        metavar="K/N",
+        help="reduce only shard K of N (files by sorted path, i mod N) into a part for `merge`",
+    )
+    m = sub.add_parser("merge", help="merge the parts of `traces DIR --shard K/N` into one JSON")
+    m.add_argument("parts", type=Path, nargs="+", metavar="PART")
     r = sub.add_parser("runs", help="compare run folders (speedup, memory, accuracy, comm)")
     r.add_argument("runs_dirs", type=Path, nargs="+", metavar="RUNS_DIR")
     r.add_argument("--no-traces", action="store_true", help="skip trace analysis")
     from analysis import opscli  # `ops` and `diff`
     from analysis.project_cli import add_parser
 
-    for s in (t, r, *opscli.add_parsers(sub), add_parser(sub)):
+    for s in (t, r, m, *opscli.add_parsers(sub), add_parser(sub)):
         s.add_argument("--json", type=Path, default=None, metavar="OUT", help="write JSON here")
         s.add_argument("--no-progress", action="store_true", help="no progress bar")
     return p
+
+
+def _shard(args: argparse.Namespace, progress: bool) -> int:
+    """`traces DIR --shard K/N --json PART`: write shard K's part; no tables (a part is half-done)."""
+    from analysis.shard import analyze_shard, parse_shard
+
+    parse_shard(args.shard)  # a bad K/N is one line before any file is read
+    if args.json is None:
+        raise AnalysisError(
+            "--shard", "needs --json PART to write the part to", "add --json part-K.json"
+        )
+    part = analyze_shard(args.trace_dir, args.shard, workers=args.workers, progress=progress)
+    _write_json(part, args.json)
+    print(
+        f"shard {part['shard']}/{part['shards']}: {len(part['shard_files'])} of "
+        f"{len(part['files'])} files, {len(part['summaries'])} reduced, "
+        f"{len(part['skipped'])} skipped; wrote {args.json}"
+    )
+    for s in part["skipped"]:
+        print(f"  skipped {s['file']}: {s['reason']}")
+    return 0
 
 
 def _check_out(args: argparse.Namespace) -> None:
@@ -155,6 +187,8 @@ def _check_out(args: argparse.Namespace) -> None:
         files = find_trace_files(args.trace_dir)
         folders = [args.trace_dir] if args.trace_dir.is_dir() else []
         check_json_out(args.json, files, folders)
+    elif args.command == "merge":  # never over one of the parts being merged
+        check_json_out(args.json, args.parts)
     else:  # runs, ops, diff, project: never inside one of the run folders read
         from analysis.runs import find_run_dirs
 
@@ -172,6 +206,8 @@ def main(argv: list[str] | None = None) -> int:
     progress = not args.no_progress
     try:
         _check_out(args)
+        if args.command == "traces" and args.shard is not None:
+            return _shard(args, progress)
         if args.command == "project":
             from analysis.project_cli import print_projection, run
 
@@ -180,6 +216,11 @@ def main(argv: list[str] | None = None) -> int:
             from analysis.traces import analyze_trace_dir
 
             result = analyze_trace_dir(args.trace_dir, workers=args.workers, progress=progress)
+            show = print_traces
+        elif args.command == "merge":
+            from analysis.shard import merge_parts
+
+            result = merge_parts(args.parts)
             show = print_traces
         elif args.command == "runs":
             from analysis.runs import compare_runs

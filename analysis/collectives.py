@@ -193,7 +193,8 @@ def rank_instances(c: Classified, lo: float, hi: float) -> dict[str, dict[str, n
     Per instance: `start_us` (first comm kernel start, else the call's start; rel. to origin),
     `latency_us` = |call ∪ its kernels|, `device_us` = |∪ kernels| (the call's own duration when it
     launched none, as on gloo/CPU), `bytes` (0 when unknown), `group_size` (0 when unknown),
-    plus `intervals` (starts, ends) for the per-name union of latencies.
+    all arrays in call order; plus `union_us`, the length of the union of those latencies
+    (tb-profiler's "total latency": time with at least one such call in flight).
     """
     comm_idx = np.flatnonzero(c.kernel_cls == COMM)
     link = (
@@ -305,16 +306,22 @@ def combine_collectives(per_rank: dict[int, dict[str, dict]], world_size: int) -
             matched_total += m
         rows = []
         for r, x in zip(have, inst, strict=True):
-            own_transfer = float(transfer.sum() + x["device_us"][m:].sum())
+            # Per call: transfer = the matched calls' cross-rank minimum device time (a call
+            # beyond the shortest rank's count is its own transfer); sync = latency − transfer,
+            # never negative since a call's latency covers its own device time. Totals are sums
+            # over calls, so latency = transfer + sync holds per call and in total.
+            call_transfer = np.concatenate([transfer, x["device_us"][m:]])
+            call_sync = x["latency_us"] - call_transfer
             rows.append(
                 {
                     "rank": r,
                     "name": name,
                     "calls": int(x["device_us"].size),
                     "bytes_total": int(x["bytes"].sum()),
-                    "latency_us_total": float(x["union_us"]),
-                    "transfer_us_total": own_transfer,
-                    "sync_us_total": max(0.0, float(x["latency_us"].sum()) - own_transfer),
+                    "latency_us_total": float(x["latency_us"].sum()),
+                    "transfer_us_total": float(call_transfer.sum()),
+                    "sync_us_total": float(call_sync.sum()),
+                    "latency_us_union": float(x["union_us"]),
                 }
             )
         per_rank_rows += rows
@@ -339,6 +346,7 @@ def combine_collectives(per_rank: dict[int, dict[str, dict]], world_size: int) -
                 "latency_us_avg": latency / calls if calls else 0.0,
                 "transfer_us_total": _mean([x["transfer_us_total"] for x in rows]),
                 "sync_us_total": _mean([x["sync_us_total"] for x in rows]),
+                "latency_us_union": _mean([x["latency_us_union"] for x in rows]),
                 "algbw_gbps": algbw,
                 "busbw_gbps": algbw * factor if algbw is not None and factor is not None else None,
             }

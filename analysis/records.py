@@ -113,6 +113,8 @@ class Metrics(msgspec.Struct):
     wall_time_s: Seconds | None = None
     memory: list[MemoryEntry] = []
     memory_after_first_step: list[MemoryEntry] = []
+    # schema 2: (profiled ÷ unprofiled mean step time − 1) × 100 ≥ −100; may be negative (noise)
+    profiler_overhead_pct: Annotated[float, msgspec.Meta(ge=-100, le=_FINITE_MAX)] | None = None
 
 
 class EvalEntry(msgspec.Struct):
@@ -140,6 +142,7 @@ class RunRecord(msgspec.Struct):
     metrics: Metrics = msgspec.field(default_factory=Metrics)
     eval: Eval = msgspec.field(default_factory=Eval)
     traces: list[PathText] = []
+    warnings: list[str] = []  # schema 2: the writer's own warnings (e.g. no unprofiled step)
 
 
 class StepRow(msgspec.Struct):

@@ -1,7 +1,7 @@
 """Cross-run comparison: speedup, scaling efficiency, phases, memory imbalance, accuracy parity.
 
 Reads run folders only (docs/run-folder.md): `run.json`, `steps.csv` and `traces/`. Every number is
-defined in docs/analysis.md; the JSON shape is the "runs JSON" schema there (schema_version 1).
+defined in docs/analysis.md; the JSON shape is the "runs JSON" schema there (schema_version 2).
 """
 
 from __future__ import annotations
@@ -30,9 +30,17 @@ from analysis.records import (
 )
 from analysis.tune import is_tune_dir, load_tunes
 
-__all__ = ["SCHEMA_VERSION", "compare_runs", "find_run_dirs", "load_run"]
+__all__ = [
+    "GROUP_KEY",
+    "SCHEMA_VERSION",
+    "WORKLOAD_KEY",
+    "compare_runs",
+    "find_run_dirs",
+    "load_run",
+    "workload_key",
+]
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 PHASES = ("data", "forward", "backward", "optimizer")
 # The config/env fields copied verbatim into each run entry.
 CONFIG_FIELDS = (
@@ -61,7 +69,12 @@ ENV_FIELDS = (
     "cpu_model",
     "threads_per_rank",
 )
-GROUP_KEY = ("model", "dataset", "scaling", "mode", "backend", "world_size", "os")
+# "Same workload": runs that agree on all of these ran the same problem on the same kind of machine,
+# so their throughput can be compared or pooled. `fixed_batch` is the batch the scaling mode holds
+# fixed (global for strong, per-device for weak); runs from different OSes or device types are
+# never pooled. Baselines, groups and findings all use this one key.
+WORKLOAD_KEY = ("model", "dataset", "scaling", "fixed_batch", "amp", "device_type", "os")
+GROUP_KEY = (*WORKLOAD_KEY, "mode", "backend", "world_size")
 GROUP_STATS = (
     "samples_per_s",
     "speedup",
@@ -112,8 +125,12 @@ def find_run_dirs(paths: Sequence[Path]) -> tuple[list[Path], list[dict]]:
 
 
 def _phases(steps: pd.DataFrame) -> tuple[dict | None, list[dict]]:
-    """Mean seconds per non-warm-up step of each phase, over all ranks and per rank."""
+    """Mean seconds per step of each phase, over all ranks and per rank, on the steps throughput
+    uses: neither warm-up nor profiled (schema 1 folders have no `profiled` column: every
+    non-warm-up step); falls back to the measured steps, then to every step, rather than nothing."""
     body = steps[steps["warmup"] == 0]
+    if "profiled" in steps.columns and (body["profiled"] == 0).any():
+        body = body[body["profiled"] == 0]
     if body.empty:  # a run shorter than its warm-up: fall back to every step rather than nothing
         body = steps
     if body.empty:
@@ -136,12 +153,15 @@ def _memory(entries: list[dict]) -> dict:
     """Peak memory and imbalance over the run's memory entries (one per rank/device).
 
     Uses `peak_allocated_bytes` (CUDA) when every entry has it, else `peak_rss_bytes` (CPU runs).
+    `memory_imbalance_pct` (the one imbalance definition) = (max / min − 1) × 100: how much more
+    the fullest device holds than the emptiest. `memory_imbalance_max_over_mean` = max / mean is
+    an extra column only.
     """
     out = {
         "memory_metric": None,
         "peak_memory_bytes": None,
+        "memory_imbalance_pct": None,
         "memory_imbalance_max_over_mean": None,
-        "memory_imbalance_range_over_max": None,
     }
     for field in ("peak_allocated_bytes", "peak_rss_bytes"):
         values = [e.get(field) for e in entries]
@@ -150,11 +170,21 @@ def _memory(entries: list[dict]) -> dict:
             out.update(
                 memory_metric=field,
                 peak_memory_bytes=int(hi),
+                memory_imbalance_pct=(hi / lo - 1) * 100 if lo > 0 else None,
                 memory_imbalance_max_over_mean=hi / mean if mean > 0 else None,
-                memory_imbalance_range_over_max=(hi - lo) / hi if hi > 0 else None,
             )
             break
     return out
+
+
+def _device_type(config: Config) -> str | None:
+    """`cpu`, `cuda`, ... from the run's first device (`cuda:1` -> `cuda`); None when unknown."""
+    return config.devices[0].split(":", 1)[0] if config.devices else None
+
+
+def workload_key(run: dict) -> tuple:
+    """The "same workload" key of a run entry: its WORKLOAD_KEY values."""
+    return tuple(run.get(k) for k in WORKLOAD_KEY)
 
 
 def _num_devices(config: Config) -> int:
@@ -177,6 +207,8 @@ def load_run(run_dir: Path) -> dict:
     step_time = metrics.step_time_s or StepTime()
     best = rec.eval.best or EvalEntry()
     memory = (raw.get("metrics") or {}).get("memory") or []
+    # The batch the scaling mode holds fixed: part of the same-workload key (WORKLOAD_KEY).
+    fixed_batch = config.global_batch if config.scaling == "strong" else config.per_device_batch
     entry: dict[str, Any] = {
         "run_id": rec.run_id or run_dir.name,
         "path": str(run_dir),
@@ -184,11 +216,14 @@ def load_run(run_dir: Path) -> dict:
         "error": raw.get("error"),
         **{k: getattr(config, k) for k in CONFIG_FIELDS},
         **{k: getattr(env, k) for k in ENV_FIELDS},
+        "fixed_batch": fixed_batch,
+        "device_type": _device_type(config),
         "num_devices": _num_devices(config),
         "samples_per_s": metrics.samples_per_s,
         "step_time_s_mean": step_time.mean,
         "step_time_s_p95": step_time.p95,
         "wall_time_s": metrics.wall_time_s,
+        "profiler_overhead_pct": metrics.profiler_overhead_pct,
         # Wall time of each epoch's training loop as run (partial when --max-steps cut it).
         "epoch_time_s": _mean_std(metrics.epoch_time_s)[0],
         "baseline_run_id": None,
@@ -209,7 +244,7 @@ def load_run(run_dir: Path) -> dict:
         "trace_files": list(rec.traces),
         "logs": sorted(p.relative_to(run_dir).as_posix() for p in run_dir.glob("logs/*.log")),
         "trace": None,
-        "warnings": [],
+        "warnings": [w for w in rec.warnings if w],  # the writer's own (e.g. no unprofiled step)
     }
     steps_csv = run_dir / "steps.csv"
     if steps_csv.is_file():
@@ -221,7 +256,14 @@ def load_run(run_dir: Path) -> dict:
             # A run that did not finish may have been cut off mid-row: its numbers are not used.
             entry["warnings"].append(f"{err} — phases left empty")
         else:  # every cell is now known to be valid: pandas reads the same file into columns
-            entry["phases_s"], entry["phases_per_rank_s"] = _phases(pd.read_csv(steps_csv))
+            steps = pd.read_csv(steps_csv)
+            entry["phases_s"], entry["phases_per_rank_s"] = _phases(steps)
+            if "profiled" not in steps.columns and entry["status"] == "ok":
+                entry["warnings"].append(
+                    f"{steps_csv}: no `profiled` column (run-folder schema "
+                    f"{rec.schema_version}) — throughput and phases include the "
+                    "profiled steps; re-run with the current dpscope to exclude them"
+                )
     elif entry["status"] == "ok":
         entry["warnings"].append(f"{steps_csv}: missing — phases left empty")
     return entry
@@ -262,13 +304,6 @@ def _attach_trace(entry: dict, run_dir: Path, *, progress: bool) -> None:
         entry["overlap_pct"] = statistics.fmean(overlaps) if overlaps else None
 
 
-def _baseline_key(run: dict) -> tuple:
-    # Strong scaling keeps the global batch, weak scaling the per-device batch: the baseline must
-    # have processed the same problem for the ratio to mean "what parallelism bought".
-    batch = run["global_batch"] if run["scaling"] == "strong" else run["per_device_batch"]
-    return run["model"], run["dataset"], run["scaling"], run["amp"], batch
-
-
 def _link_baselines(runs: list[dict]) -> None:
     """Fill baseline_run_id, speedup and scaling_efficiency of every ok run."""
     singles = [
@@ -277,7 +312,9 @@ def _link_baselines(runs: list[dict]) -> None:
     for run in runs:
         if run["status"] != "ok" or not run["samples_per_s"]:
             continue
-        same = [s for s in singles if _baseline_key(s) == _baseline_key(run)]
+        # The baseline must have run the same problem on the same kind of machine for the ratio
+        # to mean "what parallelism bought".
+        same = [s for s in singles if workload_key(s) == workload_key(run)]
         seeded = [s for s in same if s["seed"] == run["seed"]]
         base = (seeded or same or [None])[0]
         if base is None:
@@ -314,9 +351,7 @@ def _groups(runs: list[dict]) -> list[dict]:
     return sorted(
         groups,
         key=lambda g: (
-            str(g["model"]),
-            str(g["dataset"]),
-            str(g["scaling"]),
+            *(str(g[k]) for k in WORKLOAD_KEY),
             order.get(g["mode"], 9),
             str(g["backend"]),
             g["world_size"] or 0,
@@ -341,7 +376,7 @@ def _unique_id(entry: dict, run_dir: Path, taken: set[str]) -> None:
 
 
 def compare_runs(paths: Sequence[Path], *, progress: bool = True, traces: bool = True) -> dict:
-    """The runs JSON (schema_version 1) for run folders or folders of run folders in `paths`.
+    """The runs JSON (schema_version 2) for run folders or folders of run folders in `paths`.
 
     `traces=False` skips trace analysis (trace fields stay null). Raises AnalysisError only when
     no run could be read at all; unreadable folders are listed under `skipped`.

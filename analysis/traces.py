@@ -1,4 +1,4 @@
-"""Analyse a folder of per-rank Kineto traces: the "traces JSON" (schema_version 1).
+"""Analyse a folder of per-rank Kineto traces: the "traces JSON" (schema_version 2).
 
 Each file is reduced to its rank summary in its own worker process (events never leave the
 worker), then ranks are aligned on one clock and compared: collectives (transfer vs sync, algbw,
@@ -20,9 +20,15 @@ from analysis.errors import AnalysisError, unexpected
 from analysis.jsonsafe import finite_json
 from analysis.rank import summarize_file
 
-__all__ = ["SCHEMA_VERSION", "analyze_trace_dir", "find_trace_files"]
+__all__ = [
+    "SCHEMA_VERSION",
+    "analyze_trace_dir",
+    "combine_summaries",
+    "find_trace_files",
+    "reduce_files",
+]
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 _RANK_FIELDS = (
     "rank",
     "file",
@@ -184,14 +190,11 @@ def _mixed_job_warnings(path: Path, ranks: list[dict], worlds: list[int]) -> lis
     return out
 
 
-def analyze_trace_dir(path: Path, *, workers: int | None = None, progress: bool = True) -> dict:
-    """The traces JSON for every trace file in `path` (see docs/analysis.md for each field).
-
-    Raises AnalysisError when no file could be analysed; otherwise bad files are listed in
-    `skipped` with a one-line reason and the rest is analysed.
-    """
-    files = find_trace_files(path)
-    workers = max(1, min(workers or os.cpu_count() or 1, len(files)))
+def reduce_files(
+    files: list[Path], *, workers: int | None = None, progress: bool = True
+) -> tuple[list[dict], list[dict]]:
+    """Reduce each file to its rank summary (in worker processes): (summaries, skipped)."""
+    workers = max(1, min(workers or os.cpu_count() or 1, len(files) or 1))
     skipped: list[dict] = []
     good: list[dict] = []
     for f, (summary, error) in _summaries(files, workers, progress):
@@ -199,6 +202,24 @@ def analyze_trace_dir(path: Path, *, workers: int | None = None, progress: bool 
             skipped.append({"file": str(f), "reason": error})
         else:
             good.append(summary)
+    return good, skipped
+
+
+def analyze_trace_dir(path: Path, *, workers: int | None = None, progress: bool = True) -> dict:
+    """The traces JSON for every trace file in `path` (see docs/analysis.md for each field).
+
+    Raises AnalysisError when no file could be analysed; otherwise bad files are listed in
+    `skipped` with a one-line reason and the rest is analysed.
+    """
+    good, skipped = reduce_files(find_trace_files(path), workers=workers, progress=progress)
+    return combine_summaries(path, good, skipped)
+
+
+def combine_summaries(path: Path | str, good: list[dict], skipped: list[dict]) -> dict:
+    """The traces JSON from every rank's summary: ranks assigned, clocks aligned, collectives
+    matched across ranks. Depends only on the set of summaries, not their order, so a merge of
+    shards gives exactly the unsharded result."""
+    skipped = list(skipped)
     warnings: list[str] = []
     ranks = _assign_ranks(_one_attempt(good, skipped), skipped, warnings)
     skipped.sort(key=lambda s: s["file"])

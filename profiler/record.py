@@ -25,7 +25,7 @@ __all__ = [
     "write_json_atomic",
 ]
 
-SCHEMA_VERSION: int = 1
+SCHEMA_VERSION: int = 2
 
 # Exactly the steps.csv columns of docs/run-folder.md, in order.
 STEPS_COLUMNS: list[str] = [
@@ -33,6 +33,7 @@ STEPS_COLUMNS: list[str] = [
     "epoch",
     "step",
     "warmup",
+    "profiled",
     "step_time_s",
     "data_s",
     "forward_s",

@@ -13,11 +13,13 @@ overhead against otherwise identical runs.
 from __future__ import annotations
 
 import time
+import warnings
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from types import TracebackType
 
-from torch.profiler import ProfilerActivity, profile, schedule
+from torch.profiler import ProfilerAction, ProfilerActivity, profile, schedule
 
 __all__ = ["TRACE_GLOB", "TRACE_NAME", "ProfileConfig", "ProfilerSession"]
 
@@ -63,6 +65,25 @@ class ProfileConfig:
         """The run.json `config.profile` object."""
         return asdict(self)
 
+    def schedule(self) -> Callable[[int], ProfilerAction]:
+        """torch's own `torch.profiler.schedule` for this config: the session drives the profiler
+        with it, and `phase` asks it, so steps.csv's `profiled` column cannot drift from what the
+        profiler actually recorded."""
+        return schedule(wait=self.wait, warmup=self.warmup, active=self.active, repeat=self.repeat)
+
+    def phase(self, step: int) -> str:
+        """What the profiler does in its `step`-th step (0-based, counted from `start()`):
+        `none` (not traced: a wait step or after the last cycle), `warmup` (traced, discarded)
+        or `active` (recorded into a trace). Always `none` when disabled."""
+        if not self.enabled:
+            return "none"
+        with warnings.catch_warnings():  # torch's "won't be using warmup" note: start() says it
+            warnings.simplefilter("ignore", UserWarning)
+            action = self.schedule()(step)
+        if action == ProfilerAction.NONE:
+            return "none"
+        return "warmup" if action == ProfilerAction.WARMUP else "active"
+
 
 class ProfilerSession:
     """Wraps `torch.profiler.profile`; a no-op when `cfg.enabled` is False.
@@ -84,6 +105,7 @@ class ProfilerSession:
         self._written: list[Path] = []
         self._prof: profile | None = None
         self._running = False
+        self._steps = 0  # prof.step() calls since start(): the schedule's step number
 
     def _on_trace_ready(self, prof: profile) -> None:
         # What torch's tensorboard_trace_handler does, with the name taken from our template so
@@ -104,12 +126,7 @@ class ProfilerSession:
         self.trace_dir.mkdir(parents=True, exist_ok=True)
         self._prof = profile(
             activities=activities,
-            schedule=schedule(
-                wait=self.cfg.wait,
-                warmup=self.cfg.warmup,
-                active=self.cfg.active,
-                repeat=self.cfg.repeat,
-            ),
+            schedule=self.cfg.schedule(),
             on_trace_ready=self._on_trace_ready,
             record_shapes=self.cfg.record_shapes,
             profile_memory=self.cfg.profile_memory,
@@ -123,13 +140,20 @@ class ProfilerSession:
             if hasattr(self._prof, "_prev_schedule_action"):
                 self._prof._prev_schedule_action = self._prof.current_action
         self._prof.start()
+        self._steps = 0
         self._running = True
+
+    def phase(self) -> str:
+        """The schedule's phase (`none` | `warmup` | `active`) of the step now running, i.e. the
+        one the next `step()` call ends; `none` when the session is not running."""
+        return self.cfg.phase(self._steps) if self._running else "none"
 
     def step(self) -> None:
         """Advance the schedule; call once at the end of every optimizer step."""
         if self._running:
             assert self._prof is not None
             self._prof.step()
+            self._steps += 1
 
     def stop(self) -> None:
         """Stop profiling; a cycle cut short by the end of the run is still written. Idempotent."""

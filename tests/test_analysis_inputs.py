@@ -75,7 +75,7 @@ def test_cli_lists_skipped_and_writes_json(bad_dir, tmp_path):
     for name in ("rank2.truncated", "rank3.notjson", "rank4.noevents", "rank9.copy", "anonymous"):
         assert name in proc.stdout
     data = json.loads(out.read_text())
-    assert data["schema_version"] == 1 and len(data["ranks"]) == 2 and len(data["skipped"]) == 5
+    assert data["schema_version"] == 2 and len(data["ranks"]) == 2 and len(data["skipped"]) == 5
 
 
 def test_no_profiler_step_is_analysed_as_one_step_with_a_warning(tmp_path):
@@ -148,7 +148,7 @@ def test_json_is_written_even_when_the_reader_closes_the_pipe(tmp_path):
     stderr = proc.stderr.read().decode()
     proc.wait(timeout=120)
     assert "Traceback" not in stderr
-    assert json.loads(out.read_text())["schema_version"] == 1
+    assert json.loads(out.read_text())["schema_version"] == 2
 
 
 def test_analysis_never_imports_torch():

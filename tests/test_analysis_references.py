@@ -95,7 +95,7 @@ def test_tb_profiler_split(case):
     assert any("no ProfilerStep" in w for w in result["warnings"])
 
 
-TB_COLLECTIVES = {  # (case, worker, name): (calls, bytes, latency µs)
+TB_COLLECTIVES = {  # (case, worker, name): (calls, bytes, latency µs: union of the calls)
     ("test_distributed_nccl", 0, "nccl:broadcast"): (1, 212480, 75),
     ("test_distributed_nccl", 0, "nccl:all_reduce"): (1, 8196000, 1558),
     ("test_distributed_nccl", 1, "nccl:broadcast"): (1, 212480, 39),
@@ -114,9 +114,14 @@ def test_tb_profiler_collectives(key):
     case, worker, name = key
     rows = analyze_trace_dir(TB / case, progress=False)["collectives_per_rank"]
     (row,) = [r for r in rows if r["rank"] == worker and r["name"] == name]
-    assert (row["calls"], row["bytes_total"], row["latency_us_total"]) == TB_COLLECTIVES[key]
-    # Transfer (min device time across workers) never exceeds the call's latency.
+    assert (row["calls"], row["bytes_total"], row["latency_us_union"]) == TB_COLLECTIVES[key]
+    # Transfer (min device time across workers) never exceeds the call's latency, and our total
+    # latency is the sum over calls: transfer + sync, at least the union tb-profiler reports.
     assert 0 <= row["transfer_us_total"] and row["sync_us_total"] >= 0
+    assert row["latency_us_total"] == pytest.approx(
+        row["transfer_us_total"] + row["sync_us_total"], rel=1e-12
+    )
+    assert row["latency_us_total"] >= row["latency_us_union"]
 
 
 def test_rank_from_file_name_when_no_distributed_info(tmp_path):

@@ -135,6 +135,21 @@ RUN_CASES = {
     "steps-warmup-text": ("ddp", None, _steps_cell("warmup", "yes"), "`warmup, line 4`"),
     "steps-inf": ("ddp", None, _steps_cell("data_s", "inf"), "`data_s, line 4`"),
     "steps-extra-cell": ("ddp", None, _steps_extra_cell, "`line 4`: more cells"),
+    # schema 2 (issue 8) fields: typed too
+    "warnings-string": ("ddp", _set("warnings", "slow"), None, "`warnings`"),
+    "overhead-string": (
+        "ddp",
+        _set("metrics.profiler_overhead_pct", "high"),
+        None,
+        "`metrics.profiler_overhead_pct`",
+    ),
+    "overhead-below-minus-100": (
+        "ddp",
+        _set("metrics.profiler_overhead_pct", -150.0),
+        None,
+        "`metrics.profiler_overhead_pct`",
+    ),
+    "steps-profiled-2": ("ddp", None, _steps_cell("profiled", "2"), "`profiled, line 4`"),
 }
 
 
@@ -207,6 +222,8 @@ def test_schema_version_2_and_unknown_fields_are_accepted(tmp_path, ddp_mlp_run)
     rec["new_section"] = {"anything": [1, 2, 3]}
     rec["metrics"]["memory"][0]["new_field_bytes"] = 7
     rec["error"] = None
+    rec["warnings"] = ["the writer's own warning"]
+    assert isinstance(rec["metrics"]["profiler_overhead_pct"], float)  # a real schema-2 record
     (dst / "run.json").write_text(json.dumps(rec))
     _add_column = [dict(r, profiled="0") for r in csv.DictReader((dst / "steps.csv").open())]
     with (dst / "steps.csv").open("w", newline="") as f:
@@ -216,6 +233,8 @@ def test_schema_version_2_and_unknown_fields_are_accepted(tmp_path, ddp_mlp_run)
     result = compare_runs([dst], progress=False, traces=False)
     assert not result["invalid"] and result["runs"][0]["status"] == "ok"
     assert result["runs"][0]["memory"][0]["new_field_bytes"] == 7  # passed through verbatim
+    assert "the writer's own warning" in result["runs"][0]["warnings"]
+    assert result["runs"][0]["profiler_overhead_pct"] == rec["metrics"]["profiler_overhead_pct"]
 
 
 def test_cut_off_steps_csv_of_a_failed_run_is_a_warning(tmp_path, ddp_mlp_run):

@@ -186,7 +186,8 @@ def test_summary_numbers_match_analysis_json(built):
         "comm_pct",
         "exposed_comm_pct",
         "peak_memory_bytes",
-        "memory_imbalance_max_over_mean",
+        "memory_imbalance_pct",
+        "profiler_overhead_pct",
         "top1_pct",
     ]
     for run in runs:

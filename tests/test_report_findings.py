@@ -5,6 +5,7 @@ real runs is in test_report.py."""
 from __future__ import annotations
 
 from analysis.report.findings import THRESHOLDS, findings
+from analysis.runs import _memory
 
 GIB = 2**30
 
@@ -27,6 +28,10 @@ def group(mode, backend, *, sps, top1, speedup=None, ws=2, run_ids=()):
 
 
 def dp_run(alloc0, alloc1):
+    memory = [
+        {"rank": 0, "device": "cuda:0", "peak_allocated_bytes": alloc0},
+        {"rank": 0, "device": "cuda:1", "peak_allocated_bytes": alloc1},
+    ]
     return {
         "run_id": "dp0",
         "status": "ok",
@@ -34,12 +39,9 @@ def dp_run(alloc0, alloc1):
         "backend": "none",
         "world_size": 2,
         "model": "resnet18",
-        "memory_metric": "peak_allocated_bytes",
         "exposed_comm_pct": None,
-        "memory": [
-            {"rank": 0, "device": "cuda:0", "peak_allocated_bytes": alloc0},
-            {"rank": 0, "device": "cuda:1", "peak_allocated_bytes": alloc1},
-        ],
+        "memory": memory,
+        **_memory(memory),  # memory_metric and the imbalance numbers, as compare_runs writes them
     }
 
 

@@ -122,3 +122,17 @@ def test_seeds_with_the_same_numbers_give_one_finding() -> None:
         runs += [a, b]
     (f,) = memory_findings({"runs": runs})
     assert f.run_ids == ["dp-s0", "dp-other-s0", "dp-s1", "dp-other-s1"]
+
+
+def test_ddp_finding_needs_a_single_run_of_the_same_workload(report) -> None:
+    """The DDP-vs-single finding pairs runs by the one same-workload key (WORKLOAD_KEY): a single
+    run of another amp, OS or device type is no baseline (issue 8's shared key)."""
+    data = report[1]
+    vs_single = [f for f in memory_findings(data) if "Single" in f.text]
+    assert vs_single  # the recorded single and DDP runs are one workload: they pair
+    for key, other in (("amp", "bf16-other"), ("os", "OtherOS"), ("device_type", "cuda")):
+        moved = json.loads(json.dumps(data))
+        for run in moved["runs"]:
+            if run["mode"] == "single":
+                run[key] = other
+        assert [f for f in memory_findings(moved) if "Single" in f.text] == [], key

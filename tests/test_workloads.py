@@ -25,7 +25,8 @@ from workloads.train import build_parser
 
 # The field lists of docs/run-folder.md.
 RUN_KEYS = set(
-    "schema_version run_id status error created_at finished_at config env metrics eval traces".split()
+    """schema_version run_id status error created_at finished_at config env metrics eval traces
+    warnings""".split()
 )
 CONFIG_KEYS = set(
     """mode backend world_size nnodes nproc_per_node devices model dataset global_batch
@@ -37,9 +38,9 @@ ENV_KEYS = set(
 )
 METRIC_KEYS = set(
     """samples_per_s step_time_s per_rank epoch_time_s wall_time_s memory memory_after_first_step
-    memory_breakdown ddp param_grad_bytes""".split()
+    memory_breakdown ddp param_grad_bytes profiler_overhead_pct""".split()
 )
-STEPS_HEADER = """rank epoch step warmup step_time_s data_s forward_s backward_s optimizer_s samples loss
+STEPS_HEADER = """rank epoch step warmup profiled step_time_s data_s forward_s backward_s optimizer_s samples loss
     rss_bytes cuda_allocated_bytes""".split()
 
 
@@ -151,7 +152,7 @@ def test_step_metrics_exclude_warmup_and_use_the_slowest_rank():
 def _check_complete(run_dir, *, mode, world):
     run = read_run(run_dir)
     assert set(run) == RUN_KEYS
-    assert run["status"] == "ok" and run["error"] is None and run["schema_version"] == 1
+    assert run["status"] == "ok" and run["error"] is None and run["schema_version"] == 2
     cfg = run["config"]
     assert set(cfg) == CONFIG_KEYS
     assert (cfg["mode"], cfg["world_size"], cfg["global_batch"]) == (mode, world, 64)
@@ -160,7 +161,8 @@ def _check_complete(run_dir, *, mode, world):
     metrics = run["metrics"]
     assert set(metrics) == METRIC_KEYS
     assert metrics["samples_per_s"] > 0 and len(metrics["per_rank"]) == world
-    assert all(p["steps"] == 6 for p in metrics["per_rank"])  # 8 steps - 2 warm-up
+    # 8 steps - 2 warm-up - 3 the profiler traced (its warm-up step 1 and active steps 2-4)
+    assert all(p["steps"] == 3 for p in metrics["per_rank"]) and run["warnings"] == []
     assert [m["rank"] for m in metrics["memory"]] == list(range(world))
     assert all(m["peak_rss_bytes"] > 0 for m in metrics["memory"])
     assert len(run["eval"]["epochs"]) == 1 and run["eval"]["best"] == run["eval"]["epochs"][0]
@@ -172,6 +174,7 @@ def _check_complete(run_dir, *, mode, world):
     assert len(rows) == 8 * world
     assert sorted({int(r["rank"]) for r in rows}) == list(range(world))
     assert [int(r["warmup"]) for r in rows if r["rank"] == "0"] == [1, 1, 0, 0, 0, 0, 0, 0]
+    assert [int(r["profiled"]) for r in rows if r["rank"] == "0"] == [0, 1, 1, 1, 1, 0, 0, 0]
     assert all(int(r["samples"]) == 64 // world for r in rows)
     for r in range(world):
         assert (run_dir / "logs" / f"rank{r}.log").read_text().strip()

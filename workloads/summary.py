@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["best_epoch", "step_metrics"]
+__all__ = ["best_epoch", "step_metrics", "throughput_rows"]
 
 
 def _stats(times: list[float]) -> dict:
@@ -20,16 +20,53 @@ def _stats(times: list[float]) -> dict:
     }
 
 
-def step_metrics(rows: list[dict]) -> dict:
-    """Throughput and step-time metrics over non-warm-up steps (rows with warmup == 0).
-
-    - `samples_per_s` (samples/s): samples of all ranks in measured steps divided by the
-      longest per-rank sum of those steps' `step_time_s` (the slowest rank bounds the job).
-    - `step_time_s`: {mean, p50, p95} in seconds over the measured steps of all ranks.
-    - `per_rank`: per rank, its measured steps, its own samples/s (its samples / its summed step
-      time) and its step-time mean/p50/p95 in seconds.
-    """
+def throughput_rows(rows: list[dict]) -> tuple[list[dict], str | None]:
+    """The steps throughput is measured on: neither warm-up (`warmup` == 0) nor traced by the
+    profiler (`profiled` == 0), since traced steps carry the profiler's own cost. When no such step
+    exists, every measured (non-warm-up) step, and a warning saying so."""
     measured = [r for r in rows if not r["warmup"]]
+    clean = [r for r in measured if not r.get("profiled")]
+    if clean or not measured:
+        return clean, None
+    return measured, (
+        "no measured step outside the profiler window: samples_per_s and step_time_s include "
+        "profiled steps (raise --max-steps or narrow the --profile-* schedule)"
+    )
+
+
+def _overhead_pct(rows: list[dict], active: set[tuple[int, int]]) -> float | None:
+    """profiler_overhead_pct: (mean step time of the profiler's active steps ÷ mean step time of
+    the unprofiled measured steps − 1) × 100, each mean taken on the slowest rank (the rank with
+    the largest mean in that set, since the slowest rank bounds the job)."""
+    if not active:  # --no-profile, or no active step inside the run
+        return None
+    traced: dict[int, list[float]] = {}
+    clean: dict[int, list[float]] = {}
+    for r in rows:
+        if (r["rank"], r["step"]) in active:
+            traced.setdefault(r["rank"], []).append(r["step_time_s"])
+        elif not r["warmup"] and not r.get("profiled"):
+            clean.setdefault(r["rank"], []).append(r["step_time_s"])
+    if not traced or not clean:
+        return None
+    slow_traced = max(float(np.mean(v)) for v in traced.values())
+    slow_clean = max(float(np.mean(v)) for v in clean.values())
+    return (slow_traced / slow_clean - 1) * 100 if slow_clean > 0 else None
+
+
+def step_metrics(rows: list[dict], active: set[tuple[int, int]] | None = None) -> dict:
+    """Throughput and step-time metrics over the measured, unprofiled steps (`throughput_rows`).
+
+    - `samples_per_s` (samples/s): samples of all ranks in those steps divided by the longest
+      per-rank sum of those steps' `step_time_s` (the slowest rank bounds the job).
+    - `step_time_s`: {mean, p50, p95} in seconds over those steps of all ranks.
+    - `per_rank`: per rank, its steps counted, its own samples/s (its samples / its summed step
+      time) and its step-time mean/p50/p95 in seconds.
+    - `profiler_overhead_pct`: see `_overhead_pct`; `active` holds the (rank, step) pairs the
+      profiler recorded (its schedule's active steps). None without both kinds of step.
+    - `warnings`: [str], the fallback note of `throughput_rows` when it applies.
+    """
+    measured, warning = throughput_rows(rows)
     per_rank = []
     busiest_s = 0.0
     for rank in sorted({r["rank"] for r in rows}):
@@ -52,6 +89,8 @@ def step_metrics(rows: list[dict]) -> dict:
         "samples_per_s": samples / busiest_s if busiest_s > 0 else None,
         "step_time_s": _stats([r["step_time_s"] for r in measured]),
         "per_rank": per_rank,
+        "profiler_overhead_pct": _overhead_pct(rows, active or set()),
+        "warnings": [warning] if warning else [],
     }
 
 

@@ -233,6 +233,7 @@ def train(cfg: TrainConfig, ctx: RunContext, run_dir: Path) -> None:
         resume(ckpt, ctx, model, optimizer, scaler, state, attempt_no=attempt_no)
     first_step = state.step
     rows: list[dict] = []  # this rank's rows since the last checkpoint (earlier: state.rows)
+    active_steps: list[int] = []  # steps the profiler recorded (profiler_overhead_pct)
     planned = cfg.epochs * len(sampler)
     planned = min(planned, cfg.max_steps) if cfg.max_steps else planned
     print(
@@ -292,6 +293,9 @@ def train(cfg: TrainConfig, ctx: RunContext, run_dir: Path) -> None:
                 scaler.update()
                 optimizer.zero_grad(set_to_none=True)
             times = timer.end_step()
+            phase = profiler.phase()  # of this step, asked before step() moves the schedule on
+            if phase == "active":
+                active_steps.append(state.step)
             static.after_optimizer(model, optimizer, state.step)  # once; outside step_time_s
             profiler.step()
             sample = memory.step_sample()
@@ -307,6 +311,7 @@ def train(cfg: TrainConfig, ctx: RunContext, run_dir: Path) -> None:
                     "epoch": state.epoch,
                     "step": state.step,
                     "warmup": int(state.step < cfg.warmup_steps),
+                    "profiled": int(phase != "none"),
                     **times,
                     "samples": len(y),
                     "loss": loss_value,
@@ -349,6 +354,7 @@ def train(cfg: TrainConfig, ctx: RunContext, run_dir: Path) -> None:
         run_dir,
         model=model,
         rows=state.rows + rows,  # rank 0: every rank's rows up to the checkpoint, then its own
+        active_steps=active_steps,
         memory=memory,
         static=static,
         profiler=profiler,
@@ -367,6 +373,7 @@ def _finish(
     *,
     model: nn.Module,
     rows: list[dict],
+    active_steps: list[int],
     memory: MemoryTracker,
     static: StaticMemory,
     profiler: ProfilerSession,
@@ -379,6 +386,8 @@ def _finish(
     """Gather every rank's rows and memory to rank 0, which writes steps.csv and run.json."""
     mine = {
         "rows": rows,
+        "rank": ctx.rank,
+        "active_steps": active_steps,
         "memory": memory.summary(),
         "memory_after_first_step": memory.summary_after_first_step(),
         "memory_breakdown": static.entries(),
@@ -394,8 +403,13 @@ def _finish(
     write_csv_atomic(run_dir / "steps.csv", all_rows, STEPS_COLUMNS)
     previous = run_dir / "run.json"
     created = json.loads(previous.read_text()).get("created_at") if previous.is_file() else None
+    metrics = step_metrics(
+        all_rows,
+        {(g["rank"], s) for g in gathered for s in g["active_steps"]},
+    )
+    warnings = metrics.pop("warnings")
     metrics = {
-        **step_metrics(all_rows),
+        **metrics,
         "epoch_time_s": epoch_times,
         "wall_time_s": time.perf_counter() - start,
         "memory": [m for g in gathered for m in g["memory"]],
@@ -420,6 +434,7 @@ def _finish(
         evals={"epochs": evals, "best": best_epoch(evals)},
         traces=sorted(t for g in gathered for t in g["traces"]),
     )
+    record["warnings"] = warnings  # e.g. no unprofiled measured step: throughput fell back
     if restarts:  # earlier attempts' traces too (their names say which attempt)
         record.update(faults.restart_record(run_dir, restarts), traces=faults.all_traces(run_dir))
     write_json_atomic(run_dir / "run.json", record)

@@ -41,6 +41,7 @@ from analysis.report.scaling import (
 )
 from analysis.report.tables import Table, all_tables, fmt, unique_labels
 from analysis.report.tune import tune_sections
+from analysis.runs import WORKLOAD_KEY
 
 __all__ = ["ReportError", "ReportFiles", "build_report", "write_report"]
 
@@ -157,13 +158,10 @@ def _runs_frame(data: dict[str, Any], labels: dict[str, str]) -> pd.DataFrame:
     runs = [r for r in data.get("runs", []) if r.get("status") == "ok"]
     keys = [
         "run_id",
-        "model",
-        "dataset",
-        "scaling",
+        *WORKLOAD_KEY,
         "mode",
         "backend",
         "world_size",
-        "os",
         "seed",
         "samples_per_s",
         "speedup",
@@ -177,7 +175,7 @@ def _runs_frame(data: dict[str, Any], labels: dict[str, str]) -> pd.DataFrame:
     backend = df["backend"].where(~df["backend"].isin(["none", "dp"]) & df["backend"].notna(), "")
     df["series"] = df["mode"].astype(str) + backend.map(lambda b: f" ({b})" if b else "")
     # One line per comparable set: never average a model's throughput with another model's.
-    for col in ("model", "dataset", "scaling", "os"):
+    for col in WORKLOAD_KEY:
         if df[col].nunique() > 1:
             df["series"] += " · " + df[col].astype(str)
     for col in ("samples_per_s", "speedup", "top1_pct", "test_loss", "world_size"):

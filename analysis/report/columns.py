@@ -97,7 +97,20 @@ SUMMARY_COLS = [
     C(key="comm_pct", label="Comm share", unit="% of step", kind="num", digits=1),
     C(key="exposed_comm_pct", label="Exposed comm", unit="% of step", kind="num", digits=1),
     C(key="peak_memory_bytes", label="Peak memory", unit="MiB", kind="bytes"),
-    C(key="memory_imbalance_max_over_mean", label="Memory imbalance", unit="max/mean", kind="num"),
+    C(
+        key="memory_imbalance_pct",
+        label="Memory imbalance",
+        unit="% more, fullest vs emptiest",
+        kind="num",
+        digits=1,
+    ),
+    C(
+        key="profiler_overhead_pct",
+        label="Profiler overhead",
+        unit="% per traced step",
+        kind="num",
+        digits=1,
+    ),
     C(key="top1_pct", label="Top-1", unit="%", kind="num"),
     C(key="os", label="Platform"),
     C(key="label", label="Label"),
@@ -130,6 +143,14 @@ COLLECTIVE_COLS = [
     C(key="latency_us_total", label="Latency total", unit="ms", kind="num", digits=2, scale=1e-3),
     C(key="transfer_us_total", label="Transfer", unit="ms", kind="num", digits=2, scale=1e-3),
     C(key="sync_us_total", label="Sync wait", unit="ms", kind="num", digits=2, scale=1e-3),
+    C(
+        key="latency_us_union",
+        label="Latency union (extra: time any call was in flight)",
+        unit="ms",
+        kind="num",
+        digits=2,
+        scale=1e-3,
+    ),
     C(key="algbw_gbps", label="algbw", unit="GB/s", kind="num", digits=3),
     C(key="busbw_gbps", label="busbw", unit="GB/s", kind="num", digits=3),
 ]
@@ -196,8 +217,19 @@ MEMORY_COLS = [
     C(key="peak_reserved_bytes", label="Peak reserved", unit="MiB", kind="bytes"),
     C(key="nvml_used_bytes", label="NVML used", unit="MiB", kind="bytes"),
     C(key="peak_rss_bytes", label="Peak RSS", unit="MiB", kind="bytes"),
-    C(key="memory_imbalance_max_over_mean", label="Run imbalance", unit="max/mean", kind="num"),
-    C(key="memory_imbalance_range_over_max", label="Run imbalance", unit="range/max", kind="num"),
+    C(
+        key="memory_imbalance_pct",
+        label="Run imbalance",
+        unit="% more, fullest vs emptiest",
+        kind="num",
+        digits=1,
+    ),
+    C(
+        key="memory_imbalance_max_over_mean",
+        label="Run imbalance (extra: fullest ÷ mean)",
+        unit="ratio",
+        kind="num",
+    ),
 ]
 SPEEDUP_COLS = [
     C(key="model", label="Model"),

@@ -10,6 +10,8 @@ import statistics
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from analysis.runs import WORKLOAD_KEY
+
 __all__ = ["Finding", "THRESHOLDS", "findings"]
 
 # The thresholds, in one place so the text and the rule can't drift apart.
@@ -20,7 +22,7 @@ THRESHOLDS = {
     # busy machine) than real cache effects, so the finding asks to re-measure instead of praising.
     "efficiency_superlinear": 1.10,
     "exposed_comm_pct": 10.0,  # exposed comm above this share of the step is worth tuning
-    "memory_imbalance_pct": 10.0,  # max device over min device, in %
+    "memory_imbalance_pct": 10.0,  # runs JSON memory_imbalance_pct: (max / min − 1) × 100
     "accuracy_drop_pp": 1.0,  # top-1 drop vs single, in percentage points
     "backend_ratio": 1.05,  # throughput ratio between backends below this is noise
 }
@@ -104,16 +106,16 @@ def _scaling(
 
 
 def _imbalance(run: dict[str, Any]) -> tuple[float, dict, dict] | None:
-    """(% more on the fullest than on the emptiest device, fullest, emptiest) for one run."""
-    # GPU runs: what the caching allocator handed out; CPU runs: the process's peak RSS
-    # (the same metric compare_runs used for the run's imbalance ratios).
-    metric = run.get("memory_metric") or "peak_allocated_bytes"
-    entries = [m for m in run.get("memory") or [] if m.get(metric)]
-    if len(entries) < 2:
+    """(the run's `memory_imbalance_pct`, fullest entry, emptiest entry) for one run: the number
+    is compare_runs' own, the entries only name the devices."""
+    metric = run.get("memory_metric")
+    pct = run.get("memory_imbalance_pct")
+    entries = [m for m in run.get("memory") or [] if isinstance(m.get(metric), int | float)]
+    if pct is None or len(entries) < 2:
         return None
     hi = max(entries, key=lambda m: m[metric])
     lo = min(entries, key=lambda m: m[metric])
-    return (hi[metric] / lo[metric] - 1) * 100, hi, lo
+    return pct, hi, lo
 
 
 def _memory(
@@ -148,7 +150,7 @@ def _memory(
 
 def _accuracy(groups: list[dict[str, Any]], multi: tuple[str, ...]) -> list[Finding]:
     out = []
-    key = ("model", "dataset", "scaling", "os")
+    key = WORKLOAD_KEY
     singles = {tuple(g.get(k) for k in key): g for g in groups if g.get("mode") == "single"}
     limit = THRESHOLDS["accuracy_drop_pp"]
     for g in groups:
@@ -178,7 +180,7 @@ def _accuracy(groups: list[dict[str, Any]], multi: tuple[str, ...]) -> list[Find
 
 def _backends(groups: list[dict[str, Any]]) -> list[Finding]:
     out = []
-    key = ("model", "dataset", "scaling", "world_size", "os")
+    key = (*WORKLOAD_KEY, "world_size")
     by_key: dict[tuple, dict[str, dict[str, Any]]] = {}
     for g in groups:
         if g.get("mode") == "ddp" and g.get("samples_per_s_mean"):
@@ -207,9 +209,7 @@ def _dp_vs_ddp(runs: list[dict[str, Any]]) -> list[Finding]:
     ok = [r for r in runs if r.get("status") == "ok" and r.get("samples_per_s")]
     for dp in (r for r in ok if r.get("mode") == "dp"):
         for ddp in (r for r in ok if r.get("mode") == "ddp"):
-            same = all(
-                dp.get(k) == ddp.get(k) for k in ("model", "dataset", "world_size", "seed", "os")
-            )
+            same = all(dp.get(k) == ddp.get(k) for k in (*WORKLOAD_KEY, "world_size", "seed"))
             if same:
                 ratio = ddp["samples_per_s"] / dp["samples_per_s"]
                 text = (

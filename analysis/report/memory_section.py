@@ -18,6 +18,7 @@ from analysis.report.columns import C
 from analysis.report.figures import MIB, _theme, _uri
 from analysis.report.findings import Finding, _name
 from analysis.report.tables import Table
+from analysis.runs import workload_key
 
 __all__ = ["BREAKDOWN_COLS", "context", "floor_bytes", "memory_findings"]
 
@@ -184,8 +185,9 @@ def _mean(entries: list[dict[str, Any]], key: str) -> float | None:
     return sum(vals) / len(vals) if vals else None
 
 
-def _same_model(a: dict[str, Any], b: dict[str, Any]) -> bool:
-    return all(a.get(k) == b.get(k) for k in ("model", "dataset", "amp"))
+def _same_workload(a: dict[str, Any], b: dict[str, Any]) -> bool:
+    """The one same-workload key (docs/analysis.md §7), as for speedup baselines and groups."""
+    return workload_key(a) == workload_key(b)
 
 
 def _vs_single(run: dict[str, Any], single: dict[str, Any]) -> Finding | None:
@@ -249,7 +251,7 @@ def _dp_gpu0(run: dict[str, Any]) -> Finding | None:
 
 
 def memory_findings(data: dict[str, Any]) -> list[Finding]:
-    """One finding per DDP run that has a matching single run (same model, dataset, amp; the
+    """One finding per DDP run that has a matching single run (same workload, WORKLOAD_KEY; the
     same seed preferred), and one per DP run on GPU 0's extra."""
     runs = [r for r in data.get("runs", []) if _ok(r) and r.get("memory_breakdown")]
     singles = [r for r in runs if r.get("mode") == "single"]
@@ -259,7 +261,7 @@ def memory_findings(data: dict[str, Any]) -> list[Finding]:
             out.append(f)
         if run.get("mode") != "ddp":  # DP's devices differ by design: the GPU-0 finding says why
             continue
-        same = [s for s in singles if _same_model(s, run)]
+        same = [s for s in singles if _same_workload(s, run)]
         base = next(
             (s for s in same if s.get("seed") == run.get("seed")), same[0] if same else None
         )

@@ -46,17 +46,27 @@ def group_label(group: dict[str, Any], *, show: tuple[str, ...] = ("workload", "
         out.append(f"{group.get('model')}/{group.get('dataset')}")
     if "os" in show:
         out.append(str(group.get("os")))
+    # The rest of the same-workload key (analysis.runs.WORKLOAD_KEY), where groups differ by it:
+    # two groups must never share a label (bars with one label are pooled).
+    out += [_VARIANT[k](group.get(k)) for k in _VARIANT if k in show]
     return " · ".join(out)
+
+
+_VARIANT = {
+    "scaling": lambda v: f"{v} scaling",
+    "fixed_batch": lambda v: f"batch {v}",
+    "amp": lambda v: f"amp {v}",
+    "device_type": str,
+}
 
 
 def group_labels(data: dict[str, Any]) -> dict[str, str]:
     """run_id -> its group's label, naming the workload and platform only when the report holds
     several: figure labels are drawn as glyph paths, so every character costs page weight."""
     groups = data.get("groups", [])
+    parts = (("workload", ("model", "dataset")), ("os", ("os",)), *((k, (k,)) for k in _VARIANT))
     show = tuple(
-        part
-        for part, keys in (("workload", ("model", "dataset")), ("os", ("os",)))
-        if len({tuple(g.get(k) for k in keys) for g in groups}) > 1
+        part for part, keys in parts if len({tuple(g.get(k) for k in keys) for g in groups}) > 1
     )
     return {rid: group_label(g, show=show) for g in groups for rid in g.get("run_ids", [])}
 
@@ -152,8 +162,9 @@ def skipped_by_reason(data: dict[str, Any]) -> list[dict[str, Any]]:
 def scaling_frame(data: dict[str, Any]) -> pd.DataFrame:
     """Long frame of ok runs for the scaling curves: one row per run with world size, series.
 
-    `series` is mode (+ backend, + platform when several); curves never pool strong with weak
-    scaling or one model with another: `panel` names the model, dataset and scaling of the curve.
+    `series` is mode (+ backend, + batch, amp, device type and platform when several); curves
+    never pool strong with weak scaling or one model with another: `panel` names the model,
+    dataset and scaling of the curve.
     """
     rows = [
         {
@@ -162,6 +173,7 @@ def scaling_frame(data: dict[str, Any]) -> pd.DataFrame:
             "backend": r.get("backend"),
             "os": r.get("os"),
             "scaling": r.get("scaling"),
+            **{k: r.get(k) for k in ("fixed_batch", "amp", "device_type")},
             "panel": f"{r.get('model')}/{r.get('dataset')} · {r.get('scaling')} scaling",
             "samples_per_s": r.get("samples_per_s"),
             "speedup": r.get("speedup"),
@@ -179,15 +191,18 @@ def scaling_frame(data: dict[str, Any]) -> pd.DataFrame:
         for r in data.get("runs", [])
         if r.get("status") == "ok"
     ]
-    cols = ["world_size", "mode", "backend", "os", "scaling", "panel", "samples_per_s", "speedup",
-            "efficiency_pct", "peak_memory_mib"]  # fmt: skip
+    cols = ["world_size", "mode", "backend", "os", "scaling", "fixed_batch", "amp", "device_type",
+            "panel", "samples_per_s", "speedup", "efficiency_pct", "peak_memory_mib"]  # fmt: skip
     df = pd.DataFrame(rows, columns=cols)
     for col in ("world_size", "samples_per_s", "speedup", "efficiency_pct", "peak_memory_mib"):
         df[col] = pd.to_numeric(df[col], errors="coerce")
     backend = df["backend"].where(~df["backend"].isin(["none", "dp"]) & df["backend"].notna(), "")
     df["series"] = df["mode"].astype(str) + backend.map(lambda b: f" ({b})" if b else "")
-    if df["os"].nunique() > 1:
-        df["series"] += " · " + df["os"].astype(str)
+    # Never pool across the same-workload key (analysis.runs.WORKLOAD_KEY): the batch that
+    # scaling fixes, amp, device type and OS split a curve when the report mixes them.
+    for col in ("fixed_batch", "amp", "device_type", "os"):
+        if df[col].nunique(dropna=False) > 1:
+            df["series"] += " · " + df[col].map(lambda v, c=col: _VARIANT.get(c, str)(v))
     return df.dropna(subset=["world_size"])
 
 

@@ -229,8 +229,8 @@ def memory_rows(data: dict[str, Any]) -> list[dict[str, Any]]:
                 {
                     "run_id": run["run_id"],
                     **m,
+                    "memory_imbalance_pct": run.get("memory_imbalance_pct"),
                     "memory_imbalance_max_over_mean": run.get("memory_imbalance_max_over_mean"),
-                    "memory_imbalance_range_over_max": run.get("memory_imbalance_range_over_max"),
                 }
             )
     return rows
