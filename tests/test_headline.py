@@ -177,8 +177,9 @@ def test_memory_imbalance_is_one_number_everywhere(ddp_mlp_run, tmp_path):
         cwd=REPO, capture_output=True, text=True, timeout=120, check=True,
     )  # fmt: skip
     header, row = cli.stdout.splitlines()[:2]
-    assert "mem imbalance %" in header and "max/mean" not in header
-    assert "50.00" in row.split()
+    # The terminal table uses the report's column spec: the same header, unit and format.
+    assert "Memory imbalance (% more, fullest vs emptiest)" in header and "max/mean" not in header
+    assert "50.0" in row.split()
 
 
 # --- collectives: latency = transfer + sync -------------------------------------------------------
