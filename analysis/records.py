@@ -53,9 +53,10 @@ class ErrorInfo(msgspec.Struct):
 
 class Config(msgspec.Struct):
     mode: Literal["single", "dp", "ddp"]
-    world_size: Annotated[int, msgspec.Meta(ge=1)]
+    # Null only on a skipped run whose layout could not be decided (checked in read_record).
+    world_size: Annotated[int, msgspec.Meta(ge=1)] | None
     backend: str | None = None
-    devices: list[str] = []
+    devices: list[str] | None = []
     model: str | None = None
     dataset: str | None = None
     global_batch: Annotated[int, msgspec.Meta(ge=1)] | None = None
@@ -237,6 +238,10 @@ def read_record(path: Path) -> tuple[RunRecord, dict]:
     except msgspec.ValidationError as err:
         field, problem = _explain(err)
         raise InvalidRecord(path, field, problem) from None
+    if rec.status != "skipped":  # a run that started knows its layout
+        for name in ("world_size", "devices"):
+            if getattr(rec.config, name) is None:
+                raise InvalidRecord(path, f"config.{name}", f"null on a {rec.status} run")
     if rec.schema_version not in SCHEMA_VERSIONS:
         known = ", ".join(map(str, SCHEMA_VERSIONS))
         raise InvalidRecord(

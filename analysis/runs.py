@@ -187,10 +187,11 @@ def workload_key(run: dict) -> tuple:
     return tuple(run.get(k) for k in WORKLOAD_KEY)
 
 
-def _num_devices(config: Config) -> int:
-    """Devices a run spreads over: DDP ranks, DP's GPUs, 1 for single (efficiency's divisor)."""
-    if config.mode == "dp":
-        return max(1, len(set(config.devices)))
+def _num_devices(config: Config) -> int | None:
+    """Devices a run spreads over: DDP ranks, DP's GPUs, 1 for single (efficiency's divisor);
+    None for a skipped run whose layout was never decided."""
+    if config.mode == "dp" and config.devices:
+        return len(set(config.devices))
     return config.world_size
 
 

@@ -209,7 +209,7 @@ def test_each_bad_run_is_invalid_with_one_line(bad_runs_result, name):
 def test_dp_devices_string_never_counts_letters(bad_runs_result):
     """`devices: "cpu"` once counted 3 devices (c, p, u); now the run is invalid instead."""
     (hit,) = [b for b in bad_runs_result["invalid"] if b["path"].endswith("dp-devices-string")]
-    assert "Expected `array`, got `str`" in hit["problem"]
+    assert "Expected `array" in hit["problem"] and "got `str`" in hit["problem"]
 
 
 def test_schema_version_2_and_unknown_fields_are_accepted(tmp_path, ddp_mlp_run):

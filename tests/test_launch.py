@@ -12,6 +12,7 @@ import sys
 import pytest
 import torch
 
+from analysis.runs import compare_runs
 from tests.conftest import REPO, free_port, launch, read_run, run_in_repo
 from workloads import launch as launcher
 from workloads.train import main as train_main
@@ -241,6 +242,10 @@ def test_mode_all_runs_what_it_can_and_skips_the_rest(tmp_path):
     assert runs[("ddp", "nccl")]["config"]["world_size"] == 2
     assert runs[("ddp", "gloo")]["config"]["per_device_batch"] == 16
     assert "make report" in proc.stdout
+    # The analysis reads those null layouts as skipped runs, not as invalid records.
+    data = compare_runs([tmp_path], progress=False, traces=False)
+    assert not data["invalid"]
+    assert sorted(r["status"] for r in data["runs"]) == ["ok", "ok", "skipped", "skipped"]
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="expects a CPU-only machine")
