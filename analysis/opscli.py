@@ -7,21 +7,11 @@ from pathlib import Path
 
 from analysis.cli import _table
 from analysis.report.columns import C, fmt, without
-from analysis.report.ops import OPS_COLS
+from analysis.report.ops import OPS_COLS, diff_columns
 
 US = C(key="us", label="", kind="num", digits=1)
 # A/B columns of `analysis diff`, in the report's Column spec (headers carry the units).
-DIFF_OP_COLS = [
-    C(key="name", label="Operator"),
-    C(key="status", label="Status"),
-    C(key="calls_per_step_a", label="Calls A", unit="per step", kind="num", digits=1),
-    C(key="calls_per_step_b", label="Calls B", unit="per step", kind="num", digits=1),
-    C(key="self_us_per_step_a", label="Self A", unit="µs/step", kind="num", digits=1),
-    C(key="self_us_per_step_b", label="Self B", unit="µs/step", kind="num", digits=1),
-    C(key="delta_us_per_step", label="Δ self", unit="µs/step", kind="num", digits=1),
-    C(key="delta_pct", label="Δ self", unit="%", kind="num", digits=1),
-    C(key="delta_us_per_sample", label="Δ self", unit="µs/sample", kind="num", digits=2),
-]
+DIFF_OP_COLS = diff_columns(" A", " B", digits=1)
 DIFF_PHASE_COLS = [
     C(key="phase", label="Phase"),
     C(key="a_s", label="A", unit="ms/step", kind="num", digits=2, scale=1e3),

@@ -19,18 +19,24 @@ __all__ = ["ops_context"]
 TOP_DELTAS = 10
 TOP_OPS = 15
 
-DIFF_COLS = [
-    C(key="name", label="Operator", wrap=True),
-    C(key="kind", label="Kind"),
-    C(key="status", label="Status"),
-    C(key="calls_per_step_a", label="Calls, single", unit="per step", kind="num", digits=1),
-    C(key="calls_per_step_b", label="Calls, DDP", unit="per step", kind="num", digits=1),
-    C(key="self_us_per_step_a", label="Self, single", unit="µs/step", kind="num", digits=0),
-    C(key="self_us_per_step_b", label="Self, DDP", unit="µs/step", kind="num", digits=0),
-    C(key="delta_us_per_step", label="Δ self", unit="µs/step", kind="num", digits=0),
-    C(key="delta_pct", label="Δ self", unit="%", kind="num", digits=1),
-    C(key="delta_us_per_sample", label="Δ self", unit="µs/sample", kind="num", digits=2),
-]
+
+def diff_columns(a: str, b: str, *, digits: int, wrap: bool = False) -> list[C]:
+    """Columns of an operator diff (`analysis diff`, "What DDP adds"), sides named `a` and `b`."""
+    return [
+        C(key="name", label="Operator", wrap=wrap),
+        C(key="kind", label="Kind"),
+        C(key="status", label="Status"),
+        C(key="calls_per_step_a", label=f"Calls{a}", unit="per step", kind="num", digits=1),
+        C(key="calls_per_step_b", label=f"Calls{b}", unit="per step", kind="num", digits=1),
+        C(key="self_us_per_step_a", label=f"Self{a}", unit="µs/step", kind="num", digits=digits),
+        C(key="self_us_per_step_b", label=f"Self{b}", unit="µs/step", kind="num", digits=digits),
+        C(key="delta_us_per_step", label="Δ self", unit="µs/step", kind="num", digits=digits),
+        C(key="delta_pct", label="Δ self", unit="%", kind="num", digits=1),
+        C(key="delta_us_per_sample", label="Δ self", unit="µs/sample", kind="num", digits=2),
+    ]
+
+
+DIFF_COLS = diff_columns(", single", ", DDP", digits=0, wrap=True)
 OPS_COLS = [
     C(key="name", label="Operator", wrap=True),
     C(key="kind", label="Kind"),
