@@ -177,6 +177,7 @@ def load_comm_run(run_dir: Path) -> dict:
     except (ValueError, TypeError):
         raise AnalysisError(csv, "has non-numeric values", "re-run `make bench-comm`") from None
     config = rec.get("config") or {}
+    metrics = rec.get("metrics") or {}
     return {
         "run_id": rec.get("run_id", run_dir.name),
         "path": str(run_dir),
@@ -186,5 +187,27 @@ def load_comm_run(run_dir: Path) -> dict:
         "devices": config.get("devices") or [],
         "rows": rows.to_dict("records"),
         "models": fit_all(rows),
-        "skipped": (rec.get("metrics") or {}).get("skipped") or [],
+        "skipped": metrics.get("skipped") or [],
+        "means": _means(metrics.get("time_us_mean"), rows),
+        "gap_ms": {
+            str(k): float(v)
+            for k, v in (config.get("gap_ms") or {}).items()
+            if isinstance(v, int | float) and not isinstance(v, bool)
+        },
+    }
+
+
+def _means(items: object, rows: pd.DataFrame) -> dict[str, dict[str, list]]:
+    """run.json `metrics.time_us_mean` as {collective: {bytes: [...], time_us_mean: [...]}}, only
+    finite positive times at sizes comm.csv has (older comm runs have none: {})."""
+    frame = pd.DataFrame(items if isinstance(items, list) else [])
+    if frame.empty or not {"collective", "bytes", "time_us_mean"} <= set(frame.columns):
+        return {}
+    frame["bytes"] = pd.to_numeric(frame["bytes"], errors="coerce")
+    frame["time_us_mean"] = pd.to_numeric(frame["time_us_mean"], errors="coerce")
+    frame = frame[np.isfinite(frame["time_us_mean"]) & (frame["time_us_mean"] > 0)]
+    frame = frame.merge(rows[["collective", "bytes"]], on=["collective", "bytes"])
+    return {
+        str(name): g.sort_values("bytes")[["bytes", "time_us_mean"]].to_dict("list")
+        for name, g in frame.groupby("collective")
     }

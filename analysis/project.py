@@ -20,190 +20,30 @@ Model (docs/analysis.md, "Scaling projection"), per projected world size n:
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
-from analysis.comm import is_comm_run, load_comm_run, with_measured_curve
+from analysis.comm import load_comm_run, with_measured_curve
 from analysis.errors import AnalysisError
+from analysis.project_inputs import load_training, unprofiled_steps
 from analysis.project_model import (
     INTER_NODE_ALPHA_US,
     allreduce_us,
     assumptions,
-    ddp_buckets,
-    expected_max,
+    compute_phases,
     parse_inter_node,
     simulate_step,
+    straggler_s,
 )
 
-__all__ = ["load_training", "project", "straggler_s", "unprofiled_steps"]
-
-PHASES = ("data", "forward", "backward", "optimizer")
+__all__ = ["load_training", "project", "unprofiled_steps"]  # the inputs re-exported
 
 
-def _profiled_from_schedule(steps: pd.Series, profile: dict) -> pd.Series:
-    """Steps the profiler was on for (its warm-up and active steps), from config.profile."""
-    if not profile or not profile.get("enabled", True):
-        return pd.Series(False, index=steps.index)
-    wait, warm, active = (int(profile.get(k, 0)) for k in ("wait", "warmup", "active"))
-    cycle = max(1, wait + warm + active)
-    repeat = int(profile.get("repeat", 0))
-    in_cycles = (steps // cycle < repeat) if repeat > 0 else pd.Series(True, index=steps.index)
-    return in_cycles & (steps % cycle >= wait)
-
-
-def unprofiled_steps(steps: pd.DataFrame, config: dict) -> pd.DataFrame:
-    """Non-warm-up steps the profiler did not record: steps.csv `profiled` when present, else
-    derived from config.profile's schedule (wait, warmup, active, repeat)."""
-    if "profiled" in steps.columns:
-        profiled = steps["profiled"].fillna(0).astype(int) == 1
-    else:
-        profiled = _profiled_from_schedule(steps["step"], config.get("profile") or {})
-    return steps[(steps["warmup"] == 0) & ~profiled]
-
-
-def load_training(run_dir: Path, *, traces: bool = True, trace: dict | None = None) -> dict:
-    """A training run's projection inputs; AnalysisError (one line) when it cannot be projected.
-
-    A DDP run's traces are analysed for its exposed communication (`traces=False`: not read;
-    `trace`: an already computed traces JSON of this run)."""
-    run_dir = Path(run_dir)
-    run_json = run_dir / "run.json"
-    if is_comm_run(run_dir):
-        raise AnalysisError(run_dir, "is a comm benchmark, not a training run", "pass it as --comm")
-    try:
-        rec = json.loads(run_json.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
-        raise AnalysisError(
-            run_json, "missing or unreadable", "pass a training run folder"
-        ) from None
-    config = rec.get("config") if isinstance(rec, dict) else None
-    if not isinstance(config, dict) or config.get("mode") not in ("single", "ddp"):
-        raise AnalysisError(
-            run_dir, "is not a single-device or DDP training run", "pass one made by make profile-*"
-        )
-    if rec.get("status") != "ok":
-        raise AnalysisError(run_dir, f"status is {rec.get('status')!r}", "pass a finished (ok) run")
-    try:
-        steps = pd.read_csv(run_dir / "steps.csv")
-        body = unprofiled_steps(steps, config)
-    except (OSError, ValueError, KeyError, pd.errors.ParserError) as err:
-        raise AnalysisError(run_dir / "steps.csv", f"unreadable ({err})", "re-run it") from None
-    if body.empty:
-        raise AnalysisError(
-            run_dir / "steps.csv",
-            "has no unprofiled measured step (every non-warm-up step was profiled)",
-            "re-run with more --max-steps than warm-up + profiled steps, or --no-profile",
-        )
-    phases = {p: float(body[f"{p}_s"].mean()) for p in PHASES}
-    step = float(body["step_time_s"].mean())
-    metrics = rec.get("metrics") or {}
-    warnings: list[str] = []
-    run = {
-        "run_id": rec.get("run_id", run_dir.name),
-        "path": str(run_dir),
-        "mode": config["mode"],
-        "backend": config.get("backend"),
-        "world_size": int(config.get("world_size") or 1),
-        "model": config.get("model"),
-        "dataset": config.get("dataset"),
-        "scaling": config.get("scaling", "strong"),
-        "per_device_batch": int(config.get("per_device_batch") or 1),
-        "global_batch": int(config.get("global_batch") or 1),
-        "comm_hook": (config.get("ddp") or {}).get("comm_hook", "none"),
-        "threads_per_rank": (rec.get("env") or {}).get("threads_per_rank"),
-        "steps_used": int(body["step"].nunique()),
-        "step_time_s": step,
-        "phases_s": phases,
-        "other_s": max(0.0, step - sum(phases.values())),
-        "step_samples_s": body["step_time_s"].to_numpy(dtype=float),
-        "backward_compute_s": phases["backward"],
-        "traced_exposed_comm_s": None,
-        "warnings": warnings,
-    }
-    ddp = metrics.get("ddp") or {}
-    if ddp.get("bucket_sizes_bytes"):
-        run["buckets_bytes"], run["bucket_source"] = list(ddp["bucket_sizes_bytes"]), "metrics.ddp"
-    elif metrics.get("param_grad_bytes"):
-        cap = float((config.get("ddp") or {}).get("bucket_cap_mb", 25.0))
-        run["buckets_bytes"] = ddp_buckets(metrics["param_grad_bytes"], cap)
-        run["bucket_source"] = f"computed from metrics.param_grad_bytes, bucket_cap_mb {cap:g}"
-    else:
-        raise AnalysisError(
-            run_json,
-            "has neither metrics.ddp bucket sizes nor metrics.param_grad_bytes",
-            "re-run it with the current trainer",
-        )
-    if run["mode"] == "ddp" and run["world_size"] > 1:
-        if traces:
-            _subtract_traced_comm(run, run_dir, trace)
-        else:
-            warnings.append("traces not read: backward taken as all compute (incl. its comm wait)")
-    run["compute_s"] = step - phases["backward"] + run["backward_compute_s"]
-    return run
-
-
-def _subtract_traced_comm(run: dict, run_dir: Path, trace: dict | None) -> None:
-    """A DDP run's backward includes waiting for its all-reduces; take out the exposed part the
-    traces measured, so compute is compute (the replay then re-adds the *modelled* exposure)."""
-    from analysis.traces import analyze_trace_dir
-
-    try:
-        trace = trace or analyze_trace_dir(run_dir / "traces", progress=False)
-    except AnalysisError as err:
-        run["warnings"].append(f"{err} — backward taken as all compute")
-        return
-    # Profiled steps run slower than the unprofiled ones used here, so the traced exposed comm is
-    # taken as a share of the traced step and scaled to the measured step (as the report does).
-    shares = [
-        r["exposed_comm_us"] / r["step_time_us_mean"]
-        for r in trace["ranks"]
-        if r.get("exposed_comm_us") is not None and r.get("step_time_us_mean")
-    ]
-    if not shares:
-        run["warnings"].append("traces have no comm — backward taken as all compute")
-        return
-    run["traced_exposed_comm_s"] = float(np.mean(shares)) * run["step_time_s"]
-    run["step_samples_s"] = run["step_samples_s"] * (1 - float(np.mean(shares)))
-    bwd = run["phases_s"]["backward"]
-    run["backward_compute_s"] = max(0.1 * bwd, bwd - run["traced_exposed_comm_s"])
-    if run["backward_compute_s"] == 0.1 * bwd:
-        run["warnings"].append(
-            "traced exposed comm exceeds 90% of backward: backward compute floored at 10%"
-        )
-
-
-def straggler_s(run: dict, n: int) -> float:
-    """Extra step time from waiting for the slowest of n ranks: E[max of n] − E[max of RUN's n]
-    of RUN's per-step compute (a DDP run's samples already carry its own ranks' max)."""
-    x = run["step_samples_s"]
-    if x.size == 0 or n <= run["world_size"]:
-        return 0.0
-    return max(0.0, expected_max(x, n) - expected_max(x, run["world_size"]))
-
-
-def _compute(run: dict, batch: float, batch_runs: dict[int, dict]) -> tuple[dict, str]:
-    """Per-step compute phases at per-device `batch`: a measured run at that batch, else linear."""
-    other = batch_runs.get(int(batch)) if float(batch).is_integer() else None
-    if other is not None and int(batch) != run["per_device_batch"]:
-        ph = dict(other["phases_s"], backward=other["backward_compute_s"], other=other["other_s"])
-        return ph, f"measured ({other['run_id']})"
-    k = batch / run["per_device_batch"]
-    ph = {
-        "data": run["phases_s"]["data"] * k,
-        "forward": run["phases_s"]["forward"] * k,
-        "backward": run["backward_compute_s"] * k,
-        "optimizer": run["phases_s"]["optimizer"],
-        "other": run["other_s"],
-    }
-    return ph, "measured" if k == 1 else "linear in batch"
-
-
-def _predict(run, n, *, scaling, comm_model, gpn, inter_gbps, batch_runs, wire) -> dict:
+def _predict(run, n, *, scaling, comm_model, gpn, inter_gbps, batch_runs, wire, bcast) -> dict:
     batch = run["global_batch"] / n if scaling == "strong" else run["per_device_batch"]
-    ph, source = _compute(run, batch, batch_runs)
+    ph, source = compute_phases(run, batch, batch_runs)
     compute = sum(ph.values())
     sizes = [b * wire for b in run["buckets_bytes"]]
     total = sum(sizes)
@@ -211,9 +51,15 @@ def _predict(run, n, *, scaling, comm_model, gpn, inter_gbps, batch_runs, wire) 
     comm = [allreduce_us(b, n, gpn, comm_model, inter_gbps) / 1e6 for b in sizes]
     end = simulate_step(ready, comm, ph["backward"])
     exposed = max(0.0, end - ph["backward"]) if n > 1 else 0.0
+    # DDP's buffer broadcast at the start of every forward: nothing overlaps it
+    broadcast = (
+        sum(allreduce_us(b, n, gpn, bcast, inter_gbps) for b in run["buffer_groups_bytes"]) / 1e6
+        if bcast and n > 1
+        else 0.0
+    )
     # the slowest rank's compute, scaled like the compute it stretches
     wait = straggler_s(run, n) * compute / run["compute_s"] if n > 1 else 0.0
-    step = compute + wait + exposed
+    step = compute + wait + exposed + broadcast
     global_batch = batch * n
     return {
         "ranks": n,
@@ -222,10 +68,11 @@ def _predict(run, n, *, scaling, comm_model, gpn, inter_gbps, batch_runs, wire) 
         "compute_source": source,
         "step_time_s": step,
         "compute_s": compute,
-        "comm_s": float(sum(comm)) if n > 1 else 0.0,
-        "exposed_comm_s": exposed,
+        "comm_s": float(sum(comm)) + broadcast if n > 1 else 0.0,
+        "exposed_comm_s": exposed + broadcast,
+        "buffer_broadcast_s": broadcast,
         "straggler_s": wait,
-        "exposed_comm_pct": 100 * exposed / step if step else 0.0,
+        "exposed_comm_pct": 100 * (exposed + broadcast) / step if step else 0.0,
         "samples_per_s": global_batch / step,
     }
 
@@ -275,16 +122,18 @@ def project(
         )
     if "all_reduce" not in comm["models"]:
         raise AnalysisError(comm_dir, "has no all_reduce fit", "re-run make bench-comm")
-    model = comm["models"]["all_reduce"]
-    if bandwidth == "measured":
-        rows = pd.DataFrame(comm["rows"])
-        rows = rows[rows["collective"] == "all_reduce"]
-        model = with_measured_curve(model, rows["bytes"], rows["time_us_median"])
-    elif bandwidth != "fit":
+    if bandwidth not in ("measured", "fit"):
         raise AnalysisError("--bandwidth", f"got {bandwidth!r}", "use measured or fit")
+    model = _comm_model(comm, "all_reduce", bandwidth)
+    bcast = _comm_model(comm, "broadcast", bandwidth) if "broadcast" in comm["models"] else None
     scaling = scaling or run["scaling"]
     wire = wire_bytes_factor or (0.5 if run["comm_hook"] in ("fp16", "bf16") else 1.0)
     warnings = list(run["warnings"])
+    if run["buffer_groups_bytes"] and bcast is None:
+        warnings.append(
+            "the comm run has no broadcast: DDP's per-forward buffer broadcast is left out"
+        )
+    warnings += _gap_warnings(run, comm)
     big = [b for b in run["buckets_bytes"] if b * wire > model["bytes_max"]]
     if big:
         warnings.append(
@@ -308,6 +157,7 @@ def project(
         inter_gbps=inter_gbps,
         batch_runs=by_batch,
         wire=wire,
+        bcast=bcast,
     )
     base = _predict(run, 1, **kw)
     preds = []
@@ -341,11 +191,14 @@ def project(
             "backward_compute_s": run["backward_compute_s"],
             "traced_exposed_comm_s": run["traced_exposed_comm_s"],
             "buckets_bytes": run["buckets_bytes"],
+            "buffer_broadcasts_bytes": run["buffer_groups_bytes"],
             "bucket_source": run["bucket_source"],
             "comm_hook": run["comm_hook"],
             "wire_bytes_factor": wire,
             "all_reduce_model": model,
             "bandwidth_source": bandwidth,
+            "comm_time_statistic": model.get("time_statistic", "median"),
+            "comm_gap_ms": comm["gap_ms"],
             "gpus_per_node": gpus_per_node,
             "inter_node_gbps": inter_gbps,
             "inter_node_alpha_us": INTER_NODE_ALPHA_US,
@@ -356,6 +209,44 @@ def project(
         "predictions": preds,
         "warnings": warnings,
     }
+
+
+def _comm_model(comm: dict, name: str, bandwidth: str) -> dict:
+    """The α–β model of `name` from the comm run; with `measured` bandwidth, the per-size curve of
+    the benchmark's mean times (a mean step is what is projected: heavy-tailed collective times
+    make the median too low), or of its medians for comm runs without means."""
+    model = dict(comm["models"][name], time_statistic="median")
+    if bandwidth != "measured":
+        return model
+    means = comm["means"].get(name)
+    if means is not None and len(means["bytes"]) >= 2:
+        curve = with_measured_curve(model, means["bytes"], means["time_us_mean"])
+        return dict(curve, time_statistic="mean")
+    rows = pd.DataFrame(comm["rows"])
+    rows = rows[rows["collective"] == name]
+    return with_measured_curve(model, rows["bytes"], rows["time_us_median"])
+
+
+def _gap_warnings(run: dict, comm: dict) -> list[str]:
+    """On CPU hosts a collective issued after compute is slower than a back-to-back one; warn when
+    the comm run timed its all-reduce after a much other compute gap than this workload leaves
+    (forward + backward with a buffer broadcast per forward, else the whole step's compute)."""
+    if any(str(d).startswith("cuda") for d in comm["devices"]):
+        return []
+    ph = run["phases_s"]
+    gap_ms = 1e3 * (
+        ph["forward"] + run["backward_compute_s"]
+        if run["buffer_groups_bytes"]
+        else run["compute_s"]
+    )
+    bench_ms = comm["gap_ms"].get("all_reduce", 0.0)
+    if bench_ms >= gap_ms / 2 and bench_ms <= 2 * gap_ms:
+        return []
+    return [
+        f"the comm run timed all_reduce after {bench_ms:g} ms of compute, this workload issues "
+        f"it after about {gap_ms:.1f} ms: on CPU hosts idle transports make such a call slower; "
+        f"for a closer projection re-run make bench-comm COMM_GAP_MS={gap_ms:.0f}"
+    ]
 
 
 def _check(run: dict, target: dict, kw: dict, base: dict) -> dict:

@@ -8,7 +8,8 @@ import math
 
 import numpy as np
 
-from analysis.comm import collective_time_us
+from analysis.collectives import bus_factor
+from analysis.comm import collective_time_us, ring_steps
 from analysis.errors import AnalysisError
 
 __all__ = [
@@ -17,10 +18,12 @@ __all__ = [
     "INTER_NODE_PRESETS",
     "allreduce_us",
     "assumptions",
+    "compute_phases",
     "ddp_buckets",
     "expected_max",
     "parse_inter_node",
     "simulate_step",
+    "straggler_s",
 ]
 
 INTER_NODE_PRESETS = {"25": 25.0, "100": 100.0, "200": 200.0, "400": 400.0}  # Gb/s per node
@@ -67,14 +70,15 @@ def simulate_step(ready_s: list[float], comm_s: list[float], backward_s: float) 
 
 
 def allreduce_us(nbytes: float, n: int, gpn: int, intra: dict, inter_gbps: float) -> float:
-    """Hierarchical all-reduce: ring inside a node (α–β of the comm run) plus, past one node,
-    ring between nodes where each node moves all `nbytes` through its link."""
+    """Hierarchical collective (`intra["collective"]`, all_reduce for the gradient buckets): ring
+    inside a node (α–β of the comm run) plus, past one node, ring between nodes where each node
+    moves all `nbytes` through its link (steps and bus factor of that collective)."""
     if n <= gpn:
         return collective_time_us(intra, nbytes, n)
     nodes = math.ceil(n / gpn)
-    inter = 2 * (nodes - 1) * INTER_NODE_ALPHA_US + 2 * (nodes - 1) / nodes * nbytes / (
-        inter_gbps / 8 * 1e3
-    )
+    name = intra["collective"]
+    factor = bus_factor(name, nodes) or 1.0
+    inter = ring_steps(name, nodes) * INTER_NODE_ALPHA_US + factor * nbytes / (inter_gbps / 8 * 1e3)
     return collective_time_us(intra, nbytes, gpn) + inter
 
 
@@ -112,13 +116,42 @@ def assumptions(
         "buckets all-reduced one after another on one stream (DDP's reducer)",
         f"ring all-reduce α–β model from the comm run inside a node of {gpn} ranks; "
         + (
-            "bus bandwidth per message size as benchmarked (busbw does not depend on n)"
+            "bus bandwidth per message size as benchmarked, from its mean times when it has them "
+            "(busbw does not depend on n)"
             if bandwidth == "measured"
             else "one fitted bus bandwidth for every size"
         ),
+        "DDP broadcasts the module's buffers at every forward (broadcast_buffers, torch's "
+        "default): one broadcast per buffer dtype, nothing overlapping it",
         f"between nodes: ring over {inter_gbps:g} Gb/s per node, α = {INTER_NODE_ALPHA_US:g} µs "
         "per step; hierarchical (intra all-reduce + inter all-reduce of the whole bucket)",
         "per-rank compute does not change with n (no contention growth); the step waits for the "
         "slowest rank: E[max of n draws] of RUN's per-step compute, ranks independent",
     ]
     return out
+
+
+def straggler_s(run: dict, n: int) -> float:
+    """Extra step time from waiting for the slowest of n ranks: E[max of n] − E[max of RUN's n]
+    of RUN's per-step compute (a DDP run's samples already carry its own ranks' max)."""
+    x = run["step_samples_s"]
+    if x.size == 0 or n <= run["world_size"]:
+        return 0.0
+    return max(0.0, expected_max(x, n) - expected_max(x, run["world_size"]))
+
+
+def compute_phases(run: dict, batch: float, batch_runs: dict[int, dict]) -> tuple[dict, str]:
+    """Per-step compute phases at per-device `batch`: a measured run at that batch, else linear."""
+    other = batch_runs.get(int(batch)) if float(batch).is_integer() else None
+    if other is not None and int(batch) != run["per_device_batch"]:
+        ph = dict(other["phases_s"], backward=other["backward_compute_s"], other=other["other_s"])
+        return ph, f"measured ({other['run_id']})"
+    k = batch / run["per_device_batch"]
+    ph = {
+        "data": run["phases_s"]["data"] * k,
+        "forward": run["phases_s"]["forward"] * k,
+        "backward": run["backward_compute_s"] * k,
+        "optimizer": run["phases_s"]["optimizer"],
+        "other": run["other_s"],
+    }
+    return ph, "measured" if k == 1 else "linear in batch"

@@ -170,7 +170,9 @@ def test_unprofiled_steps_from_schedule_and_column():
     assert list(unprofiled_steps(with_column, config)["step"]) == [3, 4, 7]
 
 
-def _fake_run(path: Path, *, mode: str, n: int, phases: dict, buckets: list[int], **cfg) -> Path:
+def _fake_run(
+    path: Path, *, mode: str, n: int, phases: dict, buckets: list[int], metrics=None, **cfg
+) -> Path:
     """A hand-built training run folder: 10 steps, none profiled, fixed phase times."""
     path.mkdir(parents=True)
     batch = cfg.get("per_device_batch", 32)
@@ -202,31 +204,50 @@ def _fake_run(path: Path, *, mode: str, n: int, phases: dict, buckets: list[int]
             **cfg,
         },
         "env": {"threads_per_rank": 1},
-        "metrics": {"ddp": {"bucket_sizes_bytes": buckets}, "param_grad_bytes": buckets},
+        "metrics": {
+            "ddp": {"bucket_sizes_bytes": buckets},
+            "param_grad_bytes": buckets,
+            **(metrics or {}),
+        },
     }
     (path / "run.json").write_text(json.dumps(rec))
     return path
 
 
-def _fake_comm(path: Path, *, alpha_us: float, bus_gbps: float, backend: str = "gloo") -> Path:
+def _fake_comm(
+    path: Path,
+    *,
+    alpha_us: float,
+    bus_gbps: float,
+    backend: str = "gloo",
+    collectives: tuple[str, ...] = ("all_reduce",),
+    mean_factor: float | None = None,
+    config: dict | None = None,
+) -> Path:
+    """A hand-built comm run whose medians follow an exact α–β model; with `mean_factor`, run.json
+    also holds mean times = mean_factor × the medians (as bench_comm writes them)."""
     path.mkdir(parents=True)
-    model = {"collective": "all_reduce", "alpha_us": alpha_us, "bus_gbps": bus_gbps}
-    rows = []
-    for nbytes in (1024, 65536, 1 << 20, 1 << 22):
-        t = collective_time_us(model, nbytes, 2)
-        algbw = nbytes / t / 1e3
-        rows.append(
-            dict(
-                collective="all_reduce", backend=backend, world_size=2, bytes=nbytes, iters=5,
-                time_us_median=t, time_us_p95=t, algbw_gbps=algbw, busbw_gbps=algbw,
-            )
-        )  # fmt: skip
+    rows, means = [], []
+    for name in collectives:
+        model = {"collective": name, "alpha_us": alpha_us, "bus_gbps": bus_gbps}
+        for nbytes in (1024, 65536, 1 << 20, 1 << 22):
+            t = collective_time_us(model, nbytes, 2)
+            algbw = nbytes / t / 1e3
+            rows.append(
+                dict(
+                    collective=name, backend=backend, world_size=2, bytes=nbytes, iters=5,
+                    time_us_median=t, time_us_p95=t, algbw_gbps=algbw, busbw_gbps=algbw,
+                )
+            )  # fmt: skip
+            if mean_factor:
+                means.append({"collective": name, "bytes": nbytes, "time_us_mean": t * mean_factor})
     pd.DataFrame(rows, columns=COMM_COLUMNS).to_csv(path / "comm.csv", index=False)
     rec = {
         "kind": "comm",
         "run_id": path.name,
         "status": "ok",
-        "config": {"backend": backend, "world_size": 2},
+        "config": {"backend": backend, "world_size": 2, **(config or {})},
+        "metrics": {"time_us_mean": means} if means else {},
     }
     (path / "run.json").write_text(json.dumps(rec))
     return path
@@ -396,3 +417,104 @@ def test_strong_scaling_is_linear_in_batch_unless_a_run_at_that_batch_is_given(t
     assert weak["per_device_batch"] == 64 and weak["compute_s"] == pytest.approx(
         sum(phases.values())
     )
+
+
+def test_bench_comm_gap_and_collectives_reach_the_run(tmp_path):
+    """A real run with --collectives and --gap-ms: only all_reduce is timed, each of its calls
+    after 40 ms of compute (so the run cannot be shorter than iterations × 40 ms), and run.json
+    holds the gap and a mean time per comm.csv row."""
+    import time
+
+    args = "--backend gloo --nproc 2 --iters 4 --warmup 1 --run-id g --collectives all_reduce"
+    t0 = time.perf_counter()
+    proc = _bench(
+        [*args.split(), "--sizes", "64 4096", "--gap-ms", "40", "--runs-dir", str(tmp_path)]
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert time.perf_counter() - t0 > 2 * 5 * 0.040  # 2 sizes × 5 iterations × 40 ms of compute
+    rec = read_run(tmp_path / "g")
+    assert rec["config"]["gap_ms"] == {"all_reduce": 40.0}
+    assert rec["config"]["collectives"] == ["all_reduce"]
+    rows = pd.read_csv(tmp_path / "g" / "comm.csv")
+    assert set(rows["collective"]) == {"all_reduce"} and list(rows["bytes"]) == [64, 4096]
+    means = rec["metrics"]["time_us_mean"]
+    assert [(m["collective"], m["bytes"]) for m in means] == [
+        ("all_reduce", 64),
+        ("all_reduce", 4096),
+    ]
+    assert all(m["time_us_mean"] > 0 for m in means)
+    assert "after 40 ms of compute" in proc.stdout
+
+
+@pytest.mark.parametrize(
+    ("args", "match"),
+    [
+        (["--gap-ms", "soon"], "--gap-ms must be milliseconds"),
+        (["--gap-ms", "allreduce=3"], "--gap-ms must be milliseconds"),
+        (["--gap-ms", "-1"], "--gap-ms must be milliseconds"),
+        (["--collectives", "all_reduce scatter"], "--collectives must name some of"),
+    ],
+)
+def test_bench_comm_bad_gap_or_collectives_is_one_line(tmp_path, capsys, args, match):
+    test_bench_comm_bad_input_is_one_line(tmp_path, capsys, args, match)
+
+
+def test_mean_times_and_buffer_broadcasts_by_hand(tmp_path):
+    """Hand-built exact case: a comm run whose means are 1.5 × its α–β medians, and a model with
+    two buffer dtypes (DDP broadcasts each at every forward). The projected step at n = 2 is the
+    compute + the all-reduce at the *mean* times (one bucket, ready when backward ends) + the two
+    broadcasts at the mean times; at n = 1 there is no communication."""
+    comm = _fake_comm(
+        tmp_path / "comm", alpha_us=50.0, bus_gbps=2.0, mean_factor=1.5,
+        collectives=("all_reduce", "broadcast"), config={"devices": ["cpu", "cpu"]},
+    )  # fmt: skip
+    phases = {"data": 0.001, "forward": 0.004, "backward": 0.008, "optimizer": 0.002}
+    # sizes the comm run measured: the mean curve passes through them exactly
+    bucket, groups = 1 << 20, {"float32": 65536, "int64": 1024}
+    run = _fake_run(
+        tmp_path / "single", mode="single", n=1, phases=phases, buckets=[bucket],
+        metrics={"buffer_bytes_by_dtype": groups},
+    )  # fmt: skip
+    out = project(run, comm, [1, 2])
+    ar = {"collective": "all_reduce", "alpha_us": 50.0, "bus_gbps": 2.0}
+    bc = {"collective": "broadcast", "alpha_us": 50.0, "bus_gbps": 2.0}
+    ar_s = 1.5 * collective_time_us(ar, bucket, 2) / 1e6
+    bc_s = 1.5 * sum(collective_time_us(bc, b, 2) for b in groups.values()) / 1e6
+    one, two = out["predictions"]
+    assert one["comm_s"] == 0 and one["buffer_broadcast_s"] == 0
+    assert two["buffer_broadcast_s"] == pytest.approx(bc_s, rel=1e-6)
+    assert two["exposed_comm_s"] == pytest.approx(ar_s + bc_s, rel=1e-6)
+    assert two["step_time_s"] == pytest.approx(sum(phases.values()) + ar_s + bc_s, rel=1e-6)
+    assert out["inputs"]["comm_time_statistic"] == "mean"
+    assert out["inputs"]["buffer_broadcasts_bytes"] == [65536, 1024]
+    # the comm run timed back-to-back calls; the workload computes forward + backward (12 ms)
+    # between its buffer broadcast and its all-reduce
+    assert any("COMM_GAP_MS=12" in w for w in out["warnings"])
+    no_bcast = _fake_comm(tmp_path / "ar-only", alpha_us=50.0, bus_gbps=2.0)
+    out = project(run, no_bcast, [2])
+    assert out["predictions"][0]["buffer_broadcast_s"] == 0
+    assert out["inputs"]["comm_time_statistic"] == "median"
+    assert any("buffer broadcast is left out" in w for w in out["warnings"])
+
+
+def test_the_gap_warning_goes_once_the_comm_run_matches(tmp_path):
+    phases = {"data": 0.001, "forward": 0.004, "backward": 0.008, "optimizer": 0.002}
+    run = _fake_run(tmp_path / "single", mode="single", n=1, phases=phases, buckets=[1000])
+    cpu = {"devices": ["cpu", "cpu"]}
+    matched = _fake_comm(
+        tmp_path / "c1", alpha_us=5, bus_gbps=2, config={**cpu, "gap_ms": {"all_reduce": 15.0}}
+    )
+    assert not [w for w in project(run, matched, [2])["warnings"] if "COMM_GAP_MS" in w]
+    b2b = _fake_comm(tmp_path / "c2", alpha_us=5, bus_gbps=2, config=cpu)
+    assert any("COMM_GAP_MS=15" in w for w in project(run, b2b, [2])["warnings"])
+    gpu = _fake_comm(tmp_path / "c3", alpha_us=5, bus_gbps=2, config={"devices": ["cuda:0"]})
+    assert not [w for w in project(run, gpu, [2])["warnings"] if "COMM_GAP_MS" in w]
+
+
+def test_the_trainer_records_buffer_bytes_by_dtype(single_mlp_run):
+    from workloads.models import build_model
+    from workloads.train import _buffer_bytes_by_dtype
+
+    assert read_run(single_mlp_run)["metrics"]["buffer_bytes_by_dtype"] == {}  # no buffers
+    cnn = build_model("smallcnn", num_classes=10)  # three BatchNorms: 32 + 64 + 128 channels
+    assert _buffer_bytes_by_dtype(cnn) == {"float32": 2 * 224 * 4, "int64": 3 * 8}

@@ -11,6 +11,14 @@ algbw × the analysis's bus factor), the α–β fit per collective (analysis.co
 prints an nccl-tests-like table. Each collective's result is checked once on rank-valued tensors;
 a collective that fails the check, or that the backend cannot run, is listed as skipped with why.
 Message size follows nccl-tests: the larger buffer (all_gather: output; reduce_scatter: input).
+
+`--gap-ms` times each collective the way training issues it: after the barrier every rank computes
+(a busy loop) for that many milliseconds before the timed call. nccl-tests' back-to-back timing
+(gap 0, the default) is what NCCL on GPUs shows in training too; on CPU hosts the transport
+threads go idle during a step's compute, and a collective issued after compute can take several
+times longer (docs/analysis.md §10). `--collectives` limits the run to some collectives. The mean
+time per size goes into run.json (`metrics.time_us_mean`), next to comm.csv's median and p95:
+`analysis project` adds mean times, since a mean step is what it projects.
 """
 
 from __future__ import annotations
@@ -37,7 +45,7 @@ from workloads.launch import LaunchError
 from workloads.plan import Environment, runnable_plan
 from workloads.runlog import utc_now
 
-__all__ = ["COLLECTIVES", "default_sizes", "main"]
+__all__ = ["COLLECTIVES", "default_sizes", "main", "parse_gaps"]
 
 REPO = Path(__file__).resolve().parents[1]
 COLLECTIVES = (
@@ -57,6 +65,37 @@ def default_sizes(max_bytes: int) -> list[int]:
         sizes.append(s)
         s *= 2
     return sizes
+
+
+def parse_gaps(text: str, collectives: tuple[str, ...] = COLLECTIVES) -> dict[str, float]:
+    """`--gap-ms`: '' (none), one number for every collective, or 'all_reduce=40,broadcast=1'."""
+    text = str(text).strip()
+    if not text:
+        return {}
+    try:
+        if "=" not in text:
+            gaps = dict.fromkeys(collectives, float(text))
+        else:
+            gaps = {k.strip(): float(v) for k, v in (t.split("=", 1) for t in text.split(","))}
+    except ValueError:
+        gaps = {"?": -1.0}
+    bad = [k for k, v in gaps.items() if k not in COLLECTIVES or not 0 <= v <= 10_000]
+    if bad:
+        raise LaunchError(
+            "--gap-ms must be milliseconds (0 to 10000), one number or "
+            f"'all_reduce=40,broadcast=1' with names from {', '.join(COLLECTIVES)}; got {text!r}"
+        )
+    return {k: v for k, v in gaps.items() if v > 0}
+
+
+def _parse_collectives(text: str) -> tuple[str, ...]:
+    names = tuple(dict.fromkeys(t for t in text.replace(",", " ").split())) or COLLECTIVES
+    unknown = [t for t in names if t not in COLLECTIVES]
+    if unknown:
+        raise LaunchError(
+            f"--collectives must name some of {', '.join(COLLECTIVES)}; got {', '.join(unknown)}"
+        )
+    return names
 
 
 def _parse_sizes(text: str) -> list[int]:
@@ -124,8 +163,15 @@ def _sync(dev: torch.device) -> None:
         torch.cuda.synchronize(dev)
 
 
+def _compute_for(seconds: float) -> None:
+    """Keep this rank's thread busy for `seconds`, as a training step's compute would."""
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        pass
+
+
 def _time_one(
-    name: str, count: int, n: int, dev: torch.device, warmup: int, iters: int
+    name: str, count: int, n: int, dev: torch.device, warmup: int, iters: int, gap_s: float = 0.0
 ) -> np.ndarray:
     """Per-iteration seconds of the slowest rank (all-reduce MAX of every rank's times)."""
     inp, out = _buffers(name, count, n, dev)
@@ -134,6 +180,8 @@ def _time_one(
     for i in range(warmup + iters):
         dist.barrier()  # every rank starts the iteration together
         _sync(dev)
+        if gap_s:
+            _compute_for(gap_s)
         t0 = time.perf_counter()
         _call(name, inp, out)
         _sync(dev)
@@ -177,9 +225,11 @@ def worker(args: argparse.Namespace) -> int:
     rank, n = dist.get_rank(), dist.get_world_size()
     run_dir = Path(args.runs_dir) / args.run_id
     sizes = _parse_sizes(args.sizes)
-    rows, skipped, checks = [], [], {}
-    bar = tqdm(total=len(COLLECTIVES) * len(sizes), desc="bench-comm", disable=rank != 0)
-    for name in COLLECTIVES:
+    names = _parse_collectives(args.collectives)
+    gaps = parse_gaps(args.gap_ms, names)
+    rows, skipped, checks, means = [], [], {}, []
+    bar = tqdm(total=len(names) * len(sizes), desc="bench-comm", disable=rank != 0)
+    for name in names:
         try:
             ok = _check(name, n, rank, dev)
         except (RuntimeError, NotImplementedError, ValueError) as exc:
@@ -200,8 +250,10 @@ def worker(args: argparse.Namespace) -> int:
                 count -= count % n  # the message must split evenly over the ranks
             if count < 1:
                 continue
-            t_us = _time_one(name, count, n, dev, args.warmup, args.iters) * 1e6
+            gap_s = gaps.get(name, 0.0) / 1e3
+            t_us = _time_one(name, count, n, dev, args.warmup, args.iters, gap_s) * 1e6
             med = float(np.median(t_us))
+            means.append({"collective": name, "bytes": count * 4, "time_us_mean": t_us.mean()})
             algbw = count * 4 / med / 1e3  # bytes/µs -> GB/s (1e9 B)
             factor = bus_factor(name, n)
             rows.append(
@@ -219,13 +271,21 @@ def worker(args: argparse.Namespace) -> int:
             )
     bar.close()
     if rank == 0:
-        _write_results(run_dir, rows, skipped, checks, backend, n)
+        _write_results(run_dir, rows, skipped, checks, backend, n, means=means, gaps=gaps)
     dist.destroy_process_group()
     return 0
 
 
 def _write_results(
-    run_dir: Path, rows: list[dict], skipped: list[dict], checks: dict, backend: str, n: int
+    run_dir: Path,
+    rows: list[dict],
+    skipped: list[dict],
+    checks: dict,
+    backend: str,
+    n: int,
+    *,
+    means: list[dict],
+    gaps: dict[str, float],
 ) -> None:
     import json
 
@@ -235,6 +295,8 @@ def _write_results(
     out = []
     for name, g in frame.groupby("collective", sort=False):
         out.append(_table(g, str(name), backend, n))
+        if gaps.get(str(name)):
+            out.append(f"  (each call timed after {gaps[str(name)]:g} ms of compute: --gap-ms)")
         if name in models:
             m = models[name]
             out.append(
@@ -251,7 +313,12 @@ def _write_results(
     record.update(
         status="ok",
         finished_at=utc_now(),
-        metrics={"comm_model": models, "checks": checks, "skipped": skipped},
+        metrics={
+            "comm_model": models,
+            "checks": checks,
+            "skipped": skipped,
+            "time_us_mean": [{**m, "time_us_mean": float(m["time_us_mean"])} for m in means],
+        },
     )
     write_json_atomic(run_dir / "run.json", record)
     print(f"\nrun folder: {run_dir}  status: ok  (comm.csv, α–β fits in run.json)")
@@ -273,6 +340,8 @@ def launch(args: argparse.Namespace) -> int:
         raise LaunchError(
             f"--iters must be >= 1 and --warmup >= 0; got {args.iters}, {args.warmup}"
         )
+    names = _parse_collectives(args.collectives)
+    gaps = parse_gaps(args.gap_ms, names)
     threads = args.threads or plan.threads_per_rank
     stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%S")
     run_id = args.run_id or f"comm-{plan.backend}-n{plan.replicas}-{stamp}"
@@ -297,6 +366,8 @@ def launch(args: argparse.Namespace) -> int:
             "iters": args.iters,
             "warmup": args.warmup,
             "dtype": "float32",
+            "collectives": list(names),
+            "gap_ms": gaps,
         },
         "env": collect_env(threads_per_rank=threads),
         "metrics": {},
@@ -320,6 +391,10 @@ def launch(args: argparse.Namespace) -> int:
         str(args.warmup),
         "--threads",
         str(threads),
+        "--collectives",
+        " ".join(names),
+        "--gap-ms",
+        ",".join(f"{k}={v:g}" for k, v in gaps.items()),
     ]
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
     cmd += ["--nproc-per-node", str(plan.nproc), "-m", "workloads.bench_comm", *worker_argv]
@@ -368,6 +443,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--warmup", type=int, default=5, help="untimed iterations per size")
     p.add_argument(
         "--threads", type=int, default=0, help="torch threads per rank (0 = cores ÷ ranks)"
+    )
+    p.add_argument(
+        "--collectives", default="", help=f"some of: {' '.join(COLLECTIVES)} (default: all)"
+    )
+    p.add_argument(
+        "--gap-ms",
+        default="",
+        help="compute (ms) before each timed call, as in training: one number or "
+        "'all_reduce=40,broadcast=1' (default 0: back-to-back, as nccl-tests)",
     )
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     return p

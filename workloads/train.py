@@ -76,6 +76,14 @@ def _set_threads(ctx: RunContext) -> int:
     return torch.get_num_threads()
 
 
+def _buffer_bytes_by_dtype(module: nn.Module) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for b in module.buffers():
+        key = str(b.dtype).removeprefix("torch.")
+        out[key] = out.get(key, 0) + b.numel() * b.element_size()
+    return out
+
+
 def _ddp_info(model: nn.Module) -> dict | None:
     """Bucket layout and gradient volume of a DDP model (None for other modes)."""
     if not isinstance(model, nn.parallel.DistributedDataParallel):
@@ -423,6 +431,8 @@ def _finish(
             for p in unwrap_model(model).parameters()
             if p.requires_grad
         ],
+        # What DDP's buffer broadcast moves at every forward: one coalesced call per dtype.
+        "buffer_bytes_by_dtype": _buffer_bytes_by_dtype(unwrap_model(model)),
     }
     record = run_record(
         cfg,
