@@ -92,9 +92,14 @@ def _findings(projections: list[dict]) -> list[dict]:
         at = next((x for x in p["predictions"] if x["ranks"] == FINDING_RANKS), None)
         gbps = p["inputs"]["inter_node_gbps"]
         if at is not None:
+            what = (
+                "exposed communication (all-reduce + buffer broadcasts)"
+                if at.get("buffer_broadcast_s")
+                else "exposed allreduce"
+            )
             text = (
                 f"{p['run_id']} (comm {p['comm_run_id']}): at {FINDING_RANKS} ranks over {gbps:g} Gb/s between nodes, "
-                f"exposed allreduce would be {at['exposed_comm_pct']:.0f}% of the step "
+                f"{what} would be {at['exposed_comm_pct']:.0f}% of the step "
                 f"(efficiency {100 * at['scaling_efficiency']:.0f}%)"
             )
             if p.get("fp16_exposed_comm_pct") is not None:
