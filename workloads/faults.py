@@ -8,6 +8,8 @@ attempt of a job, so a restarted job runs clean):
 - `DPSCOPE_HANG_RANK` / `DPSCOPE_HANG_STEP`: that rank sleeps forever before its backward, so
   the other ranks wait in the gradient allreduce.
 - `DPSCOPE_NAN_STEP`: every rank's loss becomes NaN at that step (a divergence).
+- `DPSCOPE_FAIL_RANK` / `DPSCOPE_FAIL_STEP` (default 0): that rank raises a RuntimeError at that
+  optimizer step, in every attempt (the launcher's failed-rank record is tested with it).
 
 `classify` maps the exception a rank died of to run.json's `error.kind` and its details.
 """
@@ -22,6 +24,7 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import NoReturn
 
 import torch
 
@@ -37,6 +40,8 @@ __all__ = [
     "all_traces",
     "classify",
     "error_details",
+    "injected_failure_step",
+    "raise_injected_failure",
     "restart_record",
     "per_device_batch",
     "read_attempts",
@@ -47,6 +52,7 @@ __all__ = [
 KILL_RANK_ENV, KILL_STEP_ENV = "DPSCOPE_KILL_RANK", "DPSCOPE_KILL_STEP"
 HANG_RANK_ENV, HANG_STEP_ENV = "DPSCOPE_HANG_RANK", "DPSCOPE_HANG_STEP"
 NAN_STEP_ENV = "DPSCOPE_NAN_STEP"
+FAIL_RANK_ENV, FAIL_STEP_ENV = "DPSCOPE_FAIL_RANK", "DPSCOPE_FAIL_STEP"
 # Phrases of the gloo/NCCL/store errors a rank raises when a collective or the store times out.
 _TIMEOUT_WORDS = ("timed out", "timeout", "watchdog caught collective operation")
 
@@ -102,6 +108,20 @@ class FaultHooks:
 
     def poison(self, loss: torch.Tensor, step: int) -> torch.Tensor:
         return loss * float("nan") if self.nan_step == step else loss
+
+
+def injected_failure_step(rank: int, env: Mapping[str, str] = os.environ) -> int | None:
+    """The step at which the DPSCOPE_FAIL_RANK hook makes this rank fail (None: never); read once,
+    at start. Unlike FaultHooks it is not reset by a restart."""
+    if env.get(FAIL_RANK_ENV) != str(rank):
+        return None
+    return int(env.get(FAIL_STEP_ENV, "0"))
+
+
+def raise_injected_failure(rank: int, step: int) -> NoReturn:
+    raise RuntimeError(
+        f"injected failure on rank {rank} at step {step} ({FAIL_RANK_ENV} test hook)"
+    )
 
 
 class NonFiniteLoss(FloatingPointError):

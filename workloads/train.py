@@ -3,20 +3,19 @@
 One loop for single, DataParallel and DDP: the mode only changes the RunContext (decided once)
 and the wrapper (workloads.context.wrap_model). Each optimizer step is timed in four phases
 (data, forward, backward, optimizer), advances the profiler schedule and samples memory. At the
-end every rank's step rows and memory peaks are gathered to rank 0, which writes steps.csv and
-run.json atomically. Each rank logs to `logs/rank<r>.log`; a rank that raises also writes
-`logs/rank<r>.error.json` (with its `kind`, workloads.faults) and exits 1 so the launcher can
-name it. Every phase boundary rewrites `logs/rank<r>.heartbeat.json` (workloads.heartbeat);
-`--checkpoint-every` and a torchrun restart resume through workloads.checkpoint.
+end every rank's step rows and memory peaks are gathered to rank 0, which writes steps.csv
+and run.json atomically (workloads.finish). Each rank logs to `logs/rank<r>.log`; a rank that
+raises also writes `logs/rank<r>.error.json` (with its `kind`, workloads.faults) and exits 1 so
+the launcher can name it. Every phase boundary rewrites `logs/rank<r>.heartbeat.json`
+(workloads.heartbeat); `--checkpoint-every` and a torchrun restart resume through
+workloads.checkpoint.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import os
-import re
 import sys
 import time
 import traceback
@@ -33,11 +32,6 @@ from tqdm import tqdm
 
 from profiler.memory import MemoryTracker
 from profiler.memory_breakdown import StaticMemory
-from profiler.record import (
-    STEPS_COLUMNS,
-    write_csv_atomic,
-    write_json_atomic,
-)
 from profiler.session import ProfileConfig, ProfilerSession
 from profiler.timers import StepTimer
 from workloads import faults
@@ -48,7 +42,6 @@ from workloads.config import (
     add_config_arguments,
     config_from_namespace,
     default_run_id,
-    run_record,
 )
 from workloads.context import (
     RunContext,
@@ -58,15 +51,12 @@ from workloads.context import (
     wrap_model,
 )
 from workloads.data import GlobalBatchSampler, build_datasets, eval_loader, train_loader
+from workloads.finish import finish
 from workloads.heartbeat import Heartbeat
 from workloads.models import build_model
 from workloads.runlog import rank_log, write_error_record
-from workloads.summary import best_epoch, step_metrics
 
 __all__ = ["evaluate", "main", "train"]
-
-# Hidden test hook: rank DPSCOPE_FAIL_RANK raises at optimizer step DPSCOPE_FAIL_STEP (default 0).
-FAIL_RANK_ENV, FAIL_STEP_ENV = "DPSCOPE_FAIL_RANK", "DPSCOPE_FAIL_STEP"
 
 
 def _set_threads(ctx: RunContext) -> int:
@@ -74,33 +64,6 @@ def _set_threads(ctx: RunContext) -> int:
     keep torch's default."""
     torch.set_num_threads(ctx.plan.threads_per_rank)
     return torch.get_num_threads()
-
-
-def _buffer_bytes_by_dtype(module: nn.Module) -> dict[str, int]:
-    out: dict[str, int] = {}
-    for b in module.buffers():
-        key = str(b.dtype).removeprefix("torch.")
-        out[key] = out.get(key, 0) + b.numel() * b.element_size()
-    return out
-
-
-def _ddp_info(model: nn.Module) -> dict | None:
-    """Bucket layout and gradient volume of a DDP model (None for other modes)."""
-    if not isinstance(model, nn.parallel.DistributedDataParallel):
-        return None
-    params = [p for p in model.module.parameters() if p.requires_grad]
-    # Bucket sizes as the DDP reducer reports them: after the first steps the reducer rebuilds its
-    # buckets in gradient-ready order (`rebuilt_bucket_sizes`); before that, or with static
-    # bucketing, its initial reverse-parameter-order assignment (`bucket_sizes`).
-    info = model._get_ddp_logging_data()
-    sizes = info.get("rebuilt_bucket_sizes") or info.get("bucket_sizes") or ""
-    bucket_sizes = [int(s) for s in re.findall(r"\d+", str(sizes))]
-    return {
-        "num_buckets": len(bucket_sizes),
-        "bucket_sizes_bytes": bucket_sizes,
-        "grad_bytes_total": sum(p.numel() * p.element_size() for p in params),
-        "param_count": sum(p.numel() for p in params),
-    }
 
 
 @torch.no_grad()
@@ -137,13 +100,6 @@ def evaluate(
         "top5_pct": 100.0 * top5 / n,
         "samples": int(n),
     }
-
-
-def _injected_failure_step(rank: int) -> int | None:
-    """The step at which the test hook makes this rank fail (None: never); read once, at start."""
-    if os.environ.get(FAIL_RANK_ENV) != str(rank):
-        return None
-    return int(os.environ.get(FAIL_STEP_ENV, "0"))
 
 
 def _forward_backward(
@@ -198,7 +154,7 @@ def train(cfg: TrainConfig, ctx: RunContext, run_dir: Path) -> None:
     data = build_datasets(cfg.dataset, cfg.data_dir, download=cfg.download)
     global_batch, per_device = ctx.plan.global_batch, ctx.plan.per_device_batch
     assert global_batch is not None  # init_context refuses a plan that cannot run
-    fail_at = _injected_failure_step(ctx.rank)
+    fail_at = faults.injected_failure_step(ctx.rank)
     # DP is one replica of the sampler (DataParallel splits the batch itself); DDP ranks take shares.
     sampler = GlobalBatchSampler(
         num_samples=len(data.train),
@@ -277,10 +233,7 @@ def train(cfg: TrainConfig, ctx: RunContext, run_dir: Path) -> None:
                 x = x.to(ctx.device, non_blocking=True)
                 y = y.to(ctx.device, non_blocking=True)
             if state.step == fail_at:
-                raise RuntimeError(
-                    f"injected failure on rank {ctx.rank} at step {state.step} "
-                    f"({FAIL_RANK_ENV} test hook)"
-                )
+                faults.raise_injected_failure(ctx.rank, state.step)
             hooks.before_forward(ctx.rank, state.step)
             beat.beat(state.step, "forward")
             loss = _forward_backward(
@@ -356,7 +309,7 @@ def train(cfg: TrainConfig, ctx: RunContext, run_dir: Path) -> None:
     if cfg.save_final and ctx.is_main:
         save_final(run_dir / "final.pt", model)
     beat.beat(state.step, "finish")
-    _finish(
+    finish(
         cfg,
         ctx,
         run_dir,
@@ -372,83 +325,6 @@ def train(cfg: TrainConfig, ctx: RunContext, run_dir: Path) -> None:
         threads=threads,
         start=start,
     )
-
-
-def _finish(
-    cfg: TrainConfig,
-    ctx: RunContext,
-    run_dir: Path,
-    *,
-    model: nn.Module,
-    rows: list[dict],
-    active_steps: list[int],
-    memory: MemoryTracker,
-    static: StaticMemory,
-    profiler: ProfilerSession,
-    evals: list[dict],
-    epoch_times: list[float],
-    restarts: int,
-    threads: int,
-    start: float,
-) -> None:
-    """Gather every rank's rows and memory to rank 0, which writes steps.csv and run.json."""
-    mine = {
-        "rows": rows,
-        "rank": ctx.rank,
-        "active_steps": active_steps,
-        "memory": memory.summary(),
-        "memory_after_first_step": memory.summary_after_first_step(),
-        "memory_breakdown": static.entries(),
-        "traces": [p.relative_to(run_dir).as_posix() for p in profiler.trace_files()],
-    }
-    gathered = ctx.gather_to_main(mine)
-    ddp_info = _ddp_info(model)
-    if gathered is None:  # not rank 0
-        return
-    all_rows = sorted(
-        (r for g in gathered for r in g["rows"]), key=lambda r: (r["step"], r["rank"])
-    )
-    write_csv_atomic(run_dir / "steps.csv", all_rows, STEPS_COLUMNS)
-    previous = run_dir / "run.json"
-    created = json.loads(previous.read_text()).get("created_at") if previous.is_file() else None
-    metrics = step_metrics(
-        all_rows,
-        {(g["rank"], s) for g in gathered for s in g["active_steps"]},
-    )
-    warnings = metrics.pop("warnings")
-    metrics = {
-        **metrics,
-        "epoch_time_s": epoch_times,
-        "wall_time_s": time.perf_counter() - start,
-        "memory": [m for g in gathered for m in g["memory"]],
-        "memory_after_first_step": [m for g in gathered for m in g["memory_after_first_step"]],
-        "memory_breakdown": [m for g in gathered for m in g["memory_breakdown"]],
-        "ddp": ddp_info,
-        # Per-parameter gradient bytes in model.parameters() order: what DDP's reducer buckets
-        # (analysis project computes a single-device run's buckets from it).
-        "param_grad_bytes": [
-            p.numel() * p.element_size()
-            for p in unwrap_model(model).parameters()
-            if p.requires_grad
-        ],
-        # What DDP's buffer broadcast moves at every forward: one coalesced call per dtype.
-        "buffer_bytes_by_dtype": _buffer_bytes_by_dtype(unwrap_model(model)),
-    }
-    record = run_record(
-        cfg,
-        ctx.plan,
-        status="ok",
-        threads_per_rank=threads,
-        created_at=created,
-        metrics=metrics,
-        evals={"epochs": evals, "best": best_epoch(evals)},
-        traces=sorted(t for g in gathered for t in g["traces"]),
-    )
-    record["warnings"] = warnings  # e.g. no unprofiled measured step: throughput fell back
-    if restarts:  # earlier attempts' traces too (their names say which attempt)
-        record.update(faults.restart_record(run_dir, restarts), traces=faults.all_traces(run_dir))
-    write_json_atomic(run_dir / "run.json", record)
-    print(f"[rank0] wrote {run_dir / 'run.json'}", flush=True)
 
 
 def build_parser() -> argparse.ArgumentParser:
