@@ -1,7 +1,7 @@
 """`python -m analysis ops RUN` and `python -m analysis diff RUN_A RUN_B`: where a run's step time
 goes by operator, and what changed between two runs (e.g. single vs DDP: what DDP adds).
 
-Both work on run entries of the runs JSON (`analysis.runs.load_run` plus the run's analysed
+Both work on run entries of the runs JSON (`analysis.run_entry.load_run` plus the run's analysed
 traces), whose per-rank `ops` rows were reduced in the trace workers (analysis/ops.py). Everything
 is per analysed step; definitions in docs/analysis.md §9.
 """
@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from analysis.errors import AnalysisError
-from analysis.runs import PHASES, load_run
+from analysis.run_entry import PHASES, load_run
 
 __all__ = ["SCHEMA_VERSION", "diff_entries", "diff_runs", "load_run_with_traces", "run_ops"]
 

@@ -8,7 +8,8 @@ import shutil
 
 import pytest
 
-from analysis.runs import _memory, compare_runs
+from analysis.run_entry import _memory
+from analysis.runs import compare_runs
 from analysis.traces import analyze_trace_dir
 from tests.conftest import read_run
 

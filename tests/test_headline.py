@@ -20,7 +20,8 @@ from analysis.collectives import combine_collectives
 from analysis.report.build import write_report
 from analysis.report.findings import findings
 from analysis.report.scaling import group_labels, scaling_frame
-from analysis.runs import compare_runs, load_run
+from analysis.run_entry import load_run
+from analysis.runs import compare_runs
 from analysis.traces import analyze_trace_dir
 from profiler.session import ProfileConfig
 from tests.conftest import REPO, TINY, launch, read_run
