@@ -145,7 +145,8 @@ class Classified:
     op_events: Ranges  # operators for the per-op table: cpu_op events and collective calls
     op_role: np.ndarray  # per op event: _OPS (compute_ops), _ISSUE, _OTHER_OP
     cpu_span: tuple[float, float]  # first start / last end of CPU ops (tb-profiler's fallback step)
-    dropped_events: int = 0  # 'X' events dropped for impossible times (never analysed)
+    # 'X' events dropped for impossible times, and events of the wrong shape (loader.IMPOSSIBLE)
+    dropped_events: int = 0
     memory: MemoryEvents | None = None  # [memory] events and phase ranges (analysis.memory)
 
 

@@ -4,7 +4,10 @@ The top level is decoded first with `traceEvents` kept raw; the events are then 
 in ~512 KiB chunks (split between two events) into a Struct of the needed fields (ph, cat, name,
 tid, ts, dur) with `args` kept as raw bytes, decoded later only for the events that need it
 (kernels, runtime launches, collectives). The caller reduces each chunk before the next is decoded,
-so only one chunk of event objects is ever alive. Rank and world size come from `distributedInfo`
+so only one chunk of event objects is ever alive. An event of the wrong shape (`"ts": "abc"`,
+`"tid": [1]`, `"dur": null`, not an object at all) fails its chunk's typed decode; only that chunk
+is then decoded event by event, and each such event becomes an `IMPOSSIBLE` placeholder that
+classify drops and counts like an event with impossible times: the rest of the file is analysed. Rank and world size come from `distributedInfo`
 (parsed as JSON, so spacing does not matter), else from the file name (`rank<N>`, `rank-<N>`,
 `worker<N>`)."""
 
@@ -14,7 +17,7 @@ import gzip
 import math
 import re
 import zlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -27,6 +30,7 @@ __all__ = [
     "ChunkSplitError",
     "Args",
     "Event",
+    "IMPOSSIBLE",
     "LoadedTrace",
     "decode_args",
     "decode_correlation",
@@ -81,6 +85,11 @@ class _Trace(msgspec.Struct):
 
 _DECODER = msgspec.json.Decoder(_Trace)
 _EVENTS_DECODER = msgspec.json.Decoder(list[Event])
+_EVENT_DECODER = msgspec.json.Decoder(Event)
+_RAW_LIST_DECODER = msgspec.json.Decoder(list[msgspec.Raw])
+# What an event of the wrong shape becomes: a complete event without a time, which classify
+# drops and counts (never analysed, never taken as 0).
+IMPOSSIBLE = Event(ph="X")
 _EVENT_SPLIT_RE = re.compile(rb"\}\s*,\s*\{")
 CHUNK_BYTES = 512 << 10  # ~2k events: cache-friendly, and freed chunks are reused at once
 _ARGS_DECODER = msgspec.json.Decoder(Args)
@@ -119,6 +128,23 @@ class ChunkSplitError(Exception):
     """A chunk boundary fell inside an event (never seen in Kineto output): decode in one piece."""
 
 
+def _one_event(raw: msgspec.Raw) -> Event:
+    try:
+        return _EVENT_DECODER.decode(raw)
+    except msgspec.DecodeError:
+        return IMPOSSIBLE
+
+
+def _events(buf: bytes | memoryview) -> list[Event]:
+    """A JSON array of events as `Event`s, an event of the wrong shape as IMPOSSIBLE. The typed
+    decode of the whole array is the fast path; only an array it refuses is decoded per event.
+    Raises msgspec.DecodeError when `buf` is not a JSON array at all."""
+    try:
+        return _EVENTS_DECODER.decode(buf)
+    except msgspec.DecodeError:
+        return [_one_event(e) for e in _RAW_LIST_DECODER.decode(buf)]
+
+
 def _chunks(raw: memoryview, size: int) -> Iterator[list[Event]]:
     """Decode the `traceEvents` array in pieces split between two events (`}, {`)."""
     n = len(raw)
@@ -127,8 +153,8 @@ def _chunks(raw: memoryview, size: int) -> Iterator[list[Event]]:
         match = _EVENT_SPLIT_RE.search(raw, lo + size) if lo + size < n - 1 else None
         hi = match.start() + 1 if match else n - 1  # up to and including this event's "}"
         try:
-            yield _EVENTS_DECODER.decode(b"".join((b"[", raw[lo:hi], b"]")))
-        except msgspec.DecodeError:
+            yield _events(b"".join((b"[", raw[lo:hi], b"]")))
+        except msgspec.DecodeError:  # not valid JSON: the split fell inside a string
             raise ChunkSplitError from None
         lo = match.end() - 1 if match else n  # at the next event's "{"
 
@@ -159,13 +185,13 @@ class LoadedTrace:
 
 
 def _whole(path: Path, raw: memoryview) -> Iterator[list[Event]]:
-    yield _decode(_EVENTS_DECODER, path, raw)
+    yield _decode(_events, path, raw)
 
 
-def _decode(decoder: msgspec.json.Decoder, path: Path, raw: bytes | memoryview):
-    """`decoder.decode(raw)`, with a decode failure as one line naming the file."""
+def _decode(decode: Callable, path: Path, raw: bytes | memoryview):
+    """`decode(raw)`, with a decode failure as one line naming the file."""
     try:
-        return decoder.decode(raw)
+        return decode(raw)
     except msgspec.DecodeError as err:
         raise AnalysisError(
             path,
@@ -204,7 +230,7 @@ def load_trace(path: Path) -> LoadedTrace:
     """Decode `path`; raises AnalysisError (one line) when it is not a usable Kineto trace."""
     path = Path(path)
     data = _read_bytes(path)
-    trace = _decode(_DECODER, path, data)
+    trace = _decode(_DECODER.decode, path, data)
     if not trace.traceEvents:
         raise AnalysisError(path, "no `traceEvents` list", "this is not a torch.profiler trace")
     rank = world = backend = None

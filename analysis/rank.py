@@ -168,7 +168,8 @@ def summarize_file(path: Path) -> dict:
     if c.dropped_events:
         warnings.append(
             f"{path}: dropped {c.dropped_events} event(s) with impossible times (missing ts/dur,"
-            f" negative, non-finite or over {MAX_DUR_US:.0e} µs) — not analysed"
+            f" negative, non-finite or over {MAX_DUR_US:.0e} µs, or a ts/dur/tid/name of the wrong"
+            " JSON type) — not analysed"
         )
     lo, hi, numbers = _windows(c, loaded.path, warnings)
     per_step = _step_rows(c, lo, hi, numbers)

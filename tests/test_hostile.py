@@ -350,6 +350,32 @@ def test_impossible_events_are_dropped_and_counted(case, tmp_path, ddp_traces, c
     assert ranks[1]["dropped_events"] == 1 and ranks[0]["dropped_events"] == 0
 
 
+def test_events_of_the_wrong_type_are_dropped_and_the_rest_analysed(
+    tmp_path, ddp_traces, clean_ranks
+):
+    """A ts, tid or dur of the wrong JSON type (and an item that is not an event) used to fail the
+    whole file's typed decode: now only those events are dropped, and everything else about the
+    rank is exactly what the clean trace gives."""
+
+    def edit(trace: dict) -> None:
+        _extra_step(ts="abc")(trace)
+        _extra_step(tid=[1])(trace)
+        step = dict(_first_step(trace), dur=None)  # `"dur": null`, not a missing dur
+        trace["traceEvents"] += [step, "not an event"]
+
+    bad = _with_bad_rank1(tmp_path, ddp_traces, edit)
+    result = analyze_trace_dir(tmp_path, workers=1, progress=False)
+    ranks = {r["rank"]: r for r in result["ranks"]}
+    assert set(ranks) == {0, 1} and not result["skipped"]
+    assert ranks[1]["dropped_events"] == 4 and ranks[0]["dropped_events"] == 0
+    ignore = {"file", "dropped_events", "warnings"}
+    got = {k: v for k, v in ranks[1].items() if k not in ignore}
+    assert got == {k: v for k, v in clean_ranks[1].items() if k not in ignore}
+    (line,) = [w for w in result["warnings"] if "impossible times" in w]
+    assert bad.name in line and "dropped 4 event(s)" in line and "wrong JSON type" in line
+    assert clean_ranks[1]["warnings"] == [] and ranks[1]["warnings"] == [line]
+
+
 def test_dropped_events_reach_the_run_warnings(tmp_path, ddp_mlp_run):
     run = tmp_path / "ddp"
     shutil.copytree(ddp_mlp_run, run)
