@@ -88,6 +88,103 @@ def test_greedy_order_takes_the_best_of_each_group_that_helped():
     assert tune_stats.loss_max_abs_diff({0: 1.0, 1: 2.0, 2: 3.0}, {1: 2.5, 2: 3.0}) == 0.5
 
 
+def _measured(name: str, args: list[str], trials: list[float], base: list[float], **extra) -> dict:
+    """An arm as the tuner holds it after its trials: `compare` over its samples/s trials and
+    the baseline trials interleaved with it (hand-built numbers, the real statistics)."""
+    return {"name": name, "args": args, "lossy": False, **tune_stats.compare(trials, base), **extra}
+
+
+BASE = [100.0, 101.0, 99.0]
+
+
+def _single(name: str, group: str, trials: list[float], *, loss_flagged: bool = False) -> dict:
+    return _measured(name, [f"--{name}"], trials, BASE, group=group, loss_flagged=loss_flagged)
+
+
+def test_greedy_combination_keeps_a_combination_only_when_significantly_better():
+    bucket = _single("bucket-100", "bucket", [110.0, 111.0, 109.0])  # 1.10, p = 0.10
+    static = _single("static-graph", "static-graph", [120.0, 121.0, 119.0])  # 1.20, p = 0.10
+    lossy = _single("powersgd", "comm-hook", [150.0, 151.0, 149.0], loss_flagged=True)
+    order = tune_stats.greedy_order([bucket, static, lossy])
+    assert [a["name"] for a in order] == ["bucket-100", "static-graph"]  # the flagged knob: never
+
+    def measure_with(results: dict[str, tuple[list[float], list[float]]]):
+        """`measure` over hand-built combination trials: name -> (its trials, its baseline's)."""
+        asked: list[tuple[dict, int]] = []
+
+        def measure(spec: dict, step: int) -> tuple[dict, bool]:
+            asked.append((spec, step))
+            trials, base = results[spec["name"]]
+            return _measured(spec["name"], spec["args"], trials, base, loss_flagged=False), False
+
+        return measure, asked
+
+    # Significant and faster than bucket-100 alone: the combination is kept.
+    measure, asked = measure_with({"bucket-100+static-graph": ([130.0, 131.0, 129.0], BASE)})
+    best = tune_stats.greedy_combine(order, measure)
+    assert best["name"] == "bucket-100+static-graph"
+    assert best["args"] == ["--bucket-100", "--static-graph"]
+    assert [(s["name"], step) for s, step in asked] == [("bucket-100+static-graph", 1)]
+    # Faster on the median but overlapping its baseline (not significant): not kept.
+    noisy = ([130.0, 98.0, 135.0], BASE)
+    measure, _ = measure_with({"bucket-100+static-graph": noisy})
+    assert tune_stats.greedy_combine(order, measure)["name"] == "bucket-100"
+    # Significant but slower than the current best: not kept.
+    measure, _ = measure_with({"bucket-100+static-graph": ([105.0, 106.0, 104.0], BASE)})
+    assert tune_stats.greedy_combine(order, measure)["name"] == "bucket-100"
+    # Nothing helped: no best, nothing measured.
+    assert tune_stats.greedy_combine([], measure) is None
+
+
+def test_keep_combination_and_what_a_combination_is():
+    current = {"name": "a", "args": ["--a"], "lossy": False, "speedup_vs_baseline": 1.1}
+    combo = {"speedup_vs_baseline": 1.2, "significant": True, "loss_flagged": False}
+    assert tune_stats.keep_combination(combo, current)
+    assert not tune_stats.keep_combination({**combo, "loss_flagged": True}, current)
+    assert not tune_stats.keep_combination({**combo, "significant": False}, current)
+    assert not tune_stats.keep_combination({**combo, "speedup_vs_baseline": 1.1}, current)
+    assert not tune_stats.keep_combination({**combo, "speedup_vs_baseline": None}, current)
+    knob = {"name": "fp16", "args": ["--comm-hook", "fp16"], "lossy": True}
+    assert tune_stats.combination(current, knob) == {
+        "name": "a+fp16",
+        "args": ["--a", "--comm-hook", "fp16"],
+        "lossy": True,
+    }
+
+
+def test_greedy_combination_stops_when_the_budget_runs_out():
+    order = [
+        _single(name, name, [100.0 + s, 101.0 + s, 99.0 + s])
+        for name, s in (("a", 30.0), ("b", 20.0), ("c", 10.0))
+    ]
+
+    def run_out_during_the_first(trials: list[float]):
+        asked: list[str] = []
+
+        def measure(spec: dict, step: int) -> tuple[dict, bool]:
+            asked.append(spec["name"])
+            combo = _measured(spec["name"], spec["args"], trials, BASE, loss_flagged=False)
+            return combo, True  # the budget ran out during this combination's trials
+
+        return tune_stats.greedy_combine(order, measure), asked
+
+    # Its three trials all beat the baseline: still judged (kept), and a+b+c is never tried.
+    best, asked = run_out_during_the_first([140.0, 141.0, 139.0])
+    assert asked == ["a+b"] and best["name"] == "a+b"
+    # Cut short at one trial: not significant, so the best single knob stays; still no a+b+c.
+    best, asked = run_out_during_the_first([140.0])
+    assert asked == ["a+b"] and best["name"] == "a"
+
+
+def test_budget_stop_reason_uses_the_median_trial_so_far():
+    assert tune_stats.budget_stop_reason(50.0, [], 60.0) is None  # the first trial always runs
+    assert tune_stats.budget_stop_reason(500.0, [10.0], 0.0) is None  # no budget
+    # Median of 5, 30, 12 is 12: 45 + 12 = 57 fits in 60, 50 + 12 = 62 does not.
+    assert tune_stats.budget_stop_reason(45.0, [5.0, 30.0, 12.0], 60.0) is None
+    reason = tune_stats.budget_stop_reason(50.0, [5.0, 30.0, 12.0], 60.0)
+    assert reason == "TUNE_BUDGET_S=60 s reached: the next trial (about 12 s) would end after it"
+
+
 # --- bad input: one line, exit 2, nothing written ------------------------------------------
 
 

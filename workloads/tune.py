@@ -116,15 +116,10 @@ class Tuner:
         write_json_atomic(self.dir / "tune.json", self.record)
 
     def _out_of_budget(self) -> bool:
-        if self.stop_reason:
-            return True
-        if self.opts.budget_s > 0 and self.durations:
-            estimate = sorted(self.durations)[len(self.durations) // 2]
-            if time.monotonic() - self.start + estimate > self.opts.budget_s:
-                self.stop_reason = (
-                    f"TUNE_BUDGET_S={self.opts.budget_s:g} s reached: the next trial (about "
-                    f"{estimate:.0f} s) would end after it"
-                )
+        if not self.stop_reason:
+            self.stop_reason = tune_stats.budget_stop_reason(
+                time.monotonic() - self.start, self.durations, self.opts.budget_s
+            )
         return self.stop_reason is not None
 
     def trial(self, arm: dict, label: str, round_: int) -> dict | None:
@@ -271,35 +266,29 @@ class Tuner:
 
     def _greedy(self, singles: list[dict]) -> None:
         """Add the knobs that helped one at a time to the best one; keep each that raises the
-        median speedup and is itself significant against its interleaved baseline trials."""
+        median speedup and is itself significant against its interleaved baseline trials
+        (tune_stats.greedy_combine decides; this only runs the trials)."""
         self._refresh_all()
-        order = tune_stats.greedy_order(singles)
-        if not order:
-            return
-        current = order[0]
-        for step, knob in enumerate(order[1:], start=1):
-            args = (*current["args"], *knob["args"])
-            name = f"{current['name']}+{knob['name']}"
-            combo = _arm(
-                name, args, group="combo", lossy=current["lossy"] or knob["lossy"], stage="combo"
-            )
-            combo["baseline_trials"] = []
-            holder = {"args": [], "trials": combo["baseline_trials"]}  # the workload as given
-            self.record["candidates"].append(combo)
-            self.bar.total += 2 * self.opts.trials
-            self.bar.refresh()
-            self.rounds(
-                [(holder, f"combo{step}-baseline"), (combo, f"combo{step}")],
-                self.opts.trials,
-                f"{self.opts.seed}-combo{step}",
-            )
-            self._refresh_all()
-            better = (combo["speedup_vs_baseline"] or 0) > (current["speedup_vs_baseline"] or 0)
-            if combo["significant"] and better and not combo["loss_flagged"]:
-                current = combo
-            if self.stop_reason:
-                break
-        self.record["best_arm"] = current["name"]
+        best = tune_stats.greedy_combine(tune_stats.greedy_order(singles), self._measure_combo)
+        if best is not None:
+            self.record["best_arm"] = best["name"]
+
+    def _measure_combo(self, spec: dict, step: int) -> tuple[dict, bool]:
+        """Run a combination's trials interleaved with baseline trials of its own; returns its
+        arm with statistics, and whether the budget ran out."""
+        combo = _arm(spec["name"], spec["args"], group="combo", lossy=spec["lossy"], stage="combo")
+        combo["baseline_trials"] = []
+        holder = {"args": [], "trials": combo["baseline_trials"]}  # the workload as given
+        self.record["candidates"].append(combo)
+        self.bar.total += 2 * self.opts.trials
+        self.bar.refresh()
+        self.rounds(
+            [(holder, f"combo{step}-baseline"), (combo, f"combo{step}")],
+            self.opts.trials,
+            f"{self.opts.seed}-combo{step}",
+        )
+        self._refresh_all()
+        return combo, self.stop_reason is not None
 
     def _finish(self) -> None:
         rec = self.record

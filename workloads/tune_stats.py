@@ -1,19 +1,26 @@
 """The statistics behind `make tune-ddp` (pure functions, no torch): per-arm summaries, the
-significance rule, the loss difference of lossy knobs, and which knobs the greedy combination
-tries. Definitions are in docs/analysis.md §8 (DDP tuning); each function's docstring repeats its own.
+significance rule, the loss difference of lossy knobs, which knobs the greedy combination
+tries and which combination it keeps, and when the budget stops the tune (workloads.tune only
+runs the trials). Definitions are in docs/analysis.md §8 (DDP tuning); each function's docstring
+repeats its own.
 """
 
 from __future__ import annotations
 
 import math
 import statistics
+from collections.abc import Callable
 from functools import cache
 
 __all__ = [
     "ALPHA",
     "LOSS_TOLERANCE",
+    "budget_stop_reason",
+    "combination",
     "compare",
+    "greedy_combine",
     "greedy_order",
+    "keep_combination",
     "loss_max_abs_diff",
     "mann_whitney_p",
     "summarize",
@@ -129,3 +136,57 @@ def greedy_order(candidates: list[dict]) -> list[dict]:
             best[group] = c
     ordered = sorted(best.values(), key=lambda c: -c["speedup_vs_baseline"])
     return sorted(ordered, key=lambda c: c["group"] != "bucket")  # stable: bucket first
+
+
+def combination(current: dict, knob: dict) -> dict:
+    """The arm that adds `knob` to `current`: name `current+knob`, both argument lists (current's
+    first), lossy when either is."""
+    return {
+        "name": f"{current['name']}+{knob['name']}",
+        "args": [*current["args"], *knob["args"]],
+        "lossy": bool(current["lossy"] or knob["lossy"]),
+    }
+
+
+def keep_combination(combo: dict, current: dict) -> bool:
+    """A measured combination replaces the current best when it is significant against its own
+    interleaved baseline trials, its median speedup is above the current best's, and its loss is
+    not flagged."""
+    better = (combo.get("speedup_vs_baseline") or 0) > (current.get("speedup_vs_baseline") or 0)
+    return bool(combo.get("significant")) and better and not combo.get("loss_flagged")
+
+
+def greedy_combine(
+    order: list[dict], measure: Callable[[dict, int], tuple[dict, bool]]
+) -> dict | None:
+    """The greedy combination over `greedy_order`'s knobs: start from the first (the best single
+    knob), add each next knob to the current best, and keep the combination when
+    `keep_combination` says so. `measure(combination(...), step)` runs that combination's trials
+    (step 1, 2, ...) and returns its arm with `compare`'s statistics and whether the tune's budget
+    ran out meanwhile; the combination measured when it ran out is still judged, and no further
+    one is tried. Returns the best arm (None when no knob helped)."""
+    if not order:
+        return None
+    current = order[0]
+    for step, knob in enumerate(order[1:], start=1):
+        combo, out_of_budget = measure(combination(current, knob), step)
+        if keep_combination(combo, current):
+            current = combo
+        if out_of_budget:
+            break
+    return current
+
+
+def budget_stop_reason(elapsed_s: float, durations_s: list[float], budget_s: float) -> str | None:
+    """Why the tune stops before its next trial (None: go on). With a budget (`budget_s` > 0) and
+    at least one trial done (the first always runs), the next trial is estimated to last the
+    median (upper median) of the trials so far; the tune stops when it would end past the budget."""
+    if budget_s <= 0 or not durations_s:
+        return None
+    estimate = sorted(durations_s)[len(durations_s) // 2]
+    if elapsed_s + estimate <= budget_s:
+        return None
+    return (
+        f"TUNE_BUDGET_S={budget_s:g} s reached: the next trial (about {estimate:.0f} s) would end "
+        "after it"
+    )
