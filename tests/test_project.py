@@ -512,8 +512,8 @@ def test_the_gap_warning_goes_once_the_comm_run_matches(tmp_path):
 
 
 def test_the_trainer_records_buffer_bytes_by_dtype(single_mlp_run):
+    from workloads.finish import _buffer_bytes_by_dtype
     from workloads.models import build_model
-    from workloads.train import _buffer_bytes_by_dtype
 
     assert read_run(single_mlp_run)["metrics"]["buffer_bytes_by_dtype"] == {}  # no buffers
     cnn = build_model("smallcnn", num_classes=10)  # three BatchNorms: 32 + 64 + 128 channels
