@@ -7,12 +7,14 @@ that is mostly compute):
 - a gloo comm benchmark over 2 ranks, 1 thread each, of all_reduce and broadcast (what DDP calls),
   256 B – 4 MiB, each call timed after that gap of compute (`bench_comm --gap-ms`): on a CPU host
   a collective issued after compute is slower than a back-to-back one (docs/analysis.md §10);
+- a 1-rank gloo DDP run without the profiler (DDP's own per-step cost, no communication);
 - a 2-rank gloo DDP run (weak scaling, batch B per rank, 10 profiled steps whose traces give the
   exposed communication the replay takes out of backward).
-These three make one round; `--repeats` rounds run one after another, so each round's runs are
+These four make one round; `--repeats` rounds run one after another, so each round's runs are
 minutes apart at most and the machine's drift (other jobs, the host) stays out of the comparison.
 Then prints, per round (each with its own comm run) and as the median over rounds:
 - weak-scaling error: that round's single-device run projected to 2 ranks vs its DDP run's step;
+- the same from the 1-rank DDP run (the difference to the line above is DDP's own overhead);
 - replay error: the DDP run projected from itself at its own 2 ranks vs its measured step time.
 The gaps come from the first round's single-device run and stay fixed.
 Goal ≤ 10% for both (the issue's target). Writes `bench-projection.json` beside the run folders.
@@ -84,6 +86,7 @@ def main(argv: list[str] | None = None) -> int:
     single = ["--mode", "single", "--no-profile", *common]
     # 10 profiled steps: the replay's exposed-comm share rests on them (steps vary a lot on CPU)
     ddp = ["--mode", "ddp", "--backend", "gloo", "--nproc", "2", "--profile-active", "10", *common]
+    ddp1 = ["--mode", "ddp", "--backend", "gloo", "--nproc", "1", "--no-profile", *common]
     comm = [
         *("--backend", "gloo", "--nproc", "2", "--threads", str(args.threads)),
         *("--collectives", "all_reduce broadcast", "--sizes", SIZES),
@@ -95,6 +98,7 @@ def main(argv: list[str] | None = None) -> int:
         gaps = gaps or compute_gaps_ms(root / "single-1")
         spec = ",".join(f"{k}={v:.2f}" for k, v in gaps.items())
         _run("workloads.bench_comm", [*comm, "--gap-ms", spec, "--run-id", f"comm-{i}"])
+        _run("workloads.launch", [*ddp1, "--run-id", f"ddp1-{i}"])
         _run("workloads.launch", [*ddp, "--run-id", f"ddp-{i}"])
 
     from analysis.errors import AnalysisError
@@ -103,52 +107,70 @@ def main(argv: list[str] | None = None) -> int:
     rounds = []
     try:
         for i in range(1, args.repeats + 1):
-            d, s, c = root / f"ddp-{i}", root / f"single-{i}", root / f"comm-{i}"
-            weak = project(s, c, [2], measured=[d])
-            replay = project(d, c, [2])
-            rounds.append({"round": i, "weak": weak["measured"][0], "replay": replay["replay"]})
+            d, c = root / f"ddp-{i}", root / f"comm-{i}"
+            r: dict = {"round": i}
+            for key, source in (("weak", "single"), ("weak_ddp1", "ddp1")):
+                p = project(root / f"{source}-{i}", c, [2], measured=[d], traces=False)
+                r[key] = p["measured"][0]
+                r[f"{source}_step_time_s"] = p["inputs"]["measured_step_time_s"]
+            r["replay"] = project(d, c, [2])["replay"]
+            rounds.append(r)
     except AnalysisError as err:
         print(f"bench-projection: error: {err}", file=sys.stderr)
         return 2
-    print(
-        f"\nbench-projection ({args.model}, batch {args.batch}/rank, --threads {args.threads}, "
-        f"gloo, 2 ranks, {args.repeats} interleaved rounds; run folders in {root})"
-    )
-    print(
-        "  compute gap before each collective: "
-        + ", ".join(f"{k} {v:.1f} ms" for k, v in gaps.items())
-    )
-    print(f"  {'round':>5} {'single ms':>10} {'DDP ms':>8} {'weak proj ms':>13} {'weak err':>9} "
-          f"{'replay ms':>10} {'replay err':>11}")  # fmt: skip
-    for r in rounds:
-        w, p = r["weak"], r["replay"]
-        print(
-            f"  {r['round']:>5} {1e3 * _single_step(root, r['round']):>10.2f} "
-            f"{1e3 * w['measured_step_time_s']:>8.2f} "
-            f"{1e3 * w['predicted_step_time_s']:>13.2f} {w['error_pct']:>+8.1f}% "
-            f"{1e3 * p['predicted_step_time_s']:>10.2f} {p['error_pct']:>+10.1f}%"
-        )
-    summary = {}
-    for key, label in (("weak", "weak-scaling projection (single -> 2 ranks)"), ("replay", "replay (DDP at n=2)")):  # fmt: skip
-        errs = np.array([r[key]["error_pct"] for r in rounds])
-        med = float(np.median(errs))
-        summary[key] = {"median_error_pct": med, "errors_pct": errs.tolist()}
-        print(
-            f"  {label}: median error {med:+.1f}% (rounds {errs.min():+.1f}% to {errs.max():+.1f}%; "
-            f"goal ≤ {GOAL_PCT:g}%: {'met' if abs(med) <= GOAL_PCT else 'missed'})"
-        )
+    _print(args, root, gaps, rounds)
+    summary = {key: _median(rounds, key) for key, _ in ARMS}
+    out = {"model": args.model, "batch": args.batch, "gaps_ms": gaps, "rounds": rounds, **summary}
+    (root / "bench-projection.json").write_text(json.dumps(out, indent=2, default=float))
     warnings = project(root / "single-1", root / "comm-1", [2])["warnings"]
     for w in dict.fromkeys(warnings):
         print(f"  warning: {w}")
-    out = {"model": args.model, "batch": args.batch, "gaps_ms": gaps, "rounds": rounds, **summary}
-    (root / "bench-projection.json").write_text(json.dumps(out, indent=2, default=float))
     return 0
 
 
-def _single_step(root: Path, i: int) -> float:
-    from analysis.project import load_training
+ARMS = (
+    ("weak", "single device -> 2 DDP ranks (weak scaling)"),
+    ("weak_ddp1", "DDP at 1 rank -> 2 ranks (weak scaling)"),
+    ("replay", "replay (DDP at n=2 from itself)"),
+)
 
-    return load_training(root / f"single-{i}", traces=False)["step_time_s"]
+
+def _median(rounds: list[dict], key: str) -> dict:
+    errs = np.array([r[key]["error_pct"] for r in rounds])
+    return {"median_error_pct": float(np.median(errs)), "errors_pct": errs.tolist()}
+
+
+def _print(args: argparse.Namespace, root: Path, gaps: dict, rounds: list[dict]) -> None:
+    print(
+        f"\nbench-projection ({args.model}, batch {args.batch}/rank, --threads {args.threads}, "
+        f"gloo, 2 ranks, {args.repeats} rounds; run folders in {root})"
+    )
+    print(
+        "  compute before each collective: " + ", ".join(f"{k} {v:.1f} ms" for k, v in gaps.items())
+    )
+    head = f"  {'round':>5} {'single':>9} {'DDP 1':>9} {'DDP 2':>9}"
+    print(head + "".join(f" {k + ' proj':>15} {'error':>7}" for k, _ in ARMS) + "   (step times)")
+    for r in rounds:
+        line = f"  {r['round']:>5}"
+        for t in (
+            r["single_step_time_s"],
+            r["ddp1_step_time_s"],
+            r["replay"]["measured_step_time_s"],
+        ):
+            line += f" {1e3 * t:>6.2f} ms"
+        for key, _ in ARMS:
+            line += (
+                f" {1e3 * r[key]['predicted_step_time_s']:>12.2f} ms {r[key]['error_pct']:>+6.1f}%"
+            )
+        print(line)
+    for key, label in ARMS:
+        m = _median(rounds, key)
+        errs = m["errors_pct"]
+        verdict = "met" if abs(m["median_error_pct"]) <= GOAL_PCT else "missed"
+        print(
+            f"  {label}: median error {m['median_error_pct']:+.1f}% (rounds {min(errs):+.1f}% "
+            f"to {max(errs):+.1f}%; goal ≤ {GOAL_PCT:g}%: {verdict})"
+        )
 
 
 if __name__ == "__main__":
