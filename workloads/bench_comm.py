@@ -27,7 +27,6 @@ import argparse
 import os
 import subprocess
 import sys
-import time
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -40,6 +39,7 @@ from tqdm import tqdm
 from analysis.collectives import bus_factor
 from analysis.comm import COMM_COLUMNS, fit_all
 from profiler.record import SCHEMA_VERSION, collect_env, write_csv_atomic, write_json_atomic
+from workloads.comm_ops import COLLECTIVES, check, time_one
 from workloads.config import TrainConfig
 from workloads.launch import LaunchError
 from workloads.plan import Environment, runnable_plan
@@ -48,13 +48,6 @@ from workloads.runlog import utc_now
 __all__ = ["COLLECTIVES", "default_sizes", "main", "parse_gaps"]
 
 REPO = Path(__file__).resolve().parents[1]
-COLLECTIVES = (
-    "all_reduce",
-    "broadcast",
-    "all_gather_into_tensor",
-    "reduce_scatter_tensor",
-    "all_to_all_single",
-)
 MIB = 1 << 20
 
 
@@ -110,87 +103,6 @@ def _parse_sizes(text: str) -> list[int]:
     return sizes
 
 
-# --- the collectives: buffers, one call, and the one-time correctness check -------------------
-
-
-def _buffers(name: str, count: int, n: int, dev: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-    """(input, output) float32 buffers of a `count`-element message (count divisible by n)."""
-    small = count // n
-    inp = torch.empty(small if name == "all_gather_into_tensor" else count, device=dev)
-    out = torch.empty(small if name == "reduce_scatter_tensor" else count, device=dev)
-    return inp, out
-
-
-def _call(name: str, inp: torch.Tensor, out: torch.Tensor) -> None:
-    if name == "all_reduce":
-        dist.all_reduce(inp)
-    elif name == "broadcast":
-        dist.broadcast(inp, src=0)
-    elif name == "all_gather_into_tensor":
-        dist.all_gather_into_tensor(out, inp)
-    elif name == "reduce_scatter_tensor":
-        dist.reduce_scatter_tensor(out, inp)
-    else:
-        dist.all_to_all_single(out, inp)
-
-
-def _check(name: str, n: int, rank: int, dev: torch.device) -> bool:
-    """Run `name` once on rank-valued tensors and compare with the exact result on this rank."""
-    count = 4 * n
-    inp, out = _buffers(name, count, n, dev)
-    idx = torch.arange(inp.numel(), device=dev, dtype=torch.float32)
-    chunk = count // n
-    if name in ("all_reduce", "broadcast"):
-        inp.fill_(rank + 1)
-        expect = torch.full_like(inp, n * (n + 1) / 2 if name == "all_reduce" else 1.0)
-        _call(name, inp, out)
-        return bool(torch.equal(inp, expect))
-    if name == "all_gather_into_tensor":
-        inp.fill_(rank + 1)
-        expect = torch.arange(count, device=dev) // chunk + 1.0
-    elif name == "reduce_scatter_tensor":
-        inp.copy_((rank + 1) * (idx + 1))
-        expect = n * (n + 1) / 2 * (torch.arange(chunk, device=dev) + rank * chunk + 1.0)
-    else:  # chunk j of rank r's input goes to rank j's chunk r
-        inp.copy_(rank * n + idx // chunk)
-        expect = (torch.arange(count, device=dev) // chunk) * n + rank * 1.0
-    _call(name, inp, out)
-    return bool(torch.equal(out, expect.float()))
-
-
-def _sync(dev: torch.device) -> None:
-    if dev.type == "cuda":
-        torch.cuda.synchronize(dev)
-
-
-def _compute_for(seconds: float) -> None:
-    """Keep this rank's thread busy for `seconds`, as a training step's compute would."""
-    end = time.perf_counter() + seconds
-    while time.perf_counter() < end:
-        pass
-
-
-def _time_one(
-    name: str, count: int, n: int, dev: torch.device, warmup: int, iters: int, gap_s: float = 0.0
-) -> np.ndarray:
-    """Per-iteration seconds of the slowest rank (all-reduce MAX of every rank's times)."""
-    inp, out = _buffers(name, count, n, dev)
-    inp.fill_(1.0)
-    mine = torch.zeros(iters, dtype=torch.float64, device=dev)
-    for i in range(warmup + iters):
-        dist.barrier()  # every rank starts the iteration together
-        _sync(dev)
-        if gap_s:
-            _compute_for(gap_s)
-        t0 = time.perf_counter()
-        _call(name, inp, out)
-        _sync(dev)
-        if i >= warmup:
-            mine[i - warmup] = time.perf_counter() - t0
-    dist.all_reduce(mine, op=dist.ReduceOp.MAX)
-    return mine.cpu().numpy()
-
-
 def _first_line(exc: BaseException) -> str:
     text = str(exc).strip().splitlines()
     return f"{type(exc).__name__}: {text[0] if text else ''}"[:300]
@@ -231,7 +143,7 @@ def worker(args: argparse.Namespace) -> int:
     bar = tqdm(total=len(names) * len(sizes), desc="bench-comm", disable=rank != 0)
     for name in names:
         try:
-            ok = _check(name, n, rank, dev)
+            ok = check(name, n, rank, dev)
         except (RuntimeError, NotImplementedError, ValueError) as exc:
             skipped.append({"collective": name, "reason": _first_line(exc)})
             bar.update(len(sizes))
@@ -251,7 +163,7 @@ def worker(args: argparse.Namespace) -> int:
             if count < 1:
                 continue
             gap_s = gaps.get(name, 0.0) / 1e3
-            t_us = _time_one(name, count, n, dev, args.warmup, args.iters, gap_s) * 1e6
+            t_us = time_one(name, count, n, dev, args.warmup, args.iters, gap_s) * 1e6
             med = float(np.median(t_us))
             means.append({"collective": name, "bytes": count * 4, "time_us_mean": t_us.mean()})
             algbw = count * 4 / med / 1e3  # bytes/µs -> GB/s (1e9 B)
