@@ -133,3 +133,17 @@ def test_the_trainer_records_the_plan_the_launcher_made(ddp_mlp_run):
         config["per_device_batch"],
     )
     assert run["env"]["threads_per_rank"] == p.threads_per_rank
+
+
+def test_bench_overhead_plain_worker_runs(capsys):
+    """bench-overhead's reference arm (a bare loop in its own process) imports the planner's core
+    count; it once imported it from a module that no longer had it, and only `make bench-overhead`
+    found out. One tiny real run keeps the arm importable and its output parseable."""
+    import json
+
+    from bench.overhead import main as overhead_main
+
+    args = ["--plain-worker", "--model", "mlp", "--batch", "8", "--steps", "4", "--device", "cpu"]
+    assert overhead_main(args) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["samples_per_s"] > 0
