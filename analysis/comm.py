@@ -189,24 +189,35 @@ def load_comm_run(run_dir: Path) -> dict:
         "models": fit_all(rows),
         "skipped": metrics.get("skipped") or [],
         "means": _means(metrics.get("time_us_mean"), rows),
-        "gap_ms": {
-            str(k): float(v)
-            for k, v in (config.get("gap_ms") or {}).items()
-            if isinstance(v, int | float) and not isinstance(v, bool)
-        },
+        "gap_ms": _gaps(config.get("gap_ms")),
+    }
+
+
+def _gaps(value: object) -> dict[str, float]:
+    """run.json `config.gap_ms` ({collective: ms}); anything else reads as no gap ({})."""
+    if not isinstance(value, dict):
+        return {}
+    return {
+        str(k): float(v)
+        for k, v in value.items()
+        if isinstance(v, int | float) and not isinstance(v, bool) and np.isfinite(v) and v >= 0
     }
 
 
 def _means(items: object, rows: pd.DataFrame) -> dict[str, dict[str, list]]:
     """run.json `metrics.time_us_mean` as {collective: {bytes: [...], time_us_mean: [...]}}, only
     finite positive times at sizes comm.csv has (older comm runs have none: {})."""
-    frame = pd.DataFrame(items if isinstance(items, list) else [])
-    if frame.empty or not {"collective", "bytes", "time_us_mean"} <= set(frame.columns):
+    rows_ = [m for m in items if isinstance(m, dict)] if isinstance(items, list) else []
+    frame = pd.DataFrame(rows_, columns=["collective", "bytes", "time_us_mean"])
+    try:
+        frame["bytes"] = pd.to_numeric(frame["bytes"], errors="coerce")
+        frame["time_us_mean"] = pd.to_numeric(frame["time_us_mean"], errors="coerce")
+        ok = np.isfinite(frame["time_us_mean"]) & (frame["time_us_mean"] > 0)
+        ok &= frame["collective"].map(lambda c: isinstance(c, str)).astype(bool)
+        frame = frame.loc[ok]
+        frame = frame.merge(rows[["collective", "bytes"]], on=["collective", "bytes"])
+    except (TypeError, ValueError):  # a damaged field: the medians still serve
         return {}
-    frame["bytes"] = pd.to_numeric(frame["bytes"], errors="coerce")
-    frame["time_us_mean"] = pd.to_numeric(frame["time_us_mean"], errors="coerce")
-    frame = frame[np.isfinite(frame["time_us_mean"]) & (frame["time_us_mean"] > 0)]
-    frame = frame.merge(rows[["collective", "bytes"]], on=["collective", "bytes"])
     return {
         str(name): g.sort_values("bytes")[["bytes", "time_us_mean"]].to_dict("list")
         for name, g in frame.groupby("collective")

@@ -128,9 +128,14 @@ def _buffer_groups(metrics: dict) -> list[int]:
     runs from before that field: the memory breakdown's buffers_bytes as one broadcast."""
     by_dtype = metrics.get("buffer_bytes_by_dtype")
     if isinstance(by_dtype, dict):
-        return [int(b) for b in by_dtype.values() if isinstance(b, int | float) and b > 0]
-    breakdown = metrics.get("memory_breakdown") or [{}]
-    first = breakdown[0] if isinstance(breakdown[0], dict) else {}
+        return [
+            int(b)
+            for b in by_dtype.values()
+            if isinstance(b, int | float) and not isinstance(b, bool) and 0 < b < float("inf")
+        ]
+    breakdown = metrics.get("memory_breakdown")
+    first = breakdown[0] if isinstance(breakdown, list) and breakdown else {}
+    first = first if isinstance(first, dict) else {}
     nbytes = first.get("buffers_bytes") or 0
     return [int(nbytes)] if isinstance(nbytes, int | float) and nbytes > 0 else []
 

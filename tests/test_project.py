@@ -518,3 +518,41 @@ def test_the_trainer_records_buffer_bytes_by_dtype(single_mlp_run):
     assert read_run(single_mlp_run)["metrics"]["buffer_bytes_by_dtype"] == {}  # no buffers
     cnn = build_model("smallcnn", num_classes=10)  # three BatchNorms: 32 + 64 + 128 channels
     assert _buffer_bytes_by_dtype(cnn) == {"float32": 2 * 224 * 4, "int64": 3 * 8}
+
+
+@pytest.mark.parametrize(
+    ("gap_ms", "means", "buffers", "breakdown"),
+    [
+        ([3], "fast", "many", {"buffers_bytes": 10}),
+        ({"all_reduce": "soon"}, [1, None, {"collective": [1], "bytes": 1024}], {"x": "y"}, "?"),
+        (
+            {"all_reduce": -5},
+            [{"collective": "all_reduce", "bytes": {}, "time_us_mean": []}],
+            [],
+            [3],
+        ),
+    ],
+)
+def test_damaged_new_fields_fall_back_instead_of_failing(
+    tmp_path, gap_ms, means, buffers, breakdown
+):
+    """Wrong-typed comm `config.gap_ms` / `metrics.time_us_mean` and training
+    `metrics.buffer_bytes_by_dtype` / `memory_breakdown`: the projection still runs, on the
+    medians, with no gap and no buffer broadcast, exactly as for a run without those fields."""
+    comm = _fake_comm(
+        tmp_path / "comm", alpha_us=50.0, bus_gbps=2.0, collectives=("all_reduce", "broadcast"),
+        config={"devices": ["cpu", "cpu"], "gap_ms": gap_ms},
+    )  # fmt: skip
+    rec = json.loads((comm / "run.json").read_text())
+    rec["metrics"] = {"time_us_mean": means}
+    (comm / "run.json").write_text(json.dumps(rec))
+    phases = {"data": 0.001, "forward": 0.004, "backward": 0.008, "optimizer": 0.002}
+    metrics = {"buffer_bytes_by_dtype": buffers, "memory_breakdown": breakdown}
+    run = _fake_run(
+        tmp_path / "s", mode="single", n=1, phases=phases, buckets=[1 << 20], metrics=metrics
+    )
+    clean = _fake_run(tmp_path / "c", mode="single", n=1, phases=phases, buckets=[1 << 20])
+    out, ref = project(run, comm, [2]), project(clean, comm, [2])
+    assert out["inputs"]["comm_time_statistic"] == "median" and out["inputs"]["comm_gap_ms"] == {}
+    assert out["predictions"] == ref["predictions"]
+    assert out["predictions"][0]["buffer_broadcast_s"] == 0
