@@ -62,6 +62,14 @@ def efficiency_figure(projections: list[dict]) -> str | None:
     return _uri(fig)
 
 
+def _gap_note(comm: dict) -> str:
+    """Title suffix of a comm run timed after compute (`--gap-ms`): its bandwidths are in situ."""
+    gaps = comm.get("gap_ms") or {}
+    if not gaps:
+        return ""
+    return "\nafter " + ", ".join(f"{v:g} ms compute ({k})" for k, v in gaps.items())
+
+
 def busbw_figure(comm: list[dict]) -> str | None:
     """busbw (GB/s) vs message size per collective, one panel per comm run (backend, n)."""
     ok = [c for c in comm if c["rows"]]
@@ -79,7 +87,7 @@ def busbw_figure(comm: list[dict]) -> str | None:
         ax.set(
             xlabel="message size (bytes, log scale)",
             ylabel="busbw (GB/s, 1e9 B)",
-            title=f"{c['backend']}, n={c['world_size']} ({c['run_id']})",
+            title=f"{c['backend']}, n={c['world_size']} ({c['run_id']})" + _gap_note(c),
         )
         ax.legend(fontsize=7)
     fig.tight_layout()
