@@ -556,3 +556,24 @@ def test_damaged_new_fields_fall_back_instead_of_failing(
     assert out["inputs"]["comm_time_statistic"] == "median" and out["inputs"]["comm_gap_ms"] == {}
     assert out["predictions"] == ref["predictions"]
     assert out["predictions"][0]["buffer_broadcast_s"] == 0
+
+
+def test_bench_projection_gaps_follow_the_workloads_collectives(single_mlp_run, tmp_path):
+    """The compute bench-projection asks the comm run to leave before each collective: the whole
+    step for a model without buffers (the all-reduce is the step's only collective), else forward
+    + backward before the all-reduce and the rest of the step before the buffer broadcast."""
+    from workloads.bench_projection import compute_gaps_ms
+
+    steps = pd.read_csv(single_mlp_run / "steps.csv")
+    body = steps[steps["warmup"] == 0]
+    gaps = compute_gaps_ms(single_mlp_run)
+    assert gaps == {"all_reduce": pytest.approx(1e3 * body["step_time_s"].mean())}
+    phases = {"data": 0.001, "forward": 0.004, "backward": 0.008, "optimizer": 0.002}
+    cnn = _fake_run(
+        tmp_path / "cnn", mode="single", n=1, phases=phases, buckets=[1000],
+        metrics={"buffer_bytes_by_dtype": {"float32": 1792, "int64": 24}},
+    )  # fmt: skip
+    assert compute_gaps_ms(cnn) == {
+        "all_reduce": pytest.approx(12.0),
+        "broadcast": pytest.approx(3.0),
+    }
