@@ -13,9 +13,14 @@ Model (docs/analysis.md, "Scaling projection"), per projected world size n:
   plus ring all-reduce between nodes over the inter-node link (bytes per node ÷ link bandwidth).
   Buckets run one after another on one stream; bucket k may start once backward has produced its
   gradients (at backward × its cumulative share of gradient bytes) and bucket k−1 is done.
+  Bandwidth per size comes from the comm run's mean times when it has them (a mean step is what is
+  projected), timed after as much compute as the comm run's `--gap-ms` says.
+- buffer broadcast: DDP broadcasts the module's buffers at every forward, one call per dtype, with
+  the comm run's broadcast model; nothing overlaps it.
 - straggler wait: the step waits for the slowest of n ranks, E[max of n independent draws] of
   RUN's per-step compute minus the same at RUN's own n (zero for the replay).
-- step = compute + straggler wait + exposed communication (still running when backward ends).
+- step = compute + straggler wait + exposed communication (still running when backward ends, plus
+  the buffer broadcast).
 """
 
 from __future__ import annotations
