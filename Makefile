@@ -42,8 +42,9 @@ RUN_FLAGS = --model $(MODEL) --dataset $(DATASET) --epochs $(EPOCHS) --max-steps
         bench-analysis gpu-check test lint format clean
 
 help:
-	@echo "dpscope targets: setup profile-single profile-dp profile-ddp profile-all report demo"
-	@echo "                 tensorboard bench bench-overhead bench-analysis gpu-check test lint format clean"
+	@echo "dpscope targets: setup profile-single profile-dp profile-ddp profile-all profile-sweep"
+	@echo "                 report demo tensorboard tune-ddp bench-comm bench-projection"
+	@echo "                 bench bench-overhead bench-analysis bench-report gpu-check test lint format clean"
 	@echo "see README.md for every variable (NPROC BACKEND MODEL DATASET EPOCHS STEPS BATCH SEEDS RUNS ARGS ...)"
 
 # Re-install only when requirements.txt changed (the stamp is newer otherwise).
