@@ -30,6 +30,7 @@ __all__ = [
     "fit_alpha_beta",
     "with_measured_curve",
     "fit_all",
+    "idle_penalty_us",
     "is_comm_run",
     "load_comm_run",
     "ring_steps",
@@ -90,6 +91,17 @@ def with_measured_curve(model: dict, nbytes: np.ndarray, time_us: np.ndarray) ->
         **model,
         "curve": {"bytes": x.tolist(), "bus_gbps": (factor * x / transfer / 1e3).tolist()},
     }
+
+
+def idle_penalty_us(model: dict, nbytes: float) -> float:
+    """Extra µs a call pays when issued after compute rather than back-to-back, from the model's
+    `idle_penalty` ({bytes, us} at the benchmarked sizes: mean after the gap − mean back-to-back,
+    at least 0): log-log interpolation in size, flat beyond the range; 0 without one."""
+    pen = model.get("idle_penalty")
+    if not pen:
+        return 0.0
+    x, y = np.log(pen["bytes"]), np.asarray(pen["us"], dtype=float)
+    return float(np.interp(np.log(max(nbytes, 1.0)), x, y))
 
 
 def fit_alpha_beta(collective: str, n: int, nbytes: np.ndarray, time_us: np.ndarray) -> dict:
@@ -205,20 +217,25 @@ def _gaps(value: object) -> dict[str, float]:
 
 
 def _means(items: object, rows: pd.DataFrame) -> dict[str, dict[str, list]]:
-    """run.json `metrics.time_us_mean` as {collective: {bytes: [...], time_us_mean: [...]}}, only
-    finite positive times at sizes comm.csv has (older comm runs have none: {})."""
+    """run.json `metrics.time_us_mean` as {collective: {bytes: [...], time_us_mean: [...]}} (plus
+    `time_us_mean_back_to_back` for gap-timed runs), only finite positive times at sizes comm.csv
+    has (older comm runs have none: {})."""
     rows_ = [m for m in items if isinstance(m, dict)] if isinstance(items, list) else []
-    frame = pd.DataFrame(rows_, columns=["collective", "bytes", "time_us_mean"])
+    cols = ["collective", "bytes", "time_us_mean", "time_us_mean_back_to_back"]
+    frame = pd.DataFrame(rows_, columns=cols)
     try:
-        frame["bytes"] = pd.to_numeric(frame["bytes"], errors="coerce")
-        frame["time_us_mean"] = pd.to_numeric(frame["time_us_mean"], errors="coerce")
+        for c in cols[1:]:
+            frame[c] = pd.to_numeric(frame[c], errors="coerce")
         ok = np.isfinite(frame["time_us_mean"]) & (frame["time_us_mean"] > 0)
         ok &= frame["collective"].map(lambda c: isinstance(c, str)).astype(bool)
         frame = frame.loc[ok]
         frame = frame.merge(rows[["collective", "bytes"]], on=["collective", "bytes"])
     except (TypeError, ValueError):  # a damaged field: the medians still serve
         return {}
-    return {
-        str(name): g.sort_values("bytes")[["bytes", "time_us_mean"]].to_dict("list")
-        for name, g in frame.groupby("collective")
-    }
+    out = {}
+    for name, g in frame.groupby("collective"):
+        g = g.sort_values("bytes")
+        hot = g["time_us_mean_back_to_back"]
+        keep = cols[1:] if bool((np.isfinite(hot) & (hot > 0)).all()) else cols[1:3]
+        out[str(name)] = g[keep].to_dict("list")  # back-to-back only when every size has one
+    return out

@@ -30,7 +30,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from analysis.comm import load_comm_run, with_measured_curve
+from analysis.comm import fit_alpha_beta, idle_penalty_us, load_comm_run, with_measured_curve
 from analysis.errors import AnalysisError
 from analysis.project_inputs import load_training, unprofiled_steps
 from analysis.project_model import (
@@ -46,6 +46,17 @@ from analysis.project_model import (
 __all__ = ["load_training", "project", "unprofiled_steps"]  # the inputs re-exported
 
 
+def _calls_s(sizes: list[float], n: int, gpn: int, model: dict, inter_gbps: float) -> list[float]:
+    """Seconds of each call of one kind in a step, in issue order: the first comes after compute
+    and pays the comm run's idle penalty (0 without one), the others follow back-to-back."""
+    if n < 2:
+        return [0.0] * len(sizes)
+    out = [allreduce_us(b, n, gpn, model, inter_gbps) / 1e6 for b in sizes]
+    if out:
+        out[0] += idle_penalty_us(model, sizes[0]) / 1e6
+    return out
+
+
 def _predict(run, n, *, scaling, comm_model, gpn, inter_gbps, batch_runs, wire, bcast) -> dict:
     batch = run["global_batch"] / n if scaling == "strong" else run["per_device_batch"]
     ph, source = compute_phases(run, batch, batch_runs)
@@ -53,15 +64,12 @@ def _predict(run, n, *, scaling, comm_model, gpn, inter_gbps, batch_runs, wire, 
     sizes = [b * wire for b in run["buckets_bytes"]]
     total = sum(sizes)
     ready = list(np.cumsum(sizes) / total * ph["backward"]) if total else []
-    comm = [allreduce_us(b, n, gpn, comm_model, inter_gbps) / 1e6 for b in sizes]
+    comm = _calls_s(sizes, n, gpn, comm_model, inter_gbps)
     end = simulate_step(ready, comm, ph["backward"])
     exposed = max(0.0, end - ph["backward"]) if n > 1 else 0.0
     # DDP's buffer broadcast at the start of every forward: nothing overlaps it
-    broadcast = (
-        sum(allreduce_us(b, n, gpn, bcast, inter_gbps) for b in run["buffer_groups_bytes"]) / 1e6
-        if bcast and n > 1
-        else 0.0
-    )
+    groups = run["buffer_groups_bytes"]
+    broadcast = sum(_calls_s(groups, n, gpn, bcast, inter_gbps)) if bcast else 0.0
     # the slowest rank's compute, scaled like the compute it stretches
     wait = straggler_s(run, n) * compute / run["compute_s"] if n > 1 else 0.0
     step = compute + wait + exposed + broadcast
@@ -208,7 +216,15 @@ def project(
             "inter_node_gbps": inter_gbps,
             "inter_node_alpha_us": INTER_NODE_ALPHA_US,
         },
-        "assumptions": assumptions(scaling, run, gpus_per_node, inter_gbps, by_batch, bandwidth),
+        "assumptions": assumptions(
+            scaling,
+            run,
+            gpus_per_node,
+            inter_gbps,
+            by_batch,
+            bandwidth,
+            idle="idle_penalty" in model,
+        ),
         "replay": replay,
         "measured": checks,
         "predictions": preds,
@@ -217,19 +233,31 @@ def project(
 
 
 def _comm_model(comm: dict, name: str, bandwidth: str) -> dict:
-    """The α–β model of `name` from the comm run; with `measured` bandwidth, the per-size curve of
-    the benchmark's mean times (a mean step is what is projected: heavy-tailed collective times
-    make the median too low), or of its medians for comm runs without means."""
+    """The α–β model of `name` from the comm run (docs/analysis.md §10). With `measured`
+    bandwidth, the per-size curve of the benchmark's mean times (a mean step is what is projected:
+    heavy-tailed collective times make the median too low), or of its medians for comm runs
+    without means. A gap-timed comm run with back-to-back means: α, B and the curve from those,
+    plus `idle_penalty` = mean after the gap − mean back-to-back per size (≥ 0), paid once per call
+    issued after compute rather than once per ring step."""
+    n0 = comm["models"][name]["world_size"]
     model = dict(comm["models"][name], time_statistic="median")
-    if bandwidth != "measured":
-        return model
     means = comm["means"].get(name)
-    if means is not None and len(means["bytes"]) >= 2:
+    if means is None or len(means["bytes"]) < 2:
+        if bandwidth == "fit":
+            return model
+        rows = pd.DataFrame(comm["rows"])
+        rows = rows[rows["collective"] == name]
+        return with_measured_curve(model, rows["bytes"], rows["time_us_median"])
+    hot = means.get("time_us_mean_back_to_back")
+    if hot is None:  # back-to-back timing only: the means as they are
+        if bandwidth == "fit":
+            return model
         curve = with_measured_curve(model, means["bytes"], means["time_us_mean"])
         return dict(curve, time_statistic="mean")
-    rows = pd.DataFrame(comm["rows"])
-    rows = rows[rows["collective"] == name]
-    return with_measured_curve(model, rows["bytes"], rows["time_us_median"])
+    model = dict(fit_alpha_beta(name, n0, means["bytes"], hot), time_statistic="mean")
+    gap = np.asarray(means["time_us_mean"]) - np.asarray(hot)
+    model["idle_penalty"] = {"bytes": means["bytes"], "us": np.maximum(gap, 0.0).tolist()}
+    return model if bandwidth == "fit" else with_measured_curve(model, means["bytes"], hot)
 
 
 def _gap_warnings(run: dict, comm: dict) -> list[str]:

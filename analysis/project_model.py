@@ -99,7 +99,14 @@ def parse_inter_node(value: str) -> float:
 
 
 def assumptions(
-    scaling: str, run: dict, gpn: int, inter_gbps: float, by_batch: dict, bandwidth: str
+    scaling: str,
+    run: dict,
+    gpn: int,
+    inter_gbps: float,
+    by_batch: dict,
+    bandwidth: str,
+    *,
+    idle: bool = False,
 ) -> list[str]:
     """The projection's assumptions in words (printed and stored with every projection)."""
     out = [
@@ -128,6 +135,12 @@ def assumptions(
         "per-rank compute does not change with n (no contention growth); the step waits for the "
         "slowest rank: E[max of n draws] of RUN's per-step compute, ranks independent",
     ]
+    if idle:
+        out.append(
+            "a call issued after compute pays the comm run's idle penalty (mean after its gap − "
+            "mean back-to-back) once, whatever n: the step's first bucket and first buffer "
+            "broadcast; the other calls follow back-to-back"
+        )
     return out
 
 

@@ -222,6 +222,7 @@ def _fake_comm(
     backend: str = "gloo",
     collectives: tuple[str, ...] = ("all_reduce",),
     mean_factor: float | None = None,
+    back_to_back: float | None = None,
     config: dict | None = None,
 ) -> Path:
     """A hand-built comm run whose medians follow an exact α–β model; with `mean_factor`, run.json
@@ -241,6 +242,8 @@ def _fake_comm(
             )  # fmt: skip
             if mean_factor:
                 means.append({"collective": name, "bytes": nbytes, "time_us_mean": t * mean_factor})
+                if back_to_back:
+                    means[-1]["time_us_mean_back_to_back"] = t * back_to_back
     pd.DataFrame(rows, columns=COMM_COLUMNS).to_csv(path / "comm.csv", index=False)
     rec = {
         "kind": "comm",
@@ -442,7 +445,7 @@ def test_bench_comm_gap_and_collectives_reach_the_run(tmp_path):
         ("all_reduce", 64),
         ("all_reduce", 4096),
     ]
-    assert all(m["time_us_mean"] > 0 for m in means)
+    assert all(m["time_us_mean"] > 0 and m["time_us_mean_back_to_back"] > 0 for m in means)
     assert "after 40 ms of compute" in proc.stdout
 
 
@@ -577,3 +580,28 @@ def test_bench_projection_gaps_follow_the_workloads_collectives(single_mlp_run, 
         "all_reduce": pytest.approx(12.0),
         "broadcast": pytest.approx(3.0),
     }
+
+
+def test_idle_penalty_is_paid_once_per_call_whatever_n(tmp_path):
+    """Hand-built gap-timed comm run: back-to-back means follow an exact α–β model t(s, n), the
+    means after the gap are 1.5 × that. At the benchmark's n = 2 the projected call is the mean
+    after the gap; at n = 4 it is t(s, 4) + the idle penalty 0.5·t(s, 2), not 1.5·t(s, 4): the
+    penalty is once per call, the ring steps come from the back-to-back times."""
+    comm = _fake_comm(
+        tmp_path / "comm", alpha_us=50.0, bus_gbps=2.0, mean_factor=1.5, back_to_back=1.0,
+        config={"devices": ["cpu", "cpu"], "gap_ms": {"all_reduce": 15.0}},
+    )  # fmt: skip
+    phases = {"data": 0.001, "forward": 0.004, "backward": 0.008, "optimizer": 0.002}
+    bucket = 1 << 20
+    run = _fake_run(tmp_path / "s", mode="single", n=1, phases=phases, buckets=[bucket])
+    out = project(run, comm, [2, 4])
+    ar = {"collective": "all_reduce", "alpha_us": 50.0, "bus_gbps": 2.0}
+    t2, t4 = (collective_time_us(ar, bucket, n) / 1e6 for n in (2, 4))
+    two, four = out["predictions"]
+    assert two["exposed_comm_s"] == pytest.approx(1.5 * t2, rel=1e-6)
+    assert four["exposed_comm_s"] == pytest.approx(t4 + 0.5 * t2, rel=1e-6)
+    model = out["inputs"]["all_reduce_model"]
+    assert model["alpha_us"] == pytest.approx(50.0) and model["bus_gbps"] == pytest.approx(2.0)
+    assert any("idle penalty" in a for a in out["assumptions"])
+    fit = project(run, comm, [4], bandwidth="fit")["predictions"][0]
+    assert fit["exposed_comm_s"] == pytest.approx(t4 + 0.5 * t2, rel=1e-6)

@@ -16,9 +16,11 @@ Message size follows nccl-tests: the larger buffer (all_gather: output; reduce_s
 (a busy loop) for that many milliseconds before the timed call. nccl-tests' back-to-back timing
 (gap 0, the default) is what NCCL on GPUs shows in training too; on CPU hosts the transport
 threads go idle during a step's compute, and a collective issued after compute can take several
-times longer (docs/analysis.md §10). `--collectives` limits the run to some collectives. The mean
-time per size goes into run.json (`metrics.time_us_mean`), next to comm.csv's median and p95:
-`analysis project` adds mean times, since a mean step is what it projects.
+times longer (docs/analysis.md §10). With a gap, each iteration also times a second call right
+after the first (back-to-back, transport awake): comm.csv keeps the first call's times, run.json
+both means (`metrics.time_us_mean`: `time_us_mean`, `time_us_mean_back_to_back`), so `analysis
+project` can take the idle penalty (their difference) once per call and the ring steps from the
+back-to-back times. `--collectives` limits the run to some collectives.
 """
 
 from __future__ import annotations
@@ -163,9 +165,13 @@ def worker(args: argparse.Namespace) -> int:
             if count < 1:
                 continue
             gap_s = gaps.get(name, 0.0) / 1e3
-            t_us = time_one(name, count, n, dev, args.warmup, args.iters, gap_s) * 1e6
+            t_s, hot_s = time_one(name, count, n, dev, args.warmup, args.iters, gap_s)
+            t_us = t_s * 1e6
             med = float(np.median(t_us))
-            means.append({"collective": name, "bytes": count * 4, "time_us_mean": t_us.mean()})
+            mean = {"collective": name, "bytes": count * 4, "time_us_mean": float(t_us.mean())}
+            if hot_s is not None:  # the same message again at once: no idle transport to wake
+                mean["time_us_mean_back_to_back"] = float(hot_s.mean() * 1e6)
+            means.append(mean)
             algbw = count * 4 / med / 1e3  # bytes/µs -> GB/s (1e9 B)
             factor = bus_factor(name, n)
             rows.append(
@@ -229,7 +235,7 @@ def _write_results(
             "comm_model": models,
             "checks": checks,
             "skipped": skipped,
-            "time_us_mean": [{**m, "time_us_mean": float(m["time_us_mean"])} for m in means],
+            "time_us_mean": means,
         },
     )
     write_json_atomic(run_dir / "run.json", record)

@@ -79,11 +79,13 @@ def _compute_for(seconds: float) -> None:
 
 def time_one(
     name: str, count: int, n: int, dev: torch.device, warmup: int, iters: int, gap_s: float = 0.0
-) -> np.ndarray:
-    """Per-iteration seconds of the slowest rank (all-reduce MAX of every rank's times)."""
+) -> tuple[np.ndarray, np.ndarray | None]:
+    """Per-iteration seconds of the slowest rank (all-reduce MAX of every rank's times) of the
+    call made after `gap_s` of compute; with a gap, also of a second call right after it
+    (back-to-back, the transport awake), so the analysis can tell the idle penalty from the rest."""
     inp, out = _buffers(name, count, n, dev)
     inp.fill_(1.0)
-    mine = torch.zeros(iters, dtype=torch.float64, device=dev)
+    mine = torch.zeros(2, iters, dtype=torch.float64, device=dev)
     for i in range(warmup + iters):
         dist.barrier()  # every rank starts the iteration together
         _sync(dev)
@@ -92,7 +94,13 @@ def time_one(
         t0 = time.perf_counter()
         _call(name, inp, out)
         _sync(dev)
+        t1 = time.perf_counter()
+        if gap_s:
+            _call(name, inp, out)
+            _sync(dev)
         if i >= warmup:
-            mine[i - warmup] = time.perf_counter() - t0
+            mine[0, i - warmup] = t1 - t0
+            mine[1, i - warmup] = time.perf_counter() - t1
     dist.all_reduce(mine, op=dist.ReduceOp.MAX)
-    return mine.cpu().numpy()
+    first, second = mine.cpu().numpy()
+    return first, (second if gap_s else None)
