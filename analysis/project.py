@@ -32,7 +32,7 @@ import pandas as pd
 
 from analysis.comm import fit_alpha_beta, idle_penalty_us, load_comm_run, with_measured_curve
 from analysis.errors import AnalysisError
-from analysis.project_inputs import load_training, unprofiled_steps
+from analysis.project_inputs import collective_gaps_ms, load_training, unprofiled_steps
 from analysis.project_model import (
     INTER_NODE_ALPHA_US,
     allreduce_us,
@@ -263,15 +263,10 @@ def _comm_model(comm: dict, name: str, bandwidth: str) -> dict:
 def _gap_warnings(run: dict, comm: dict) -> list[str]:
     """On CPU hosts a collective issued after compute is slower than a back-to-back one; warn when
     the comm run timed its all-reduce after a much other compute gap than this workload leaves
-    (forward + backward with a buffer broadcast per forward, else the whole step's compute)."""
+    (analysis.project_inputs.collective_gaps_ms)."""
     if any(str(d).startswith("cuda") for d in comm["devices"]):
         return []
-    ph = run["phases_s"]
-    gap_ms = 1e3 * (
-        ph["forward"] + run["backward_compute_s"]
-        if run["buffer_groups_bytes"]
-        else run["compute_s"]
-    )
+    gap_ms = collective_gaps_ms(run)["all_reduce"]
     bench_ms = comm["gap_ms"].get("all_reduce", 0.0)
     if bench_ms >= gap_ms / 2 and bench_ms <= 2 * gap_ms:
         return []

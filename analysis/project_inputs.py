@@ -14,7 +14,7 @@ from analysis.comm import is_comm_run
 from analysis.errors import AnalysisError
 from analysis.project_model import ddp_buckets
 
-__all__ = ["PHASES", "load_training", "unprofiled_steps"]
+__all__ = ["PHASES", "collective_gaps_ms", "load_training", "unprofiled_steps"]
 
 PHASES = ("data", "forward", "backward", "optimizer")
 
@@ -168,3 +168,15 @@ def _subtract_traced_comm(run: dict, run_dir: Path, trace: dict | None) -> None:
         run["warnings"].append(
             "traced exposed comm exceeds 90% of backward: backward compute floored at 10%"
         )
+
+
+def collective_gaps_ms(run: dict) -> dict[str, float]:
+    """Compute (ms) a DDP step of `run` (a `load_training` dict) runs before each of its
+    collectives: before the gradient all-reduce forward + backward compute when the model has
+    buffers (their broadcast at the start of forward comes first) and the rest of the step before
+    that broadcast; without buffers the all-reduce is the step's only collective and follows the
+    step's whole compute. What `make bench-comm COMM_GAP_MS` should be for this workload."""
+    if not run["buffer_groups_bytes"]:
+        return {"all_reduce": 1e3 * run["compute_s"]}
+    fb = run["phases_s"]["forward"] + run["backward_compute_s"]
+    return {"all_reduce": 1e3 * fb, "broadcast": 1e3 * max(0.0, run["compute_s"] - fb)}

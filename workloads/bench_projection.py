@@ -33,7 +33,6 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 import numpy as np
-import pandas as pd
 
 __all__ = ["compute_gaps_ms", "main"]
 
@@ -64,20 +63,12 @@ def _run(*cmds: list[str]) -> None:
 
 
 def compute_gaps_ms(run_dir: Path) -> dict[str, float]:
-    """Compute (ms) a DDP step of this workload runs between its collectives, from a single-device
-    run's measured phases: before the buffer broadcast (start of forward) the optimizer, data and
-    loop remainder; before the gradient all-reduce forward + backward, or the whole step when the
-    model has no buffers (then the all-reduce is the step's only collective)."""
-    steps = pd.read_csv(run_dir / "steps.csv")
-    body = steps[steps["warmup"] == 0]
-    ph = {p: 1e3 * float(body[f"{p}_s"].mean()) for p in ("forward", "backward")}
-    step = 1e3 * float(body["step_time_s"].mean())
-    rec = json.loads((run_dir / "run.json").read_text(encoding="utf-8"))
-    buffers = (rec.get("metrics") or {}).get("buffer_bytes_by_dtype") or {}
-    if not buffers:
-        return {"all_reduce": step}
-    fb = ph["forward"] + ph["backward"]
-    return {"all_reduce": fb, "broadcast": max(0.0, step - fb)}
+    """The compute a DDP step of this workload runs before each of its collectives, from a
+    single-device run (analysis.project_inputs.collective_gaps_ms, the projection's own rule)."""
+    from analysis.project import load_training
+    from analysis.project_inputs import collective_gaps_ms
+
+    return collective_gaps_ms(load_training(run_dir, traces=False))
 
 
 def bench_model(model: str, args: argparse.Namespace, root: Path) -> dict:
