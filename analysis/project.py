@@ -35,9 +35,9 @@ from analysis.errors import AnalysisError
 from analysis.project_inputs import collective_gaps_ms, load_training, unprofiled_steps
 from analysis.project_model import (
     INTER_NODE_ALPHA_US,
-    allreduce_us,
     assumptions,
     compute_phases,
+    hierarchical_us,
     parse_inter_node,
     simulate_step,
     straggler_s,
@@ -51,7 +51,7 @@ def _calls_s(sizes: list[float], n: int, gpn: int, model: dict, inter_gbps: floa
     and pays the comm run's idle penalty (0 without one), the others follow back-to-back."""
     if n < 2:
         return [0.0] * len(sizes)
-    out = [allreduce_us(b, n, gpn, model, inter_gbps) / 1e6 for b in sizes]
+    out = [hierarchical_us(b, n, gpn, model, inter_gbps) / 1e6 for b in sizes]
     if out:
         out[0] += idle_penalty_us(model, sizes[0]) / 1e6
     return out

@@ -16,7 +16,7 @@ __all__ = [
     "FIRST_BUCKET_BYTES",
     "INTER_NODE_ALPHA_US",
     "INTER_NODE_PRESETS",
-    "allreduce_us",
+    "hierarchical_us",
     "assumptions",
     "compute_phases",
     "ddp_buckets",
@@ -69,7 +69,7 @@ def simulate_step(ready_s: list[float], comm_s: list[float], backward_s: float) 
     return free
 
 
-def allreduce_us(nbytes: float, n: int, gpn: int, intra: dict, inter_gbps: float) -> float:
+def hierarchical_us(nbytes: float, n: int, gpn: int, intra: dict, inter_gbps: float) -> float:
     """Hierarchical collective (`intra["collective"]`, all_reduce for the gradient buckets): ring
     inside a node (α–β of the comm run) plus, past one node, ring between nodes where each node
     moves all `nbytes` through its link (steps and bus factor of that collective)."""
