@@ -16,7 +16,7 @@ from typing import Any
 
 from analysis.jsonsafe import clip
 
-__all__ = ["BYTE_UNITS", "C", "Column", "fmt", "missing", "without"]
+__all__ = ["BYTE_UNITS", "C", "Column", "fmt", "mib", "missing", "ms_of_us", "without"]
 
 BYTE_UNITS = {"MiB": 2**20, "MB": 10**6}
 CELL_CHARS = 2000  # longest text shown in one table cell
@@ -85,6 +85,17 @@ def without(cols: Sequence[Column], *keys: str) -> list[Column]:
 
 C = Column  # short alias for the specs below
 
+
+def ms_of_us(*, key: str, label: str, unit: str = "ms/step") -> Column:
+    """A time stored in µs, shown in ms with 2 digits (the traces JSON keeps µs, as HTA does)."""
+    return Column(key=key, label=label, unit=unit, kind="num", digits=2, scale=1e-3)
+
+
+def mib(*, key: str, label: str) -> Column:
+    """A byte count shown in MiB."""
+    return Column(key=key, label=label, unit="MiB", kind="bytes")
+
+
 SUMMARY_COLS = [
     C(key="run_id", label="Run"),
     C(key="status", label="Status"),
@@ -96,7 +107,7 @@ SUMMARY_COLS = [
     C(key="scaling_efficiency", label="Scaling efficiency", unit="%", kind="frac_pct"),
     C(key="comm_pct", label="Comm share", unit="% of step", kind="num", digits=1),
     C(key="exposed_comm_pct", label="Exposed comm", unit="% of step", kind="num", digits=1),
-    C(key="peak_memory_bytes", label="Peak memory", unit="MiB", kind="bytes"),
+    mib(key="peak_memory_bytes", label="Peak memory"),
     C(
         key="memory_imbalance_pct",
         label="Memory imbalance",
@@ -140,16 +151,13 @@ COLLECTIVE_COLS = [
     C(key="bytes_total", label="Bytes total", unit="MB", kind="bytes"),
     C(key="bytes_avg", label="Bytes per call", unit="MB", kind="bytes"),
     C(key="latency_us_avg", label="Latency per call", unit="µs", kind="num", digits=1),
-    C(key="latency_us_total", label="Latency total", unit="ms", kind="num", digits=2, scale=1e-3),
-    C(key="transfer_us_total", label="Transfer", unit="ms", kind="num", digits=2, scale=1e-3),
-    C(key="sync_us_total", label="Sync wait", unit="ms", kind="num", digits=2, scale=1e-3),
-    C(
+    ms_of_us(key="latency_us_total", label="Latency total", unit="ms"),
+    ms_of_us(key="transfer_us_total", label="Transfer", unit="ms"),
+    ms_of_us(key="sync_us_total", label="Sync wait", unit="ms"),
+    ms_of_us(
         key="latency_us_union",
         label="Latency union (extra: time any call was in flight)",
         unit="ms",
-        kind="num",
-        digits=2,
-        scale=1e-3,
     ),
     C(key="algbw_gbps", label="algbw", unit="GB/s", kind="num", digits=3),
     C(key="busbw_gbps", label="busbw", unit="GB/s", kind="num", digits=3),
@@ -158,42 +166,14 @@ OVERLAP_COLS = [
     C(key="run_id", label="Run"),
     C(key="rank", label="Rank", kind="int"),
     C(key="steps", label="Steps analysed", unit="count", kind="int"),
-    C(key="step_time_us_mean", label="Step", unit="ms", kind="num", digits=2, scale=1e-3),
-    C(key="comm_us", label="Comm", unit="ms/step", kind="num", digits=2, scale=1e-3),
-    C(
-        key="exposed_comm_us",
-        label="Exposed comm",
-        unit="ms/step",
-        kind="num",
-        digits=2,
-        scale=1e-3,
-    ),
+    ms_of_us(key="step_time_us_mean", label="Step", unit="ms"),
+    ms_of_us(key="comm_us", label="Comm"),
+    ms_of_us(key="exposed_comm_us", label="Exposed comm"),
     C(key="overlap_pct", label="Overlap (HTA)", unit="% of comm", kind="num", digits=1),
-    C(
-        key="tb_computation",
-        label="tb: computation",
-        unit="ms/step",
-        kind="num",
-        digits=2,
-        scale=1e-3,
-    ),
-    C(
-        key="tb_overlapping",
-        label="tb: overlapping",
-        unit="ms/step",
-        kind="num",
-        digits=2,
-        scale=1e-3,
-    ),
-    C(
-        key="tb_communication",
-        label="tb: communication",
-        unit="ms/step",
-        kind="num",
-        digits=2,
-        scale=1e-3,
-    ),
-    C(key="tb_other", label="tb: other", unit="ms/step", kind="num", digits=2, scale=1e-3),
+    ms_of_us(key="tb_computation", label="tb: computation"),
+    ms_of_us(key="tb_overlapping", label="tb: overlapping"),
+    ms_of_us(key="tb_communication", label="tb: communication"),
+    ms_of_us(key="tb_other", label="tb: other"),
 ]
 STRAGGLER_COLS = [
     C(key="run_id", label="Run"),
@@ -213,10 +193,10 @@ MEMORY_COLS = [
     C(key="run_id", label="Run"),
     C(key="rank", label="Rank", kind="int"),
     C(key="device", label="Device"),
-    C(key="peak_allocated_bytes", label="Peak allocated", unit="MiB", kind="bytes"),
-    C(key="peak_reserved_bytes", label="Peak reserved", unit="MiB", kind="bytes"),
-    C(key="nvml_used_bytes", label="NVML used", unit="MiB", kind="bytes"),
-    C(key="peak_rss_bytes", label="Peak RSS", unit="MiB", kind="bytes"),
+    mib(key="peak_allocated_bytes", label="Peak allocated"),
+    mib(key="peak_reserved_bytes", label="Peak reserved"),
+    mib(key="nvml_used_bytes", label="NVML used"),
+    mib(key="peak_rss_bytes", label="Peak RSS"),
     C(
         key="memory_imbalance_pct",
         label="Run imbalance",
@@ -361,6 +341,6 @@ HEADLINE_COLS = [
         scale=100.0,
         std_key="scaling_efficiency_std",
     ),
-    C(key="peak_memory_bytes", label="Peak memory / device", unit="MiB", kind="bytes"),
+    mib(key="peak_memory_bytes", label="Peak memory / device"),
     C(key="top1_pct_mean", label="Top-1", unit="%, mean ± std", kind="pm", std_key="top1_pct_std"),
 ]

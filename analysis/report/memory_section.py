@@ -14,7 +14,7 @@ import matplotlib.pyplot as plt
 import pandas as pd
 import seaborn as sns
 
-from analysis.report.columns import C
+from analysis.report.columns import C, mib
 from analysis.report.figures import MIB, _theme, _uri
 from analysis.report.findings import Finding, _name
 from analysis.report.tables import Table
@@ -37,15 +37,15 @@ BREAKDOWN_COLS = [
     C(key="mode", label="Mode"),
     C(key="rank", label="Rank", kind="int"),
     C(key="device", label="Device"),
-    C(key="parameters_bytes", label="Parameters", unit="MiB", kind="bytes"),
-    C(key="gradients_bytes", label="Gradients", unit="MiB", kind="bytes"),
-    C(key="optimizer_state_bytes", label="Optimizer state", unit="MiB", kind="bytes"),
-    C(key="buffers_bytes", label="Buffers", unit="MiB", kind="bytes"),
-    C(key="ddp_buckets_bytes", label="DDP buckets", unit="MiB", kind="bytes"),
-    C(key="static_total_bytes", label="Static total", unit="MiB", kind="bytes"),
-    C(key="forward_peak_bytes", label="Forward peak", unit="MiB", kind="bytes"),
-    C(key="backward_peak_bytes", label="Backward peak", unit="MiB", kind="bytes"),
-    C(key="optimizer_peak_bytes", label="Optimizer peak", unit="MiB", kind="bytes"),
+    mib(key="parameters_bytes", label="Parameters"),
+    mib(key="gradients_bytes", label="Gradients"),
+    mib(key="optimizer_state_bytes", label="Optimizer state"),
+    mib(key="buffers_bytes", label="Buffers"),
+    mib(key="ddp_buckets_bytes", label="DDP buckets"),
+    mib(key="static_total_bytes", label="Static total"),
+    mib(key="forward_peak_bytes", label="Forward peak"),
+    mib(key="backward_peak_bytes", label="Backward peak"),
+    mib(key="optimizer_peak_bytes", label="Optimizer peak"),
 ]
 
 
