@@ -96,7 +96,7 @@ def with_measured_curve(model: dict, nbytes: np.ndarray, time_us: np.ndarray) ->
 def idle_penalty_us(model: dict, nbytes: float) -> float:
     """Extra µs a call pays when issued after compute rather than back-to-back, from the model's
     `idle_penalty` ({bytes, us} at the benchmarked sizes: mean after the gap − mean back-to-back,
-    at least 0): log-log interpolation in size, flat beyond the range; 0 without one."""
+    at least 0): linear in log size between them, flat beyond the range; 0 without one."""
     pen = model.get("idle_penalty")
     if not pen:
         return 0.0

@@ -73,9 +73,8 @@ def parse_gaps(text: str, collectives: tuple[str, ...] = COLLECTIVES) -> dict[st
         else:
             gaps = {k.strip(): float(v) for k, v in (t.split("=", 1) for t in text.split(","))}
     except ValueError:
-        gaps = {"?": -1.0}
-    bad = [k for k, v in gaps.items() if k not in COLLECTIVES or not 0 <= v <= 10_000]
-    if bad:
+        gaps = None
+    if gaps is None or any(k not in COLLECTIVES or not 0 <= v <= 10_000 for k, v in gaps.items()):
         raise LaunchError(
             "--gap-ms must be milliseconds (0 to 10000), one number or "
             f"'all_reduce=40,broadcast=1' with names from {', '.join(COLLECTIVES)}; got {text!r}"
