@@ -137,9 +137,8 @@ def assumptions(
     ]
     if idle:
         out.append(
-            "a call issued after compute pays the comm run's idle penalty (mean after its gap − "
-            "mean back-to-back) once, whatever n: the step's first bucket and first buffer "
-            "broadcast; the other calls follow back-to-back"
+            "the step's first bucket and first buffer broadcast pay the comm run's idle penalty "
+            "(mean after its gap − back-to-back) once, whatever n; other calls are back-to-back"
         )
     return out
 

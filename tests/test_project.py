@@ -604,5 +604,9 @@ def test_idle_penalty_is_paid_once_per_call_whatever_n(tmp_path):
     model = out["inputs"]["all_reduce_model"]
     assert model["alpha_us"] == pytest.approx(50.0) and model["bus_gbps"] == pytest.approx(2.0)
     assert any("idle penalty" in a for a in out["assumptions"])
+    # the report shows record strings up to DISPLAY_CHARS: an assumption must not be cut there
+    from analysis.jsonsafe import DISPLAY_CHARS
+
+    assert all(len(a) <= DISPLAY_CHARS for a in out["assumptions"])
     fit = project(run, comm, [4], bandwidth="fit")["predictions"][0]
     assert fit["exposed_comm_s"] == pytest.approx(t4 + 0.5 * t2, rel=1e-6)
