@@ -86,11 +86,11 @@ tensorboard: setup
 
 bench-analysis: setup
 	$(PY) -m pip install -q -r requirements-bench.txt
-	$(PY) -m analysis.bench
+	$(PY) -m bench.analysis
 	$(PY) -m bench.scaling $(if $(BENCH_OUT),--json $(BENCH_OUT))
 
 gpu-check: setup
-	$(PY) -m workloads.gpu_check --runs-dir "$(RUNS)/gpu-check"
+	$(PY) -m workloads.tools.gpu_check --runs-dir "$(RUNS)/gpu-check"
 
 lint: setup
 	$(PY) -m ruff check .
@@ -107,7 +107,7 @@ test: setup
 clean:
 	rm -rf "$(RUNS)" $(filter-out $(REPORT_DIR)/README.md,$(wildcard $(REPORT_DIR)/*)) .pytest_cache .ruff_cache
 
-# --- DDP tuning (make tune-ddp): workloads.tune measures the DDP knobs on this workload ------
+# --- DDP tuning (make tune-ddp): workloads.tools.tune measures the DDP knobs on this workload ------
 # STEPS defaults to 30 here unless given on the command line or in the environment.
 TRIALS          ?= 3
 TUNE_ACCUM      ?= 0
@@ -117,7 +117,7 @@ TUNE_STEPS = $(if $(filter command line environment,$(origin STEPS)),$(STEPS),30
 
 .PHONY: tune-ddp
 tune-ddp: setup
-	$(PY) -m workloads.tune --model $(MODEL) --dataset $(DATASET) --batch-size $(BATCH) \
+	$(PY) -m workloads.tools.tune --model $(MODEL) --dataset $(DATASET) --batch-size $(BATCH) \
 	    $(NPROC_FLAG) --backend $(BACKEND) --epochs $(EPOCHS) --max-steps $(TUNE_STEPS) \
 	    --trials $(TRIALS) --budget-s $(TUNE_BUDGET_S) $(if $(filter 1,$(TUNE_ACCUM)),--accum) \
 	    --candidates "$(TUNE_CANDIDATES)" --runs-dir "$(RUNS)" $(ARGS)
@@ -135,13 +135,13 @@ COMM_ITERS  ?= 20
 COMM_WARMUP ?= 5
 .PHONY: bench-comm bench-projection
 bench-comm: setup
-	$(PY) -m workloads.bench_comm $(NPROC_FLAG) --backend $(BACKEND) --runs-dir "$(RUNS)" \
+	$(PY) -m workloads.comm.bench $(NPROC_FLAG) --backend $(BACKEND) --runs-dir "$(RUNS)" \
 	    --iters $(COMM_ITERS) --warmup $(COMM_WARMUP) $(if $(strip $(COMM_MAX)),--max-bytes $(COMM_MAX)) \
 	    $(if $(strip $(COMM_SIZES)),--sizes "$(COMM_SIZES)") \
 	    $(if $(strip $(COMM_GAP_MS)),--gap-ms "$(COMM_GAP_MS)") \
 	    $(if $(strip $(COMM_COLLECTIVES)),--collectives "$(COMM_COLLECTIVES)") $(ARGS)
 bench-projection: setup
-	$(PY) -m workloads.bench_projection --runs-dir "$(RUNS)/bench-projection" $(ARGS)
+	$(PY) -m bench.projection --runs-dir "$(RUNS)/bench-projection" $(ARGS)
 
 # --- benchmarks (issue 8): every arm in one run, interleaved, >= 3 repeats, medians and ratios ---
 # BENCH_OUT: a .json file, or a folder for <folder>/<name>.json (default reports/bench/<name>.json).
@@ -163,10 +163,10 @@ SCALING  ?= strong
 SWEEP    ?=
 .PHONY: profile-sweep
 profile-sweep: setup
-	$(PY) -m workloads.sweep $(if $(filter command line,$(origin NPROCS)),--nprocs "$(NPROCS)") \
+	$(PY) -m workloads.tools.sweep $(if $(filter command line,$(origin NPROCS)),--nprocs "$(NPROCS)") \
 	    --modes "$(MODES)" --backends "$(BACKENDS)" --seeds "$(SEEDS)" --scaling "$(SCALING)" \
 	    $(if $(SWEEP),--sweep "$(SWEEP)") $(RUN_FLAGS) $(ARGS)
 
 .PHONY: bench-report
 bench-report: setup
-	$(PY) -m analysis.report.bench --out $(if $(filter %.json,$(BENCH_OUT)),$(BENCH_OUT),$(or $(BENCH_OUT),reports/bench)/report.json)
+	$(PY) -m bench.report --out $(if $(filter %.json,$(BENCH_OUT)),$(BENCH_OUT),$(or $(BENCH_OUT),reports/bench)/report.json)

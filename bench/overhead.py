@@ -40,8 +40,8 @@ def plain_loop(model_name: str, batch: int, steps: int, warmup: int, device: str
     import torch.nn.functional as F
 
     from workloads.config import TrainConfig
-    from workloads.models import build_model
     from workloads.plan import cpu_cores
+    from workloads.train.models import build_model
 
     cfg = TrainConfig()
     dev = torch.device("cuda" if device != "cpu" and torch.cuda.is_available() else "cpu")

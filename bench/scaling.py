@@ -21,7 +21,7 @@ from pathlib import Path
 
 import psutil
 
-from analysis.bench import DPSCOPE_JOB, build_trace_set
+from bench.analysis import DPSCOPE_JOB, build_trace_set
 from bench.common import REPO, bench_out, interleaved, median, run_tree, write_json
 
 __all__ = ["main"]

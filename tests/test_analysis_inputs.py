@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from analysis.errors import AnalysisError
-from analysis.traces import analyze_trace_dir
+from analysis.trace.folder import analyze_trace_dir
 from tests.conftest import REPO, SHARED, run_in_repo
 
 PAIR = SHARED / "traces" / "hta" / "trace_filter"
@@ -153,9 +153,9 @@ def test_json_is_written_even_when_the_reader_closes_the_pipe(tmp_path):
 
 def test_analysis_never_imports_torch():
     code = (
-        "import sys, analysis, analysis.cli, analysis.runs, analysis.traces, analysis.rank, "
-        "analysis.collectives, analysis.classify, analysis.loader, analysis.intervals\n"
-        "from analysis.traces import analyze_trace_dir\n"
+        "import sys, analysis, analysis.cli, analysis.runs.compare, analysis.trace.folder, analysis.trace.rank, "
+        "analysis.trace.collectives, analysis.trace.classify, analysis.trace.loader, analysis.trace.intervals\n"
+        "from analysis.trace.folder import analyze_trace_dir\n"
         f"analyze_trace_dir({str(TB_NCCL)!r}, progress=False)\n"
         "assert 'torch' not in sys.modules, 'analysis imported torch'"
     )

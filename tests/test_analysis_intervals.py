@@ -7,8 +7,8 @@ import json
 import numpy as np
 import pytest
 
-from analysis.intervals import clip, intersection_us, merge, total_us, union_us
-from analysis.rank import summarize_file
+from analysis.trace.intervals import clip, intersection_us, merge, total_us, union_us
+from analysis.trace.rank import summarize_file
 
 
 def iv(*pairs: tuple[float, float]) -> tuple[np.ndarray, np.ndarray]:

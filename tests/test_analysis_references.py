@@ -11,7 +11,7 @@ import shutil
 
 import pytest
 
-from analysis.traces import analyze_trace_dir
+from analysis.trace.folder import analyze_trace_dir
 from tests.conftest import SHARED
 
 HTA = SHARED / "traces" / "hta"

@@ -8,9 +8,9 @@ import shutil
 
 import pytest
 
-from analysis.run_entry import _memory
-from analysis.runs import compare_runs
-from analysis.traces import analyze_trace_dir
+from analysis.runs.compare import compare_runs
+from analysis.runs.entry import _memory
+from analysis.trace.folder import analyze_trace_dir
 from tests.conftest import read_run
 
 
@@ -19,7 +19,7 @@ def test_gloo_allreduce_calls_and_bytes_are_exact(ddp_mlp_run):
     (analysed steps × buckets) gloo:all_reduce calls carrying 4 bytes per parameter each step."""
     import torch  # the test derives the size from the model itself; analysis/ never imports torch
 
-    from workloads.models import build_model
+    from workloads.train.models import build_model
 
     rec = read_run(ddp_mlp_run)
     params = sum(p.numel() for p in build_model("mlp", num_classes=10).parameters())

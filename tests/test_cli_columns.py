@@ -3,8 +3,8 @@ the same headers, units and number formats, and one byte convention per table.""
 
 from __future__ import annotations
 
-from analysis.cli import print_traces
-from analysis.report.columns import (
+from analysis.cli.main import print_traces
+from analysis.columns import (
     BYTE_UNITS,
     CLI_COLLECTIVE_COLS,
     CLI_RANK_COLS,
@@ -13,7 +13,7 @@ from analysis.report.columns import (
     MEMORY_COLS,
     SUMMARY_COLS,
 )
-from analysis.traces import analyze_trace_dir
+from analysis.trace.folder import analyze_trace_dir
 from tests.conftest import SHARED
 
 TB_NCCL = SHARED / "traces" / "tbplugin" / "test_distributed_nccl"

@@ -20,12 +20,12 @@ import psutil
 import pytest
 import torch
 
-from analysis.traces import analyze_trace_dir
+from analysis.trace.folder import analyze_trace_dir
 from tests.conftest import REPO, read_run
-from workloads.faults import NonFiniteLoss, classify
-from workloads.heartbeat import read_heartbeats
-from workloads.runlog import finalize
-from workloads.supervise import Outcome
+from workloads.launch.faults import NonFiniteLoss, classify
+from workloads.launch.heartbeat import read_heartbeats
+from workloads.launch.runlog import finalize
+from workloads.launch.supervise import Outcome
 
 DDP = "--mode ddp --nproc 2 --backend gloo --model mlp --dataset synthetic --batch-size 64".split()
 CPU = ["--device", "cpu", "--seed", "0"]
@@ -291,7 +291,7 @@ def test_a_half_written_trace_is_skipped_with_one_line(ddp_mlp_run, tmp_path):
 def test_the_report_lists_failed_runs_with_kind_and_one_line(runs_dir, failed_runs):
     from analysis.report.findings import findings
     from analysis.report.tables import run_reason
-    from analysis.runs import compare_runs
+    from analysis.runs.compare import compare_runs
 
     data = compare_runs([runs_dir / rid for rid in FAILING], progress=False, traces=False)
     reasons = {r["run_id"]: run_reason(r) for r in data["runs"]}

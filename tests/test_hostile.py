@@ -20,12 +20,12 @@ from pathlib import Path
 
 import pytest
 
-from analysis.cli import main as analysis_main
+from analysis.cli.main import main as analysis_main
 from analysis.errors import unexpected
 from analysis.jsonsafe import finite_json
 from analysis.report.__main__ import main as report_main
-from analysis.runs import compare_runs
-from analysis.traces import analyze_trace_dir
+from analysis.runs.compare import compare_runs
+from analysis.trace.folder import analyze_trace_dir
 from tests.conftest import REPO, read_run
 
 DEEP = 100_000  # levels of nesting: far past any recursion limit

@@ -12,10 +12,10 @@ import sys
 import pytest
 import torch
 
-from analysis.runs import compare_runs
+from analysis.runs.compare import compare_runs
 from tests.conftest import REPO, free_port, launch, read_run, run_in_repo
-from workloads import launch as launcher
-from workloads.train import main as train_main
+from workloads.launch import launcher as launcher
+from workloads.train.loop import main as train_main
 
 FAST = "--model mlp --dataset synthetic --max-steps 4 --batch-size 32 --epochs 1 --no-profile --device cpu".split()
 

@@ -13,12 +13,12 @@ import numpy as np
 import pytest
 import torch
 
-from analysis.loader import Event
-from analysis.memory import MemoryAccumulator, downsample, memory_summary
-from analysis.runs import compare_runs
-from analysis.traces import analyze_trace_dir
+from analysis.runs.compare import compare_runs
+from analysis.trace.folder import analyze_trace_dir
+from analysis.trace.loader import Event
+from analysis.trace.memory import MemoryAccumulator, downsample, memory_summary
 from tests.conftest import TINY, launch, read_run
-from workloads.models import build_model
+from workloads.train.models import build_model
 
 MLP = build_model("mlp", num_classes=10)
 PARAM_BYTES = sum(p.numel() * 4 for p in MLP.parameters())  # fp32: 4 bytes per element
@@ -273,7 +273,7 @@ def test_parameters_viewing_one_storage_count_it_once() -> None:
 
 
 def test_malformed_breakdown_in_run_json_is_dropped_not_fatal() -> None:
-    from analysis.memory import breakdown_entries, fill_dynamic
+    from analysis.trace.memory import breakdown_entries, fill_dynamic
 
     assert breakdown_entries("junk") == [] and breakdown_entries(None) == []
     entries = breakdown_entries(

@@ -8,10 +8,10 @@ import shutil
 
 import pytest
 
-from analysis.cli import main
-from analysis.ops import kernel_key
-from analysis.opsdiff import diff_runs
-from analysis.traces import analyze_trace_dir
+from analysis.cli.main import main
+from analysis.runs.opdiff import diff_runs
+from analysis.trace.folder import analyze_trace_dir
+from analysis.trace.ops import kernel_key
 from tests.conftest import TINY, launch, read_run
 
 PINNED = {

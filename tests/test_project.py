@@ -18,12 +18,17 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from analysis.cli import main as analysis_main
-from analysis.collectives import bus_factor
-from analysis.comm import COMM_COLUMNS, collective_time_us, fit_alpha_beta, with_measured_curve
-from analysis.project import project, unprofiled_steps
-from analysis.project_model import ddp_buckets, expected_max, simulate_step
-from analysis.runs import compare_runs
+from analysis.cli.main import main as analysis_main
+from analysis.project.comm import (
+    COMM_COLUMNS,
+    collective_time_us,
+    fit_alpha_beta,
+    with_measured_curve,
+)
+from analysis.project.model import ddp_buckets, expected_max, simulate_step
+from analysis.project.projection import project, unprofiled_steps
+from analysis.runs.compare import compare_runs
+from analysis.trace.collectives import bus_factor
 from tests.conftest import REPO, read_run
 
 COLLECTIVES = {
@@ -37,7 +42,7 @@ COLLECTIVES = {
 
 def _bench(args: list[str]) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "-m", "workloads.bench_comm", *args],
+        [sys.executable, "-m", "workloads.comm.bench", *args],
         cwd=REPO,
         capture_output=True,
         text=True,
@@ -90,7 +95,7 @@ def test_bench_comm_writes_a_checked_comm_run(comm_run):
     ],
 )
 def test_bench_comm_bad_input_is_one_line(tmp_path, capsys, args, match):
-    from workloads import bench_comm
+    from workloads.comm import bench as bench_comm
 
     assert bench_comm.main(["--runs-dir", str(tmp_path), *args]) == 2  # refused before torchrun
     err = capsys.readouterr().err
@@ -132,7 +137,7 @@ def test_measured_curve_gives_the_benchmark_back():
 def test_ddp_buckets_match_torch_and_the_real_reducer(ddp_mlp_run):
     import torch.distributed as dist
 
-    from workloads.models import build_model
+    from workloads.train.models import build_model
 
     for name in ("resnet18", "mlp", "smallcnn"):
         params = [p for p in build_model(name, num_classes=10).parameters() if p.requires_grad]
@@ -366,9 +371,9 @@ def test_threads_reach_torch_and_train_argv():
     import torch
 
     from workloads.config import TrainConfig, to_argv
-    from workloads.context import RunContext
     from workloads.plan import Environment, plan
-    from workloads.train import _set_threads, build_parser
+    from workloads.train.context import RunContext
+    from workloads.train.loop import _set_threads, build_parser
 
     before = torch.get_num_threads()
     cpu = torch.device("cpu")
@@ -515,8 +520,8 @@ def test_the_gap_warning_goes_once_the_comm_run_matches(tmp_path):
 
 
 def test_the_trainer_records_buffer_bytes_by_dtype(single_mlp_run):
-    from workloads.finish import _buffer_bytes_by_dtype
-    from workloads.models import build_model
+    from workloads.train.finish import _buffer_bytes_by_dtype
+    from workloads.train.models import build_model
 
     assert read_run(single_mlp_run)["metrics"]["buffer_bytes_by_dtype"] == {}  # no buffers
     cnn = build_model("smallcnn", num_classes=10)  # three BatchNorms: 32 + 64 + 128 channels
@@ -565,7 +570,7 @@ def test_bench_projection_gaps_follow_the_workloads_collectives(single_mlp_run, 
     """The compute bench-projection asks the comm run to leave before each collective: the whole
     step for a model without buffers (the all-reduce is the step's only collective), else forward
     + backward before the all-reduce and the rest of the step before the buffer broadcast."""
-    from workloads.bench_projection import compute_gaps_ms
+    from bench.projection import compute_gaps_ms
 
     steps = pd.read_csv(single_mlp_run / "steps.csv")
     body = steps[(steps["warmup"] == 0) & (steps["profiled"] == 0)]  # the projection's steps

@@ -5,7 +5,7 @@ real runs is in test_report.py."""
 from __future__ import annotations
 
 from analysis.report.findings import THRESHOLDS, findings
-from analysis.run_entry import _memory
+from analysis.runs.entry import _memory
 
 GIB = 2**30
 

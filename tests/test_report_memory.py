@@ -12,7 +12,7 @@ import pytest
 
 from analysis.report.build import write_report
 from analysis.report.memory_section import floor_bytes, memory_findings, timeline_figure
-from analysis.runs import compare_runs
+from analysis.runs.compare import compare_runs
 from tests.test_report import Page, same
 
 MIB = 2**20

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from analysis.report import build_report
-from analysis.report.bench import make_demo, make_sweep
+from bench.report import make_demo, make_sweep
 from tests.test_report_browser import chromium
 
 

@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from analysis.bench import build_trace_set
 from analysis.errors import AnalysisError
-from analysis.shard import analyze_shard, merge_parts, parse_shard
-from analysis.traces import analyze_trace_dir
+from analysis.trace.folder import analyze_trace_dir
+from analysis.trace.shard import analyze_shard, merge_parts, parse_shard
+from bench.analysis import build_trace_set
 from tests.conftest import REPO, SHARED
 
 TRACE_FILTER = SHARED / "traces" / "hta" / "trace_filter"

@@ -11,14 +11,22 @@ import sys
 import pytest
 
 from tests.conftest import REPO, read_run
-from workloads import sweep
+from workloads.tools import sweep
 
 FAST = "--model mlp --dataset synthetic --max-steps 4 --batch-size 32 --no-profile --device cpu"
 
 
 def _sweep(args: list[str], runs) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "-m", "workloads.sweep", *args, "--runs-dir", str(runs), *FAST.split()],
+        [
+            sys.executable,
+            "-m",
+            "workloads.tools.sweep",
+            *args,
+            "--runs-dir",
+            str(runs),
+            *FAST.split(),
+        ],
         cwd=REPO,
         capture_output=True,
         text=True,

@@ -16,7 +16,7 @@ import pytest
 from torch_tb_profiler.profiler.data import DistributedRunProfileData, RunProfileData
 from torch_tb_profiler.profiler.run_generator import DistributedRunGenerator
 
-from analysis.traces import analyze_trace_dir
+from analysis.trace.folder import analyze_trace_dir
 from tests.conftest import SHARED
 
 PARTS = ("computation", "overlapping", "communication", "other")

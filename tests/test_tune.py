@@ -1,4 +1,4 @@
-"""Issue 10: `make tune-ddp` (workloads.tune). Real trials through the real launcher (torchrun,
+"""Issue 10: `make tune-ddp` (workloads.tools.tune). Real trials through the real launcher (torchrun,
 gloo), kept tiny: the MLP, 6 steps, TRIALS=1 and a restricted candidate list. The statistics are
 checked against scipy (an independent implementation) and against numbers recomputed here from
 the trial run folders; nothing is timed."""
@@ -16,10 +16,10 @@ import pytest
 from scipy.stats import mannwhitneyu
 
 from analysis.report.build import write_report
-from analysis.runs import compare_runs
+from analysis.runs.compare import compare_runs
 from tests.conftest import REPO
-from workloads import tune_stats
-from workloads.tune import main as tune_main
+from workloads.tools import tune_stats
+from workloads.tools.tune import main as tune_main
 
 TINY = "--model mlp --dataset synthetic --batch-size 64 --max-steps 6 --device cpu --nproc 2"
 TINY += " --backend gloo --no-progress"
@@ -27,7 +27,7 @@ TINY += " --backend gloo --no-progress"
 
 def run_tune(args: list[str], *, env: dict | None = None) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "-m", "workloads.tune", *TINY.split(), *args],
+        [sys.executable, "-m", "workloads.tools.tune", *TINY.split(), *args],
         cwd=REPO,
         env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})},
         capture_output=True,
@@ -203,7 +203,7 @@ def test_bad_input_is_one_line_and_writes_nothing(tmp_path, capsys, args, match)
     argv = ["--model", "mlp", "--nproc", "2", "--runs-dir", str(tmp_path / "runs"), *args]
     assert tune_main(argv) == 2
     err = capsys.readouterr().err.strip()
-    assert err.count("\n") == 0 and match in err and err.startswith("workloads.tune: error:")
+    assert err.count("\n") == 0 and match in err and err.startswith("workloads.tools.tune: error:")
     assert not (tmp_path / "runs").exists()
 
 

@@ -15,13 +15,13 @@ import pytest
 import torch
 
 from tests.conftest import launch, read_run
-from workloads.checkpoint import load_checkpoint
 from workloads.config import TrainConfig, batch_split, config_record, to_argv
-from workloads.context import AutocastForward, unwrap_model
-from workloads.data import GlobalBatchSampler
 from workloads.plan import Environment, plan
-from workloads.summary import best_epoch, step_metrics
-from workloads.train import build_parser
+from workloads.train.checkpoint import load_checkpoint
+from workloads.train.context import AutocastForward, unwrap_model
+from workloads.train.data import GlobalBatchSampler
+from workloads.train.loop import build_parser
+from workloads.train.summary import best_epoch, step_metrics
 
 # The field lists of docs/run-folder.md.
 RUN_KEYS = set(

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 
 from profiler.record import SCHEMA_VERSION, collect_env
 from profiler.session import ProfileConfig
-from workloads.runlog import utc_now
+from workloads.launch.runlog import utc_now
 
 if TYPE_CHECKING:  # plan.py imports this module
     from workloads.plan import Plan

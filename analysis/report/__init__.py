@@ -1,7 +1,7 @@
 """The HTML report: figures, tables and plain-language findings over `compare_runs` output.
 
 This is the only place in dpscope that plots (matplotlib Agg backend via seaborn). It consumes the
-runs JSON of `analysis.runs.compare_runs` (schema in docs/analysis.md) and never imports torch.
+runs JSON of `analysis.runs.compare.compare_runs` (schema in docs/analysis.md) and never imports torch.
 
     python -m analysis.report RUNS [RUNS ...] --out REPORT_DIR
 """
@@ -14,7 +14,7 @@ __all__ = ["ReportError", "ReportFiles", "build_report", "write_report"]
 
 
 def __getattr__(name: str) -> Any:
-    # Lazy: the analysis CLI imports analysis.report.columns without matplotlib and jinja2.
+    # Lazy: the analysis CLI imports analysis.columns without matplotlib and jinja2.
     if name in __all__:
         from analysis.report import build
 

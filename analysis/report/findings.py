@@ -10,7 +10,7 @@ import statistics
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from analysis.runs import WORKLOAD_KEY
+from analysis.runs.compare import WORKLOAD_KEY
 
 __all__ = ["Finding", "THRESHOLDS", "findings"]
 

@@ -14,11 +14,11 @@ import matplotlib.pyplot as plt
 import pandas as pd
 import seaborn as sns
 
-from analysis.report.columns import C, mib
+from analysis.columns import C, mib
 from analysis.report.figures import MIB, _theme, _uri
 from analysis.report.findings import Finding, _name
 from analysis.report.tables import Table
-from analysis.runs import workload_key
+from analysis.runs.compare import workload_key
 
 __all__ = ["BREAKDOWN_COLS", "context", "floor_bytes", "memory_findings"]
 

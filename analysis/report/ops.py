@@ -10,9 +10,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from analysis.opsdiff import diff_entries
-from analysis.report.columns import C
+from analysis.columns import C
 from analysis.report.tables import Table
+from analysis.runs.opdiff import diff_entries
 
 __all__ = ["ops_context"]
 

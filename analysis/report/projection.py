@@ -13,7 +13,7 @@ import matplotlib.pyplot as plt
 import pandas as pd
 import seaborn as sns
 
-from analysis.projection_runs import FINDING_RANKS
+from analysis.project.runs import FINDING_RANKS
 from analysis.report.figures import _theme, _uri
 
 __all__ = ["REPLAY_GOAL_PCT", "projection_context"]

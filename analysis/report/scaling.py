@@ -46,7 +46,7 @@ def group_label(group: dict[str, Any], *, show: tuple[str, ...] = ("workload", "
         out.append(f"{group.get('model')}/{group.get('dataset')}")
     if "os" in show:
         out.append(str(group.get("os")))
-    # The rest of the same-workload key (analysis.runs.WORKLOAD_KEY), where groups differ by it:
+    # The rest of the same-workload key (analysis.runs.compare.WORKLOAD_KEY), where groups differ by it:
     # two groups must never share a label (bars with one label are pooled).
     out += [_VARIANT[k](group.get(k)) for k in _VARIANT if k in show]
     return " · ".join(out)
@@ -198,7 +198,7 @@ def scaling_frame(data: dict[str, Any]) -> pd.DataFrame:
         df[col] = pd.to_numeric(df[col], errors="coerce")
     backend = df["backend"].where(~df["backend"].isin(["none", "dp"]) & df["backend"].notna(), "")
     df["series"] = df["mode"].astype(str) + backend.map(lambda b: f" ({b})" if b else "")
-    # Never pool across the same-workload key (analysis.runs.WORKLOAD_KEY): the batch that
+    # Never pool across the same-workload key (analysis.runs.compare.WORKLOAD_KEY): the batch that
     # scaling fixes, amp, device type and OS split a curve when the report mixes them.
     for col in ("fixed_batch", "amp", "device_type", "os"):
         if df[col].nunique(dropna=False) > 1:

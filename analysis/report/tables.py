@@ -14,7 +14,7 @@ from urllib.parse import quote
 
 import pandas as pd
 
-from analysis.report.columns import (
+from analysis.columns import (
     ACCURACY_COLS,
     COLLECTIVE_COLS,
     ENV_COLS,

@@ -1,0 +1,250 @@
+"""`python -m analysis traces DIR`, `runs RUNS_DIR...`, `ops RUN`, `diff RUN_A RUN_B`: tables
+and JSON.
+
+`traces DIR --shard K/N --json PART` and `merge PART... --json OUT` split the traces analysis
+over many jobs (analysis/shard.py).
+
+Bad input never shows a traceback: AnalysisError becomes one `error: ...` line on stderr and exit
+code 2; per-file problems are printed as one line each while the good files are still analysed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from analysis.columns import (
+    CLI_COLLECTIVE_COLS,
+    CLI_GROUP_COLS,
+    CLI_RANK_COLS,
+    CLI_RUN_COLS,
+    CLI_STRAGGLER_COLS,
+    Column,
+    fmt,
+)
+from analysis.errors import AnalysisError
+from analysis.jsonsafe import clip, finite_json
+from analysis.outputs import check_json_out
+from profiler.atomic import write_json_atomic
+
+__all__ = ["main"]
+
+PHASES = ("data", "forward", "backward", "optimizer")
+
+
+def _table(rows: list[dict], columns: list[Column]) -> str:
+    """Render `rows` as a plain aligned table with the report's headers, units and formats."""
+    if not rows:
+        return "(none)"
+    frame = pd.DataFrame(
+        # Record strings can be megabytes long: clipped for display, whole in the JSON.
+        [{c.header: fmt(clip(r.get(c.key)), c, r) for c in columns} for r in rows],
+        columns=[c.header for c in columns],
+    )
+    return frame.to_string(index=False)
+
+
+def _write_json(result: dict, out: Path | None) -> None:
+    """Write the JSON atomically (a reader never sees half a file); an unwritable OUT is one
+    AnalysisError line, never a traceback."""
+    if out is None:
+        return
+    # The results are already finite (finite_json); this keeps a later change from writing NaN.
+    finite_json(result, result.setdefault("warnings", []))
+    try:
+        write_json_atomic(out, result)
+    except OSError as err:
+        raise AnalysisError(
+            out, f"cannot write the JSON ({err.strerror})", "pass a writable file path to --json"
+        ) from None
+
+
+def print_traces(result: dict) -> None:
+    """Per-rank, per-collective and straggler tables of a traces JSON."""
+    print(
+        f"traces: {result['trace_dir']}  kind={result['kind']}  world_size={result['world_size']}"
+    )
+    rows = [{**r, **{f"tb_{k}": v for k, v in r["tb_split"].items()}} for r in result["ranks"]]
+    print(_table(rows, CLI_RANK_COLS))
+    if result["collectives"]:
+        print("\ncollectives (per rank, mean over ranks; MB = 10⁶ bytes, GB = 10⁹ bytes)")
+        print(_table(result["collectives"], CLI_COLLECTIVE_COLS))
+    if len(result["stragglers"]) > 1:
+        print("\nstragglers (start skew of matching collectives vs the earliest rank)")
+        print(_table(result["stragglers"], CLI_STRAGGLER_COLS))
+        spread = result["step_time_spread"]
+        if spread:
+            us = Column(key="us", label="", kind="num", digits=1)
+            print(
+                f"step-time spread: min {fmt(spread['min_us'], us)} µs, max "
+                f"{fmt(spread['max_us'], us)} µs, spread {fmt(spread['spread_pct'], us)} %"
+            )
+    for warning in result.get("warnings", []):
+        print(f"warning: {warning}")
+    _print_skipped(result["skipped"], "file")
+
+
+def _print_skipped(skipped: list[dict], key: str) -> None:
+    if skipped:
+        print(f"\nskipped {len(skipped)}:")
+        for s in skipped:
+            print(f"  {s[key]}: {s['reason']}")
+
+
+def print_runs(result: dict) -> None:
+    """Run and group tables of a runs JSON."""
+    ms = Column(key="ms", label="", kind="num", digits=1)
+    rows = [
+        {
+            **r,
+            "phases_ms": "/".join(fmt(r["phases_s"][p] * 1e3, ms) for p in PHASES)
+            if r["phases_s"]
+            else None,
+        }
+        for r in result["runs"]
+    ]
+    print(_table(rows, CLI_RUN_COLS))
+    for run in result["runs"]:
+        if run["error"]:
+            print(f"  {clip(run['run_id'])}: {run['status']}: {clip(run['error'].get('message'))}")
+        for warning in run["warnings"]:
+            print(f"  warning: {clip(warning)}")
+    for warning in result.get("warnings", []):
+        print(f"warning: {warning}")
+    if result.get("invalid"):
+        print(f"\ninvalid {len(result['invalid'])}:")
+        for bad in result["invalid"]:
+            print(f"  {clip(bad['reason'])}")
+    if result["groups"]:
+        print("\ngroups (mean ± sample std over seeds)")
+        print(_table(result["groups"], CLI_GROUP_COLS))
+    for tune in result.get("tunes", []):  # make tune-ddp folders: their verdict, not their trials
+        best = tune["best"]
+        verdict = f"best {best['name']}" if best else "no knob beat the run-to-run noise"
+        print(f"\ntune {tune['tune_id']} ({tune['status']}): {verdict}\n  {tune['command']}")
+    _print_skipped(result["skipped"], "path")
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m analysis", description=__doc__.splitlines()[0])
+    sub = p.add_subparsers(dest="command", required=True)
+    t = sub.add_parser("traces", help="analyse one folder of per-rank Kineto traces")
+    t.add_argument("trace_dir", type=Path)
+    t.add_argument("--workers", type=int, default=None, help="load processes (default: cores)")
+    t.add_argument(
+        "--shard",
+        default=None,
+        metavar="K/N",
+        help="reduce only shard K of N (files by sorted path, i mod N) into a part for `merge`",
+    )
+    m = sub.add_parser("merge", help="merge the parts of `traces DIR --shard K/N` into one JSON")
+    m.add_argument("parts", type=Path, nargs="+", metavar="PART")
+    r = sub.add_parser("runs", help="compare run folders (speedup, memory, accuracy, comm)")
+    r.add_argument("runs_dirs", type=Path, nargs="+", metavar="RUNS_DIR")
+    r.add_argument("--no-traces", action="store_true", help="skip trace analysis")
+    from analysis.cli import ops as opscli  # `ops` and `diff`
+    from analysis.cli.project import add_parser
+
+    for s in (t, r, m, *opscli.add_parsers(sub), add_parser(sub)):
+        s.add_argument("--json", type=Path, default=None, metavar="OUT", help="write JSON here")
+        s.add_argument("--no-progress", action="store_true", help="no progress bar")
+    return p
+
+
+def _shard(args: argparse.Namespace, progress: bool) -> int:
+    """`traces DIR --shard K/N --json PART`: write shard K's part; no tables (a part is half-done)."""
+    from analysis.trace.shard import analyze_shard, parse_shard
+
+    parse_shard(args.shard)  # a bad K/N is one line before any file is read
+    if args.json is None:
+        raise AnalysisError(
+            "--shard", "needs --json PART to write the part to", "add --json part-K.json"
+        )
+    part = analyze_shard(args.trace_dir, args.shard, workers=args.workers, progress=progress)
+    _write_json(part, args.json)
+    print(
+        f"shard {part['shard']}/{part['shards']}: {len(part['shard_files'])} of "
+        f"{len(part['files'])} files, {len(part['summaries'])} reduced, "
+        f"{len(part['skipped'])} skipped; wrote {args.json}"
+    )
+    for s in part["skipped"]:
+        print(f"  skipped {s['file']}: {s['reason']}")
+    return 0
+
+
+def _check_out(args: argparse.Namespace) -> None:
+    """Refuse a bad --json before any work: empty, a folder, an input or inside an input."""
+    if args.json is None:
+        return
+    if args.command == "traces":
+        from analysis.trace.folder import find_trace_files
+
+        files = find_trace_files(args.trace_dir)
+        folders = [args.trace_dir] if args.trace_dir.is_dir() else []
+        check_json_out(args.json, files, folders)
+    elif args.command == "merge":  # never over one of the parts being merged
+        check_json_out(args.json, args.parts)
+    else:  # runs, ops, diff, project: never inside one of the run folders read
+        from analysis.runs.compare import find_run_dirs
+
+        names = ("runs_dirs", "run", "run_a", "run_b", "comm", "measured", "batch_runs")
+        inputs = [p for n in names for p in _as_list(getattr(args, n, None))]
+        check_json_out(args.json, [], find_run_dirs(inputs)[0])
+
+
+def _as_list(value: Any) -> list:
+    return [] if value is None else value if isinstance(value, list) else [value]
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    progress = not args.no_progress
+    try:
+        _check_out(args)
+        if args.command == "traces" and args.shard is not None:
+            return _shard(args, progress)
+        if args.command == "project":
+            from analysis.cli.project import print_projection, run
+
+            result, show = run(args), print_projection
+        elif args.command == "traces":
+            from analysis.trace.folder import analyze_trace_dir
+
+            result = analyze_trace_dir(args.trace_dir, workers=args.workers, progress=progress)
+            show = print_traces
+        elif args.command == "merge":
+            from analysis.trace.shard import merge_parts
+
+            result = merge_parts(args.parts)
+            show = print_traces
+        elif args.command == "runs":
+            from analysis.runs.compare import compare_runs
+
+            result = compare_runs(args.runs_dirs, progress=progress, traces=not args.no_traces)
+            show = print_runs
+        else:
+            from analysis.cli import ops as opscli
+
+            result, show = opscli.run(args)
+        _write_json(result, args.json)  # before the tables: a closed pipe must not lose it
+        show(result)
+        if args.json is not None:
+            print(f"wrote {args.json}")
+        if args.command == "runs" and not result["runs"] and not result.get("tunes"):
+            # every folder was invalid: nothing usable
+            where = ", ".join(map(str, args.runs_dirs))
+            raise AnalysisError(
+                where, "no run could be analysed", "fix or remove the invalid run folders listed"
+            )
+    except AnalysisError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    except BrokenPipeError:  # `... | head`: the reader left; say nothing more
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1
+    return 0

@@ -1,0 +1,89 @@
+"""Tables for `python -m analysis ops` and `python -m analysis diff` (the JSON is the result)."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from analysis.cli.main import _table
+from analysis.columns import C, fmt, without
+from analysis.report.ops import OPS_COLS, diff_columns
+
+US = C(key="us", label="", kind="num", digits=1)
+# A/B columns of `analysis diff`, in the report's Column spec (headers carry the units).
+DIFF_OP_COLS = diff_columns(" A", " B", digits=1)
+DIFF_PHASE_COLS = [
+    C(key="phase", label="Phase"),
+    C(key="a_s", label="A", unit="ms/step", kind="num", digits=2, scale=1e3),
+    C(key="b_s", label="B", unit="ms/step", kind="num", digits=2, scale=1e3),
+    C(key="delta_s", label="Δ", unit="ms/step", kind="num", digits=2, scale=1e3),
+    C(key="delta_pct", label="Δ", unit="%", kind="num", digits=2),
+]
+DIFF_COLLECTIVE_COLS = [
+    C(key="name", label="Collective"),
+    C(key="status", label="Status"),
+    C(key="calls_per_step_a", label="Calls A", unit="per step", kind="num", digits=1),
+    C(key="calls_per_step_b", label="Calls B", unit="per step", kind="num", digits=1),
+    C(key="latency_us_per_step_a", label="Latency A", unit="µs/step", kind="num", digits=1),
+    C(key="latency_us_per_step_b", label="Latency B", unit="µs/step", kind="num", digits=1),
+    C(key="delta_us_per_step", label="Δ latency", unit="µs/step", kind="num", digits=1),
+]
+
+__all__ = ["add_parsers", "print_diff", "print_ops", "run"]
+
+
+def add_parsers(sub: argparse._SubParsersAction) -> list[argparse.ArgumentParser]:
+    o = sub.add_parser("ops", help="top operators per rank by self time per step")
+    o.add_argument("run", type=Path, metavar="RUN", help="a run folder (runs/<run_id>)")
+    o.add_argument("--top", type=int, default=30, help="operators per rank (default 30)")
+    d = sub.add_parser("diff", help="operators, phases and collectives of RUN_B vs RUN_A")
+    d.add_argument("run_a", type=Path, metavar="RUN_A")
+    d.add_argument("run_b", type=Path, metavar="RUN_B")
+    d.add_argument("--rank", type=int, default=0, help="rank compared on both sides (default 0)")
+    d.add_argument("--top", type=int, default=30, help="operator rows printed (JSON: all)")
+    return [o, d]
+
+
+def run(args: argparse.Namespace) -> tuple[dict, callable]:
+    """(result, printer) for an `ops` or `diff` command."""
+    from analysis.runs.opdiff import diff_runs, run_ops
+
+    if args.command == "ops":
+        return run_ops(args.run, top=args.top), print_ops
+    result = diff_runs(args.run_a, args.run_b, rank=args.rank)
+    return result, lambda r: print_diff(r, top=args.top)
+
+
+def print_ops(result: dict) -> None:
+    print(f"operators: {result['run_id']}  kind={result['kind']}  (per analysed step)")
+    for r in result["ranks"]:
+        t = r["self_us_per_step"]
+        print(
+            f"\nrank {r['rank']}: {r['steps']} steps, step {fmt(r['step_time_us_mean'], US)} µs; "
+            f"self µs/step by timeline: training thread {fmt(t['training_thread'], US)},"
+            f" other threads {fmt(t['other_threads'], US)}, GPU {fmt(t['gpu'], US)}"
+        )
+        print(_table(r["ops"], OPS_COLS))  # the report's Operators columns
+    for w in result["warnings"]:
+        print(f"warning: {w}")
+
+
+def print_diff(result: dict, *, top: int = 30) -> None:
+    a, b = result["a"], result["b"]
+    print(
+        f"diff: B = {b['run_id']} (rank {b['rank']}) vs A = {a['run_id']} (rank {a['rank']}),"
+        " per analysed step"
+    )
+    st = result["step_time_us"]
+    print(f"step µs: A {fmt(st['a'], US)}, B {fmt(st['b'], US)}, delta {fmt(st['delta'], US)}")
+    cols = DIFF_OP_COLS if result["per_sample"] else without(DIFF_OP_COLS, "delta_us_per_sample")
+    print(f"\noperators (top {top} by |delta|)")
+    print(_table(result["ops"][:top], cols))
+    if result["phases"]:
+        print("\nphases (steps.csv, per step)")
+        print(_table(result["phases"], DIFF_PHASE_COLS))
+    if result["collectives"]:
+        print("\ncollectives (per step)")
+        print(_table(result["collectives"], DIFF_COLLECTIVE_COLS))
+    for w in result["warnings"]:
+        print(f"warning: {w}")

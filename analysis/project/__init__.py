@@ -1,0 +1,1 @@
+"""Scaling projection: comm benchmark runs, a training run's inputs, the model and the projection."""

@@ -1,0 +1,241 @@
+"""Collective benchmark results (`make bench-comm` run folders) and their latency–bandwidth model.
+
+A comm run folder holds `run.json` with `kind: "comm"` and `comm.csv` (one row per collective and
+message size). The α–β model of one collective over n ranks (ring algorithms, as NCCL uses for
+large messages and as nccl-tests' bus bandwidth assumes):
+
+    t(bytes, n) = steps(n) · α + bus_factor(n) · bytes / B
+
+with steps(n) = 2(n−1) for all_reduce and n−1 for the others, and bus_factor from
+`analysis.trace.collectives.bus_factor` (the factors the trace analysis uses). α (µs per step) and B
+(bus bandwidth, GB/s with GB = 1e9 B) are fitted to the measured medians by least squares on the
+relative error, so 4 B and 16 MiB messages weigh alike; the fit error is the mean and max of
+|model − measured| ÷ measured over the sizes.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from analysis.errors import AnalysisError
+from analysis.trace.collectives import bus_factor
+
+__all__ = [
+    "COMM_COLUMNS",
+    "collective_time_us",
+    "fit_alpha_beta",
+    "with_measured_curve",
+    "fit_all",
+    "idle_penalty_us",
+    "is_comm_run",
+    "load_comm_run",
+    "ring_steps",
+]
+
+COMM_COLUMNS = [
+    "collective",
+    "backend",
+    "world_size",
+    "bytes",
+    "iters",
+    "time_us_median",
+    "time_us_p95",
+    "algbw_gbps",
+    "busbw_gbps",
+]
+
+
+def ring_steps(collective: str, n: int) -> int:
+    """Latency steps of the ring algorithm: 2(n−1) for all_reduce, n−1 for the others."""
+    if n < 2:
+        return 0
+    return 2 * (n - 1) if "all_reduce" in collective else n - 1
+
+
+def collective_time_us(model: dict, nbytes: float, n: int) -> float:
+    """α–β time (µs) of one call moving `nbytes` over `n` ranks: steps(n)·α + factor(n)·bytes ÷ B,
+    B the fitted bus bandwidth, or B(bytes) from the model's measured `curve` when it has one."""
+    if n < 2:
+        return 0.0  # one rank: nothing to exchange
+    factor = bus_factor(model["collective"], n) or 1.0
+    curve = model.get("curve")
+    if curve:  # log-log interpolation between benchmarked sizes, flat beyond them
+        x = np.log(curve["bytes"])
+        bw = float(np.exp(np.interp(np.log(max(nbytes, 1.0)), x, np.log(curve["bus_gbps"]))))
+    else:
+        bw = model["bus_gbps"]
+    return ring_steps(model["collective"], n) * model["alpha_us"] + factor * nbytes / (bw * 1e3)
+
+
+def with_measured_curve(model: dict, nbytes: np.ndarray, time_us: np.ndarray) -> dict:
+    """`model` plus `curve`: the bus bandwidth at each benchmarked size once the fitted latency is
+    taken out, B(s) = factor(n₀)·s ÷ (t(s) − steps(n₀)·α). At the benchmark's own n the model
+    then gives back the measured medians exactly (protocol and algorithm changes between sizes
+    included), and other n still follow the ring formulas."""
+    n0, name = model["world_size"], model["collective"]
+    x = np.asarray(nbytes, dtype=float)
+    t = np.asarray(time_us, dtype=float)
+    keep = (x > 0) & (t > 0) & np.isfinite(t)
+    x, t = x[keep], t[keep]
+    order = np.argsort(x)
+    x, t = x[order], t[order]
+    factor = bus_factor(name, n0) or 1.0
+    latency = ring_steps(name, n0) * model["alpha_us"]
+    # latency above the measured time (noise at tiny sizes): keep at least 1% as transfer time
+    transfer = np.maximum(t - latency, 0.01 * t)
+    return {
+        **model,
+        "curve": {"bytes": x.tolist(), "bus_gbps": (factor * x / transfer / 1e3).tolist()},
+    }
+
+
+def idle_penalty_us(model: dict, nbytes: float) -> float:
+    """Extra µs a call pays when issued after compute rather than back-to-back, from the model's
+    `idle_penalty` ({bytes, us} at the benchmarked sizes: mean after the gap − mean back-to-back,
+    at least 0): linear in log size between them, flat beyond the range; 0 without one."""
+    pen = model.get("idle_penalty")
+    if not pen:
+        return 0.0
+    x, y = np.log(pen["bytes"]), np.asarray(pen["us"], dtype=float)
+    return float(np.interp(np.log(max(nbytes, 1.0)), x, y))
+
+
+def fit_alpha_beta(collective: str, n: int, nbytes: np.ndarray, time_us: np.ndarray) -> dict:
+    """Fit α (µs/step) and B (GB/s) of `collective` at `n` ranks to measured (bytes, µs) points."""
+    x = np.asarray(nbytes, dtype=float)
+    t = np.asarray(time_us, dtype=float)
+    keep = (x > 0) & (t > 0) & np.isfinite(t)
+    x, t = x[keep], t[keep]
+    steps = max(1, ring_steps(collective, n))
+    factor = bus_factor(collective, n) or 1.0
+    if x.size < 2:
+        raise ValueError(f"{collective}: need at least two message sizes to fit α and B")
+    # t = a + c·x with a = steps·α and c = factor / B (µs per byte); relative residuals.
+    design = np.column_stack([1 / t, x / t])
+    (a, c), *_ = np.linalg.lstsq(design, np.ones_like(t), rcond=None)
+    if c <= 0:  # latency-bound everywhere: bandwidth from the largest message alone
+        c = float(t[-1] / x[-1])
+        a = 0.0
+    if a < 0:  # bandwidth-bound everywhere: refit the slope alone
+        a, c = 0.0, float(np.sum(x / t) / np.sum((x / t) ** 2))
+    err = np.abs(a + c * x - t) / t * 100
+    return {
+        "collective": collective,
+        "world_size": int(n),
+        "alpha_us": float(a / steps),
+        "bus_gbps": float(factor / c / 1e3),
+        "steps": steps,
+        "bus_factor": factor,
+        "fit_error_pct_mean": float(err.mean()),
+        "fit_error_pct_max": float(err.max()),
+        "bytes_min": int(x.min()),
+        "bytes_max": int(x.max()),
+        "points": int(x.size),
+    }
+
+
+def fit_all(rows: pd.DataFrame) -> dict[str, dict]:
+    """One α–β fit per collective of a comm.csv frame (collectives with < 2 sizes are left out)."""
+    out = {}
+    for name, g in rows.groupby("collective", sort=False):
+        g = g.sort_values("bytes")
+        try:
+            out[str(name)] = fit_alpha_beta(
+                str(name), int(g["world_size"].iloc[0]), g["bytes"], g["time_us_median"]
+            )
+        except ValueError:
+            continue
+    return out
+
+
+def is_comm_run(run_dir: Path) -> bool:
+    """True when `run_dir/run.json` says `kind: "comm"` (a collective benchmark, not a training)."""
+    try:
+        rec = json.loads((Path(run_dir) / "run.json").read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError):
+        return False  # not a comm run; load_run then says what is wrong with it
+    return isinstance(rec, dict) and rec.get("kind") == "comm"
+
+
+def load_comm_run(run_dir: Path) -> dict:
+    """{run_id, path, backend, world_size, status, rows (list of comm.csv dicts), models, skipped}.
+
+    Raises AnalysisError (one line) when the folder is not a finished comm run.
+    """
+    run_dir = Path(run_dir)
+    run_json = run_dir / "run.json"
+    try:
+        rec = json.loads(run_json.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise AnalysisError(
+            run_json, f"unreadable ({err})", "pass a `make bench-comm` run folder"
+        ) from None
+    if not isinstance(rec, dict) or rec.get("kind") != "comm":
+        raise AnalysisError(run_json, "is not a comm run", "pass a `make bench-comm` run folder")
+    csv = run_dir / "comm.csv"
+    try:
+        rows = pd.read_csv(csv)
+    except (OSError, ValueError, pd.errors.ParserError) as err:
+        raise AnalysisError(csv, f"unreadable ({err})", "re-run `make bench-comm`") from None
+    if list(rows.columns) != COMM_COLUMNS:
+        raise AnalysisError(csv, "has other columns than comm.csv's", "re-run `make bench-comm`")
+    numeric = COMM_COLUMNS[2:]
+    try:
+        rows[numeric] = rows[numeric].apply(pd.to_numeric)
+    except (ValueError, TypeError):
+        raise AnalysisError(csv, "has non-numeric values", "re-run `make bench-comm`") from None
+    config = rec.get("config") or {}
+    metrics = rec.get("metrics") or {}
+    return {
+        "run_id": rec.get("run_id", run_dir.name),
+        "path": str(run_dir),
+        "status": rec.get("status"),
+        "backend": config.get("backend"),
+        "world_size": config.get("world_size"),
+        "devices": config.get("devices") or [],
+        "rows": rows.to_dict("records"),
+        "models": fit_all(rows),
+        "skipped": metrics.get("skipped") or [],
+        "means": _means(metrics.get("time_us_mean"), rows),
+        "gap_ms": _gaps(config.get("gap_ms")),
+    }
+
+
+def _gaps(value: object) -> dict[str, float]:
+    """run.json `config.gap_ms` ({collective: ms}); anything else reads as no gap ({})."""
+    if not isinstance(value, dict):
+        return {}
+    return {
+        str(k): float(v)
+        for k, v in value.items()
+        if isinstance(v, int | float) and not isinstance(v, bool) and np.isfinite(v) and v >= 0
+    }
+
+
+def _means(items: object, rows: pd.DataFrame) -> dict[str, dict[str, list]]:
+    """run.json `metrics.time_us_mean` as {collective: {bytes: [...], time_us_mean: [...]}} (plus
+    `time_us_mean_back_to_back` for gap-timed runs), only finite positive times at sizes comm.csv
+    has (older comm runs have none: {})."""
+    rows_ = [m for m in items if isinstance(m, dict)] if isinstance(items, list) else []
+    cols = ["collective", "bytes", "time_us_mean", "time_us_mean_back_to_back"]
+    frame = pd.DataFrame(rows_, columns=cols)
+    try:
+        for c in cols[1:]:
+            frame[c] = pd.to_numeric(frame[c], errors="coerce")
+        ok = np.isfinite(frame["time_us_mean"]) & (frame["time_us_mean"] > 0)
+        ok &= frame["collective"].map(lambda c: isinstance(c, str)).astype(bool)
+        frame = frame.loc[ok]
+        frame = frame.merge(rows[["collective", "bytes"]], on=["collective", "bytes"])
+    except (TypeError, ValueError):  # a damaged field: the medians still serve
+        return {}
+    out = {}
+    for name, g in frame.groupby("collective"):
+        g = g.sort_values("bytes")
+        hot = g["time_us_mean_back_to_back"]
+        keep = cols[1:] if bool((np.isfinite(hot) & (hot > 0)).all()) else cols[1:3]
+        out[str(name)] = g[keep].to_dict("list")  # back-to-back only when every size has one
+    return out

@@ -1,0 +1,182 @@
+"""A training run's projection inputs (`analysis project`): its unprofiled step phases, DDP
+buckets, buffer broadcasts and, for a DDP run, the exposed communication its traces measured (taken
+out of backward, so compute is compute). Definitions: docs/analysis.md §10."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from analysis.errors import AnalysisError
+from analysis.project.comm import is_comm_run
+from analysis.project.model import ddp_buckets
+
+__all__ = ["PHASES", "collective_gaps_ms", "load_training", "unprofiled_steps"]
+
+PHASES = ("data", "forward", "backward", "optimizer")
+
+
+def _profiled_from_schedule(steps: pd.Series, profile: dict) -> pd.Series:
+    """Steps the profiler was on for (its warm-up and active steps), from config.profile."""
+    if not profile or not profile.get("enabled", True):
+        return pd.Series(False, index=steps.index)
+    wait, warm, active = (int(profile.get(k, 0)) for k in ("wait", "warmup", "active"))
+    cycle = max(1, wait + warm + active)
+    repeat = int(profile.get("repeat", 0))
+    in_cycles = (steps // cycle < repeat) if repeat > 0 else pd.Series(True, index=steps.index)
+    return in_cycles & (steps % cycle >= wait)
+
+
+def unprofiled_steps(steps: pd.DataFrame, config: dict) -> pd.DataFrame:
+    """Non-warm-up steps the profiler did not record: steps.csv `profiled` when present, else
+    derived from config.profile's schedule (wait, warmup, active, repeat)."""
+    if "profiled" in steps.columns:
+        profiled = steps["profiled"].fillna(0).astype(int) == 1
+    else:
+        profiled = _profiled_from_schedule(steps["step"], config.get("profile") or {})
+    return steps[(steps["warmup"] == 0) & ~profiled]
+
+
+def load_training(run_dir: Path, *, traces: bool = True, trace: dict | None = None) -> dict:
+    """A training run's projection inputs; AnalysisError (one line) when it cannot be projected.
+
+    A DDP run's traces are analysed for its exposed communication (`traces=False`: not read;
+    `trace`: an already computed traces JSON of this run)."""
+    run_dir = Path(run_dir)
+    run_json = run_dir / "run.json"
+    if is_comm_run(run_dir):
+        raise AnalysisError(run_dir, "is a comm benchmark, not a training run", "pass it as --comm")
+    try:
+        rec = json.loads(run_json.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
+        raise AnalysisError(
+            run_json, "missing or unreadable", "pass a training run folder"
+        ) from None
+    config = rec.get("config") if isinstance(rec, dict) else None
+    if not isinstance(config, dict) or config.get("mode") not in ("single", "ddp"):
+        raise AnalysisError(
+            run_dir, "is not a single-device or DDP training run", "pass one made by make profile-*"
+        )
+    if rec.get("status") != "ok":
+        raise AnalysisError(run_dir, f"status is {rec.get('status')!r}", "pass a finished (ok) run")
+    try:
+        steps = pd.read_csv(run_dir / "steps.csv")
+        body = unprofiled_steps(steps, config)
+    except (OSError, ValueError, KeyError, pd.errors.ParserError) as err:
+        raise AnalysisError(run_dir / "steps.csv", f"unreadable ({err})", "re-run it") from None
+    if body.empty:
+        raise AnalysisError(
+            run_dir / "steps.csv",
+            "has no unprofiled measured step (every non-warm-up step was profiled)",
+            "re-run with more --max-steps than warm-up + profiled steps, or --no-profile",
+        )
+    phases = {p: float(body[f"{p}_s"].mean()) for p in PHASES}
+    step = float(body["step_time_s"].mean())
+    metrics = rec.get("metrics") or {}
+    warnings: list[str] = []
+    run = {
+        "run_id": rec.get("run_id", run_dir.name),
+        "path": str(run_dir),
+        "mode": config["mode"],
+        "backend": config.get("backend"),
+        "world_size": int(config.get("world_size") or 1),
+        "model": config.get("model"),
+        "dataset": config.get("dataset"),
+        "scaling": config.get("scaling", "strong"),
+        "per_device_batch": int(config.get("per_device_batch") or 1),
+        "global_batch": int(config.get("global_batch") or 1),
+        "comm_hook": (config.get("ddp") or {}).get("comm_hook", "none"),
+        "threads_per_rank": (rec.get("env") or {}).get("threads_per_rank"),
+        "steps_used": int(body["step"].nunique()),
+        "step_time_s": step,
+        "phases_s": phases,
+        "other_s": max(0.0, step - sum(phases.values())),
+        "step_samples_s": body["step_time_s"].to_numpy(dtype=float),
+        "backward_compute_s": phases["backward"],
+        "traced_exposed_comm_s": None,
+        "warnings": warnings,
+    }
+    ddp = metrics.get("ddp") or {}
+    if ddp.get("bucket_sizes_bytes"):
+        run["buckets_bytes"], run["bucket_source"] = list(ddp["bucket_sizes_bytes"]), "metrics.ddp"
+    elif metrics.get("param_grad_bytes"):
+        cap = float((config.get("ddp") or {}).get("bucket_cap_mb", 25.0))
+        run["buckets_bytes"] = ddp_buckets(metrics["param_grad_bytes"], cap)
+        run["bucket_source"] = f"computed from metrics.param_grad_bytes, bucket_cap_mb {cap:g}"
+    else:
+        raise AnalysisError(
+            run_json,
+            "has neither metrics.ddp bucket sizes nor metrics.param_grad_bytes",
+            "re-run it with the current trainer",
+        )
+    run["buffer_groups_bytes"] = _buffer_groups(metrics)
+    if run["mode"] == "ddp" and run["world_size"] > 1:
+        if traces:
+            _subtract_traced_comm(run, run_dir, trace)
+        else:
+            warnings.append("traces not read: backward taken as all compute (incl. its comm wait)")
+    run["compute_s"] = step - phases["backward"] + run["backward_compute_s"]
+    return run
+
+
+def _buffer_groups(metrics: dict) -> list[int]:
+    """Bytes of each buffer broadcast DDP makes per forward (broadcast_buffers, torch's default):
+    one coalesced broadcast per dtype of the module's buffers (metrics.buffer_bytes_by_dtype);
+    runs from before that field: the memory breakdown's buffers_bytes as one broadcast."""
+    by_dtype = metrics.get("buffer_bytes_by_dtype")
+    if isinstance(by_dtype, dict):
+        return [
+            int(b)
+            for b in by_dtype.values()
+            if isinstance(b, int | float) and not isinstance(b, bool) and 0 < b < float("inf")
+        ]
+    breakdown = metrics.get("memory_breakdown")
+    first = breakdown[0] if isinstance(breakdown, list) and breakdown else {}
+    first = first if isinstance(first, dict) else {}
+    nbytes = first.get("buffers_bytes") or 0
+    return [int(nbytes)] if isinstance(nbytes, int | float) and nbytes > 0 else []
+
+
+def _subtract_traced_comm(run: dict, run_dir: Path, trace: dict | None) -> None:
+    """A DDP run's backward includes waiting for its all-reduces; take out the exposed part the
+    traces measured, so compute is compute (the replay then re-adds the *modelled* exposure)."""
+    from analysis.trace.folder import analyze_trace_dir
+
+    try:
+        trace = trace or analyze_trace_dir(run_dir / "traces", progress=False)
+    except AnalysisError as err:
+        run["warnings"].append(f"{err} — backward taken as all compute")
+        return
+    # Profiled steps run slower than the unprofiled ones used here, so the traced exposed comm is
+    # taken as a share of the traced step and scaled to the measured step (as the report does).
+    shares = [
+        r["exposed_comm_us"] / r["step_time_us_mean"]
+        for r in trace["ranks"]
+        if r.get("exposed_comm_us") is not None and r.get("step_time_us_mean")
+    ]
+    if not shares:
+        run["warnings"].append("traces have no comm — backward taken as all compute")
+        return
+    run["traced_exposed_comm_s"] = float(np.mean(shares)) * run["step_time_s"]
+    run["step_samples_s"] = run["step_samples_s"] * (1 - float(np.mean(shares)))
+    bwd = run["phases_s"]["backward"]
+    run["backward_compute_s"] = max(0.1 * bwd, bwd - run["traced_exposed_comm_s"])
+    if run["backward_compute_s"] == 0.1 * bwd:
+        run["warnings"].append(
+            "traced exposed comm exceeds 90% of backward: backward compute floored at 10%"
+        )
+
+
+def collective_gaps_ms(run: dict) -> dict[str, float]:
+    """Compute (ms) a DDP step of `run` (a `load_training` dict) runs before each of its
+    collectives: before the gradient all-reduce forward + backward compute when the model has
+    buffers (their broadcast at the start of forward comes first) and the rest of the step before
+    that broadcast; without buffers the all-reduce is the step's only collective and follows the
+    step's whole compute. What `make bench-comm COMM_GAP_MS` should be for this workload."""
+    if not run["buffer_groups_bytes"]:
+        return {"all_reduce": 1e3 * run["compute_s"]}
+    fb = run["phases_s"]["forward"] + run["backward_compute_s"]
+    return {"all_reduce": 1e3 * fb, "broadcast": 1e3 * max(0.0, run["compute_s"] - fb)}

@@ -1,0 +1,169 @@
+"""The projection's arithmetic: DDP's bucket assignment, the hierarchical all-reduce time, the
+bucket/backward overlap and the straggler term (definitions: docs/analysis.md §10). Pure
+functions over numbers; analysis/project.py feeds them a run's measurements."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from analysis.errors import AnalysisError
+from analysis.project.comm import collective_time_us, ring_steps
+from analysis.trace.collectives import bus_factor
+
+__all__ = [
+    "FIRST_BUCKET_BYTES",
+    "INTER_NODE_ALPHA_US",
+    "INTER_NODE_PRESETS",
+    "hierarchical_us",
+    "assumptions",
+    "compute_phases",
+    "ddp_buckets",
+    "expected_max",
+    "parse_inter_node",
+    "simulate_step",
+    "straggler_s",
+]
+
+INTER_NODE_PRESETS = {"25": 25.0, "100": 100.0, "200": 200.0, "400": 400.0}  # Gb/s per node
+INTER_NODE_ALPHA_US = 10.0  # per ring step between nodes: NIC + switch + software, an assumption
+FIRST_BUCKET_BYTES = 1024 * 1024  # torch.distributed._DEFAULT_FIRST_BUCKET_BYTES
+
+
+def ddp_buckets(param_bytes: list[int], bucket_cap_mb: float) -> list[int]:
+    """Bucket sizes (bytes) in gradient-ready order, as DDP's reducer assigns them.
+
+    Gradients become ready in reverse parameter order; a bucket closes once it holds at least its
+    limit (the parameter that crosses the limit stays in it); the first bucket's limit is 1 MiB,
+    later ones `bucket_cap_mb` MiB (torch.distributed._compute_bucket_assignment_by_size).
+    """
+    cap = int(bucket_cap_mb * 1024 * 1024)
+    limits = iter([FIRST_BUCKET_BYTES])
+    buckets, size = [], 0
+    limit = next(limits, cap)
+    for nbytes in reversed(param_bytes):
+        size += int(nbytes)
+        if size >= limit:
+            buckets.append(size)
+            size, limit = 0, next(limits, cap)
+    if size:
+        buckets.append(size)
+    return buckets
+
+
+def expected_max(samples: np.ndarray, n: int) -> float:
+    """E[max of n independent draws] from the empirical distribution of `samples` (exact:
+    Σ x₍ₖ₎·((k/m)ⁿ − ((k−1)/m)ⁿ) over the sorted values)."""
+    x = np.sort(np.asarray(samples, dtype=float))
+    k = np.arange(1, x.size + 1) / x.size
+    return float(np.sum(x * (k**n - (k - 1 / x.size) ** n)))
+
+
+def simulate_step(ready_s: list[float], comm_s: list[float], backward_s: float) -> float:
+    """End of the last bucket's all-reduce (s after backward starts): buckets one after another on
+    one stream, bucket k starting at max(its ready time, end of bucket k−1)."""
+    free = 0.0
+    for ready, dur in zip(ready_s, comm_s, strict=True):
+        free = max(ready, free) + dur
+    return free
+
+
+def hierarchical_us(nbytes: float, n: int, gpn: int, intra: dict, inter_gbps: float) -> float:
+    """Hierarchical collective (`intra["collective"]`, all_reduce for the gradient buckets): ring
+    inside a node (α–β of the comm run) plus, past one node, ring between nodes where each node
+    moves all `nbytes` through its link (steps and bus factor of that collective)."""
+    if n <= gpn:
+        return collective_time_us(intra, nbytes, n)
+    nodes = math.ceil(n / gpn)
+    name = intra["collective"]
+    factor = bus_factor(name, nodes) or 1.0
+    inter = ring_steps(name, nodes) * INTER_NODE_ALPHA_US + factor * nbytes / (inter_gbps / 8 * 1e3)
+    return collective_time_us(intra, nbytes, gpn) + inter
+
+
+def parse_inter_node(value: str) -> float:
+    text = str(value).strip().lower().removesuffix("gbps").removesuffix("gb/s")
+    text = INTER_NODE_PRESETS.get(text, text)
+    try:
+        gbps = float(text)
+    except ValueError:
+        gbps = -1.0
+    if not gbps > 0:
+        raise AnalysisError(
+            "--inter-node",
+            f"{value!r} is not a preset or Gb/s",
+            "use 25, 100, 200, 400 or a number",
+        )
+    return gbps
+
+
+def assumptions(
+    scaling: str,
+    run: dict,
+    gpn: int,
+    inter_gbps: float,
+    by_batch: dict,
+    bandwidth: str,
+    *,
+    idle: bool = False,
+) -> list[str]:
+    """The projection's assumptions in words (printed and stored with every projection)."""
+    out = [
+        f"{scaling} scaling: per-device batch "
+        + ("global ÷ n" if scaling == "strong" else f"stays {run['per_device_batch']}"),
+        "data, forward and backward time linear in the per-device batch; optimizer and loop "
+        "remainder constant"
+        + (
+            f" (measured runs at batch {sorted(by_batch)} used where they match)"
+            if by_batch
+            else ""
+        ),
+        "gradients become ready during backward in proportion to their bytes (reverse layer order)",
+        "buckets all-reduced one after another on one stream (DDP's reducer)",
+        f"ring all-reduce α–β model from the comm run inside a node of {gpn} ranks; "
+        + (
+            "bus bandwidth per message size as benchmarked, from its mean times when it has them "
+            "(busbw does not depend on n)"
+            if bandwidth == "measured"
+            else "one fitted bus bandwidth for every size"
+        ),
+        "DDP broadcasts the module's buffers at every forward (broadcast_buffers, torch's "
+        "default): one broadcast per buffer dtype, nothing overlapping it",
+        f"between nodes: ring over {inter_gbps:g} Gb/s per node, α = {INTER_NODE_ALPHA_US:g} µs "
+        "per step; hierarchical (intra all-reduce + inter all-reduce of the whole bucket)",
+        "per-rank compute does not change with n (no contention growth); the step waits for the "
+        "slowest rank: E[max of n draws] of RUN's per-step compute, ranks independent",
+    ]
+    if idle:
+        out.append(
+            "the step's first bucket and first buffer broadcast pay the comm run's idle penalty "
+            "(mean after its gap − back-to-back) once, whatever n; other calls are back-to-back"
+        )
+    return out
+
+
+def straggler_s(run: dict, n: int) -> float:
+    """Extra step time from waiting for the slowest of n ranks: E[max of n] − E[max of RUN's n]
+    of RUN's per-step compute (a DDP run's samples already carry its own ranks' max)."""
+    x = run["step_samples_s"]
+    if x.size == 0 or n <= run["world_size"]:
+        return 0.0
+    return max(0.0, expected_max(x, n) - expected_max(x, run["world_size"]))
+
+
+def compute_phases(run: dict, batch: float, batch_runs: dict[int, dict]) -> tuple[dict, str]:
+    """Per-step compute phases at per-device `batch`: a measured run at that batch, else linear."""
+    other = batch_runs.get(int(batch)) if float(batch).is_integer() else None
+    if other is not None and int(batch) != run["per_device_batch"]:
+        ph = dict(other["phases_s"], backward=other["backward_compute_s"], other=other["other_s"])
+        return ph, f"measured ({other['run_id']})"
+    k = batch / run["per_device_batch"]
+    ph = {
+        "data": run["phases_s"]["data"] * k,
+        "forward": run["phases_s"]["forward"] * k,
+        "backward": run["backward_compute_s"] * k,
+        "optimizer": run["phases_s"]["optimizer"],
+        "other": run["other_s"],
+    }
+    return ph, "measured" if k == 1 else "linear in batch"

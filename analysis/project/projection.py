@@ -1,0 +1,310 @@
+"""Scaling projection: what a measured training run would do at n ranks (`analysis project`).
+
+Model (docs/analysis.md, "Scaling projection"), per projected world size n:
+- compute: data, forward, backward and optimizer seconds per step from RUN's unprofiled,
+  non-warm-up steps (steps.csv), plus the loop's remainder. Strong scaling gives each rank
+  global ÷ n samples; data, forward and backward scale linearly with the per-device batch (an
+  assumption, unless a measured run at that batch is given), optimizer and the remainder do not.
+  Weak scaling keeps the per-device batch. For a DDP RUN, backward compute = its backward time
+  minus the exposed communication its traces measured.
+- communication: DDP's gradient buckets (run.json metrics.ddp, or computed from
+  metrics.param_grad_bytes the way DDP's reducer assigns buckets), each all-reduced with the α–β
+  model of a comm run (analysis.project.comm), hierarchical past one node: ring all-reduce inside the node
+  plus ring all-reduce between nodes over the inter-node link (bytes per node ÷ link bandwidth).
+  Buckets run one after another on one stream; bucket k may start once backward has produced its
+  gradients (at backward × its cumulative share of gradient bytes) and bucket k−1 is done.
+  Bandwidth per size comes from the comm run's mean times when it has them (a mean step is what is
+  projected), timed after as much compute as the comm run's `--gap-ms` says.
+- buffer broadcast: DDP broadcasts the module's buffers at every forward, one call per dtype, with
+  the comm run's broadcast model; nothing overlaps it.
+- straggler wait: the step waits for the slowest of n ranks, E[max of n independent draws] of
+  RUN's per-step compute minus the same at RUN's own n (zero for the replay).
+- step = compute + straggler wait + exposed communication (still running when backward ends, plus
+  the buffer broadcast).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from analysis.errors import AnalysisError
+from analysis.project.comm import (
+    fit_alpha_beta,
+    idle_penalty_us,
+    load_comm_run,
+    with_measured_curve,
+)
+from analysis.project.inputs import collective_gaps_ms, load_training, unprofiled_steps
+from analysis.project.model import (
+    INTER_NODE_ALPHA_US,
+    assumptions,
+    compute_phases,
+    hierarchical_us,
+    parse_inter_node,
+    simulate_step,
+    straggler_s,
+)
+
+__all__ = ["load_training", "project", "unprofiled_steps"]  # the inputs re-exported
+
+
+def _calls_s(sizes: list[float], n: int, gpn: int, model: dict, inter_gbps: float) -> list[float]:
+    """Seconds of each call of one kind in a step, in issue order: the first comes after compute
+    and pays the comm run's idle penalty (0 without one), the others follow back-to-back."""
+    if n < 2:
+        return [0.0] * len(sizes)
+    out = [hierarchical_us(b, n, gpn, model, inter_gbps) / 1e6 for b in sizes]
+    if out:
+        out[0] += idle_penalty_us(model, sizes[0]) / 1e6
+    return out
+
+
+def _predict(run, n, *, scaling, comm_model, gpn, inter_gbps, batch_runs, wire, bcast) -> dict:
+    batch = run["global_batch"] / n if scaling == "strong" else run["per_device_batch"]
+    ph, source = compute_phases(run, batch, batch_runs)
+    compute = sum(ph.values())
+    sizes = [b * wire for b in run["buckets_bytes"]]
+    total = sum(sizes)
+    ready = list(np.cumsum(sizes) / total * ph["backward"]) if total else []
+    comm = _calls_s(sizes, n, gpn, comm_model, inter_gbps)
+    end = simulate_step(ready, comm, ph["backward"])
+    exposed = max(0.0, end - ph["backward"]) if n > 1 else 0.0
+    # DDP's buffer broadcast at the start of every forward: nothing overlaps it
+    groups = run["buffer_groups_bytes"]
+    broadcast = sum(_calls_s(groups, n, gpn, bcast, inter_gbps)) if bcast else 0.0
+    # the slowest rank's compute, scaled like the compute it stretches
+    wait = straggler_s(run, n) * compute / run["compute_s"] if n > 1 else 0.0
+    step = compute + wait + exposed + broadcast
+    global_batch = batch * n
+    return {
+        "ranks": n,
+        "per_device_batch": batch,
+        "global_batch": global_batch,
+        "compute_source": source,
+        "step_time_s": step,
+        "compute_s": compute,
+        "comm_s": float(sum(comm)) + broadcast if n > 1 else 0.0,
+        "exposed_comm_s": exposed + broadcast,
+        "buffer_broadcast_s": broadcast,
+        "straggler_s": wait,
+        "exposed_comm_pct": 100 * (exposed + broadcast) / step if step else 0.0,
+        "samples_per_s": global_batch / step,
+    }
+
+
+def project(
+    run_dir: Path,
+    comm_dir: Path,
+    ranks: list[int],
+    *,
+    gpus_per_node: int = 8,
+    inter_node: str = "100",
+    scaling: str | None = None,
+    backend: str | None = None,
+    measured: list[Path] = (),
+    batch_runs: list[Path] = (),
+    traces: bool = True,
+    wire_bytes_factor: float | None = None,
+    trace: dict | None = None,
+    bandwidth: str = "measured",
+) -> dict:
+    """The projection JSON for RUN at each n in `ranks` (see the module docstring).
+
+    `wire_bytes_factor` overrides the bytes on the wire per gradient byte (default: 0.5 when RUN
+    used the fp16/bf16 comm hook, else 1), e.g. 0.5 to ask what the fp16 hook would give.
+    `bandwidth`: `measured` = α from the fit, bus bandwidth per message size from the benchmark
+    (analysis.project.comm.with_measured_curve); `fit` = the single fitted (α, B) pair."""
+    if not ranks or any(n < 1 for n in ranks):
+        raise AnalysisError("--ranks", f"got {ranks}", "every world size must be >= 1")
+    if gpus_per_node < 1:
+        raise AnalysisError("--gpus-per-node", f"got {gpus_per_node}", "pass a count >= 1")
+    inter_gbps = parse_inter_node(inter_node)
+    run = load_training(run_dir, traces=traces, trace=trace)
+    comm = load_comm_run(comm_dir)
+    asked = backend or (run["backend"] if run["mode"] == "ddp" else comm["backend"])
+    if comm["backend"] != asked:
+        raise AnalysisError(
+            comm_dir,
+            f"benchmarks {comm['backend']}, not the {asked} asked for",
+            f"pass a comm run made with BACKEND={asked}",
+        )
+    if comm["status"] != "ok" or int(comm["world_size"] or 0) < 2:
+        raise AnalysisError(
+            comm_dir,
+            f"is not a finished benchmark over >= 2 ranks (status {comm['status']}, "
+            f"{comm['world_size']} rank(s): nothing was transferred)",
+            "run make bench-comm with NPROC >= 2",
+        )
+    if "all_reduce" not in comm["models"]:
+        raise AnalysisError(comm_dir, "has no all_reduce fit", "re-run make bench-comm")
+    if bandwidth not in ("measured", "fit"):
+        raise AnalysisError("--bandwidth", f"got {bandwidth!r}", "use measured or fit")
+    model = _comm_model(comm, "all_reduce", bandwidth)
+    bcast = _comm_model(comm, "broadcast", bandwidth) if "broadcast" in comm["models"] else None
+    scaling = scaling or run["scaling"]
+    wire = wire_bytes_factor or (0.5 if run["comm_hook"] in ("fp16", "bf16") else 1.0)
+    warnings = list(run["warnings"])
+    if run["buffer_groups_bytes"] and bcast is None:
+        warnings.append(
+            "the comm run has no broadcast: DDP's per-forward buffer broadcast is left out"
+        )
+    warnings += _gap_warnings(run, comm)
+    big = [b for b in run["buckets_bytes"] if b * wire > model["bytes_max"]]
+    if big:
+        warnings.append(
+            f"buckets of {', '.join(map(str, big))} B exceed the largest benchmarked size "
+            f"({model['bytes_max']} B): extrapolated "
+            + ("with the α–β fit" if bandwidth == "fit" else "at the largest size's bandwidth")
+        )
+    if any(n > gpus_per_node and n % gpus_per_node for n in ranks):
+        warnings.append(
+            "world sizes past one node that are not multiples of --gpus-per-node "
+            "are modelled with a partly filled last node counted as full"
+        )
+    by_batch = {}
+    for d in batch_runs:
+        other = load_training(d, traces=traces)
+        by_batch[other["per_device_batch"]] = other
+    kw = dict(
+        scaling=scaling,
+        comm_model=model,
+        gpn=gpus_per_node,
+        inter_gbps=inter_gbps,
+        batch_runs=by_batch,
+        wire=wire,
+        bcast=bcast,
+    )
+    base = _predict(run, 1, **kw)
+    preds = []
+    for n in ranks:
+        p = _predict(run, n, **kw)
+        p["speedup"] = p["samples_per_s"] / base["samples_per_s"]
+        p["scaling_efficiency"] = p["speedup"] / n
+        preds.append(p)
+    replay = _check(run, run, kw, base)
+    checks = [_check(run, load_training(d, traces=False), kw, base) for d in measured]
+    return {
+        "schema_version": 1,
+        "run_id": run["run_id"],
+        "run_path": run["path"],
+        "comm_run_id": comm["run_id"],
+        "backend": asked,
+        "scaling": scaling,
+        "ranks": list(ranks),
+        "inputs": {
+            "mode": run["mode"],
+            "world_size": run["world_size"],
+            "model": run["model"],
+            "dataset": run["dataset"],
+            "per_device_batch": run["per_device_batch"],
+            "global_batch": run["global_batch"],
+            "threads_per_rank": run["threads_per_rank"],
+            "steps_used": run["steps_used"],
+            "measured_step_time_s": run["step_time_s"],
+            "phases_s": run["phases_s"],
+            "other_s": run["other_s"],
+            "backward_compute_s": run["backward_compute_s"],
+            "traced_exposed_comm_s": run["traced_exposed_comm_s"],
+            "buckets_bytes": run["buckets_bytes"],
+            "buffer_broadcasts_bytes": run["buffer_groups_bytes"],
+            "bucket_source": run["bucket_source"],
+            "comm_hook": run["comm_hook"],
+            "wire_bytes_factor": wire,
+            "all_reduce_model": model,
+            "bandwidth_source": bandwidth,
+            "comm_time_statistic": model.get("time_statistic", "median"),
+            "comm_gap_ms": comm["gap_ms"],
+            "gpus_per_node": gpus_per_node,
+            "inter_node_gbps": inter_gbps,
+            "inter_node_alpha_us": INTER_NODE_ALPHA_US,
+        },
+        "assumptions": assumptions(
+            scaling,
+            run,
+            gpus_per_node,
+            inter_gbps,
+            by_batch,
+            bandwidth,
+            idle="idle_penalty" in model,
+        ),
+        "replay": replay,
+        "measured": checks,
+        "predictions": preds,
+        "warnings": warnings,
+    }
+
+
+def _comm_model(comm: dict, name: str, bandwidth: str) -> dict:
+    """The α–β model of `name` from the comm run (docs/analysis.md §10). With `measured`
+    bandwidth, the per-size curve of the benchmark's mean times (a mean step is what is projected:
+    heavy-tailed collective times make the median too low), or of its medians for comm runs
+    without means. A gap-timed comm run with back-to-back means: α, B and the curve from those,
+    plus `idle_penalty` = mean after the gap − mean back-to-back per size (≥ 0), paid once per call
+    issued after compute rather than once per ring step."""
+    n0 = comm["models"][name]["world_size"]
+    model = dict(comm["models"][name], time_statistic="median")
+    means = comm["means"].get(name)
+    if means is None or len(means["bytes"]) < 2:
+        if bandwidth == "fit":
+            return model
+        rows = pd.DataFrame(comm["rows"])
+        rows = rows[rows["collective"] == name]
+        return with_measured_curve(model, rows["bytes"], rows["time_us_median"])
+    hot = means.get("time_us_mean_back_to_back")
+    if hot is None:  # back-to-back timing only: the means as they are
+        if bandwidth == "fit":
+            return model
+        curve = with_measured_curve(model, means["bytes"], means["time_us_mean"])
+        return dict(curve, time_statistic="mean")
+    model = dict(fit_alpha_beta(name, n0, means["bytes"], hot), time_statistic="mean")
+    gap = np.asarray(means["time_us_mean"]) - np.asarray(hot)
+    model["idle_penalty"] = {"bytes": means["bytes"], "us": np.maximum(gap, 0.0).tolist()}
+    return model if bandwidth == "fit" else with_measured_curve(model, means["bytes"], hot)
+
+
+def _gap_warnings(run: dict, comm: dict) -> list[str]:
+    """On CPU hosts a collective issued after compute is slower than a back-to-back one; warn when
+    the comm run timed its all-reduce after a much other compute gap than this workload leaves
+    (analysis.project.inputs.collective_gaps_ms)."""
+    if any(str(d).startswith("cuda") for d in comm["devices"]):
+        return []
+    gap_ms = collective_gaps_ms(run)["all_reduce"]
+    bench_ms = comm["gap_ms"].get("all_reduce", 0.0)
+    if bench_ms >= gap_ms / 2 and bench_ms <= 2 * gap_ms:
+        return []
+    return [
+        f"the comm run timed all_reduce after {bench_ms:g} ms of compute, this workload issues "
+        f"it after about {gap_ms:.1f} ms: on CPU hosts idle transports make such a call slower; "
+        f"for a closer projection re-run make bench-comm COMM_GAP_MS={gap_ms:.0f}"
+    ]
+
+
+def _check(run: dict, target: dict, kw: dict, base: dict) -> dict:
+    """Projection of `run` at `target`'s world size vs `target`'s measured unprofiled step time;
+    `measured_scaling_efficiency` divides by the same projected n = 1 throughput as predictions."""
+    n = target["world_size"]
+    measured_sps = target["global_batch"] / target["step_time_s"]
+    p = _predict(run, n, **kw)
+    err = 100 * (p["step_time_s"] - target["step_time_s"]) / target["step_time_s"]
+    note = None
+    if target is run and n == 1:
+        note = (
+            "single-device run: no communication to model, so the replay is exact by construction"
+        )
+    if abs(p["per_device_batch"] - target["per_device_batch"]) > 1e-9:
+        note = (
+            f"per-device batch differs ({p['per_device_batch']:g} vs {target['per_device_batch']})"
+        )
+    return {
+        "run_id": target["run_id"],
+        "ranks": n,
+        "measured_step_time_s": target["step_time_s"],
+        "predicted_step_time_s": p["step_time_s"],
+        "error_pct": err,
+        "measured_samples_per_s": measured_sps,
+        "measured_scaling_efficiency": measured_sps / base["samples_per_s"] / n,
+        "note": note,
+    }

@@ -1,0 +1,96 @@
+"""The runs JSON's `comm` and `projections` entries: comm benchmark folders found among the runs,
+and one scaling projection per (comm run, workload) for the report's Projection section.
+
+For each ok comm run and each workload (model, dataset, scaling, amp) with an ok training run, the
+source is a DDP run on the comm run's backend when there is one (so its replay error is
+measured), else a single-device run; the other DDP runs of that workload on that backend are the
+measured points. World sizes: powers of 2 up to 1,024 plus every measured n, with the defaults of
+`analysis project` (8 ranks per node, 100 Gb/s between nodes).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from analysis.errors import AnalysisError
+from analysis.project.comm import load_comm_run
+
+__all__ = ["REPORT_RANKS", "comm_and_projections"]
+
+REPORT_RANKS = [1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024]
+FINDING_RANKS = 64
+
+
+def _workload(run: dict) -> tuple:
+    return run["model"], run["dataset"], run["scaling"], run["amp"]
+
+
+def _fp16_share(run_dir: Path, comm_dir: Path, result: dict) -> float | None:
+    """Exposed share of the step at FINDING_RANKS if the gradients travelled as fp16."""
+    from analysis.project.projection import project
+
+    if result["inputs"]["wire_bytes_factor"] != 1.0:
+        return None
+    half = project(
+        run_dir,
+        comm_dir,
+        [FINDING_RANKS],
+        scaling=result["scaling"],
+        traces=False,
+        wire_bytes_factor=0.5,
+    )
+    return half["predictions"][0]["exposed_comm_pct"]
+
+
+def comm_and_projections(comm_dirs: list[Path], runs: list[dict]) -> dict:
+    """{comm: [...], projections: [...], projection_skipped: [...]} for the runs JSON.
+
+    Each projection also gets `replays`: every DDP run of the workload projected from itself at
+    its own world size (the replay check), and `fp16_exposed_comm_pct` (see _fp16_share)."""
+    from analysis.project.projection import project
+
+    comm, skipped, projections = [], [], []
+    for d in comm_dirs:
+        try:
+            comm.append(load_comm_run(d))
+        except AnalysisError as err:
+            skipped.append({"path": str(d), "reason": str(err)})
+    ok = [r for r in runs if r.get("status") == "ok" and r.get("mode") in ("single", "ddp")]
+    for c in (c for c in comm if c["status"] == "ok"):
+        same = [r for r in ok if r["mode"] == "single" or r["backend"] == c["backend"]]
+        for key in dict.fromkeys(_workload(r) for r in same):
+            group = [r for r in same if _workload(r) == key]
+            ddp = [r for r in group if r["mode"] == "ddp"]
+            source = group[0] if group[0]["mode"] == "single" else ddp[0]
+            ranks = sorted(set(REPORT_RANKS) | {int(r["world_size"] or 1) for r in ddp})
+            measured = [Path(r["path"]) for r in ddp if r is not source]
+            try:
+                result = project(Path(source["path"]), Path(c["path"]), ranks, measured=measured)
+                result["fp16_exposed_comm_pct"] = _fp16_share(
+                    Path(source["path"]), Path(c["path"]), result
+                )
+            except (
+                AnalysisError,
+                ValueError,
+                KeyError,
+                TypeError,
+            ) as err:  # one bad input, one line
+                skipped.append({"path": source["path"], "reason": str(err)})
+                continue
+            result["replays"] = []
+            for r in ddp:
+                try:
+                    own = project(
+                        Path(r["path"]),
+                        Path(c["path"]),
+                        [r["world_size"]],
+                        trace=r.get("trace"),
+                        traces=r.get("trace") is not None,
+                    )
+                except (AnalysisError, ValueError, KeyError, TypeError) as err:
+                    skipped.append({"path": r["path"], "reason": str(err)})
+                    continue
+                result["replays"].append({**own["replay"], "warnings": own["warnings"]})
+            result["comm_path"] = c["path"]
+            projections.append(result)
+    return {"comm": comm, "projections": projections, "projection_skipped": skipped}

@@ -1,0 +1,208 @@
+"""Cross-run comparison: speedup, scaling efficiency, phases, memory imbalance, accuracy parity.
+
+Reads run folders only (docs/run-folder.md): `run.json`, `steps.csv` and `traces/`. Every number is
+defined in docs/analysis.md; the JSON shape is the "runs JSON" schema there (schema_version 2).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from tqdm import tqdm
+
+from analysis.project.comm import is_comm_run
+from analysis.errors import AnalysisError, unexpected
+from analysis.jsonsafe import finite_json
+from analysis.project.runs import comm_and_projections
+from analysis.runs.records import InvalidRecord
+from analysis.runs.entry import attach_trace, load_run, mean_std
+from analysis.runs.tune import is_tune_dir, load_tunes
+
+__all__ = [
+    "GROUP_KEY",
+    "SCHEMA_VERSION",
+    "WORKLOAD_KEY",
+    "compare_runs",
+    "find_run_dirs",
+    "workload_key",
+]
+
+SCHEMA_VERSION = 2
+# "Same workload": runs that agree on all of these ran the same problem on the same kind of machine,
+# so their throughput can be compared or pooled. `fixed_batch` is the batch the scaling mode holds
+# fixed (global for strong, per-device for weak); runs from different OSes or device types are
+# never pooled. Baselines, groups and findings all use this one key.
+WORKLOAD_KEY = ("model", "dataset", "scaling", "fixed_batch", "amp", "device_type", "os")
+GROUP_KEY = (*WORKLOAD_KEY, "mode", "backend", "world_size")
+GROUP_STATS = (
+    "samples_per_s",
+    "speedup",
+    "scaling_efficiency",
+    "test_loss",
+    "top1_pct",
+    "top5_pct",
+)
+
+
+def find_run_dirs(paths: Sequence[Path]) -> tuple[list[Path], list[dict]]:
+    """Expand `paths` (run folders or folders of run folders) into run folders, sorted by name.
+
+    Returns (run_dirs, skipped) where skipped lists {path, reason} for paths holding no run.
+    Tune folders (with a tune.json, from `make tune-ddp`) are neither: analysis.runs.tune reads them,
+    and their trial run folders are deliberately not expanded into the comparison.
+    """
+    run_dirs: list[Path] = []
+    skipped: list[dict] = []
+    for path in map(Path, paths):
+        if (path / "run.json").is_file():
+            run_dirs.append(path)
+        elif is_tune_dir(path):
+            continue  # its trials are summarised by the tuning section (analysis.runs.tune), not listed
+        elif path.is_dir():
+            children = sorted(
+                p for p in path.iterdir() if p.is_dir() and not p.name.startswith(".")
+            )
+            found = [p for p in children if (p / "run.json").is_file()]
+            tunes = [p for p in children if p not in found and is_tune_dir(p)]
+            skipped += [
+                {"path": str(p), "reason": "no run.json — not a run folder"}
+                for p in children
+                if p not in found and p not in tunes
+            ]
+            if not found and not tunes:
+                skipped.append(
+                    {
+                        "path": str(path),
+                        "reason": "no run folders (no */run.json) — "
+                        "point at a runs folder written by `python -m workloads.launch`",
+                    }
+                )
+            run_dirs += found
+        else:
+            skipped.append({"path": str(path), "reason": "does not exist — check the path"})
+    return run_dirs, skipped
+
+
+def workload_key(run: dict) -> tuple:
+    """The "same workload" key of a run entry: its WORKLOAD_KEY values."""
+    return tuple(run.get(k) for k in WORKLOAD_KEY)
+
+
+def _link_baselines(runs: list[dict]) -> None:
+    """Fill baseline_run_id, speedup and scaling_efficiency of every ok run."""
+    singles = [
+        r for r in runs if r["mode"] == "single" and r["status"] == "ok" and r["samples_per_s"]
+    ]
+    for run in runs:
+        if run["status"] != "ok" or not run["samples_per_s"]:
+            continue
+        # The baseline must have run the same problem on the same kind of machine for the ratio
+        # to mean "what parallelism bought".
+        same = [s for s in singles if workload_key(s) == workload_key(run)]
+        seeded = [s for s in same if s["seed"] == run["seed"]]
+        base = (seeded or same or [None])[0]
+        if base is None:
+            continue
+        run["baseline_run_id"] = base["run_id"]
+        run["speedup"] = run["samples_per_s"] / base["samples_per_s"]
+        run["scaling_efficiency"] = run["speedup"] / run["num_devices"]
+
+
+def _groups(runs: list[dict]) -> list[dict]:
+    """Mean ± sample std (n−1) over the seeds of each configuration; only ok runs count."""
+    buckets: dict[tuple, list[dict]] = {}
+    for run in runs:
+        if run["status"] == "ok":
+            buckets.setdefault(tuple(run[k] for k in GROUP_KEY), []).append(run)
+    groups = []
+    for key, members in buckets.items():
+        group: dict[str, Any] = dict(zip(GROUP_KEY, key, strict=True))
+        group["n_seeds"] = len({m["seed"] for m in members})
+        group["n_runs"] = len(members)
+        group["run_ids"] = [m["run_id"] for m in members]
+        for stat in GROUP_STATS:
+            group[f"{stat}_mean"], group[f"{stat}_std"] = mean_std(m[stat] for m in members)
+        group["comm_pct_mean"] = mean_std(m["comm_pct"] for m in members)[0]
+        groups.append(group)
+    order = {"single": 0, "dp": 1, "ddp": 2}
+    return sorted(
+        groups,
+        key=lambda g: (
+            *(str(g[k]) for k in WORKLOAD_KEY),
+            order.get(g["mode"], 9),
+            str(g["backend"]),
+            g["world_size"] or 0,
+        ),
+    )
+
+
+def _unique_id(entry: dict, run_dir: Path, taken: set[str]) -> None:
+    """Run ids key baselines, groups and findings, so two folders with one id (the same
+    `--run-id` on a Linux and a Windows machine, or a copied folder) must not merge: the later
+    one becomes `<id>@<its parent folder>` (then `#2`, `#3`, ...) and says so in `warnings`."""
+    rid = str(entry["run_id"])
+    if rid not in taken:
+        return
+    new, n = f"{rid}@{run_dir.parent.name}", 2
+    while new in taken:
+        new, n = f"{rid}@{run_dir.parent.name}#{n}", n + 1
+    entry["run_id"] = new
+    entry["warnings"].append(
+        f"{run_dir}: run_id {rid!r} is already used by another folder — shown as {new!r}"
+    )
+
+
+def compare_runs(paths: Sequence[Path], *, progress: bool = True, traces: bool = True) -> dict:
+    """The runs JSON (schema_version 2) for run folders or folders of run folders in `paths`.
+
+    `traces=False` skips trace analysis (trace fields stay null). Raises AnalysisError only when
+    no run could be read at all; unreadable folders are listed under `skipped`.
+    """
+    run_dirs, skipped = find_run_dirs(paths)
+    comm_dirs = [d for d in run_dirs if is_comm_run(d)]  # `make bench-comm`: not a training run
+    run_dirs = [d for d in run_dirs if d not in comm_dirs]
+    runs = []
+    bar = tqdm(
+        run_dirs, desc="runs", unit="run", leave=False, disable=not progress or len(run_dirs) < 2
+    )
+    invalid: list[dict] = []
+    for run_dir in bar:
+        try:
+            entry = load_run(run_dir)
+            if traces and entry["status"] == "ok":
+                attach_trace(entry, run_dir, progress=False)  # one bar, over the runs
+        except InvalidRecord as err:
+            invalid.append({"path": str(run_dir), **err.to_dict()})
+            continue
+        except AnalysisError as err:
+            skipped.append({"path": str(run_dir), "reason": f"{err.what} — {err.fix}"})
+            continue
+        except Exception as err:  # noqa: BLE001 — one bad run (even a RecursionError or
+            # MemoryError) costs one line; the other runs are still compared.
+            skipped.append({"path": str(run_dir), "reason": unexpected(err)})
+            continue
+        _unique_id(entry, run_dir, {r["run_id"] for r in runs})
+        runs.append(entry)
+    tunes, tune_skipped = load_tunes(paths)
+    skipped += tune_skipped
+    if not runs and not tunes and not comm_dirs and not invalid:
+        where = ", ".join(map(str, paths)) or "(no paths)"
+        raise AnalysisError(
+            where, "no readable run folders", "run `make profile-all` first or pass the runs folder"
+        )
+    order = {"single": 0, "dp": 1, "ddp": 2}
+    runs.sort(key=lambda r: (order.get(r["mode"], 9), str(r["run_id"])))
+    _link_baselines(runs)
+    result = {
+        "schema_version": SCHEMA_VERSION,
+        "runs": runs,
+        "groups": _groups(runs),
+        "skipped": skipped,
+        "tunes": tunes,
+        **comm_and_projections(comm_dirs, runs),
+        "invalid": invalid,
+        "warnings": [],
+    }
+    return finite_json(result, result["warnings"])

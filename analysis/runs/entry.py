@@ -1,0 +1,244 @@
+"""One run folder -> one run entry of the runs JSON (docs/analysis.md), before the cross-run
+fields (baseline, speedup, groups) that analysis.runs.compare fills in.
+
+Kept apart from the comparison because `analysis ops` / `analysis diff` (analysis.runs.opdiff) load
+single runs through the same `load_run`: one validated reading of run.json and steps.csv,
+whoever asks.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from analysis.errors import AnalysisError, unexpected
+from analysis.trace.memory import breakdown_entries, fill_dynamic
+from analysis.runs.records import (
+    Config,
+    EvalEntry,
+    InvalidRecord,
+    StepTime,
+    read_record,
+    read_steps,
+)
+
+__all__ = ["PHASES", "attach_trace", "load_run", "mean_std"]
+
+PHASES = ("data", "forward", "backward", "optimizer")
+# The config/env fields copied verbatim into each run entry.
+CONFIG_FIELDS = (
+    "mode",
+    "backend",
+    "world_size",
+    "model",
+    "dataset",
+    "scaling",
+    "global_batch",
+    "per_device_batch",
+    "seed",
+    "amp",
+    "devices",
+    "sweep_id",
+)
+ENV_FIELDS = (
+    "os",
+    "platform",
+    "hostname",
+    "python",
+    "torch",
+    "cuda",
+    "nccl",
+    "gpus",
+    "cpu_model",
+    "threads_per_rank",
+)
+
+
+def _phases(steps: pd.DataFrame) -> tuple[dict | None, list[dict]]:
+    """Mean seconds per step of each phase, over all ranks and per rank, on the steps throughput
+    uses: neither warm-up nor profiled (schema 1 folders have no `profiled` column: every
+    non-warm-up step); falls back to the measured steps, then to every step, rather than nothing."""
+    body = steps[steps["warmup"] == 0]
+    if "profiled" in steps.columns and (body["profiled"] == 0).any():
+        body = body[body["profiled"] == 0]
+    if body.empty:  # a run shorter than its warm-up: fall back to every step rather than nothing
+        body = steps
+    if body.empty:
+        return None, []
+    cols = [f"{p}_s" for p in PHASES]
+    overall = {p: float(body[f"{p}_s"].mean()) for p in PHASES}
+    per_rank = body.groupby("rank")[[*cols, "step_time_s"]].mean().reset_index()
+    rows = [
+        {
+            "rank": int(r["rank"]),
+            **{p: float(r[f"{p}_s"]) for p in PHASES},
+            "step_time": float(r["step_time_s"]),
+        }
+        for r in per_rank.to_dict("records")
+    ]
+    return overall, rows
+
+
+def _memory(entries: list[dict]) -> dict:
+    """Peak memory and imbalance over the run's memory entries (one per rank/device).
+
+    Uses `peak_allocated_bytes` (CUDA) when every entry has it, else `peak_rss_bytes` (CPU runs).
+    `memory_imbalance_pct` (the one imbalance definition) = (max / min − 1) × 100: how much more
+    the fullest device holds than the emptiest. `memory_imbalance_max_over_mean` = max / mean is
+    an extra column only.
+    """
+    out = {
+        "memory_metric": None,
+        "peak_memory_bytes": None,
+        "memory_imbalance_pct": None,
+        "memory_imbalance_max_over_mean": None,
+    }
+    for field in ("peak_allocated_bytes", "peak_rss_bytes"):
+        values = [e.get(field) for e in entries]
+        if values and all(isinstance(v, int | float) for v in values):
+            hi, lo, mean = max(values), min(values), statistics.fmean(values)
+            out.update(
+                memory_metric=field,
+                peak_memory_bytes=int(hi),
+                memory_imbalance_pct=(hi / lo - 1) * 100 if lo > 0 else None,
+                memory_imbalance_max_over_mean=hi / mean if mean > 0 else None,
+            )
+            break
+    return out
+
+
+def _device_type(config: Config) -> str | None:
+    """`cpu`, `cuda`, ... from the run's first device (`cuda:1` -> `cuda`); None when unknown."""
+    return config.devices[0].split(":", 1)[0] if config.devices else None
+
+
+def _num_devices(config: Config) -> int | None:
+    """Devices a run spreads over: DDP ranks, DP's GPUs, 1 for single (efficiency's divisor);
+    None for a skipped run whose layout was never decided."""
+    if config.mode == "dp" and config.devices:
+        return len(set(config.devices))
+    return config.world_size
+
+
+def load_run(run_dir: Path) -> dict:
+    """One run entry of the runs JSON, without the cross-run fields (baseline, speedup, ...).
+
+    run.json and steps.csv are validated first (analysis/records.py). Raises AnalysisError when
+    run.json is missing or unreadable and InvalidRecord when either file breaks the run-folder
+    contract; a missing steps.csv (or a bad one in a run that did not finish ok) or bad traces
+    only add a line to the entry's `warnings`.
+    """
+    rec, raw = read_record(run_dir / "run.json")
+    config, env, metrics = rec.config, rec.env, rec.metrics
+    step_time = metrics.step_time_s or StepTime()
+    best = rec.eval.best or EvalEntry()
+    memory = (raw.get("metrics") or {}).get("memory") or []
+    # The batch the scaling mode holds fixed: part of the same-workload key (WORKLOAD_KEY).
+    fixed_batch = config.global_batch if config.scaling == "strong" else config.per_device_batch
+    entry: dict[str, Any] = {
+        "run_id": rec.run_id or run_dir.name,
+        "path": str(run_dir),
+        "status": rec.status,
+        "error": raw.get("error"),
+        **{k: getattr(config, k) for k in CONFIG_FIELDS},
+        **{k: getattr(env, k) for k in ENV_FIELDS},
+        "fixed_batch": fixed_batch,
+        "device_type": _device_type(config),
+        "num_devices": _num_devices(config),
+        "samples_per_s": metrics.samples_per_s,
+        "step_time_s_mean": step_time.mean,
+        "step_time_s_p95": step_time.p95,
+        "wall_time_s": metrics.wall_time_s,
+        "profiler_overhead_pct": metrics.profiler_overhead_pct,
+        # Wall time of each epoch's training loop as run (partial when --max-steps cut it).
+        "epoch_time_s": mean_std(metrics.epoch_time_s)[0],
+        "baseline_run_id": None,
+        "speedup": None,
+        "scaling_efficiency": None,
+        "phases_s": None,
+        "phases_per_rank_s": [],
+        "comm_pct": None,
+        "exposed_comm_pct": None,
+        "overlap_pct": None,
+        # Verbatim (validated) entries: fields newer writers add pass through to the report.
+        "memory": memory,
+        **_memory(memory),
+        "memory_breakdown": breakdown_entries((raw.get("metrics") or {}).get("memory_breakdown")),
+        "test_loss": best.test_loss,
+        "top1_pct": best.top1_pct,
+        "top5_pct": best.top5_pct,
+        "trace_files": list(rec.traces),
+        "logs": sorted(p.relative_to(run_dir).as_posix() for p in run_dir.glob("logs/*.log")),
+        "trace": None,
+        "warnings": [w for w in rec.warnings if w],  # the writer's own (e.g. no unprofiled step)
+    }
+    steps_csv = run_dir / "steps.csv"
+    if steps_csv.is_file():
+        try:
+            read_steps(steps_csv)
+        except InvalidRecord as err:
+            if rec.status == "ok":
+                raise
+            # A run that did not finish may have been cut off mid-row: its numbers are not used.
+            entry["warnings"].append(f"{err} — phases left empty")
+        else:  # every cell is now known to be valid: pandas reads the same file into columns
+            steps = pd.read_csv(steps_csv)
+            entry["phases_s"], entry["phases_per_rank_s"] = _phases(steps)
+            if "profiled" not in steps.columns and entry["status"] == "ok":
+                entry["warnings"].append(
+                    f"{steps_csv}: no `profiled` column (run-folder schema "
+                    f"{rec.schema_version}) — throughput and phases include the "
+                    "profiled steps; re-run with the current dpscope to exclude them"
+                )
+    elif entry["status"] == "ok":
+        entry["warnings"].append(f"{steps_csv}: missing — phases left empty")
+    return entry
+
+
+def attach_trace(entry: dict, run_dir: Path, *, progress: bool) -> None:
+    """Analyse the run's traces/ folder and copy the run-level trace metrics into `entry`."""
+    trace_dir = run_dir / "traces"
+    if not trace_dir.is_dir() or not any(trace_dir.iterdir()):
+        return
+    from analysis.trace.folder import analyze_trace_dir  # only runs with traces need the trace engine
+
+    try:
+        trace = analyze_trace_dir(trace_dir, progress=progress)
+    except AnalysisError as err:
+        entry["warnings"].append(str(err))
+        return
+    except Exception as err:  # noqa: BLE001 — the run's record stays; only its traces are lost
+        entry["warnings"].append(f"{trace_dir}: {unexpected(err)}")
+        return
+    entry["trace"] = trace
+    entry["warnings"] += [f"{s['file']}: {s['reason']}" for s in trace["skipped"]]
+    entry["warnings"] += [
+        f"{r['file']}: dropped {r['dropped_events']} event(s) with impossible times — not analysed"
+        for r in trace["ranks"]
+        if r.get("dropped_events")
+    ]
+    entry["warnings"] += fill_dynamic(entry["memory_breakdown"], trace["ranks"])
+    ranks = [r for r in trace["ranks"] if r["step_time_us_mean"]]
+    if ranks:
+        entry["comm_pct"] = statistics.fmean(
+            100 * r["comm_us"] / r["step_time_us_mean"] for r in ranks
+        )
+        entry["exposed_comm_pct"] = statistics.fmean(
+            100 * r["exposed_comm_us"] / r["step_time_us_mean"] for r in ranks
+        )
+        overlaps = [r["overlap_pct"] for r in ranks if r["overlap_pct"] is not None]
+        entry["overlap_pct"] = statistics.fmean(overlaps) if overlaps else None
+
+
+def mean_std(values: Iterable[Any]) -> tuple[float | None, float | None]:
+    """Mean and sample std (n−1) of the finite numbers in `values`; non-numbers are ignored.
+    (None, None) when there is none; the std is None for a single value."""
+    vals = [float(v) for v in values if isinstance(v, int | float) and math.isfinite(v)]
+    if not vals:
+        return None, None
+    return statistics.fmean(vals), (statistics.stdev(vals) if len(vals) > 1 else None)

@@ -1,0 +1,227 @@
+"""Reduce one rank's trace to its summary: per-step compute/comm/overlap/idle/data-wait, the
+rank-level HTA figures, tb-profiler's split, and the collective instances for cross-rank matching.
+
+Steps are the `ProfilerStep#N` ranges. The last one is dropped when there are two or more (HTA's
+rule: the profiler stops inside it, so its GPU work is cut off); a trace without any is analysed
+as one step spanning its CPU ops (tb-profiler's rule) and says so in `warnings`.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from analysis.errors import AnalysisError
+from analysis.trace.classify import COMM, COMPUTE, MAX_DUR_US, Classified, Ranges, classify
+from analysis.trace.collectives import rank_instances
+from analysis.trace.intervals import Intervals, clip, intersection_us, merge, total_us, union_us
+from analysis.trace.loader import load_trace
+from analysis.trace.memory import memory_summary
+from analysis.trace.ops import rank_ops
+from analysis.trace.tbprofiler import tb_split
+
+__all__ = ["summarize_file"]
+
+
+def _windows(c: Classified, path: Path, warnings: list[str]) -> tuple[np.ndarray, np.ndarray, list]:
+    """Analysed step windows (start, end, step number) in µs relative to the rank's origin."""
+    if len(c.steps) == 0:
+        lo, hi = c.cpu_span
+        if hi <= lo:
+            raise AnalysisError(
+                path,
+                "no ProfilerStep ranges and no CPU ops",
+                "profile with torch.profiler and call prof.step() every step",
+            )
+        warnings.append(
+            f"{path}: no ProfilerStep#N ranges — analysed the whole trace as one step;"
+            " call prof.step() every iteration for per-step numbers"
+        )
+        return np.array([lo]), np.array([hi]), [None]
+    n = len(c.steps) - 1 if len(c.steps) >= 2 else 1  # HTA drops the last, incomplete step
+    return c.steps.start[:n], c.steps.end[:n], c.step_numbers[:n]
+
+
+def _sel(r: Ranges, mask: np.ndarray) -> Intervals:
+    return r.start[mask], r.end[mask]
+
+
+def _outside_comm(c: Classified) -> np.ndarray:
+    """Mask of compute ops not nested inside a collective annotation on the same thread (the
+    copies a gloo thread makes while reducing belong to the collective, not to computation)."""
+    keep = np.ones(len(c.compute_ops), dtype=bool)
+    op_tids = c.compute_ops.tids
+    a_tids = c.anchors.tids
+    for tid in np.unique(c.anchors.tids).tolist():
+        ms, me = merge(*_sel(c.anchors, a_tids == tid))
+        on = np.flatnonzero(op_tids == tid)
+        idx = np.searchsorted(ms, c.compute_ops.start[on], side="right") - 1
+        inside = (idx >= 0) & (me[np.clip(idx, 0, None)] > c.compute_ops.start[on])
+        keep[on[inside]] = False
+    return keep
+
+
+def _training_thread(c: Classified) -> np.ndarray:
+    """Mask of compute ops on the training thread: the one that records `ProfilerStep#N` (it calls
+    prof.step()); without steps, or when that thread has no ops, the thread with the most CPU-op
+    time. Ops on other threads (a background saver, a prefetcher, gloo's own threads) are not the
+    model's computation, and counting them would hide communication that the training waits on."""
+    tids = c.compute_ops.tids
+    if not tids.size:
+        return np.ones(0, dtype=bool)
+    on_step_thread = np.isin(tids, c.steps.tids)
+    if on_step_thread.any():
+        return on_step_thread
+    busy = {t: total_us(merge(*_sel(c.compute_ops, tids == t))) for t in np.unique(tids).tolist()}
+    return tids == max(busy, key=busy.get)
+
+
+def _step_rows(c: Classified, lo: np.ndarray, hi: np.ndarray, numbers: list) -> list[dict]:
+    gpu = len(c.kernels) > 0
+    if gpu:  # a kernel belongs to the step whose CPU range launched it (HTA attributes the same)
+        k_step = np.searchsorted(lo, c.launch_us, side="right") - 1
+        valid = (k_step >= 0) & (c.launch_us <= hi[np.clip(k_step, 0, None)])
+        if numbers == [None]:  # one whole-trace window: every kernel is in it
+            k_step, valid = np.zeros(len(c.kernels), dtype=np.int64), np.ones(len(c.kernels), bool)
+    else:
+        ops = _sel(c.compute_ops, _outside_comm(c) & _training_thread(c))
+        comm_all = merge(c.anchors.start, c.anchors.end)
+    data_all = merge(c.data.start, c.data.end)
+    rows = []
+    for i, (s, e) in enumerate(zip(lo.tolist(), hi.tolist(), strict=True)):
+        if gpu:
+            mine = valid & (k_step == i)
+            comp = merge(*_sel(c.kernels, mine & (c.kernel_cls == COMPUTE)))
+            comm = merge(*_sel(c.kernels, mine & (c.kernel_cls == COMM)))
+            busy = total_us(merge(*_sel(c.kernels, mine)))
+        else:
+            comp, comm = clip(merge(*ops), s, e), clip(comm_all, s, e)
+            busy = union_us(comp, comm)
+        comp_us, comm_us, overlap_us = total_us(comp), total_us(comm), intersection_us(comp, comm)
+        rows.append(
+            {
+                "step": numbers[i],
+                "step_time_us": e - s,
+                "compute_us": comp_us,
+                "comm_us": comm_us,
+                "exposed_comm_us": comm_us - overlap_us,
+                "overlap_us": overlap_us,
+                "busy_us": busy,
+                "idle_us": max(0.0, (e - s) - busy),
+                "data_wait_us": total_us(clip(data_all, s, e)),
+            }
+        )
+    return rows
+
+
+def _hta_breakdown(c: Classified, lo: np.ndarray, hi: np.ndarray) -> dict:
+    """HTA's temporal breakdown and comm/comp overlap over the kernels the analysed steps launched."""
+    k_step = np.searchsorted(lo, c.launch_us, side="right") - 1
+    mine = (k_step >= 0) & (c.launch_us <= hi[np.clip(k_step, 0, None)])
+    if lo.size == 1 and len(c.steps) == 0:
+        mine[:] = True
+    allk = merge(*_sel(c.kernels, mine))
+    if allk[0].size == 0:
+        return {
+            "kernel_time_us": None,
+            "idle_us": None,
+            "compute_pct": None,
+            "non_compute_pct": None,
+            "idle_pct": None,
+            "overlap_pct": None,
+        }
+    comp = merge(*_sel(c.kernels, mine & (c.kernel_cls == COMPUTE)))
+    comm = merge(*_sel(c.kernels, mine & (c.kernel_cls == COMM)))
+    span = float(allk[1][-1] - allk[0][0])
+    idle = span - total_us(allk)
+    comm_us = total_us(comm)
+    return {
+        "kernel_time_us": span,
+        "idle_us": idle,
+        "compute_pct": 100 * total_us(comp) / span,
+        "non_compute_pct": 100 * (span - total_us(comp) - idle) / span,
+        "idle_pct": 100 * idle / span,
+        "overlap_pct": 100 * intersection_us(comp, comm) / comm_us if comm_us else None,
+    }
+
+
+def _mean(rows: list[dict], key: str) -> float:
+    return float(np.mean([r[key] for r in rows])) if rows else 0.0
+
+
+def summarize_file(path: Path) -> dict:
+    """Load one trace and reduce it to its summary (events are dropped before returning).
+
+    Raises AnalysisError with a one-line message when the file cannot be analysed.
+    """
+    loaded = load_trace(path)
+    c = classify(loaded.event_chunks())
+    loaded.raw_events = memoryview(b"")  # the summary is all we keep; free the JSON now
+    if not len(c.kernels) and not len(c.compute_ops) and not len(c.anchors) and not len(c.steps):
+        raise AnalysisError(
+            path,
+            "no profiler events (no ops, kernels or ProfilerSteps)",
+            "the profiler recorded nothing; check its schedule",
+        )
+    warnings: list[str] = list(loaded.warnings)
+    if c.dropped_events:
+        warnings.append(
+            f"{path}: dropped {c.dropped_events} event(s) with impossible times (missing ts/dur,"
+            f" negative, non-finite or over {MAX_DUR_US:.0e} µs, or a ts/dur/tid/name of the wrong"
+            " JSON type) — not analysed"
+        )
+    lo, hi, numbers = _windows(c, loaded.path, warnings)
+    per_step = _step_rows(c, lo, hi, numbers)
+    gpu = len(c.kernels) > 0
+    comm = sum(r["comm_us"] for r in per_step)
+    summary = {
+        "rank": loaded.rank,
+        "file": str(loaded.path),
+        "rank_source": loaded.rank_source,
+        "world_size": loaded.world_size,
+        "backend": loaded.backend,
+        "kind": "gpu" if gpu else "cpu",
+        "origin_us": c.origin_us + loaded.base_time_us,
+        "steps": len(per_step),
+        "dropped_events": c.dropped_events,
+        "step_numbers": numbers,
+        **{
+            k: _mean(per_step, k)
+            for k in (
+                "compute_us",
+                "comm_us",
+                "exposed_comm_us",
+                "data_wait_us",
+                "overlap_us",
+                "idle_us",
+            )
+        },
+        "step_time_us_mean": _mean(per_step, "step_time_us"),
+        "overlap_pct": 100 * sum(r["overlap_us"] for r in per_step) / comm if comm else None,
+        "idle_pct": 100
+        * sum(r["idle_us"] for r in per_step)
+        / max(1e-9, sum(r["step_time_us"] for r in per_step)),
+        "hta": _hta_breakdown(c, lo, hi) if gpu else None,
+        "tb_split": tb_split(c.tb),
+        "ops": [],  # filled below, once the mean step time is known
+        # tb-profiler averages over its own steps (all ProfilerSteps, device-adjusted on GPU).
+        "tb_split_steps": len(c.tb.steps),
+        "tb_split_step_time_us_mean": (
+            float(np.mean([e - s for s, e in c.tb.steps])) if c.tb.steps else None
+        ),
+        "per_step": per_step,
+        "warnings": warnings,
+        "instances": rank_instances(c, float(lo[0]), float(hi[-1])),
+        "memory": memory_summary(c.memory, str(loaded.path)),
+    }
+    summary["ops"], summary["ops_self_us_per_step"] = rank_ops(
+        c, lo, hi, numbers == [None], summary["step_time_us_mean"]
+    )
+    warnings += summary["memory"]["warnings"]
+    if gpu:  # on GPU traces the rank-level idle and overlap follow HTA's definitions exactly
+        summary["idle_pct"] = summary["hta"]["idle_pct"]
+        summary["overlap_pct"] = summary["hta"]["overlap_pct"]
+    for inst in summary["instances"].values():  # to the rank's absolute clock for alignment
+        inst["start_us"] = inst["start_us"] + summary["origin_us"]
+    return summary

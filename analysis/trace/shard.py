@@ -1,0 +1,166 @@
+"""Sharded trace analysis for jobs too large for one process: reduce shards anywhere (a Slurm job
+array, any batch system), then merge.
+
+`python -m analysis traces DIR --shard K/N --json part-K.json` reduces only shard K's files: the
+folder's trace files sorted by path, file i going to shard i mod N. A part holds each of its
+ranks' full summary, including the per-rank collective call arrays (start, latency, device time,
+bytes, group size) that cross-rank matching, stragglers and the step-time spread need, not only
+totals. `python -m analysis merge part-*.json --json all.json` checks that the parts belong
+together and runs the same cross-rank step as the unsharded analysis, so its output is exactly the
+unsharded traces JSON (JSON floats round-trip exactly).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from analysis.errors import AnalysisError
+from analysis.trace.folder import SCHEMA_VERSION, combine_summaries, find_trace_files, reduce_files
+
+__all__ = ["PART_KIND", "analyze_shard", "merge_parts", "parse_shard"]
+
+PART_KIND = "dpscope traces part"
+_INT_ARRAYS = ("bytes", "group_size")  # every other instance array is float64 µs
+
+
+def parse_shard(text: str) -> tuple[int, int]:
+    """`K/N` -> (K, N) with N >= 1 and 0 <= K < N; anything else is one AnalysisError line."""
+    m = re.fullmatch(r"\s*(\d+)\s*/\s*(\d+)\s*", str(text))
+    if not m or int(m.group(2)) < 1 or int(m.group(1)) >= int(m.group(2)):
+        raise AnalysisError(
+            "--shard",
+            f"{text!r} is not K/N with N >= 1 and 0 <= K < N",
+            "e.g. --shard 0/16 for the first of 16 shards (--shard $SLURM_ARRAY_TASK_ID/16)",
+        )
+    return int(m.group(1)), int(m.group(2))
+
+
+def _to_json(summary: dict) -> dict:
+    out = dict(summary)
+    out["instances"] = {
+        name: {k: v.tolist() if isinstance(v, np.ndarray) else v for k, v in inst.items()}
+        for name, inst in summary["instances"].items()
+    }
+    return out
+
+
+def _from_json(summary: dict) -> dict:
+    out = dict(summary)
+    out["instances"] = {
+        name: {
+            k: np.asarray(v, dtype=np.int64 if k in _INT_ARRAYS else np.float64)
+            if isinstance(v, list)
+            else v
+            for k, v in inst.items()
+        }
+        for name, inst in summary["instances"].items()
+    }
+    return out
+
+
+def analyze_shard(
+    path: Path, shard: str, *, workers: int | None = None, progress: bool = True
+) -> dict:
+    """The part JSON of shard `K/N` of the trace folder `path` (see the module docstring)."""
+    k, n = parse_shard(shard)
+    files = find_trace_files(path)
+    mine = files[k::n]
+    good, skipped = reduce_files(mine, workers=workers, progress=progress) if mine else ([], [])
+    return {
+        "kind": PART_KIND,
+        "schema_version": SCHEMA_VERSION,
+        "trace_dir": str(path),
+        "shard": k,
+        "shards": n,
+        "files": [str(f) for f in files],
+        "shard_files": [str(f) for f in mine],
+        "summaries": [_to_json(s) for s in sorted(good, key=lambda s: s["file"])],
+        "skipped": skipped,
+    }
+
+
+def _read_part(path: Path) -> dict[str, Any]:
+    try:
+        part = json.loads(Path(path).read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise AnalysisError(path, "does not exist", "pass the files `--shard` wrote") from None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise AnalysisError(
+            path, f"unreadable ({err})", "re-run that shard; its job may have been cut short"
+        ) from None
+    keys = ("schema_version", "trace_dir", "shard", "shards", "files", "summaries", "skipped")
+    if (
+        not isinstance(part, dict)
+        or part.get("kind") != PART_KIND
+        or any(k not in part for k in keys)
+    ):
+        raise AnalysisError(
+            path,
+            "is not a traces part",
+            "pass the part-K.json files written by `python -m analysis traces DIR --shard K/N`",
+        )
+    return part
+
+
+def _names(paths: list[Path]) -> str:
+    return ", ".join(str(p) for p in paths)
+
+
+def _same(parts: list[tuple[Path, dict]], key: str, what: str, fix: str) -> None:
+    by_value: dict[str, list[Path]] = {}
+    for path, p in parts:
+        by_value.setdefault(json.dumps(p[key], sort_keys=True), []).append(path)
+    if len(by_value) > 1:
+        groups = "; ".join(_names(v) for v in by_value.values())
+        raise AnalysisError(
+            _names([p for p, _ in parts]), f"parts differ in {what} ({groups})", fix
+        )
+
+
+def merge_parts(paths: list[Path]) -> dict:
+    """The traces JSON of the whole folder from its parts: exactly what the unsharded analysis
+    gives. Parts from different folders or dpscope versions, or overlapping or missing shards,
+    raise one AnalysisError line naming the files."""
+    if not paths:
+        raise AnalysisError("merge", "no part files given", "pass part-*.json")
+    parts = [(Path(p), _read_part(Path(p))) for p in paths]  # a file given twice overlaps
+    _same(parts, "schema_version", "schema version", "re-run every shard with one dpscope version")
+    _same(parts, "trace_dir", "trace folder", "merge only the parts of one trace folder")
+    _same(
+        parts, "files", "their trace file lists", "re-run every shard on the same, complete folder"
+    )
+    _same(parts, "shards", "shard count N", "run every shard with the same --shard K/N")
+    first = parts[0][1]
+    if first["schema_version"] != SCHEMA_VERSION:
+        raise AnalysisError(
+            _names([p for p, _ in parts]),
+            f"parts have schema version {first['schema_version']}, this dpscope reads "
+            f"{SCHEMA_VERSION}",
+            "re-run the shards with this dpscope version",
+        )
+    by_shard: dict[int, list[Path]] = {}
+    for path, p in parts:
+        by_shard.setdefault(int(p["shard"]), []).append(path)
+    twice = {k: v for k, v in by_shard.items() if len(v) > 1}
+    if twice:
+        k, dup = min(twice.items())
+        raise AnalysisError(
+            _names(dup), f"overlapping parts: shard {k} given {len(dup)} times", "pass each once"
+        )
+    n = int(first["shards"])
+    missing = sorted(set(range(n)) - set(by_shard))
+    if missing:
+        shown = ", ".join(map(str, missing[:10])) + (", ..." if len(missing) > 10 else "")
+        raise AnalysisError(
+            _names([p for p, _ in parts]),
+            f"missing shards {shown} of {n}",
+            "run those shards (--shard K/N) and merge all N parts",
+        )
+    summaries = [_from_json(s) for _, p in parts for s in p["summaries"]]
+    skipped = [s for _, p in parts for s in p["skipped"]]
+    return combine_summaries(first["trace_dir"], summaries, skipped)

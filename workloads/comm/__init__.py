@@ -1,0 +1,1 @@
+"""The collective benchmark (`make bench-comm`): its collectives and the torchrun job."""

@@ -1,0 +1,1 @@
+"""Launching: the launcher, supervision, heartbeats, per-rank logs and fault injection."""

@@ -1,0 +1,285 @@
+"""The launcher behind `make profile-*`: `python -m workloads.launch --mode single|dp|ddp|all ...`.
+
+It checks what this machine can run (one clear line and exit code 2 otherwise), writes
+`run.json` with status `running` and the config, starts the training — `workloads.train` directly
+for single/DP, through torchrun (`python -m torch.distributed.run`) for DDP — relays its output to
+the console and `logs/launcher.log`, and afterwards turns a crash into `status: failed` with the
+failing rank, its exit code and the last lines of its log. `--mode all` runs every mode this
+machine supports and records the others as `status: skipped` with the reason. The training runs
+under workloads.launch.supervise: a heartbeat watchdog ends a hung job, Ctrl-C/SIGTERM stops every
+process, and runlog.finalize gives each failed run its `error.kind` (never downgrading `ok`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shlex
+import sys
+from pathlib import Path
+
+from profiler.record import write_json_atomic
+from workloads.config import (
+    OneLineParser,
+    TrainConfig,
+    add_config_arguments,
+    config_from_namespace,
+    default_run_id,
+    run_record,
+    to_argv,
+)
+from workloads.launch.runlog import finalize
+from workloads.launch.supervise import flight_recorder_env, run_supervised
+from workloads.plan import Environment, Plan
+from workloads.plan import plan as plan_run
+from workloads.train.data import check_available
+
+__all__ = ["LaunchError", "main"]
+
+REPO = Path(__file__).resolve().parents[1]
+ALL_MODES = (("single", "auto"), ("dp", "auto"), ("ddp", "nccl"), ("ddp", "gloo"))
+# The watchdog waits this much longer than --collective-timeout, so that a rank's own timeout
+# error (and NCCL's flight-recorder dump) comes first when a rank hangs in a collective.
+WATCHDOG_GRACE_S = 10.0
+
+
+class LaunchError(Exception):
+    """What the user asked for cannot run here; the message is one line that says what to do."""
+
+
+def _record(cfg: TrainConfig, plan: Plan, *, status: str, error: dict | None = None) -> dict:
+    return run_record(cfg, plan, status=status, threads_per_rank=plan.threads_per_rank, error=error)
+
+
+def _command(cfg: TrainConfig, plan: Plan, args: argparse.Namespace, extra: list[str]) -> list[str]:
+    train_argv = [*to_argv(cfg), *extra]
+    if plan.mode != "ddp":
+        return [sys.executable, "-m", "workloads.train", *train_argv]
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(plan.nproc)]
+    if args.nnodes == 1 and not args.rdzv_endpoint:
+        cmd.append("--standalone")  # local c10d store on a free port: parallel runs never collide
+    else:
+        cmd += [
+            "--nnodes",
+            str(args.nnodes),
+            "--node-rank",
+            str(args.node_rank),
+            "--rdzv-backend",
+            args.rdzv_backend,
+            "--rdzv-endpoint",
+            args.rdzv_endpoint,
+            "--rdzv-id",
+            cfg.run_id,
+        ]
+    restarts = ["--max-restarts", str(args.max_restarts)]
+    return [*cmd, *restarts, "-m", "workloads.train", *train_argv]
+
+
+def _execute(cfg: TrainConfig, plan: Plan, args: argparse.Namespace, extra: list[str]) -> str:
+    """Run one planned training; return its final status."""
+    run_dir = Path(cfg.runs_dir) / cfg.run_id
+    is_record_node = args.node_rank == 0
+    if is_record_node and (run_dir / "run.json").exists():
+        raise LaunchError(
+            f"run folder {run_dir} already holds a run; pick another --run-id or remove it"
+        )
+    (run_dir / "logs").mkdir(parents=True, exist_ok=True)
+    if is_record_node:
+        write_json_atomic(run_dir / "run.json", _record(cfg, plan, status="running"))
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    if not plan.use_cuda:
+        # What train sets anyway; it also silences torchrun's OMP_NUM_THREADS note.
+        env["OMP_NUM_THREADS"] = str(plan.threads_per_rank)
+        # A CUDA build of torch on a machine without a GPU makes Kineto log a harmless
+        # "ERROR ... gpuGetDeviceCount failed" at every trace; level 5 keeps CPU logs clean.
+        env.setdefault("KINETO_LOG_LEVEL", "5")
+    if plan.backend == "nccl":
+        env = {**flight_recorder_env(run_dir / "logs"), **env}
+    log_name = "launcher.log" if is_record_node else f"launcher-node{args.node_rank}.log"
+    launcher_log = run_dir / "logs" / log_name
+    outcome = run_supervised(
+        _command(cfg, plan, args, extra),
+        cwd=REPO,
+        env=env,
+        log_path=launcher_log,
+        logs=run_dir / "logs",
+        stall_s=cfg.collective_timeout + WATCHDOG_GRACE_S,
+    )
+    returncode = outcome.returncode
+    if not is_record_node:
+        print(
+            f"node {args.node_rank} finished (exit code {returncode}); node 0 writes {run_dir / 'run.json'}"
+        )
+        return "ok" if returncode == 0 else "failed"
+    record = finalize(run_dir, outcome, launcher_log)
+    print(f"\nrun folder: {run_dir}  status: {record['status']}")
+    if record["status"] == "failed":
+        print(
+            f"  error ({record['error']['kind']}): {record['error']['message']}\n"
+            f"  logs:  {run_dir / 'logs'}"
+        )
+    return "interrupted" if outcome.interrupted and record["status"] != "ok" else record["status"]
+
+
+def _skip(cfg: TrainConfig, plan: Plan) -> None:
+    run_dir = Path(cfg.runs_dir) / cfg.run_id
+    error = {"message": plan.reason, "rank": None, "exit_code": None, "log_tail": []}
+    write_json_atomic(run_dir / "run.json", _record(cfg, plan, status="skipped", error=error))
+    print(f"\nrun folder: {run_dir}  status: skipped ({plan.reason})")
+
+
+def _check_arguments(args: argparse.Namespace) -> None:
+    """Launcher-only arguments that are wrong on any machine: one line each, nothing written."""
+    if args.mode == "all" and args.run_id:
+        raise LaunchError("--run-id names one run but --mode all makes four; leave --run-id out")
+    if args.nproc is not None and args.nproc < 1:
+        raise LaunchError(f"--nproc must be >= 1; got {args.nproc} (leave it out for the default)")
+    if args.nnodes < 1 or not 0 <= args.node_rank < args.nnodes:
+        raise LaunchError(
+            f"--node-rank must be in [0, --nnodes); got {args.node_rank} with --nnodes {args.nnodes}"
+        )
+    if args.nnodes > 1 and not args.rdzv_endpoint:
+        raise LaunchError(
+            "--nnodes > 1 needs --rdzv-endpoint HOST:PORT (node 0's address, same on every node)"
+        )
+    if args.max_restarts < 0:
+        raise LaunchError(f"--max-restarts must be >= 0; got {args.max_restarts}")
+    if args.max_restarts and args.mode != "ddp":
+        raise LaunchError(
+            "--max-restarts restarts torchrun's workers, so it needs --mode ddp "
+            "(run single-device as --mode ddp --nproc 1 to get restarts)"
+        )
+    if args.nnodes > 1 and args.mode != "ddp":
+        raise LaunchError("--nnodes > 1 only makes sense with --mode ddp")
+    runs = Path(args.runs_dir)
+    existing = next(p for p in (runs, *runs.parents) if p.exists())
+    if not existing.is_dir():
+        raise LaunchError(
+            f"--runs-dir {runs}: {existing} is a file, not a folder; pass a folder (make: RUNS=DIR)"
+        )
+
+
+def run(args: argparse.Namespace, extra: list[str]) -> int:
+    """Plan, validate and execute the requested run(s); return the process exit code."""
+    _check_arguments(args)
+    # Every TrainConfig check (profiler schedule included) before anything is created.
+    config_from_namespace(args, mode="single", backend=args.backend, init_method="")
+    check_available(args.dataset, args.data_dir, download=args.download)
+    init_method = ""
+    if args.rdzv_file:
+        path = Path(args.rdzv_file).resolve()
+        if args.nnodes == 1:
+            path.unlink(missing_ok=True)  # a file left by an earlier run would break the rendezvous
+        path.parent.mkdir(parents=True, exist_ok=True)
+        init_method = path.as_uri()  # file:///... (file:///C:/... on Windows)
+    if extra:
+        print(f"workloads.launch: passing to workloads.train: {' '.join(extra)}", file=sys.stderr)
+    env = Environment.detect()
+    statuses = []
+    for mode, backend in ALL_MODES if args.mode == "all" else ((args.mode, args.backend),):
+        # DP's GPU count is --nproc (as `make profile-all NPROC=` passes it) or --dp-gpus.
+        dp_gpus = (args.nproc or args.dp_gpus) if mode == "dp" else args.dp_gpus
+        cfg = config_from_namespace(
+            args, mode=mode, backend=backend, init_method=init_method, dp_gpus=dp_gpus
+        )
+        plan = plan_run(cfg, env, nproc=args.nproc, nnodes=args.nnodes)
+        for warning in plan.warnings:
+            print(f"workloads.launch: warning: {warning}", file=sys.stderr)
+        cfg.run_id = cfg.run_id or default_run_id(
+            cfg, backend=plan.backend, world_size=plan.replicas
+        )
+        if plan.reason is not None:
+            if args.mode != "all" and not args.skip_impossible:
+                raise LaunchError(plan.reason)
+            _skip(cfg, plan)  # impossible here (or with this batch): recorded as skipped
+            statuses.append("skipped")
+            continue
+        if plan.backend != "none":
+            cfg.backend = plan.backend  # every rank uses what was planned, not "auto" again
+        if mode == "dp":  # the planned GPUs must reach train, which otherwise takes every GPU
+            cfg.dp_gpus = plan.replicas or 0
+        statuses.append(_execute(cfg, plan, args, extra))
+        if statuses[-1] == "interrupted":
+            break  # the user stopped the job: start no further mode
+    if args.node_rank == 0:
+        runs = shlex.quote(str(args.runs_dir))
+        print(
+            f"\nnext: make report RUNS={runs}   (or: python -m analysis.report {runs} --out reports)"
+        )
+        print(f"      make tensorboard RUNS={runs}   (traces in TensorBoard's profiler plugin)")
+    if "interrupted" in statuses:
+        return 130
+    return 1 if "failed" in statuses else 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = OneLineParser(
+        prog="python -m workloads.launch",
+        description="Profile the same training as single-device, DataParallel and DDP runs; one "
+        "run folder per run under --runs-dir. Unknown arguments are passed to workloads.train.",
+    )
+    parser.add_argument(
+        "--mode",
+        choices=("single", "dp", "ddp", "all"),
+        default="single",
+        help="all = single, dp, ddp-nccl, ddp-gloo as this machine allows (others: skipped)",
+    )
+    parser.add_argument(
+        "--backend",
+        choices=("auto", "nccl", "gloo"),
+        default="auto",
+        help="DDP backend; auto = nccl on Linux with CUDA, gloo otherwise",
+    )
+    parser.add_argument(
+        "--nproc",
+        type=int,
+        default=None,
+        help="DDP processes per node (default: GPU count, 2 on CPU); DP: GPUs to use",
+    )
+    parser.add_argument("--nnodes", type=int, default=1, help="nodes in a multi-node DDP job")
+    parser.add_argument(
+        "--node-rank", type=int, default=0, help="this node's index in [0, --nnodes)"
+    )
+    parser.add_argument(
+        "--rdzv-endpoint", default="", help="HOST:PORT of node 0 for multi-node runs"
+    )
+    parser.add_argument(
+        "--rdzv-backend",
+        choices=("static", "c10d"),
+        default="static",
+        help="torchrun rendezvous for multi-node: static honours --node-rank",
+    )
+    parser.add_argument(
+        "--rdzv-file",
+        default="",
+        help="file:// rendezvous: a path every rank can reach; becomes init_method",
+    )
+    parser.add_argument(
+        "--skip-impossible",
+        action="store_true",
+        help="record a mode this machine can't run as status: skipped (as --mode all does) "
+        "instead of exiting with an error; what `make profile-sweep` uses",
+    )
+    parser.add_argument(
+        "--max-restarts",
+        type=int,
+        default=0,
+        help="ddp: torchrun restarts the job this many times after a rank fails; each restart "
+        "resumes from the last checkpoint.pt (see --checkpoint-every)",
+    )
+    add_config_arguments(parser, exclude=("mode", "backend", "init_method"))
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args, extra = parser.parse_known_args(argv)
+    try:
+        return run(args, extra)
+    except (LaunchError, ValueError) as exc:  # DataError and config ValueErrors are user errors too
+        print(f"workloads.launch: error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""Tools built on the launcher: scaling sweeps, DDP tuning and the GPU check."""

@@ -1,0 +1,131 @@
+"""The end of a run: every rank's step rows and memory go to rank 0, which writes steps.csv and
+run.json (atomically, so a reader never sees half a record).
+
+Kept apart from the loop (workloads.train) because it runs once, after it: the loop only hands
+over what it collected. The DDP bucket layout is read here, after training, because the reducer
+rebuilds its buckets in gradient-ready order during the first steps.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from pathlib import Path
+
+from torch import nn
+
+from profiler.memory import MemoryTracker
+from profiler.memory_breakdown import StaticMemory
+from profiler.record import STEPS_COLUMNS, write_csv_atomic, write_json_atomic
+from profiler.session import ProfilerSession
+from workloads.config import TrainConfig, run_record
+from workloads.launch import faults
+from workloads.train.context import RunContext, unwrap_model
+from workloads.train.summary import best_epoch, step_metrics
+
+__all__ = ["ddp_info", "finish"]
+
+
+def _buffer_bytes_by_dtype(module: nn.Module) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for b in module.buffers():
+        key = str(b.dtype).removeprefix("torch.")
+        out[key] = out.get(key, 0) + b.numel() * b.element_size()
+    return out
+
+
+def ddp_info(model: nn.Module) -> dict | None:
+    """Bucket layout and gradient volume of a DDP model (None for other modes)."""
+    if not isinstance(model, nn.parallel.DistributedDataParallel):
+        return None
+    params = [p for p in model.module.parameters() if p.requires_grad]
+    # Bucket sizes as the DDP reducer reports them: after the first steps the reducer rebuilds its
+    # buckets in gradient-ready order (`rebuilt_bucket_sizes`); before that, or with static
+    # bucketing, its initial reverse-parameter-order assignment (`bucket_sizes`).
+    info = model._get_ddp_logging_data()
+    sizes = info.get("rebuilt_bucket_sizes") or info.get("bucket_sizes") or ""
+    bucket_sizes = [int(s) for s in re.findall(r"\d+", str(sizes))]
+    return {
+        "num_buckets": len(bucket_sizes),
+        "bucket_sizes_bytes": bucket_sizes,
+        "grad_bytes_total": sum(p.numel() * p.element_size() for p in params),
+        "param_count": sum(p.numel() for p in params),
+    }
+
+
+def finish(
+    cfg: TrainConfig,
+    ctx: RunContext,
+    run_dir: Path,
+    *,
+    model: nn.Module,
+    rows: list[dict],
+    active_steps: list[int],
+    memory: MemoryTracker,
+    static: StaticMemory,
+    profiler: ProfilerSession,
+    evals: list[dict],
+    epoch_times: list[float],
+    restarts: int,
+    threads: int,
+    start: float,
+) -> None:
+    """Gather every rank's rows and memory to rank 0, which writes steps.csv and run.json."""
+    mine = {
+        "rows": rows,
+        "rank": ctx.rank,
+        "active_steps": active_steps,
+        "memory": memory.summary(),
+        "memory_after_first_step": memory.summary_after_first_step(),
+        "memory_breakdown": static.entries(),
+        "traces": [p.relative_to(run_dir).as_posix() for p in profiler.trace_files()],
+    }
+    gathered = ctx.gather_to_main(mine)
+    ddp = ddp_info(model)
+    if gathered is None:  # not rank 0
+        return
+    all_rows = sorted(
+        (r for g in gathered for r in g["rows"]), key=lambda r: (r["step"], r["rank"])
+    )
+    write_csv_atomic(run_dir / "steps.csv", all_rows, STEPS_COLUMNS)
+    previous = run_dir / "run.json"
+    created = json.loads(previous.read_text()).get("created_at") if previous.is_file() else None
+    metrics = step_metrics(
+        all_rows,
+        {(g["rank"], s) for g in gathered for s in g["active_steps"]},
+    )
+    warnings = metrics.pop("warnings")
+    metrics = {
+        **metrics,
+        "epoch_time_s": epoch_times,
+        "wall_time_s": time.perf_counter() - start,
+        "memory": [m for g in gathered for m in g["memory"]],
+        "memory_after_first_step": [m for g in gathered for m in g["memory_after_first_step"]],
+        "memory_breakdown": [m for g in gathered for m in g["memory_breakdown"]],
+        "ddp": ddp,
+        # Per-parameter gradient bytes in model.parameters() order: what DDP's reducer buckets
+        # (analysis project computes a single-device run's buckets from it).
+        "param_grad_bytes": [
+            p.numel() * p.element_size()
+            for p in unwrap_model(model).parameters()
+            if p.requires_grad
+        ],
+        # What DDP's buffer broadcast moves at every forward: one coalesced call per dtype.
+        "buffer_bytes_by_dtype": _buffer_bytes_by_dtype(unwrap_model(model)),
+    }
+    record = run_record(
+        cfg,
+        ctx.plan,
+        status="ok",
+        threads_per_rank=threads,
+        created_at=created,
+        metrics=metrics,
+        evals={"epochs": evals, "best": best_epoch(evals)},
+        traces=sorted(t for g in gathered for t in g["traces"]),
+    )
+    record["warnings"] = warnings  # e.g. no unprofiled measured step: throughput fell back
+    if restarts:  # earlier attempts' traces too (their names say which attempt)
+        record.update(faults.restart_record(run_dir, restarts), traces=faults.all_traces(run_dir))
+    write_json_atomic(run_dir / "run.json", record)
+    print(f"[rank0] wrote {run_dir / 'run.json'}", flush=True)
