@@ -21,7 +21,7 @@ from pathlib import Path
 
 __all__ = ["make_demo", "make_sweep", "main"]
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[1]
 NO_DP = "--mode dp needs at least one CUDA device (nn.DataParallel is GPU-only)"
 NO_NCCL = "--backend nccl needs CUDA GPUs and torch sees none; use --backend gloo (or auto)"
 TINY = "--model mlp --dataset synthetic --max-steps 8 --batch-size 64 --device cpu".split()

@@ -49,7 +49,7 @@ from workloads.plan import Environment, runnable_plan
 
 __all__ = ["COLLECTIVES", "default_sizes", "main", "parse_gaps"]
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 MIB = 1 << 20
 
 

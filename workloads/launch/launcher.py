@@ -36,7 +36,7 @@ from workloads.train.data import check_available
 
 __all__ = ["LaunchError", "main"]
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 ALL_MODES = (("single", "auto"), ("dp", "auto"), ("ddp", "nccl"), ("ddp", "gloo"))
 # The watchdog waits this much longer than --collective-timeout, so that a rank's own timeout
 # error (and NCCL's flight-recorder dump) comes first when a rank hangs in a collective.

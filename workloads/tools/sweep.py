@@ -36,7 +36,7 @@ from tqdm import tqdm
 
 __all__ = ["Combo", "SweepError", "combos", "main", "parse_ints"]
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 MODES = ("single", "dp", "ddp")
 BACKENDS = ("nccl", "gloo")
 # A sweep name becomes part of folder names: keep it to one portable path component.

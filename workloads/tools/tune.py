@@ -34,7 +34,7 @@ from workloads.tools.tune_plan import Knob, TuneError, build_parser, prepare
 
 __all__ = ["Tuner", "main"]
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 TUNE_SCHEMA_VERSION = 1
 WINDOWS = os.name == "nt"
 
