@@ -26,7 +26,7 @@ __all__ = ["main"]
 
 REPO = Path(__file__).resolve().parents[1]
 SOURCE = (
-    REPO.parent / "shared" / "traces" / "hta" / "df_index_resolver" / "df_index_resolver.json.gz"
+    REPO / "tests" / "data" / "hta" / "df_index_resolver" / "df_index_resolver.json.gz"
 )
 
 # Each job prints one JSON line {"seconds": ...}: wall time of the analysis itself.

@@ -1,6 +1,6 @@
 """`make bench-analysis` (rank scaling): `python -m analysis traces` over 8, 64 and 256 ranks.
 
-Each set is one real trace from the shared reference traces, copied once per rank with that copy's
+Each set is one real trace from the reference traces in tests/data, copied once per rank with that copy's
 rank (and the world size) rewritten in `distributedInfo`, so the analysis sees a real N-rank job.
 The sizes run interleaved, `--repeats` times (>= 3), each in a fresh process. Per run: wall time
 of the whole process and peak RSS summed over every process of its tree (the CLI and its load
@@ -27,7 +27,7 @@ from bench.common import REPO, bench_out, interleaved, median, run_tree, write_j
 __all__ = ["main"]
 
 DEFAULT_SOURCE = (
-    REPO.parent / "shared" / "traces" / "hta" / "trace_filter" / "sampled_rank-0.json.gz"
+    REPO / "tests" / "data" / "hta" / "trace_filter" / "sampled_rank-0.json.gz"
 )
 
 

@@ -16,7 +16,8 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
-SHARED = REPO.parent / "shared"
+# Reference traces from other public projects (origin, licence, their tools outputs: README.md).
+DATA = REPO / "tests" / "data"
 
 
 def run_in_repo(

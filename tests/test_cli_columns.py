@@ -14,9 +14,9 @@ from analysis.columns import (
     SUMMARY_COLS,
 )
 from analysis.trace.folder import analyze_trace_dir
-from tests.conftest import SHARED
+from tests.conftest import DATA
 
-TB_NCCL = SHARED / "traces" / "tbplugin" / "test_distributed_nccl"
+TB_NCCL = DATA / "tbplugin" / "test_distributed_nccl"
 
 
 def test_cli_tables_show_the_report_headers_and_formats(capsys):

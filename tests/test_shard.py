@@ -14,9 +14,9 @@ from analysis.errors import AnalysisError
 from analysis.trace.folder import analyze_trace_dir
 from analysis.trace.shard import analyze_shard, merge_parts, parse_shard
 from bench.analysis import build_trace_set
-from tests.conftest import REPO, SHARED
+from tests.conftest import DATA, REPO
 
-TRACE_FILTER = SHARED / "traces" / "hta" / "trace_filter"
+TRACE_FILTER = DATA / "hta" / "trace_filter"
 
 
 def cli(*args: str) -> subprocess.CompletedProcess:
