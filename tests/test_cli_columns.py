@@ -1,4 +1,4 @@
-"""The analysis CLI prints its tables with the report's column spec (analysis/report/columns.py):
+"""The analysis CLI prints its tables with the report's column spec (analysis/columns.py):
 the same headers, units and number formats, and one byte convention per table."""
 
 from __future__ import annotations

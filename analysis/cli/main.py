@@ -2,7 +2,7 @@
 and JSON.
 
 `traces DIR --shard K/N --json PART` and `merge PART... --json OUT` split the traces analysis
-over many jobs (analysis/shard.py).
+over many jobs (analysis/trace/shard.py).
 
 Bad input never shows a traceback: AnalysisError becomes one `error: ...` line on stderr and exit
 code 2; per-file problems are printed as one line each while the good files are still analysed.

@@ -1,6 +1,6 @@
 """The projection's arithmetic: DDP's bucket assignment, the hierarchical all-reduce time, the
 bucket/backward overlap and the straggler term (definitions: docs/analysis.md §10). Pure
-functions over numbers; analysis/project.py feeds them a run's measurements."""
+functions over numbers; analysis/project/projection.py feeds them a run's measurements."""
 
 from __future__ import annotations
 

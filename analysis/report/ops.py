@@ -2,7 +2,7 @@
 
 "What DDP adds": per group of DDP runs, DDP rank 0 against the single-device run of the same
 workload (the run's `baseline_run_id`, same seed where there is one), the 10 largest per-step
-deltas of operator self time (analysis/opsdiff.py `diff_entries`). "Operators": each run's top
+deltas of operator self time (analysis/runs/opdiff.py `diff_entries`). "Operators": each run's top
 operators per rank by self time per step, one collapsible table per run and rank.
 """
 

@@ -128,7 +128,7 @@ def _num_devices(config: Config) -> int | None:
 def load_run(run_dir: Path) -> dict:
     """One run entry of the runs JSON, without the cross-run fields (baseline, speedup, ...).
 
-    run.json and steps.csv are validated first (analysis/records.py). Raises AnalysisError when
+    run.json and steps.csv are validated first (analysis/runs/records.py). Raises AnalysisError when
     run.json is missing or unreadable and InvalidRecord when either file breaks the run-folder
     contract; a missing steps.csv (or a bad one in a run that did not finish ok) or bad traces
     only add a line to the entry's `warnings`.
