@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from analysis.columns import C
+from analysis.columns import DDP_ADDS_COLS, OPS_COLS
 from analysis.report.tables import Table
 from analysis.runs.opdiff import diff_entries
 
@@ -18,33 +18,6 @@ __all__ = ["ops_context"]
 
 TOP_DELTAS = 10
 TOP_OPS = 15
-
-
-def diff_columns(a: str, b: str, *, digits: int, wrap: bool = False) -> list[C]:
-    """Columns of an operator diff (`analysis diff`, "What DDP adds"), sides named `a` and `b`."""
-    return [
-        C(key="name", label="Operator", wrap=wrap),
-        C(key="kind", label="Kind"),
-        C(key="status", label="Status"),
-        C(key="calls_per_step_a", label=f"Calls{a}", unit="per step", kind="num", digits=1),
-        C(key="calls_per_step_b", label=f"Calls{b}", unit="per step", kind="num", digits=1),
-        C(key="self_us_per_step_a", label=f"Self{a}", unit="µs/step", kind="num", digits=digits),
-        C(key="self_us_per_step_b", label=f"Self{b}", unit="µs/step", kind="num", digits=digits),
-        C(key="delta_us_per_step", label="Δ self", unit="µs/step", kind="num", digits=digits),
-        C(key="delta_pct", label="Δ self", unit="%", kind="num", digits=1),
-        C(key="delta_us_per_sample", label="Δ self", unit="µs/sample", kind="num", digits=2),
-    ]
-
-
-DIFF_COLS = diff_columns(", single", ", DDP", digits=0, wrap=True)
-OPS_COLS = [
-    C(key="name", label="Operator", wrap=True),
-    C(key="kind", label="Kind"),
-    C(key="calls_per_step", label="Calls", unit="per step", kind="num", digits=1),
-    C(key="self_us_per_step", label="Self", unit="µs/step", kind="num", digits=0),
-    C(key="total_us_per_step", label="Total", unit="µs/step", kind="num", digits=0),
-    C(key="pct_of_step", label="Self", unit="% of step", kind="num", digits=1),
-]
 
 
 def _traced(run: dict[str, Any]) -> bool:
@@ -75,7 +48,7 @@ def _ddp_adds(data: dict[str, Any], labels: dict[str, str]) -> list[dict[str, An
                 "warnings": diff["warnings"],
                 "table": Table(
                     id=f"ddp-adds-{i}",
-                    columns=DIFF_COLS,
+                    columns=DDP_ADDS_COLS,
                     rows=diff["ops"][:TOP_DELTAS],
                 ),
             }

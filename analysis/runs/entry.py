@@ -17,6 +17,7 @@ from typing import Any
 import pandas as pd
 
 from analysis.errors import AnalysisError, unexpected
+from analysis.trace.folder import analyze_trace_dir
 from analysis.trace.memory import breakdown_entries, fill_dynamic
 from analysis.runs.records import (
     Config,
@@ -205,8 +206,6 @@ def attach_trace(entry: dict, run_dir: Path, *, progress: bool) -> None:
     trace_dir = run_dir / "traces"
     if not trace_dir.is_dir() or not any(trace_dir.iterdir()):
         return
-    from analysis.trace.folder import analyze_trace_dir  # only runs with traces need the trace engine
-
     try:
         trace = analyze_trace_dir(trace_dir, progress=progress)
     except AnalysisError as err:

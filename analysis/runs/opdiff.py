@@ -13,6 +13,7 @@ from typing import Any
 
 from analysis.errors import AnalysisError
 from analysis.runs.entry import PHASES, load_run
+from analysis.trace.folder import analyze_trace_dir, find_trace_files
 
 __all__ = ["SCHEMA_VERSION", "diff_entries", "diff_runs", "load_run_with_traces", "run_ops"]
 
@@ -23,8 +24,6 @@ WORKLOAD_FIELDS = ("model", "dataset", "scaling", "amp")
 def load_run_with_traces(run: Path) -> dict[str, Any]:
     """The run's runs-JSON entry with its `trace` analysed; one AnalysisError line when the run
     has no traces. RUN may also be a folder of trace files (no run.json)."""
-    from analysis.trace.folder import analyze_trace_dir, find_trace_files
-
     run = Path(run)
     if (run / "run.json").is_file():
         entry = load_run(run)
