@@ -18,6 +18,7 @@ from analysis.jsonsafe import finite_json
 from analysis.project.runs import comm_and_projections
 from analysis.runs.records import InvalidRecord
 from analysis.runs.entry import attach_trace, load_run, mean_std
+from analysis.runs.opdiff import ddp_adds
 from analysis.runs.tune import is_tune_dir, load_tunes
 
 __all__ = [
@@ -195,10 +196,12 @@ def compare_runs(paths: Sequence[Path], *, progress: bool = True, traces: bool =
     order = {"single": 0, "dp": 1, "ddp": 2}
     runs.sort(key=lambda r: (order.get(r["mode"], 9), str(r["run_id"])))
     _link_baselines(runs)
+    groups = _groups(runs)
     result = {
         "schema_version": SCHEMA_VERSION,
         "runs": runs,
-        "groups": _groups(runs),
+        "groups": groups,
+        "ddp_adds": ddp_adds(runs, groups),
         "skipped": skipped,
         "tunes": tunes,
         **comm_and_projections(comm_dirs, runs),
