@@ -11,6 +11,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from msgspec.structs import asdict
+
 from analysis.errors import AnalysisError
 from analysis.runs.entry import PHASES, load_run
 from analysis.trace.folder import analyze_trace_dir, find_trace_files
@@ -34,7 +36,7 @@ def load_run_with_traces(run: Path) -> dict[str, Any]:
     has no traces. RUN may also be a folder of trace files (no run.json)."""
     run = Path(run)
     if (run / "run.json").is_file():
-        entry = load_run(run)
+        entry = asdict(load_run(run))  # as in the runs JSON: what diff_entries reads
         trace_dir = run / "traces"
     elif run.is_dir() and any(run.glob("*/run.json")):
         raise AnalysisError(run, "is a folder of runs", "pass one run folder, e.g. RUNS/<run_id>")
