@@ -13,6 +13,7 @@ import pandas as pd
 from analysis.errors import AnalysisError
 from analysis.project.comm import is_comm_run
 from analysis.project.model import ddp_buckets
+from analysis.trace.folder import analyze_trace_dir
 
 __all__ = ["PHASES", "collective_gaps_ms", "load_training", "unprofiled_steps"]
 
@@ -143,8 +144,6 @@ def _buffer_groups(metrics: dict) -> list[int]:
 def _subtract_traced_comm(run: dict, run_dir: Path, trace: dict | None) -> None:
     """A DDP run's backward includes waiting for its all-reduces; take out the exposed part the
     traces measured, so compute is compute (the replay then re-adds the *modelled* exposure)."""
-    from analysis.trace.folder import analyze_trace_dir
-
     try:
         trace = trace or analyze_trace_dir(run_dir / "traces", progress=False)
     except AnalysisError as err:
