@@ -133,6 +133,16 @@ def test_child_env_puts_dpscope_first_and_keeps_the_users_path(tmp_path):
     assert PACKAGE_ROOT == REPO.resolve()
 
 
+def test_an_installed_dpscope_is_not_put_ahead_of_the_standard_library(monkeypatch):
+    """Installed into site-packages, dpscope imports without PYTHONPATH; prepending
+    site-packages would put it before the standard library, so the user's PYTHONPATH stays."""
+    import site
+
+    monkeypatch.setattr(site, "getsitepackages", lambda: [str(PACKAGE_ROOT)])
+    assert child_env({"PYTHONPATH": "/their/lib"})["PYTHONPATH"] == "/their/lib"
+    assert "PYTHONPATH" not in child_env({})
+
+
 def test_a_child_imports_dpscope_and_the_users_own_module_from_the_users_folder(tmp_path):
     """What the launcher gives its children: the user's folder as cwd (first on sys.path under
     `python -m`) and dpscope through PYTHONPATH, so a user's module can import both."""
