@@ -13,7 +13,6 @@ process, and runlog.finalize gives each failed run its `error.kind` (never downg
 from __future__ import annotations
 
 import argparse
-import os
 import shlex
 import sys
 from pathlib import Path
@@ -28,6 +27,7 @@ from workloads.config import (
     run_record,
     to_argv,
 )
+from workloads.launch.child import child_env, user_path
 from workloads.launch.runlog import finalize
 from workloads.launch.supervise import flight_recorder_env, run_supervised
 from workloads.plan import Environment, Plan
@@ -36,7 +36,6 @@ from workloads.train.data import check_available
 
 __all__ = ["LaunchError", "main"]
 
-REPO = Path(__file__).resolve().parents[2]
 ALL_MODES = (("single", "auto"), ("dp", "auto"), ("ddp", "nccl"), ("ddp", "gloo"))
 # The watchdog waits this much longer than --collective-timeout, so that a rank's own timeout
 # error (and NCCL's flight-recorder dump) comes first when a rank hangs in a collective.
@@ -86,7 +85,7 @@ def _execute(cfg: TrainConfig, plan: Plan, args: argparse.Namespace, extra: list
     (run_dir / "logs").mkdir(parents=True, exist_ok=True)
     if is_record_node:
         write_json_atomic(run_dir / "run.json", _record(cfg, plan, status="running"))
-    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    env = child_env(PYTHONUNBUFFERED="1")
     if not plan.use_cuda:
         # What train sets anyway; it also silences torchrun's OMP_NUM_THREADS note.
         env["OMP_NUM_THREADS"] = str(plan.threads_per_rank)
@@ -99,7 +98,6 @@ def _execute(cfg: TrainConfig, plan: Plan, args: argparse.Namespace, extra: list
     launcher_log = run_dir / "logs" / log_name
     outcome = run_supervised(
         _command(cfg, plan, args, extra),
-        cwd=REPO,
         env=env,
         log_path=launcher_log,
         logs=run_dir / "logs",
@@ -159,15 +157,25 @@ def _check_arguments(args: argparse.Namespace) -> None:
         )
 
 
+def _absolute_paths(args: argparse.Namespace) -> None:
+    """--runs-dir, --data-dir and --rdzv-file against the folder the user ran the command in,
+    once, so that every child, record and message sees the same absolute path."""
+    args.runs_dir = str(user_path(args.runs_dir))
+    args.data_dir = str(user_path(args.data_dir))
+    if args.rdzv_file:
+        args.rdzv_file = str(user_path(args.rdzv_file))
+
+
 def run(args: argparse.Namespace, extra: list[str]) -> int:
     """Plan, validate and execute the requested run(s); return the process exit code."""
+    _absolute_paths(args)
     _check_arguments(args)
     # Every TrainConfig check (profiler schedule included) before anything is created.
     config_from_namespace(args, mode="single", backend=args.backend, init_method="")
     check_available(args.dataset, args.data_dir, download=args.download)
     init_method = ""
     if args.rdzv_file:
-        path = Path(args.rdzv_file).resolve()
+        path = Path(args.rdzv_file)
         if args.nnodes == 1:
             path.unlink(missing_ok=True)  # a file left by an earlier run would break the rendezvous
         path.parent.mkdir(parents=True, exist_ok=True)

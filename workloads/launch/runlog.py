@@ -110,6 +110,59 @@ def _killed_message(rank: int, code: int) -> str:
     return message
 
 
+def _last_attempt(logs: Path) -> list[dict]:
+    """The ranks' error records of the last attempt (earlier attempts were restarted)."""
+    records = []
+    for p in sorted(logs.glob("rank*.error.json")):
+        try:
+            records.append(json.loads(p.read_text()))
+        except (OSError, ValueError):
+            continue
+    if not records:
+        return []
+    last = max(r.get("attempt", 0) for r in records)
+    return [r for r in records if r.get("attempt", 0) == last]
+
+
+def _from_record(
+    first: dict, codes: dict[int, int], logs: Path
+) -> tuple[int, int | None, str, str, dict]:
+    """(rank, exit code, kind, message, extra fields) from the first rank's error record; a
+    hang names the rank whose heartbeat stopped first instead."""
+    from workloads.launch.heartbeat import diagnose_hang, read_heartbeats
+
+    rank = first["rank"]
+    exit_code = codes.get(rank, first["exit_code"])
+    kind = first.get("kind", "crash")
+    message = f"rank {rank} failed: {first['message']}"
+    extra = {k: first[k] for k in ("step", "value", "per_device_batch") if k in first}
+    if kind == "hang":
+        hang = diagnose_hang(read_heartbeats(logs))
+        if hang.get("rank") is not None:
+            message = f"{hang.pop('message')} ({message})"
+            rank = hang.pop("rank")
+            extra = {k: v for k, v in hang.items() if k != "kind"}
+    return rank, exit_code, kind, message, extra
+
+
+def _without_record(
+    root: int | None, codes: dict[int, int], returncode: int, launcher_log: Path
+) -> tuple[int | None, int | None, str, str]:
+    """(rank, exit code, kind, message) when no rank wrote an error record: torchrun's root
+    cause if it named one, else the training's own exit code."""
+    if root is not None:
+        exit_code = codes.get(root)
+        if exit_code is not None and exit_code < 0:
+            return root, exit_code, "killed", _killed_message(root, exit_code)
+        message = f"rank {root} exited with code {exit_code} (see logs/rank{root}.log)"
+        return root, exit_code, "crash", message
+    message = (
+        f"training exited with code {returncode} without writing its record "
+        f"(see logs/{launcher_log.name})"
+    )
+    return None, returncode, "killed" if returncode < 0 else "crash", message
+
+
 def diagnose(run_dir: Path, returncode: int, launcher_log: Path) -> dict:
     """The run.json `error` object for a failed run: its `kind`, the first rank that failed, its
     exit code, its message and the last lines of its log.
@@ -119,18 +172,8 @@ def diagnose(run_dir: Path, returncode: int, launcher_log: Path) -> dict:
     errors of its peers (a closed connection) are consequences. A rank that timed out in a
     collective means a hang: the heartbeats then name the rank that stopped first.
     """
-    from workloads.launch.heartbeat import diagnose_hang, read_heartbeats
-
     logs = run_dir / "logs"
-    records = []
-    for p in sorted(logs.glob("rank*.error.json")):
-        try:
-            records.append(json.loads(p.read_text()))
-        except (OSError, ValueError):
-            continue
-    if records:
-        last = max(r.get("attempt", 0) for r in records)
-        records = [r for r in records if r.get("attempt", 0) == last]
+    records = _last_attempt(logs)
     text = launcher_log.read_text(errors="replace") if launcher_log.is_file() else ""
     codes, root = _torchrun_failures(text)
     recorded = {r.get("rank") for r in records}
@@ -142,32 +185,9 @@ def diagnose(run_dir: Path, returncode: int, launcher_log: Path) -> dict:
         message = _killed_message(rank, exit_code)
     elif records:
         first = min(records, key=lambda r: r.get("time", float("inf")))
-        rank = first["rank"]
-        exit_code = codes.get(rank, first["exit_code"])
-        kind = first.get("kind", "crash")
-        message = f"rank {rank} failed: {first['message']}"
-        extra = {k: first[k] for k in ("step", "value", "per_device_batch") if k in first}
-        if kind == "hang":
-            hang = diagnose_hang(read_heartbeats(logs))
-            if hang.get("rank") is not None:
-                message = f"{hang.pop('message')} ({message})"
-                rank = hang.pop("rank")
-                extra = {k: v for k, v in hang.items() if k != "kind"}
-    elif root is not None:
-        rank, exit_code = root, codes.get(root)
-        kind = "killed" if exit_code is not None and exit_code < 0 else "crash"
-        message = (
-            _killed_message(rank, exit_code)
-            if kind == "killed"
-            else f"rank {rank} exited with code {exit_code} (see logs/rank{rank}.log)"
-        )
+        rank, exit_code, kind, message, extra = _from_record(first, codes, logs)
     else:
-        rank, exit_code = None, returncode
-        kind = "killed" if returncode < 0 else "crash"
-        message = (
-            f"training exited with code {returncode} without writing its record "
-            f"(see logs/{launcher_log.name})"
-        )
+        rank, exit_code, kind, message = _without_record(root, codes, returncode, launcher_log)
     rank_log = logs / f"rank{rank}.log"
     return {
         "kind": kind,

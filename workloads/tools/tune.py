@@ -27,6 +27,7 @@ from pathlib import Path
 from tqdm import tqdm
 
 from profiler.record import write_json_atomic
+from workloads.launch.child import child_env, user_path
 from workloads.launch.runlog import utc_now
 from workloads.tools import tune_stats
 from workloads.tools.tune_output import command_lines, print_table
@@ -34,7 +35,6 @@ from workloads.tools.tune_plan import Knob, TuneError, build_parser, prepare
 
 __all__ = ["Tuner", "main"]
 
-REPO = Path(__file__).resolve().parents[2]
 TUNE_SCHEMA_VERSION = 1
 WINDOWS = os.name == "nt"
 
@@ -132,8 +132,7 @@ class Tuner:
         started = time.monotonic()
         proc = subprocess.Popen(
             [sys.executable, "-m", "workloads.launch", *argv],
-            cwd=REPO,
-            env=dict(os.environ, PYTHONUNBUFFERED="1"),
+            env=child_env(PYTHONUNBUFFERED="1"),
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             text=True,
@@ -313,6 +312,7 @@ class Tuner:
 
 def main(argv: list[str] | None = None) -> int:
     opts, extra = build_parser().parse_known_args(argv)
+    opts.runs_dir = str(user_path(opts.runs_dir))  # the trials' launchers get it absolute
     try:
         workload, launcher_argv, knobs, skipped = prepare(opts, extra)
         tune_dir = Path(opts.runs_dir) / opts.tune_id
