@@ -71,12 +71,13 @@ EVENTS = (
 class StepState:
     """What a callback sees of the loop; the loop updates it before each event."""
 
-    rank: int
+    rank: int = 0
     """Global rank of this process (0 outside DDP)."""
-    model: torch.nn.Module
-    """The model as trained (wrapped by DataParallel/DDP where the mode does)."""
-    optimizer: torch.optim.Optimizer
-    """The optimizer the loop steps."""
+    model: torch.nn.Module | None = None
+    """The model as trained (wrapped by DataParallel/DDP where the mode does); None while a
+    loop that finds it from hooks has not seen it yet."""
+    optimizer: torch.optim.Optimizer | None = None
+    """The optimizer the loop steps (None until known, as `model`)."""
     epoch: int = 0
     """Current epoch (0-based)."""
     step: int = 0
@@ -187,10 +188,12 @@ class StaticMemoryCount(Callback):
         self.static = static
 
     def after_backward(self, state: StepState) -> None:
-        self.static.after_backward(state.model, state.step)
+        if state.model is not None:
+            self.static.after_backward(state.model, state.step)
 
     def step_end(self, state: StepState) -> None:
-        self.static.after_optimizer(state.model, state.optimizer, state.step)
+        if state.model is not None and state.optimizer is not None:
+            self.static.after_optimizer(state.model, state.optimizer, state.step)
 
 
 class ProfilerStep(Callback):
