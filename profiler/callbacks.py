@@ -147,8 +147,9 @@ class StepRecorder(Callback):
     this rank's rows.
 
     At `step_end` it stops the clock, reads the loss once and appends a row with every column of
-    STEPS_COLUMNS (None until a later callback fills its own: `profiled`, `rss_bytes`,
-    `cuda_allocated_bytes`). `warmup` is 1 for the run's first `warmup_steps` steps.
+    STEPS_COLUMNS; the later callbacks fill their own in the same dict (`profiled` is 0 until
+    ProfilerStep sets it, `rss_bytes` and `cuda_allocated_bytes` None until MemorySampler does).
+    `warmup` is 1 for the run's first `warmup_steps` steps.
     """
 
     def __init__(self, timer: StepTimer, *, warmup_steps: int) -> None:
