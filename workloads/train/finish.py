@@ -54,6 +54,63 @@ def ddp_info(model: nn.Module) -> dict | None:
     }
 
 
+def _rank_part(
+    run_dir: Path,
+    ctx: RunContext,
+    *,
+    rows: list[dict],
+    active_steps: list[int],
+    memory: MemoryTracker,
+    static: StaticMemory,
+    profiler: ProfilerSession,
+) -> dict:
+    """What this rank hands to rank 0: its rows, traced steps, memory and trace files."""
+    return {
+        "rows": rows,
+        "rank": ctx.rank,
+        "active_steps": active_steps,
+        "memory": memory.summary(),
+        "memory_after_first_step": memory.summary_after_first_step(),
+        "memory_breakdown": static.entries(),
+        "traces": [p.relative_to(run_dir).as_posix() for p in profiler.trace_files()],
+    }
+
+
+def _model_metrics(model: nn.Module) -> dict:
+    """run.json metrics read from the model after training: DDP's buckets, gradient and buffer
+    bytes."""
+    return {
+        "ddp": ddp_info(model),
+        # Per-parameter gradient bytes in model.parameters() order: what DDP's reducer buckets
+        # (analysis project computes a single-device run's buckets from it).
+        "param_grad_bytes": [
+            p.numel() * p.element_size()
+            for p in unwrap_model(model).parameters()
+            if p.requires_grad
+        ],
+        # What DDP's buffer broadcast moves at every forward: one coalesced call per dtype.
+        "buffer_bytes_by_dtype": _buffer_bytes_by_dtype(unwrap_model(model)),
+    }
+
+
+def _run_metrics(
+    gathered: list[dict], rows: list[dict], *, model: dict, epoch_times: list[float], start: float
+) -> tuple[dict, list[str]]:
+    """run.json `metrics` from every rank's part (and the warnings of the step metrics)."""
+    metrics = step_metrics(rows, {(g["rank"], s) for g in gathered for s in g["active_steps"]})
+    warnings = metrics.pop("warnings")
+    metrics = {
+        **metrics,
+        "epoch_time_s": epoch_times,
+        "wall_time_s": time.perf_counter() - start,
+        "memory": [m for g in gathered for m in g["memory"]],
+        "memory_after_first_step": [m for g in gathered for m in g["memory_after_first_step"]],
+        "memory_breakdown": [m for g in gathered for m in g["memory_breakdown"]],
+        **model,
+    }
+    return metrics, warnings
+
+
 def finish(
     cfg: TrainConfig,
     ctx: RunContext,
@@ -72,17 +129,16 @@ def finish(
     start: float,
 ) -> None:
     """Gather every rank's rows and memory to rank 0, which writes steps.csv and run.json."""
-    mine = {
-        "rows": rows,
-        "rank": ctx.rank,
-        "active_steps": active_steps,
-        "memory": memory.summary(),
-        "memory_after_first_step": memory.summary_after_first_step(),
-        "memory_breakdown": static.entries(),
-        "traces": [p.relative_to(run_dir).as_posix() for p in profiler.trace_files()],
-    }
+    mine = _rank_part(
+        run_dir,
+        ctx,
+        rows=rows,
+        active_steps=active_steps,
+        memory=memory,
+        static=static,
+        profiler=profiler,
+    )
     gathered = ctx.gather_to_main(mine)
-    ddp = ddp_info(model)
     if gathered is None:  # not rank 0
         return
     all_rows = sorted(
@@ -91,29 +147,9 @@ def finish(
     write_csv_atomic(run_dir / "steps.csv", all_rows, STEPS_COLUMNS)
     previous = run_dir / "run.json"
     created = json.loads(previous.read_text()).get("created_at") if previous.is_file() else None
-    metrics = step_metrics(
-        all_rows,
-        {(g["rank"], s) for g in gathered for s in g["active_steps"]},
+    metrics, warnings = _run_metrics(
+        gathered, all_rows, model=_model_metrics(model), epoch_times=epoch_times, start=start
     )
-    warnings = metrics.pop("warnings")
-    metrics = {
-        **metrics,
-        "epoch_time_s": epoch_times,
-        "wall_time_s": time.perf_counter() - start,
-        "memory": [m for g in gathered for m in g["memory"]],
-        "memory_after_first_step": [m for g in gathered for m in g["memory_after_first_step"]],
-        "memory_breakdown": [m for g in gathered for m in g["memory_breakdown"]],
-        "ddp": ddp,
-        # Per-parameter gradient bytes in model.parameters() order: what DDP's reducer buckets
-        # (analysis project computes a single-device run's buckets from it).
-        "param_grad_bytes": [
-            p.numel() * p.element_size()
-            for p in unwrap_model(model).parameters()
-            if p.requires_grad
-        ],
-        # What DDP's buffer broadcast moves at every forward: one coalesced call per dtype.
-        "buffer_bytes_by_dtype": _buffer_bytes_by_dtype(unwrap_model(model)),
-    }
     record = run_record(
         cfg,
         ctx.plan,
