@@ -7,7 +7,8 @@ all_gather_into_tensor, reduce_scatter_tensor and all_to_all_single (float32) ov
 message sizes: warm-up iterations, then `--iters` timed ones, each started after a barrier; an
 iteration's time is the slowest rank's (an all-reduce MAX of every rank's times, as nccl-tests
 reports). Rank 0 writes comm.csv (median and p95 per size, algbw = bytes ÷ median time, busbw =
-algbw × the analysis's bus factor), the α–β fit per collective (analysis.project.comm) into run.json, and
+algbw × the run-folder contract's bus factor, profiler.runfolder), the α–β fit per collective
+(profiler.commfit) into run.json, and
 prints an nccl-tests-like table. Each collective's result is checked once on rank-valued tensors;
 a collective that fails the check, or that the backend cannot run, is listed as skipped with why.
 Message size follows nccl-tests: the larger buffer (all_gather: output; reduce_scatter: input).
@@ -38,13 +39,21 @@ import torch
 import torch.distributed as dist
 from tqdm import tqdm
 
-from analysis.project.comm import COMM_COLUMNS, fit_all
-from analysis.trace.collectives import bus_factor
-from profiler.record import SCHEMA_VERSION, collect_env, write_csv_atomic, write_json_atomic
+from profiler.commfit import fit_all
+from profiler.record import collect_env
+from profiler.records import read_comm_record
+from profiler.runfolder import (
+    COMM_COLUMNS,
+    RUN_FOLDER_SCHEMA_VERSION,
+    RUN_JSON,
+    bus_factor,
+    utc_now,
+    write_comm_csv,
+    write_run_json,
+)
 from workloads.comm.ops import COLLECTIVES, check, time_one
 from workloads.config import TrainConfig
 from workloads.launch.launcher import LaunchError
-from workloads.launch.runlog import utc_now
 from workloads.plan import Environment, runnable_plan
 
 __all__ = ["COLLECTIVES", "default_sizes", "main", "parse_gaps"]
@@ -204,9 +213,7 @@ def _write_results(
     means: list[dict],
     gaps: dict[str, float],
 ) -> None:
-    import json
-
-    write_csv_atomic(run_dir / "comm.csv", rows, COMM_COLUMNS)
+    write_comm_csv(run_dir, rows)
     frame = pd.DataFrame(rows, columns=COMM_COLUMNS)
     models = fit_all(frame)
     out = []
@@ -226,7 +233,7 @@ def _write_results(
     print(text, flush=True)
     (run_dir / "logs").mkdir(parents=True, exist_ok=True)
     (run_dir / "logs" / "table.txt").write_text(text + "\n", encoding="utf-8")
-    record = json.loads((run_dir / "run.json").read_text(encoding="utf-8"))
+    _, record = read_comm_record(run_dir / RUN_JSON)  # the launcher's `running` record
     record.update(
         status="ok",
         finished_at=utc_now(),
@@ -237,7 +244,7 @@ def _write_results(
             "time_us_mean": means,
         },
     )
-    write_json_atomic(run_dir / "run.json", record)
+    write_run_json(run_dir, record)
     print(f"\nrun folder: {run_dir}  status: ok  (comm.csv, α–β fits in run.json)")
 
 
@@ -263,11 +270,11 @@ def launch(args: argparse.Namespace) -> int:
     stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%S")
     run_id = args.run_id or f"comm-{plan.backend}-n{plan.replicas}-{stamp}"
     run_dir = Path(args.runs_dir) / run_id
-    if (run_dir / "run.json").exists():
+    if (run_dir / RUN_JSON).exists():
         raise LaunchError(f"run folder {run_dir} already holds a run; pick another --run-id")
     (run_dir / "logs").mkdir(parents=True, exist_ok=True)
     record = {
-        "schema_version": SCHEMA_VERSION,
+        "schema_version": RUN_FOLDER_SCHEMA_VERSION,
         "kind": "comm",
         "run_id": run_id,
         "status": "running",
@@ -289,7 +296,7 @@ def launch(args: argparse.Namespace) -> int:
         "env": collect_env(threads_per_rank=threads),
         "metrics": {},
     }
-    write_json_atomic(run_dir / "run.json", record)
+    write_run_json(run_dir, record)
     worker_argv = [
         "--worker",
         "--backend",
@@ -320,10 +327,8 @@ def launch(args: argparse.Namespace) -> int:
     with open(run_dir / "logs" / "launcher.log", "w", encoding="utf-8") as log:
         log.write("$ " + " ".join(cmd) + "\n")
     code = subprocess.run(cmd, cwd=REPO, env=env).returncode
-    import json
-
-    record = json.loads((run_dir / "run.json").read_text(encoding="utf-8"))
-    if code != 0 or record.get("status") != "ok":
+    rec, record = read_comm_record(run_dir / RUN_JSON)  # rank 0's `ok` record, or ours
+    if code != 0 or rec.status != "ok":
         record.update(
             status="failed",
             finished_at=utc_now(),
@@ -334,7 +339,7 @@ def launch(args: argparse.Namespace) -> int:
                 "log_tail": [],
             },
         )
-        write_json_atomic(run_dir / "run.json", record)
+        write_run_json(run_dir, record)
         print(f"run folder: {run_dir}  status: failed (torchrun exit code {code})")
         return 1
     return 0

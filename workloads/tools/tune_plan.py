@@ -9,7 +9,8 @@ import dataclasses
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
-from workloads.config import TrainConfig, batch_split, config_from_namespace
+from workloads.config import TrainConfig, config_from_namespace
+from workloads.plan import batch_split
 from workloads.tools import tune_stats
 
 __all__ = ["ACCUM_NOTE", "KNOBS", "Knob", "TuneError", "build_parser", "prepare", "skip_reason"]

@@ -1,10 +1,15 @@
-"""run.json and steps.csv validated at the boundary, once: typed msgspec Structs with ranges.
+"""run.json, steps.csv and a comm run's run.json validated at the boundary, once: typed msgspec
+Structs with ranges, for every reader (analysis, the launcher, the tools).
 
-Everything after `read_record` / `read_steps` may trust types and ranges: counts ≥ 0, world size ≥ 1,
-finite non-negative times, known statuses and schema versions. A file that breaks a rule raises
-`InvalidRecord`, one line naming the file, the field and what is wrong; the run is then listed as
-`invalid` and never analysed. Unknown fields are ignored (newer writers add optional fields), and
-every field that older writers may lack is optional. The rules are listed in docs/run-folder.md.
+Everything after `read_record` / `read_steps` / `read_comm_record` may trust types and ranges:
+counts ≥ 0, world size ≥ 1, finite non-negative times, known statuses and schema versions. A file
+that breaks a rule raises `InvalidRecord`, one line naming the file, the field and what is wrong;
+analysis then lists the run as `invalid` and never analyses it. Unknown fields are ignored (newer
+writers add optional fields), and every field that older writers may lack is optional. The rules
+are listed in docs/run-folder.md; the names of the files and columns are profiler.runfolder's.
+
+Torch-free and below both halves (analysis imports it; it imports neither workloads nor analysis),
+so the one bad-input error type lives here too: `InputError` (analysis.errors.InputError).
 """
 
 from __future__ import annotations
@@ -18,20 +23,22 @@ from typing import Annotated, Any, Literal, get_args
 
 import msgspec
 
-from analysis.errors import AnalysisError
+from profiler.runfolder import READABLE_RUN_FOLDER_SCHEMAS
 
 __all__ = [
-    "SCHEMA_VERSIONS",
+    "REQUIRED_STEP_COLUMNS",
     "STATUSES",
-    "STEP_COLUMNS",
+    "CommRecord",
+    "InputError",
     "InvalidRecord",
     "RunRecord",
     "StepRow",
+    "read_comm_record",
     "read_record",
+    "record_kind",
     "read_steps",
 ]
 
-SCHEMA_VERSIONS = (1, 2)  # run-folder schema versions this reader understands
 Status = Literal["running", "ok", "failed", "skipped", "interrupted"]
 STATUSES = get_args(Status)
 # JSON cannot hold inf/NaN, but steps.csv cells can ("inf", "nan"): NaN fails `ge`, inf fails `le`.
@@ -138,6 +145,8 @@ class RunRecord(msgspec.Struct):
     status: Status
     config: Config
     run_id: Annotated[str, msgspec.Meta(min_length=1)] | None = None
+    created_at: str | None = None
+    finished_at: str | None = None
     error: ErrorInfo | None = None
     env: Env = msgspec.field(default_factory=Env)
     metrics: Metrics = msgspec.field(default_factory=Metrics)
@@ -166,10 +175,37 @@ class StepRow(msgspec.Struct):
 
 
 # The columns every steps.csv must have (StepRow's required fields); the others may be empty.
-STEP_COLUMNS = StepRow.__struct_fields__[: -len(StepRow.__struct_defaults__)]
+REQUIRED_STEP_COLUMNS = StepRow.__struct_fields__[: -len(StepRow.__struct_defaults__)]
 
 
-class InvalidRecord(AnalysisError):
+class CommConfig(msgspec.Struct):
+    backend: str | None = None
+    world_size: Annotated[int, msgspec.Meta(ge=1)] | None = None
+    devices: list[str] | None = []
+
+
+class CommRecord(msgspec.Struct):
+    """run.json of a `make bench-comm` run folder (`kind: "comm"`, docs/analysis.md §10): the
+    fields readers decide on are typed; `config.gap_ms` and the metrics pass as written (their
+    readers read a damaged value as absent)."""
+
+    kind: Literal["comm"]
+    status: Status
+    schema_version: int | None = None  # hand-made comm folders may lack it: read as current
+    config: CommConfig = msgspec.field(default_factory=CommConfig)
+    run_id: Annotated[str, msgspec.Meta(min_length=1)] | None = None
+    error: ErrorInfo | None = None
+
+
+class InputError(Exception):
+    """Bad input: `str(err)` is one line naming the file/argument, the problem and the fix."""
+
+    def __init__(self, where: str, what: str, fix: str) -> None:
+        self.where, self.what, self.fix = str(where), what, fix
+        super().__init__(f"{self.where}: {what} — {fix}")
+
+
+class InvalidRecord(InputError):
     """A run.json or steps.csv that breaks the run-folder contract; `field` names the field."""
 
     def __init__(
@@ -212,45 +248,80 @@ def _short(value: Any, limit: int = 60) -> str:
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
-def read_record(path: Path) -> tuple[RunRecord, dict]:
-    """Decode and validate run.json: (typed record, the raw object for verbatim copies).
-
-    Raises AnalysisError when the file is missing or not JSON, InvalidRecord when it breaks a rule.
-    """
+def _decode_json(path: Path) -> dict:
+    """The JSON object in `path`; InputError when missing or not JSON, InvalidRecord otherwise."""
     try:
-        data = path.read_bytes()
+        data = Path(path).read_bytes()
     except FileNotFoundError:
-        raise AnalysisError(path, "missing", "not a run folder") from None
+        raise InputError(path, "missing", "not a run folder") from None
     except OSError as err:
-        raise AnalysisError(path, f"unreadable ({err.strerror})", "check permissions") from None
+        raise InputError(path, f"unreadable ({err.strerror})", "check permissions") from None
     try:
         raw = msgspec.json.decode(data)
     except RecursionError:
         raise InvalidRecord(path, "", "nested too deeply to be a run record") from None
     except msgspec.DecodeError as err:
-        raise AnalysisError(
+        raise InputError(
             path, f"unreadable ({err})", "the run was interrupted while writing; re-run it"
         ) from None
     if not isinstance(raw, dict):
         raise InvalidRecord(path, "", f"expected an object, got {type(raw).__name__}")
+    return raw
+
+
+def _convert(path: Path, raw: dict, kind: type[msgspec.Struct]) -> Any:
     try:
-        rec = msgspec.convert(raw, RunRecord)
+        rec = msgspec.convert(raw, kind)
     except msgspec.ValidationError as err:
         field, problem = _explain(err)
         raise InvalidRecord(path, field, problem) from None
-    if rec.status != "skipped":  # a run that started knows its layout
-        for name in ("world_size", "devices"):
-            if getattr(rec.config, name) is None:
-                raise InvalidRecord(path, f"config.{name}", f"null on a {rec.status} run")
-    if rec.schema_version not in SCHEMA_VERSIONS:
-        known = ", ".join(map(str, SCHEMA_VERSIONS))
+    if rec.schema_version is not None and rec.schema_version not in READABLE_RUN_FOLDER_SCHEMAS:
+        known = ", ".join(map(str, READABLE_RUN_FOLDER_SCHEMAS))
         raise InvalidRecord(
             path,
             "schema_version",
             f"unknown version {rec.schema_version} (this dpscope reads {known})",
             "analyse it with the dpscope version that wrote it",
         )
+    return rec
+
+
+def read_record(path: Path) -> tuple[RunRecord, dict]:
+    """Decode and validate a training run's run.json: (typed record, the raw object for verbatim
+    copies and for writers that update it).
+
+    Raises InputError when the file is missing or not JSON, InvalidRecord when it breaks a rule.
+    """
+    raw = _decode_json(path)
+    rec = _convert(path, raw, RunRecord)
+    if rec.status != "skipped":  # a run that started knows its layout
+        for name in ("world_size", "devices"):
+            if getattr(rec.config, name) is None:
+                raise InvalidRecord(path, f"config.{name}", f"null on a {rec.status} run")
     return rec, raw
+
+
+class _Kind(msgspec.Struct):
+    kind: Any = None
+
+
+def record_kind(path: Path) -> str | None:
+    """run.json's `kind` (`comm` for a `make bench-comm` folder; absent, i.e. None, for a
+    training run), or None when the file is missing or no JSON object: which reader applies."""
+    try:
+        kind = msgspec.json.decode(Path(path).read_bytes(), type=_Kind).kind
+    except (OSError, RecursionError, msgspec.DecodeError):
+        return None
+    return kind if isinstance(kind, str) else None
+
+
+def read_comm_record(path: Path) -> tuple[CommRecord, dict]:
+    """Decode and validate a comm run's run.json (`kind: "comm"`): (typed record, raw object).
+
+    Raises InputError when the file is missing or not JSON, InvalidRecord when it breaks a rule
+    (a training run's run.json breaks `kind`)."""
+    raw = _decode_json(path)
+    return _convert(path, raw, CommRecord), raw
 
 
 def read_steps(path: Path) -> list[StepRow]:
@@ -263,7 +334,7 @@ def read_steps(path: Path) -> list[StepRow]:
     except (OSError, UnicodeDecodeError) as err:
         raise InvalidRecord(path, "", f"unreadable ({err})") from None
     reader = csv.DictReader(io.StringIO(text))
-    missing = [f for f in STEP_COLUMNS if f not in (reader.fieldnames or [])]
+    missing = [f for f in REQUIRED_STEP_COLUMNS if f not in (reader.fieldnames or [])]
     if missing:
         raise InvalidRecord(path, missing[0], "column missing from the header")
     rows = []
