@@ -13,8 +13,9 @@ import pandas as pd
 from analysis.errors import AnalysisError
 from analysis.project.comm import is_comm_run
 from analysis.project.model import ddp_buckets
+from profiler.runfolder import throughput_steps
 
-__all__ = ["PHASES", "collective_gaps_ms", "load_training", "unprofiled_steps"]
+__all__ = ["PHASES", "collective_gaps_ms", "load_training", "measured_steps", "unprofiled_steps"]
 
 PHASES = ("data", "forward", "backward", "optimizer")
 
@@ -30,14 +31,23 @@ def _profiled_from_schedule(steps: pd.Series, profile: dict) -> pd.Series:
     return in_cycles & (steps % cycle >= wait)
 
 
-def unprofiled_steps(steps: pd.DataFrame, config: dict) -> pd.DataFrame:
-    """Non-warm-up steps the profiler did not record: steps.csv `profiled` when present, else
-    derived from config.profile's schedule (wait, warmup, active, repeat)."""
+def measured_steps(steps: pd.DataFrame, config: dict) -> tuple[pd.DataFrame, str | None]:
+    """The steps the projection measures on and the warning of the rule's fallback: the
+    run-folder rule (profiler.runfolder.throughput_steps: non-warm-up steps the profiler did not
+    record, else every non-warm-up step, with its warning), applied to steps.csv `profiled` when
+    present, else to the flags derived from config.profile's schedule (wait, warmup, active,
+    repeat)."""
     if "profiled" in steps.columns:
         profiled = steps["profiled"].fillna(0).astype(int) == 1
     else:
         profiled = _profiled_from_schedule(steps["step"], config.get("profile") or {})
-    return steps[(steps["warmup"] == 0) & ~profiled]
+    mask, warning = throughput_steps(steps["warmup"], profiled.astype(int))
+    return steps[mask], warning
+
+
+def unprofiled_steps(steps: pd.DataFrame, config: dict) -> pd.DataFrame:
+    """The rows of `measured_steps`, without its warning."""
+    return measured_steps(steps, config)[0]
 
 
 def load_training(run_dir: Path, *, traces: bool = True, trace: dict | None = None) -> dict:
@@ -64,19 +74,19 @@ def load_training(run_dir: Path, *, traces: bool = True, trace: dict | None = No
         raise AnalysisError(run_dir, f"status is {rec.get('status')!r}", "pass a finished (ok) run")
     try:
         steps = pd.read_csv(run_dir / "steps.csv")
-        body = unprofiled_steps(steps, config)
+        body, fallback = measured_steps(steps, config)
     except (OSError, ValueError, KeyError, pd.errors.ParserError) as err:
         raise AnalysisError(run_dir / "steps.csv", f"unreadable ({err})", "re-run it") from None
     if body.empty:
         raise AnalysisError(
             run_dir / "steps.csv",
-            "has no unprofiled measured step (every non-warm-up step was profiled)",
-            "re-run with more --max-steps than warm-up + profiled steps, or --no-profile",
+            "has no measured step (every step was a warm-up step)",
+            "re-run with more --max-steps than --warmup-steps",
         )
     phases = {p: float(body[f"{p}_s"].mean()) for p in PHASES}
     step = float(body["step_time_s"].mean())
     metrics = rec.get("metrics") or {}
-    warnings: list[str] = []
+    warnings: list[str] = [fallback] if fallback else []
     run = {
         "run_id": rec.get("run_id", run_dir.name),
         "path": str(run_dir),
