@@ -30,7 +30,7 @@ from analysis.project.projection import project, unprofiled_steps
 from analysis.runs.compare import compare_runs
 from analysis.runs.entry import load_run
 from analysis.trace.collectives import bus_factor
-from profiler.runfolder import NO_UNPROFILED_STEP_WARNING
+from profiler.runfolder import NO_UNPROFILED_STEP_WARNING, RUN_FOLDER_SCHEMA_VERSION
 from tests.conftest import REPO, read_run
 
 COLLECTIVES = {
@@ -213,6 +213,7 @@ def _fake_run(
             )
     pd.DataFrame(rows).to_csv(path / "steps.csv", index=False)
     rec = {
+        "schema_version": RUN_FOLDER_SCHEMA_VERSION,  # the projection reads it typed, as all do
         "run_id": path.name,
         "status": "ok",
         "config": {
