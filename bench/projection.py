@@ -110,7 +110,7 @@ def bench_model(model: str, args: argparse.Namespace, root: Path) -> dict:
             r[key] = p["measured"][0]
             r[f"{source}_step_time_s"] = p["inputs"]["measured_step_time_s"]
         r["replay"] = project(d, c, [2])["replay"]
-        both = [load_training(root / f"pair{k}-{i}", traces=False)["step_time_s"] for k in "ab"]
+        both = [load_training(root / f"pair{k}-{i}", traces=False).step_time_s for k in "ab"]
         r["contention_pct"] = 100 * (np.mean(both) / r["single_step_time_s"] - 1)
         rounds.append(r)
     out = {"model": model, "batch": args.batch, "gaps_ms": gaps, "rounds": rounds}

@@ -28,6 +28,7 @@ from analysis.runs.records import (
     read_record,
     read_steps,
 )
+from profiler.runfolder import throughput_steps
 
 __all__ = ["PHASES", "RunEntry", "attach_trace", "load_run", "mean_std"]
 
@@ -61,17 +62,16 @@ ENV_FIELDS = (
 )
 
 
-def _phases(steps: pd.DataFrame) -> tuple[dict | None, list[dict]]:
+def _phases(steps: pd.DataFrame) -> tuple[dict | None, list[dict], str | None]:
     """Mean seconds per step of each phase, over all ranks and per rank, on the steps throughput
-    uses: neither warm-up nor profiled (schema 1 folders have no `profiled` column: every
-    non-warm-up step); falls back to the measured steps, then to every step, rather than nothing."""
-    body = steps[steps["warmup"] == 0]
-    if "profiled" in steps.columns and (body["profiled"] == 0).any():
-        body = body[body["profiled"] == 0]
-    if body.empty:  # a run shorter than its warm-up: fall back to every step rather than nothing
-        body = steps
+    uses (profiler.runfolder.throughput_steps: neither warm-up nor profiled, else every measured
+    step with its warning; schema 1 folders have no `profiled` column: every non-warm-up step),
+    and the rule's warning. (None, [], None) without a measured step."""
+    profiled = steps["profiled"] if "profiled" in steps.columns else None
+    mask, warning = throughput_steps(steps["warmup"], profiled)
+    body = steps[mask]
     if body.empty:
-        return None, []
+        return None, [], None
     cols = [f"{p}_s" for p in PHASES]
     overall = {p: float(body[f"{p}_s"].mean()) for p in PHASES}
     per_rank = body.groupby("rank")[[*cols, "step_time_s"]].mean().reset_index()
@@ -83,7 +83,7 @@ def _phases(steps: pd.DataFrame) -> tuple[dict | None, list[dict]]:
         }
         for r in per_rank.to_dict("records")
     ]
-    return overall, rows
+    return overall, rows, warning
 
 
 def _memory(entries: list[dict]) -> dict:
@@ -250,7 +250,9 @@ def _read_phases(entry: RunEntry, steps_csv: Path, schema_version: Any) -> None:
         entry.warnings.append(f"{err} — phases left empty")
         return
     steps = pd.read_csv(steps_csv)  # every cell is now known to be valid: pandas reads columns
-    entry.phases_s, entry.phases_per_rank_s = _phases(steps)
+    entry.phases_s, entry.phases_per_rank_s, warning = _phases(steps)
+    if warning and warning not in entry.warnings:  # the writer's, said once
+        entry.warnings.append(warning)
     if "profiled" not in steps.columns and entry.status == "ok":
         entry.warnings.append(
             f"{steps_csv}: no `profiled` column (run-folder schema "

@@ -17,6 +17,7 @@ import numpy as np
 
 from analysis.trace.classify import COMM, Classified
 from analysis.trace.intervals import merge, total_us
+from profiler.runfolder import bus_factor  # comm.csv's bus model: one set of factors
 
 __all__ = ["DTYPE_BYTES", "bus_factor", "combine_collectives", "rank_instances"]
 
@@ -53,20 +54,6 @@ DTYPE_BYTES = {
     "complexdouble": 16,
 }
 _KERNEL_OP_RE = re.compile(r"nccl(?:Dev)?Kernel_([A-Za-z]+)")
-
-
-def bus_factor(name: str, n: int) -> float | None:
-    """nccl-tests busbw factor for collective `name` over `n` ranks (None: no bus model)."""
-    key = name.split(":", 1)[-1].replace("_", "").lower()
-    if n < 2:  # one rank moves nothing over a bus
-        return None
-    if "allreduce" in key:
-        return 2 * (n - 1) / n
-    if any(s in key for s in ("reducescatter", "allgather", "alltoall")):
-        return (n - 1) / n
-    if any(s in key for s in ("broadcast", "reduce", "send", "recv", "gather", "scatter")):
-        return 1.0
-    return None
 
 
 def _nbytes_from_dims(dims: list | None, types: list | None) -> int | None:

@@ -7,7 +7,8 @@ all_gather_into_tensor, reduce_scatter_tensor and all_to_all_single (float32) ov
 message sizes: warm-up iterations, then `--iters` timed ones, each started after a barrier; an
 iteration's time is the slowest rank's (an all-reduce MAX of every rank's times, as nccl-tests
 reports). Rank 0 writes comm.csv (median and p95 per size, algbw = bytes ÷ median time, busbw =
-algbw × the analysis's bus factor), the α–β fit per collective (analysis.project.comm) into run.json, and
+algbw × the run-folder contract's bus factor, profiler.runfolder), the α–β fit per collective
+(profiler.commfit) into run.json, and
 prints an nccl-tests-like table. Each collective's result is checked once on rank-valued tensors;
 a collective that fails the check, or that the backend cannot run, is listed as skipped with why.
 Message size follows nccl-tests: the larger buffer (all_gather: output; reduce_scatter: input).
@@ -39,9 +40,18 @@ import torch
 import torch.distributed as dist
 from tqdm import tqdm
 
-from analysis.project.comm import COMM_COLUMNS, fit_all
-from analysis.trace.collectives import bus_factor
-from profiler.record import SCHEMA_VERSION, collect_env, write_csv_atomic, write_json_atomic
+from profiler.commfit import fit_all
+from profiler.record import collect_env
+from profiler.records import read_comm_record
+from profiler.runfolder import (
+    COMM_COLUMNS,
+    RUN_FOLDER_SCHEMA_VERSION,
+    RUN_JSON,
+    bus_factor,
+    utc_now,
+    write_comm_csv,
+    write_run_json,
+)
 from workloads.comm.ops import COLLECTIVES, agreed_check, time_one
 from workloads.comm.options import (
     build_parser,
@@ -53,7 +63,6 @@ from workloads.comm.options import (
 from workloads.config import TrainConfig
 from workloads.launch.child import child_env, user_path
 from workloads.launch.launcher import LaunchError
-from workloads.launch.runlog import utc_now
 from workloads.plan import Environment, Plan, runnable_plan
 
 __all__ = ["COLLECTIVES", "default_sizes", "main", "parse_gaps"]
@@ -167,9 +176,7 @@ def _write_results(
     means: list[dict],
     gaps: dict[str, float],
 ) -> None:
-    import json
-
-    write_csv_atomic(run_dir / "comm.csv", rows, COMM_COLUMNS)
+    write_comm_csv(run_dir, rows)
     frame = pd.DataFrame(rows, columns=COMM_COLUMNS)
     models = fit_all(frame)
     out = []
@@ -189,7 +196,7 @@ def _write_results(
     print(text, flush=True)
     (run_dir / "logs").mkdir(parents=True, exist_ok=True)
     (run_dir / "logs" / "table.txt").write_text(text + "\n", encoding="utf-8")
-    record = json.loads((run_dir / "run.json").read_text(encoding="utf-8"))
+    _, record = read_comm_record(run_dir / RUN_JSON)  # the launcher's `running` record
     record.update(
         status="ok",
         finished_at=utc_now(),
@@ -200,7 +207,7 @@ def _write_results(
             "time_us_mean": means,
         },
     )
-    write_json_atomic(run_dir / "run.json", record)
+    write_run_json(run_dir, record)
     print(f"\nrun folder: {run_dir}  status: ok  (comm.csv, α–β fits in run.json)")
 
 
@@ -242,7 +249,7 @@ def _start_record(run_id: str, job: _Job, args: argparse.Namespace) -> dict:
     """run.json of a comm run as it starts (status `running`)."""
     plan = job.plan
     return {
-        "schema_version": SCHEMA_VERSION,
+        "schema_version": RUN_FOLDER_SCHEMA_VERSION,
         "kind": "comm",
         "run_id": run_id,
         "status": "running",
@@ -282,10 +289,8 @@ def _worker_argv(run_dir: Path, job: _Job, args: argparse.Namespace) -> list[str
 def _finish(run_dir: Path, code: int) -> int:
     """The exit code; the run is marked failed (torchrun's exit code) unless rank 0 recorded
     it `ok` and torchrun exited 0."""
-    import json
-
-    record = json.loads((run_dir / "run.json").read_text(encoding="utf-8"))
-    if code == 0 and record.get("status") == "ok":
+    rec, record = read_comm_record(run_dir / RUN_JSON)  # rank 0's `ok` record, or ours
+    if code == 0 and rec.status == "ok":
         return 0
     record.update(
         status="failed",
@@ -297,7 +302,7 @@ def _finish(run_dir: Path, code: int) -> int:
             "log_tail": [],
         },
     )
-    write_json_atomic(run_dir / "run.json", record)
+    write_run_json(run_dir, record)
     print(f"run folder: {run_dir}  status: failed (torchrun exit code {code})")
     return 1
 
@@ -308,10 +313,10 @@ def launch(args: argparse.Namespace) -> int:
     stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%S")
     run_id = args.run_id or f"comm-{job.plan.backend}-n{job.plan.replicas}-{stamp}"
     run_dir = user_path(args.runs_dir) / run_id
-    if (run_dir / "run.json").exists():
+    if (run_dir / RUN_JSON).exists():
         raise LaunchError(f"run folder {run_dir} already holds a run; pick another --run-id")
     (run_dir / "logs").mkdir(parents=True, exist_ok=True)
-    write_json_atomic(run_dir / "run.json", _start_record(run_id, job, args))
+    write_run_json(run_dir, _start_record(run_id, job, args))
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
     cmd += ["--nproc-per-node", str(job.plan.nproc), "-m", "workloads.comm.bench"]
     cmd += _worker_argv(run_dir, job, args)

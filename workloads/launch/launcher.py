@@ -17,14 +17,13 @@ import shlex
 import sys
 from pathlib import Path
 
-from profiler.record import write_json_atomic
+from profiler.runfolder import RUN_JSON, write_run_json
 from workloads.config import (
     OneLineParser,
     TrainConfig,
     add_config_arguments,
     config_from_namespace,
     default_run_id,
-    run_record,
     to_argv,
 )
 from workloads.launch.child import child_env, user_path
@@ -32,6 +31,7 @@ from workloads.launch.runlog import finalize
 from workloads.launch.supervise import flight_recorder_env, run_supervised
 from workloads.plan import Environment, Plan
 from workloads.plan import plan as plan_run
+from workloads.record import run_record
 from workloads.train.data import check_available
 
 __all__ = ["LaunchError", "main"]
@@ -78,13 +78,13 @@ def _execute(cfg: TrainConfig, plan: Plan, args: argparse.Namespace, extra: list
     """Run one planned training; return its final status."""
     run_dir = Path(cfg.runs_dir) / cfg.run_id
     is_record_node = args.node_rank == 0
-    if is_record_node and (run_dir / "run.json").exists():
+    if is_record_node and (run_dir / RUN_JSON).exists():
         raise LaunchError(
             f"run folder {run_dir} already holds a run; pick another --run-id or remove it"
         )
     (run_dir / "logs").mkdir(parents=True, exist_ok=True)
     if is_record_node:
-        write_json_atomic(run_dir / "run.json", _record(cfg, plan, status="running"))
+        write_run_json(run_dir, _record(cfg, plan, status="running"))
     env = child_env(PYTHONUNBUFFERED="1")
     if not plan.use_cuda:
         # What train sets anyway; it also silences torchrun's OMP_NUM_THREADS note.
@@ -106,7 +106,7 @@ def _execute(cfg: TrainConfig, plan: Plan, args: argparse.Namespace, extra: list
     returncode = outcome.returncode
     if not is_record_node:
         print(
-            f"node {args.node_rank} finished (exit code {returncode}); node 0 writes {run_dir / 'run.json'}"
+            f"node {args.node_rank} finished (exit code {returncode}); node 0 writes {run_dir / RUN_JSON}"
         )
         return "ok" if returncode == 0 else "failed"
     record = finalize(run_dir, outcome, launcher_log)
@@ -122,7 +122,7 @@ def _execute(cfg: TrainConfig, plan: Plan, args: argparse.Namespace, extra: list
 def _skip(cfg: TrainConfig, plan: Plan) -> None:
     run_dir = Path(cfg.runs_dir) / cfg.run_id
     error = {"message": plan.reason, "rank": None, "exit_code": None, "log_tail": []}
-    write_json_atomic(run_dir / "run.json", _record(cfg, plan, status="skipped", error=error))
+    write_run_json(run_dir, _record(cfg, plan, status="skipped", error=error))
     print(f"\nrun folder: {run_dir}  status: skipped ({plan.reason})")
 
 

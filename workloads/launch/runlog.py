@@ -15,23 +15,20 @@ import re
 import sys
 import time
 from collections.abc import Iterator
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from profiler.record import write_json_atomic
+from profiler.atomic import write_json_atomic
+from profiler.records import read_record
+from profiler.runfolder import RUN_JSON, utc_now, write_run_json
+from workloads.launch.faults import read_attempts, signal_name
 
 if TYPE_CHECKING:
     from workloads.launch.supervise import Outcome
 
-__all__ = ["diagnose", "finalize", "rank_log", "utc_now", "write_error_record"]
+__all__ = ["diagnose", "finalize", "rank_log", "write_error_record"]
 
 LOG_TAIL_LINES = 20
-
-
-def utc_now() -> str:
-    """Now, as ISO-8601 UTC with seconds (run.json created_at / finished_at)."""
-    return datetime.now(UTC).isoformat(timespec="seconds")
 
 
 class _Tee(io.TextIOBase):
@@ -99,8 +96,6 @@ def _torchrun_failures(text: str) -> tuple[dict[int, int], int | None]:
 
 
 def _killed_message(rank: int, code: int) -> str:
-    from workloads.launch.faults import signal_name
-
     message = f"rank {rank} was killed by {signal_name(code)} (exit code {code})"
     if code == -9:
         message += (
@@ -203,10 +198,8 @@ def finalize(run_dir: Path, outcome: Outcome, launcher_log: Path) -> dict:
     """After the training ended: turn a run.json that is not `ok` into `failed` with its error
     (and restarts); return the record. Never downgraded: once rank 0 wrote `ok`, whatever
     happens afterwards (a signal to the launcher, a rank failing in teardown) leaves it ok."""
-    from workloads.launch.faults import read_attempts
-
-    record = json.loads((run_dir / "run.json").read_text())
-    if record.get("status") != "ok":
+    rec, record = read_record(run_dir / RUN_JSON)  # rank 0's `ok` record, or the launcher's own
+    if rec.status != "ok":
         resumes = read_attempts(run_dir)
         record.update(
             status="failed",
@@ -215,7 +208,7 @@ def finalize(run_dir: Path, outcome: Outcome, launcher_log: Path) -> dict:
             restarts=max((a["attempt"] for a in resumes), default=0),
             resumes=resumes,
         )
-        write_json_atomic(run_dir / "run.json", record)
+        write_run_json(run_dir, record)
     return record
 
 

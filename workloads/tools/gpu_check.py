@@ -21,7 +21,6 @@ forward peak within 10% of the hand count.
 from __future__ import annotations
 
 import argparse
-import csv
 import gzip
 import json
 import subprocess
@@ -32,6 +31,8 @@ from pathlib import Path
 import torch
 
 from analysis.runs.compare import compare_runs
+from profiler.records import RunRecord, read_record, read_steps
+from profiler.runfolder import RUN_JSON, STEPS_CSV
 from workloads.launch.child import child_env, user_path
 from workloads.train.models import build_model
 
@@ -56,10 +57,10 @@ def _launch(runs_dir: Path, run_id: str, args: list[str]) -> int:
     return subprocess.run(cmd, env=child_env()).returncode
 
 
-def _trace_names(run_dir: Path, run: dict) -> tuple[set[str], set[str]]:
+def _trace_names(run_dir: Path, run: RunRecord) -> tuple[set[str], set[str]]:
     """(names of GPU kernels, names of all other events) over the run's traces."""
     kernels, others = set(), set()
-    for rel in run.get("traces", []):
+    for rel in run.traces:
         with gzip.open(run_dir / rel, "rt", encoding="utf-8") as f:
             for ev in json.load(f).get("traceEvents", []):
                 name = str(ev.get("name", ""))
@@ -67,10 +68,10 @@ def _trace_names(run_dir: Path, run: dict) -> tuple[set[str], set[str]]:
     return kernels, others
 
 
-def _matmul_input_types(run_dir: Path, run: dict) -> set[str]:
+def _matmul_input_types(run_dir: Path, run: RunRecord) -> set[str]:
     """Input dtypes of the traced `aten::addmm` calls (the MLP's linear layers)."""
     types: set[str] = set()
-    for rel in run.get("traces", []):
+    for rel in run.traces:
         with gzip.open(run_dir / rel, "rt", encoding="utf-8") as f:
             for ev in json.load(f).get("traceEvents", []):
                 if ev.get("name") == "aten::addmm":
@@ -81,9 +82,8 @@ def _matmul_input_types(run_dir: Path, run: dict) -> set[str]:
 def _losses(run_dir: Path) -> dict[int, float]:
     """Per step: the mean over ranks of each rank's batch-mean loss (= the global-batch loss)."""
     per_step: dict[int, list[float]] = {}
-    with open(run_dir / "steps.csv", newline="") as f:
-        for row in csv.DictReader(f):
-            per_step.setdefault(int(row["step"]), []).append(float(row["loss"]))
+    for row in read_steps(run_dir / STEPS_CSV):
+        per_step.setdefault(row.step, []).append(float(row.loss))
     return {s: sum(v) / len(v) for s, v in per_step.items()}
 
 
@@ -120,16 +120,16 @@ def check_run(
     """Check one finished run folder; return whether it is usable for the parity check."""
     if not check(label, "launcher exit code 0", rc == 0, f"exit code {rc}, see {run_dir / 'logs'}"):
         return False
-    run = json.loads((run_dir / "run.json").read_text())
-    if not check(label, "status ok", run["status"] == "ok", str(run.get("error"))):
+    run, raw = read_record(run_dir / RUN_JSON)
+    if not check(label, "status ok", run.status == "ok", str(raw.get("error"))):
         return False
-    cfg, metrics = run["config"], run["metrics"]
+    cfg, metrics = run.config, run.metrics
     want_devices = [f"cuda:{i}" for i in range(gpus if mode == "dp" else ranks)]
-    check(label, f"devices {want_devices}", cfg["devices"] == want_devices, str(cfg["devices"]))
+    check(label, f"devices {want_devices}", cfg.devices == want_devices, str(cfg.devices))
     want_mem = (
         {(0, d) for d in want_devices} if mode == "dp" else {(r, f"cuda:{r}") for r in range(ranks)}
     )
-    got_mem = {(m["rank"], m["device"]) for m in metrics["memory"]}
+    got_mem = {(m.rank, m.device) for m in metrics.memory}
     check(
         label,
         "memory entry per rank and CUDA device",
@@ -139,18 +139,17 @@ def check_run(
     check(
         label,
         "non-zero allocator peaks",
-        all((m["peak_allocated_bytes"] or 0) > 0 for m in metrics["memory"]),
-        str(metrics["memory"]),
+        all((m.peak_allocated_bytes or 0) > 0 for m in metrics.memory),
+        str(raw["metrics"]["memory"]),
     )
-    with open(run_dir / "steps.csv", newline="") as f:
-        rows = list(csv.DictReader(f))
+    rows = read_steps(run_dir / STEPS_CSV)
     check(
         label,
         "cuda_allocated_bytes in steps.csv",
-        bool(rows) and all(r["cuda_allocated_bytes"] for r in rows),
+        bool(rows) and all(r.cuda_allocated_bytes for r in rows),
     )
     kernels, others = _trace_names(run_dir, run)
-    check(label, "GPU kernels in traces", bool(kernels), f"{len(run['traces'])} trace files")
+    check(label, "GPU kernels in traces", bool(kernels), f"{len(run.traces)} trace files")
     if mode == "ddp":
         names = kernels | others
         if backend == "nccl":
@@ -158,7 +157,7 @@ def check_run(
         else:
             found = any(n.startswith("gloo:") for n in names)
         check(label, f"{backend} collectives in traces", found, "no collective event names found")
-        ddp = metrics.get("ddp") or {}
+        ddp = raw["metrics"].get("ddp") or {}  # not typed: passes verbatim
         check(label, "DDP bucket info", ddp.get("num_buckets", 0) >= 1, str(ddp))
     return True
 
@@ -243,8 +242,7 @@ def check_memory(check: Checker, label: str, run_dir: Path, *, mode: str, batch:
 
 def _end_of_step_allocated(run_dir: Path) -> dict[int, int]:
     """Per rank, `torch.cuda.memory_allocated` after its last step (steps.csv)."""
-    with open(run_dir / "steps.csv", newline="") as f:
-        return {int(r["rank"]): int(r["cuda_allocated_bytes"]) for r in csv.DictReader(f)}
+    return {r.rank: int(r.cuda_allocated_bytes) for r in read_steps(run_dir / STEPS_CSV)}
 
 
 def check_ddp_vs_single(check: Checker, single: Path, ddp: Path, *, gpus: int) -> None:
@@ -314,7 +312,7 @@ def _run_checks(
             batch = 32 * gpus if mode == "single" else 32
             check_memory(check, label, run_dir, mode=kind, batch=batch)
         if label == "dp-bf16" and args.model == "mlp":
-            types = _matmul_input_types(run_dir, json.loads((run_dir / "run.json").read_text()))
+            types = _matmul_input_types(run_dir, read_record(run_dir / RUN_JSON)[0])
             check(label, "matmuls run in bf16", types == {"c10::BFloat16"}, str(types))
     return usable
 

@@ -21,7 +21,6 @@ on the world size, so there is one per seed.
 from __future__ import annotations
 
 import argparse
-import json
 import re
 import shutil
 import subprocess
@@ -34,6 +33,8 @@ from typing import TextIO
 
 from tqdm import tqdm
 
+from profiler.records import InputError, read_record
+from profiler.runfolder import RUN_JSON
 from workloads.launch.child import child_env, user_path
 
 __all__ = ["Combo", "SweepError", "combos", "main", "parse_ints"]
@@ -124,15 +125,16 @@ def combos(
 
 
 def _status(run_dir: Path) -> str | None:
-    """The recorded status of an earlier attempt, `unreadable` for a broken record, None if none."""
-    record = run_dir / "run.json"
+    """The recorded status of an earlier attempt, `unreadable` for a record the typed reader
+    refuses, None if none."""
+    record = run_dir / RUN_JSON
     if not record.is_file():
         return "incomplete" if run_dir.exists() else None
     try:
-        status = json.loads(record.read_text(encoding="utf-8")).get("status")
-    except (OSError, ValueError, AttributeError):
+        rec, _ = read_record(record)
+    except InputError:
         return "unreadable"
-    return status if isinstance(status, str) else "unreadable"
+    return rec.status
 
 
 def _set_aside(run_dir: Path, runs_dir: Path) -> Path:

@@ -10,7 +10,8 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING
 
-from workloads.config import TrainConfig, batch_split, config_from_namespace
+from workloads.config import TrainConfig, config_from_namespace
+from workloads.plan import batch_split
 from workloads.tools import tune_stats
 
 if TYPE_CHECKING:  # the planner imports torch; only prepare's call needs it

@@ -8,7 +8,6 @@ rebuilds its buckets in gradient-ready order during the first steps.
 
 from __future__ import annotations
 
-import json
 import re
 import time
 from pathlib import Path
@@ -17,10 +16,12 @@ from torch import nn
 
 from profiler.memory import MemoryTracker
 from profiler.memory_breakdown import StaticMemory
-from profiler.record import STEPS_COLUMNS, write_csv_atomic, write_json_atomic
+from profiler.records import InputError, read_record
+from profiler.runfolder import RUN_JSON, write_run_json, write_steps_csv
 from profiler.session import ProfilerSession
-from workloads.config import TrainConfig, run_record
+from workloads.config import TrainConfig
 from workloads.launch import faults
+from workloads.record import run_record
 from workloads.train.context import RunContext, unwrap_model
 from workloads.train.summary import best_epoch, step_metrics
 
@@ -144,9 +145,8 @@ def finish(
     all_rows = sorted(
         (r for g in gathered for r in g["rows"]), key=lambda r: (r["step"], r["rank"])
     )
-    write_csv_atomic(run_dir / "steps.csv", all_rows, STEPS_COLUMNS)
-    previous = run_dir / "run.json"
-    created = json.loads(previous.read_text()).get("created_at") if previous.is_file() else None
+    write_steps_csv(run_dir, all_rows)
+    created = _created_at(run_dir)
     metrics, warnings = _run_metrics(
         gathered, all_rows, model=_model_metrics(model), epoch_times=epoch_times, start=start
     )
@@ -163,5 +163,14 @@ def finish(
     record["warnings"] = warnings  # e.g. no unprofiled measured step: throughput fell back
     if restarts:  # earlier attempts' traces too (their names say which attempt)
         record.update(faults.restart_record(run_dir, restarts), traces=faults.all_traces(run_dir))
-    write_json_atomic(run_dir / "run.json", record)
-    print(f"[rank0] wrote {run_dir / 'run.json'}", flush=True)
+    print(f"[rank0] wrote {write_run_json(run_dir, record)}", flush=True)
+
+
+def _created_at(run_dir: Path) -> str | None:
+    """`created_at` of the launcher's `running` record, kept in rank 0's; None when the trainer
+    was started without the launcher (no record yet)."""
+    try:
+        rec, _ = read_record(run_dir / RUN_JSON)
+    except InputError:
+        return None
+    return rec.created_at
