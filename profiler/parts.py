@@ -121,7 +121,8 @@ def _metrics(parts: list[dict], rows: list[dict], *, wall_time_s: float | None) 
     return {
         **metrics,
         "epoch_time_s": [],
-        "wall_time_s": wall_time_s,
+        # rank 0's time from its recorder's creation (the bootstrap: the script's start) to its end
+        "wall_time_s": first.get("wall_time_s") if wall_time_s is None else wall_time_s,
         "memory": [m for p in parts for m in p["memory"]],
         "memory_after_first_step": [m for p in parts for m in p["memory_after_first_step"]],
         "memory_breakdown": [m for p in parts for m in p["memory_breakdown"]],

@@ -337,6 +337,7 @@ class RunRecorder:
             if rec
             else [],
             "warnings": self.warnings,
+            "wall_time_s": time.perf_counter() - self._start,
             "env": collect_env(threads_per_rank=torch.get_num_threads()),
             **(model_metrics(model) if model is not None else {}),
         }
