@@ -16,7 +16,7 @@ model = nn.Sequential(nn.Linear(10, 32), nn.ReLU(), nn.Linear(32, 2))
 if ddp:
     model = nn.parallel.DistributedDataParallel(model)
 optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-for step in range(STEPS):
+for _step in range(STEPS):
     for micro in range(ACCUM):
         x, y = torch.randn(MICRO, 10), torch.randint(0, 2, (MICRO,))
         last = micro == ACCUM - 1

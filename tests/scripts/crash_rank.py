@@ -1,7 +1,5 @@
 """Rank 1 raises at its fourth step; rank 0 would wait in the next all-reduce."""
 
-import os
-
 import torch
 import torch.distributed as dist
 from torch import nn

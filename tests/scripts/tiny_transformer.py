@@ -31,7 +31,7 @@ if int(os.environ.get("WORLD_SIZE", "1")) > 1:
 else:
     model = TinyLM()
 optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
-for step in range(STEPS):
+for _step in range(STEPS):
     tokens = torch.randint(0, VOCAB, (BATCH, SEQ + 1))
     batch = {"input_ids": tokens[:, :-1], "labels": tokens[:, 1:]}
     loss = model(**batch)
