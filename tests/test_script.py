@@ -128,7 +128,11 @@ def test_a_transformer_with_dict_batches_adamw_and_clipping(user):
 
 
 def test_gradient_accumulation_counts_one_step_per_optimizer_step(user):
-    _ok(_profile(user, "--script", "accumulate.py", "--mode", "ddp", "--run-id", "acc", "--no-profile"))
+    _ok(
+        _profile(
+            user, "--script", "accumulate.py", "--mode", "ddp", "--run-id", "acc", "--no-profile"
+        )
+    )
     rec = read_run(user / "runs" / "acc")
     rows = _steps(user / "runs" / "acc")
     assert rec["config"]["mode"] == "ddp" and rec["config"]["grad_accum_steps"] == 2
@@ -137,7 +141,9 @@ def test_gradient_accumulation_counts_one_step_per_optimizer_step(user):
 
 
 def test_a_crashing_rank_fails_the_run_with_its_rank_code_and_log(user):
-    proc = _profile(user, "--script", "crash_rank.py", "--mode", "ddp", "--run-id", "crash", "--no-profile")
+    proc = _profile(
+        user, "--script", "crash_rank.py", "--mode", "ddp", "--run-id", "crash", "--no-profile"
+    )
     assert proc.returncode == 1
     rec = read_run(user / "runs" / "crash")
     err = rec["error"]
@@ -157,7 +163,9 @@ def test_a_script_that_never_steps_is_ok_with_a_warning(user):
 
 
 def test_a_script_that_ignores_world_size_is_recorded_as_what_it_was(user):
-    proc = _profile(user, "--script", "no_group.py", "--mode", "ddp", "--run-id", "nogroup", "--no-profile")
+    proc = _profile(
+        user, "--script", "no_group.py", "--mode", "ddp", "--run-id", "nogroup", "--no-profile"
+    )
     _ok(proc)
     rec = read_run(user / "runs" / "nogroup")
     assert (rec["config"]["mode"], rec["config"]["world_size"]) == ("single", 1)

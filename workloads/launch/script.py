@@ -177,4 +177,5 @@ def run_script(args: argparse.Namespace, script_args: list[str]) -> int:
         print(f"  warning: {warning}")
     if final["status"] == "failed":
         print(f"  error ({final['error']['kind']}): {final['error']['message']}")
+    print(f"\nnext: make report RUNS={shlex.quote(str(args.runs_dir))}")
     return 0 if final["status"] == "ok" else 1
