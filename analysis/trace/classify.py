@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from analysis.trace.attribution import launches
 from analysis.trace.loader import Args, ChunkSplitError, Event, decode_args, decode_correlation
 from analysis.trace.memory import MemoryAccumulator, MemoryEvents
 from analysis.trace.tbprofiler import NO_ID, TbAccumulator, TbRoles
@@ -135,6 +136,7 @@ class Classified:
     kernel_cls: np.ndarray  # COMPUTE/COMM/MEMORY/OTHER per kernel
     launch_us: np.ndarray  # time of the runtime call that launched each kernel (own ts if unknown)
     launch_tid: np.ndarray  # thread code of that runtime call (-1 if unknown)
+    orphan: np.ndarray  # per kernel: no runtime launch matches it (attribution.py's rule)
     steps: Ranges  # ProfilerStep#N, sorted by start
     step_numbers: list[int]
     anchors: Ranges  # nccl:*/gloo:* collective annotations, with args
@@ -265,7 +267,7 @@ class _Accumulator:
         rt = self.runtime.ranges(origin)
         corr = np.concatenate(self.runtime_corr) if self.runtime_corr else np.empty(0, np.int64)
         k_corr = np.concatenate(self.kernel_corr) if self.kernel_corr else np.empty(0, np.int64)
-        launch_us, launch_tid = _launches(k, k_corr, rt, corr)
+        launch_us, launch_tid, orphan = launches(k.start, k_corr, rt.start, rt.tids, corr)
         steps = _by_start(self.steps.ranges(origin))
         span = (
             (self.cpu_lo - origin, self.cpu_hi - origin) if np.isfinite(self.cpu_lo) else (0.0, 0.0)
@@ -276,6 +278,7 @@ class _Accumulator:
             kernel_cls=np.asarray(self.kernel_cls, dtype=np.int8),
             launch_us=launch_us,
             launch_tid=launch_tid,
+            orphan=orphan,
             steps=steps,
             step_numbers=_step_numbers(steps.names),
             anchors=_by_start(self.anchors.ranges(origin), args=True),
@@ -357,21 +360,3 @@ def classify(passes: Iterator[Iterator[list[Event]]]) -> Classified:
         return acc.finish()
     raise AssertionError("the last pass never raises ChunkSplitError")
 
-
-def _launches(
-    k: Ranges, k_corr: np.ndarray, rt: Ranges, rt_corr: np.ndarray
-) -> tuple[np.ndarray, np.ndarray]:
-    """Launch time and thread code (-1: unknown) of each kernel, joined on the correlation id of
-    its runtime call."""
-    launch = k.start.copy()
-    tids = np.full(len(k), -1, dtype=np.int64)
-    if not len(k) or not len(rt):
-        return launch, tids
-    order = np.argsort(rt_corr, kind="stable")
-    rt_sorted = rt_corr[order]
-    pos = np.clip(np.searchsorted(rt_sorted, k_corr), 0, rt_sorted.size - 1)
-    hit = rt_sorted[pos] == k_corr
-    rt_idx = order[pos]
-    launch[hit] = rt.start[rt_idx[hit]]
-    tids[hit] = rt.tids[rt_idx[hit]]
-    return launch, tids

@@ -37,6 +37,8 @@ _RANK_FIELDS = (
     "kind",
     "steps",
     "dropped_events",
+    "orphan_kernels",
+    "orphan_kernel_us",
     "step_numbers",
     "step_time_us_mean",
     "compute_us",

@@ -15,6 +15,7 @@ import msgspec
 import numpy as np
 
 from analysis.errors import AnalysisError
+from analysis.trace.attribution import kernel_steps
 from analysis.trace.classify import COMM, COMPUTE, MAX_DUR_US, Classified, Ranges, classify
 from analysis.trace.collectives import rank_instances
 from analysis.trace.intervals import Intervals, clip, intersection_us, merge, total_us, union_us
@@ -82,10 +83,7 @@ def _training_thread(c: Classified) -> np.ndarray:
 def _step_rows(c: Classified, lo: np.ndarray, hi: np.ndarray, numbers: list) -> list[dict]:
     gpu = len(c.kernels) > 0
     if gpu:  # a kernel belongs to the step whose CPU range launched it (HTA attributes the same)
-        k_step = np.searchsorted(lo, c.launch_us, side="right") - 1
-        valid = (k_step >= 0) & (c.launch_us <= hi[np.clip(k_step, 0, None)])
-        if numbers == [None]:  # one whole-trace window: every kernel is in it
-            k_step, valid = np.zeros(len(c.kernels), dtype=np.int64), np.ones(len(c.kernels), bool)
+        k_step, valid = kernel_steps(c.launch_us, c.orphan, lo, hi, numbers == [None])
     else:
         ops = _sel(c.compute_ops, _outside_comm(c) & _training_thread(c))
         comm_all = merge(c.anchors.start, c.anchors.end)
@@ -119,10 +117,7 @@ def _step_rows(c: Classified, lo: np.ndarray, hi: np.ndarray, numbers: list) -> 
 
 def _hta_breakdown(c: Classified, lo: np.ndarray, hi: np.ndarray) -> dict:
     """HTA's temporal breakdown and comm/comp overlap over the kernels the analysed steps launched."""
-    k_step = np.searchsorted(lo, c.launch_us, side="right") - 1
-    mine = (k_step >= 0) & (c.launch_us <= hi[np.clip(k_step, 0, None)])
-    if lo.size == 1 and len(c.steps) == 0:
-        mine[:] = True
+    _, mine = kernel_steps(c.launch_us, c.orphan, lo, hi, lo.size == 1 and len(c.steps) == 0)
     allk = merge(*_sel(c.kernels, mine))
     if allk[0].size == 0:
         return {
@@ -167,6 +162,8 @@ class RankSummary(msgspec.Struct, kw_only=True):
     origin_us: float  # the rank's first event on its own clock (µs): the alignment origin
     steps: int
     dropped_events: int
+    orphan_kernels: int  # GPU events whose launch is not in the trace (attribution.py)
+    orphan_kernel_us: float  # the sum of their durations
     step_numbers: list[int | None]
     compute_us: float
     comm_us: float
@@ -193,6 +190,10 @@ class RankSummary(msgspec.Struct, kw_only=True):
 _STEP_MEANS = ("compute_us", "comm_us", "exposed_comm_us", "data_wait_us", "overlap_us", "idle_us")
 
 
+def _orphan_us(c: Classified) -> float:
+    return float((c.kernels.end[c.orphan] - c.kernels.start[c.orphan]).sum())
+
+
 def _check_events(c: Classified, path: Path, warnings: list[str]) -> None:
     """A trace with no events is one AnalysisError; dropped events are one warning."""
     if not len(c.kernels) and not len(c.compute_ops) and not len(c.anchors) and not len(c.steps):
@@ -200,6 +201,13 @@ def _check_events(c: Classified, path: Path, warnings: list[str]) -> None:
             path,
             "no profiler events (no ops, kernels or ProfilerSteps)",
             "the profiler recorded nothing; check its schedule",
+        )
+    if c.orphan.any():
+        n = int(c.orphan.sum())
+        warnings.append(
+            f"{path}: {n} GPU event(s) ({_orphan_us(c):.0f} µs) have no launch in the trace (likely"
+            " work queued before the profiler went active) — left out of the step split, the HTA"
+            " figures and the collective calls, as HTA does"
         )
     if c.dropped_events:
         warnings.append(
@@ -242,6 +250,8 @@ def summarize_file(path: Path) -> RankSummary:
         origin_us=origin,
         steps=len(per_step),
         dropped_events=c.dropped_events,
+        orphan_kernels=int(c.orphan.sum()),
+        orphan_kernel_us=_orphan_us(c),
         step_numbers=numbers,
         **{k: _mean(per_step, k) for k in _STEP_MEANS},
         step_time_us_mean=step_time,
