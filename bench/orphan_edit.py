@@ -77,7 +77,6 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--out", type=Path, default=REFERENCE, help="reference JSON to write")
     args = parser.parse_args(argv)
 
-
     with tempfile.TemporaryDirectory() as tmp:
         write_edited_pair(SOURCE, Path(tmp))
         figures = _hta_figures(Path(tmp))

@@ -11,11 +11,15 @@ from __future__ import annotations
 
 import gzip
 import json
+from decimal import Decimal
 
+import msgspec
 import pytest
 
+from analysis.trace.classify import COMPUTE, kernel_class
 from analysis.trace.folder import analyze_trace_dir
 from bench.orphan_edit import EDITS, REFERENCE, SOURCE, write_edited_pair
+from tests.conftest import DATA
 
 _GPU_CATS = {"kernel", "gpu_memcpy", "gpu_memset"}
 
@@ -83,3 +87,76 @@ def test_orphans_never_become_calls_and_matching_holds(pair):
     assert [s["matched_calls"] for s in edited["stragglers"]] == [
         s["matched_calls"] for s in original["stragglers"]
     ]
+
+
+# --- nanosecond timestamps (docs/analysis.md §1) ---------------------------------------------
+
+NS_TRACE = DATA / "hta" / "nccl_parser_config" / "nccl_data.json.gz"
+
+
+def _exact_ns(value) -> int:
+    return int(Decimal(str(value)) * 1000)
+
+
+def _union_ns(spans: list[tuple[int, int]]) -> int:
+    total, end = 0, None
+    for s, e in sorted(spans):  # integer interval union
+        if end is None or s > end:
+            total, end = total + (e - s), e
+        elif e > end:
+            total, end = total + (e - end), e
+    return total
+
+
+def _exact_ns_figures() -> tuple[list[int], int]:
+    """(|∪ compute kernels| per analysed step, HTA's kernel time = last end − first start of the
+    analysed kernels), in integer ns straight from the JSON text (every `ts`/`dur` a Decimal):
+    a kernel is in the step whose range holds its launch."""
+    events = json.loads(gzip.decompress(NS_TRACE.read_bytes()), parse_float=Decimal)
+    events = events["traceEvents"]
+    launch = {e["args"]["correlation"]: e["ts"] for e in events if e.get("cat") == "cuda_runtime"}
+    steps = sorted(
+        (_exact_ns(e["ts"]), _exact_ns(e["ts"]) + _exact_ns(e["dur"]))
+        for e in events
+        if e.get("name", "").startswith("ProfilerStep#")
+    )[:-1]  # the last step is not analysed (HTA's rule)
+    compute, every = [], []
+    for lo, hi in steps:
+        mine = [
+            (e, (_exact_ns(e["ts"]), _exact_ns(e["ts"]) + _exact_ns(e["dur"])))
+            for e in events
+            if e.get("cat") in _GPU_CATS and lo <= _exact_ns(launch[e["args"]["correlation"]]) <= hi
+        ]
+        compute.append(
+            _union_ns([s for e, s in mine if kernel_class(e["name"], e["cat"]) == COMPUTE])
+        )
+        every += [s for _, s in mine]
+    return compute, max(e for _, e in every) - min(s for s, _ in every)
+
+
+def _assert_exact(rank: dict) -> None:
+    compute, kernel_time = _exact_ns_figures()
+    assert len(compute) == len(rank["per_step"]) == 2
+    for row, ns in zip(rank["per_step"], compute, strict=True):
+        assert abs(row["compute_us"] - ns / 1000) < 1e-6  # sub-ns: float64 absolute ts is ~1 ns
+    assert abs(rank["hta"]["kernel_time_us"] - kernel_time / 1000) < 1e-6
+
+
+def test_nanosecond_trace_keeps_exact_kernel_time():
+    """Kineto ≥ 2.3 writes ns-resolution `ts`; the per-step compute time is the exact sum."""
+    _assert_exact(analyze_trace_dir(NS_TRACE.parent, workers=1, progress=False)["ranks"][0])
+
+
+def test_absolute_clock_nanosecond_trace_is_exact(tmp_path):
+    """The same trace on the absolute epoch clock (ts ≈ 1.7e15 µs, where float64 holds only
+    0.25 µs): the fractional times are decoded exactly, so the numbers do not move."""
+    shift = Decimal(1_711_964_646_000_000)
+    trace = json.loads(gzip.decompress(NS_TRACE.read_bytes()), parse_float=Decimal)
+    for e in trace["traceEvents"]:
+        if "ts" in e:
+            e["ts"] += shift
+    del trace["baseTimeNanoseconds"]
+    encoder = msgspec.json.Encoder(decimal_format="number")
+    (tmp_path / "rank0.json").write_bytes(encoder.encode(trace))
+    assert b'"ts":1716423' in (tmp_path / "rank0.json").read_bytes()[:100000]
+    _assert_exact(analyze_trace_dir(tmp_path, workers=1, progress=False)["ranks"][0])

@@ -21,7 +21,10 @@ __all__ = ["kernel_steps", "launches"]
 
 
 def launches(
-    k_start: np.ndarray, k_corr: np.ndarray, rt_start: np.ndarray, rt_tids: np.ndarray,
+    k_start: np.ndarray,
+    k_corr: np.ndarray,
+    rt_start: np.ndarray,
+    rt_tids: np.ndarray,
     rt_corr: np.ndarray,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(launch time, launch thread code, orphan mask) of each kernel, joined on the correlation

@@ -15,7 +15,14 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from analysis.trace.attribution import launches
-from analysis.trace.loader import Args, ChunkSplitError, Event, decode_args, decode_correlation
+from analysis.trace.loader import (
+    MAX_SPAN_US,
+    Args,
+    ChunkSplitError,
+    Event,
+    decode_args,
+    decode_correlation,
+)
 from analysis.trace.memory import MemoryAccumulator, MemoryEvents
 from analysis.trace.tbprofiler import NO_ID, TbAccumulator, TbRoles
 
@@ -39,8 +46,8 @@ MEMORY_KERNEL_RE = re.compile(r"^(Memcpy|Memset|dma)")
 COMM_OP_RE = re.compile(r"^(nccl|gloo|mpi|ucc|xccl|hccl):")
 COMPUTE, COMM, MEMORY, OTHER = 0, 1, 2, 3
 _OPS, _ISSUE, _OTHER_OP = 0, 1, 2  # op_events roles: computation, issue-only, the rest
-# No profiled event lasts longer than this (11.6 days): a longer `dur` is corrupt, not slow.
-MAX_DUR_US = 1e12
+# No profiled event lasts longer than this (one day): a longer `dur` is corrupt, not slow.
+MAX_DUR_US = MAX_SPAN_US
 _INF = float("inf")
 
 _KERNEL_CATS = {"kernel", "Kernel"}
@@ -129,7 +136,8 @@ class _Columns:
 
 @dataclass
 class Classified:
-    """One rank's events by class, with times in µs relative to `origin_us` (raw trace clock)."""
+    """One rank's events by class, with times in µs relative to `origin_us` (itself relative to
+    the trace's base, `LoadedTrace.ts_base_us`)."""
 
     origin_us: float
     kernels: Ranges  # GPU activities: kernels, memcpy/memset, syncs
@@ -359,4 +367,3 @@ def classify(passes: Iterator[Iterator[list[Event]]]) -> Classified:
             continue
         return acc.finish()
     raise AssertionError("the last pass never raises ChunkSplitError")
-

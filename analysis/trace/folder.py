@@ -236,10 +236,11 @@ def combine_summaries(path: Path | str, good: list[RankSummary], skipped: list[d
     if not ranks:
         reasons = "; ".join(f"{Path(s['file']).name}: {s['reason']}" for s in skipped[:3])
         raise AnalysisError(path, f"no usable trace ({reasons})", "fix or re-profile the traces")
-    origin = min(r.origin_us for r in ranks)  # HTA's alignment: earliest event of all ranks = 0
+    origin = min(r.origin_ns for r in ranks)  # HTA's alignment: earliest event of all ranks = 0
     for r in ranks:
+        shift_us = (r.origin_ns - origin) / 1000  # exact integer ns: no float64 absolute clock
         for inst in r.instances.values():
-            inst["start_us"] = inst["start_us"] - origin
+            inst["start_us"] = inst["start_us"] + shift_us
         warnings += r.warnings
     worlds = [r.world_size for r in ranks if r.world_size]
     world_size = max(worlds) if worlds else len(ranks)

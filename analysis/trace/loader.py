@@ -24,6 +24,7 @@ from pathlib import Path
 import msgspec
 
 from analysis.errors import AnalysisError
+from analysis.trace.timebase import MAX_SPAN_US, median_base, needs_exact, rebase
 
 __all__ = [
     "CHUNK_BYTES",
@@ -32,6 +33,7 @@ __all__ = [
     "Event",
     "IMPOSSIBLE",
     "LoadedTrace",
+    "MAX_SPAN_US",
     "decode_args",
     "decode_correlation",
     "load_trace",
@@ -40,7 +42,9 @@ __all__ = [
 
 
 class Event(msgspec.Struct, gc=False):
-    """One trace event; `args` stays raw JSON until `decode_args` is called on it."""
+    """One trace event; `args` stays raw JSON until `decode_args` is called on it. `ts` is
+    rebased (timebase.py) before any consumer sees the event: µs relative to the trace's base
+    (`LoadedTrace.ts_base_us`), exact to 1 ns; NaN when absent or implausible."""
 
     ph: str = ""
     cat: str = ""
@@ -78,7 +82,8 @@ class _Trace(msgspec.Struct):
     # Raw: decoded later in chunks, so only one chunk of events is alive at a time.
     traceEvents: msgspec.Raw = msgspec.Raw(b"")  # noqa: N815 (Kineto's field name)
     distributedInfo: msgspec.Raw = msgspec.Raw(b"")  # noqa: N815
-    baseTimeNanoseconds: int | None = None  # noqa: N815
+    # Raw: a string or a value above int64 costs a warning, not the rank (_base_ns).
+    baseTimeNanoseconds: msgspec.Raw = msgspec.Raw(b"")  # noqa: N815
     displayTimeUnit: str | None = None  # noqa: N815
     traceName: str | None = None  # noqa: N815
 
@@ -145,17 +150,14 @@ def _events(buf: bytes | memoryview) -> list[Event]:
         return [_one_event(e) for e in _RAW_LIST_DECODER.decode(buf)]
 
 
-def _chunks(raw: memoryview, size: int) -> Iterator[list[Event]]:
-    """Decode the `traceEvents` array in pieces split between two events (`}, {`)."""
+def _chunks(raw: memoryview, size: int) -> Iterator[bytes]:
+    """The `traceEvents` array in pieces split between two events (`}, {`), each a JSON array."""
     n = len(raw)
     lo = 1  # after the opening bracket
     while lo < n - 1:
         match = _EVENT_SPLIT_RE.search(raw, lo + size) if lo + size < n - 1 else None
         hi = match.start() + 1 if match else n - 1  # up to and including this event's "}"
-        try:
-            yield _events(b"".join((b"[", raw[lo:hi], b"]")))
-        except msgspec.DecodeError:  # not valid JSON: the split fell inside a string
-            raise ChunkSplitError from None
+        yield b"".join((b"[", raw[lo:hi], b"]"))
         lo = match.end() - 1 if match else n  # at the next event's "{"
 
 
@@ -169,8 +171,31 @@ class LoadedTrace:
     world_size: int | None
     rank_source: str  # "distributedInfo", "file name" or "none"
     backend: str | None
-    base_time_us: float  # baseTimeNanoseconds / 1000, 0 when absent
+    base_time_ns: int  # baseTimeNanoseconds, 0 when absent or not an integer
     warnings: list[str] = field(default_factory=list)  # header values ignored as impossible
+    # Every event's `ts` is relative to this (integer µs): the first chunk's median `ts`.
+    ts_base_us: int | None = None
+    exact_ts: bool = False  # decode `ts` as Decimal too (timebase.needs_exact)
+
+    def origin_ns(self, origin_us: float) -> int:
+        """The absolute time (ns, exact integer) of `origin_us`, a time relative to the base."""
+        return self.base_time_ns + 1000 * (self.ts_base_us or 0) + round(origin_us * 1000)
+
+    def _pass(self, buffers: Iterator[bytes | memoryview], *, split: bool) -> Iterator[list[Event]]:
+        """Decode and rebase each buffer; a chunked pass (`split`) whose piece is not valid JSON
+        raises ChunkSplitError, a whole pass that fails is one AnalysisError naming the file."""
+        for buf in buffers:
+            if split:
+                try:
+                    events = _events(buf)
+                except msgspec.DecodeError:  # not valid JSON: the split fell inside a string
+                    raise ChunkSplitError from None
+            else:
+                events = _decode(_events, self.path, buf)
+            if self.ts_base_us is None:
+                self.ts_base_us = median_base([e.ts for e in events])
+                self.exact_ts = needs_exact(events, buf)
+            yield rebase(events, buf, self.ts_base_us, exact=self.exact_ts)
 
     def event_chunks(self, *, size: int = CHUNK_BYTES) -> Iterator[Iterator[list[Event]]]:
         """Yields one chunked pass over the events; if a chunk boundary turns out to be invalid,
@@ -180,12 +205,8 @@ class LoadedTrace:
             raise AnalysisError(
                 self.path, "`traceEvents` is not a list", "this is not a torch.profiler trace"
             )
-        yield _chunks(raw, size)
-        yield _whole(self.path, raw)
-
-
-def _whole(path: Path, raw: memoryview) -> Iterator[list[Event]]:
-    yield _decode(_events, path, raw)
+        yield self._pass(_chunks(raw, size), split=True)
+        yield self._pass(iter([raw]), split=False)
 
 
 def _decode(decode: Callable, path: Path, raw: bytes | memoryview):
@@ -253,6 +274,24 @@ def load_trace(path: Path) -> LoadedTrace:
             backend = info.get("backend") if isinstance(info.get("backend"), str) else None
     if rank is None and (rank := rank_from_name(path)) is not None:
         source = "file name"
-    base_us = (trace.baseTimeNanoseconds or 0) / 1000.0
+    base_ns = _base_ns(trace.baseTimeNanoseconds, path, warnings)
     raw = memoryview(trace.traceEvents).cast("B")
-    return LoadedTrace(path, raw.toreadonly(), rank, world, source, backend, base_us, warnings)
+    return LoadedTrace(path, raw.toreadonly(), rank, world, source, backend, base_ns, warnings)
+
+
+def _base_ns(raw: msgspec.Raw, path: Path, warnings: list[str]) -> int:
+    """`baseTimeNanoseconds` when it is an integer in [0, 2⁶³); anything else (a string, a
+    float, a value above int64) is ignored with a warning: it only shifts this rank's clock."""
+    if not raw:
+        return 0
+    try:
+        value = msgspec.json.decode(raw)
+    except msgspec.DecodeError:
+        value = None
+    if type(value) is int and 0 <= value < 1 << 63:
+        return value
+    warnings.append(
+        f"{path}: baseTimeNanoseconds {bytes(raw)[:40]!r} is not an integer in [0, 2^63) —"
+        " ignored (taken as 0); cross-rank alignment of this rank may be off"
+    )
+    return 0

@@ -150,7 +150,7 @@ def _mean(rows: list[dict], key: str) -> float:
 class RankSummary(msgspec.Struct, kw_only=True):
     """One rank's trace reduced to what the traces JSON needs (docs/analysis.md §4, §9, §11): the
     traces JSON's `ranks[]` row (`traces_row`), plus what only the cross-rank step uses
-    (`world_size`, `backend`, `origin_us` and the collective `instances`). Means are per
+    (`world_size`, `backend`, `origin_ns` and the collective `instances`). Means are per
     analysed step, in µs."""
 
     rank: int | None
@@ -159,7 +159,9 @@ class RankSummary(msgspec.Struct, kw_only=True):
     world_size: int | None
     backend: str | None
     kind: str  # "gpu" | "cpu"
-    origin_us: float  # the rank's first event on its own clock (µs): the alignment origin
+    # The rank's first event on its own clock (ns, exact): the alignment origin; instance
+    # `start_us` are relative to it.
+    origin_ns: int
     steps: int
     dropped_events: int
     orphan_kernels: int  # GPU events whose launch is not in the trace (attribution.py)
@@ -212,7 +214,8 @@ def _check_events(c: Classified, path: Path, warnings: list[str]) -> None:
     if c.dropped_events:
         warnings.append(
             f"{path}: dropped {c.dropped_events} event(s) with impossible times (missing ts/dur,"
-            f" negative, non-finite or over {MAX_DUR_US:.0e} µs, or a ts/dur/tid/name of the wrong"
+            f" negative, non-finite or over {MAX_DUR_US:.0e} µs, a ts over that from the trace's base,"
+            " or a ts/dur/tid/name of the wrong"
             " JSON type) — not analysed"
         )
 
@@ -235,10 +238,8 @@ def summarize_file(path: Path) -> RankSummary:
     hta = _hta_breakdown(c, lo, hi) if gpu else None
     memory = memory_summary(c.memory, str(loaded.path))
     ops, timelines = rank_ops(c, lo, hi, numbers == [None], step_time)
-    origin = c.origin_us + loaded.base_time_us
-    instances = rank_instances(c, float(lo[0]), float(hi[-1]))
-    for inst in instances.values():  # to the rank's absolute clock for alignment
-        inst["start_us"] = inst["start_us"] + origin
+    origin_ns = loaded.origin_ns(c.origin_us)
+    instances = rank_instances(c, float(lo[0]), float(hi[-1]))  # µs from this rank's origin
     step_total = max(1e-9, sum(r["step_time_us"] for r in per_step))
     return RankSummary(
         rank=loaded.rank,
@@ -247,7 +248,7 @@ def summarize_file(path: Path) -> RankSummary:
         world_size=loaded.world_size,
         backend=loaded.backend,
         kind="gpu" if gpu else "cpu",
-        origin_us=origin,
+        origin_ns=origin_ns,
         steps=len(per_step),
         dropped_events=c.dropped_events,
         orphan_kernels=int(c.orphan.sum()),
