@@ -24,6 +24,7 @@ from analysis.trace.loader import (
     decode_correlation,
 )
 from analysis.trace.memory import MemoryAccumulator, MemoryEvents
+from analysis.trace.steps import clean_steps
 from analysis.trace.tbprofiler import NO_ID, TbAccumulator, TbRoles
 
 __all__ = [
@@ -147,6 +148,7 @@ class Classified:
     orphan: np.ndarray  # per kernel: no runtime launch matches it (attribution.py's rule)
     steps: Ranges  # ProfilerStep#N, sorted by start
     step_numbers: list[int]
+    step_notes: list[str]  # ProfilerSteps dropped as duplicates or overlaps (steps.py)
     anchors: Ranges  # nccl:*/gloo:* collective annotations, with args
     rpc: Ranges  # record_param_comms ops, with args
     compute_ops: Ranges  # CPU ops (all threads, no names); computation on a kernel-less trace
@@ -277,6 +279,8 @@ class _Accumulator:
         k_corr = np.concatenate(self.kernel_corr) if self.kernel_corr else np.empty(0, np.int64)
         launch_us, launch_tid, orphan = launches(k.start, k_corr, rt.start, rt.tids, corr)
         steps = _by_start(self.steps.ranges(origin))
+        keep, numbers, bad_steps, step_notes = clean_steps(steps.names, steps.start, steps.end)
+        steps = _select(steps, keep)
         span = (
             (self.cpu_lo - origin, self.cpu_hi - origin) if np.isfinite(self.cpu_lo) else (0.0, 0.0)
         )
@@ -288,7 +292,8 @@ class _Accumulator:
             launch_tid=launch_tid,
             orphan=orphan,
             steps=steps,
-            step_numbers=_step_numbers(steps.names),
+            step_numbers=numbers,
+            step_notes=step_notes,
             anchors=_by_start(self.anchors.ranges(origin), args=True),
             rpc=self.rpc.ranges(origin),
             compute_ops=Ranges(
@@ -299,7 +304,7 @@ class _Accumulator:
             op_events=op_events,
             op_role=role,
             cpu_span=span,
-            dropped_events=self.dropped,
+            dropped_events=self.dropped + bad_steps,
             memory=self.memory.finish(origin),
         )
 
@@ -340,18 +345,16 @@ def _bucket_op(b: _Buckets, e: Event, cat: str) -> None:
         b.ops.append(e)
 
 
+def _select(r: Ranges, mask: np.ndarray) -> Ranges:
+    idx = np.flatnonzero(mask)
+    return Ranges(r.start[idx], r.end[idx], [r.names[i] for i in idx], r.tids[idx])
+
+
 def _by_start(r: Ranges, *, args: bool = False) -> Ranges:
     """`r` sorted by start (stable), names and thread codes (and args) along."""
     order = np.argsort(r.start, kind="stable")
     kept = [r.args[i] for i in order] if args else []
     return Ranges(r.start[order], r.end[order], [r.names[i] for i in order], r.tids[order], kept)
-
-
-def _step_numbers(names: list[str]) -> list[int]:
-    """N of each `ProfilerStep#N` (its position when N is not a number)."""
-    return [
-        int(m) if (m := n.split("#", 1)[1].split()[0]).isdigit() else i for i, n in enumerate(names)
-    ]
 
 
 def classify(passes: Iterator[Iterator[list[Event]]]) -> Classified:

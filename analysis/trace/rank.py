@@ -211,12 +211,17 @@ def _check_events(c: Classified, path: Path, warnings: list[str]) -> None:
             " work queued before the profiler went active) — left out of the step split, the HTA"
             " figures and the collective calls, as HTA does"
         )
+    if c.step_notes:
+        warnings.append(
+            f"{path}: dropped {len(c.step_notes)} ProfilerStep range(s) that repeat or overlap"
+            f" another ({'; '.join(c.step_notes[:3])}) — each step is counted once"
+        )
     if c.dropped_events:
         warnings.append(
-            f"{path}: dropped {c.dropped_events} event(s) with impossible times (missing ts/dur,"
-            f" negative, non-finite or over {MAX_DUR_US:.0e} µs, a ts over that from the trace's base,"
-            " or a ts/dur/tid/name of the wrong"
-            " JSON type) — not analysed"
+            f"{path}: dropped {c.dropped_events} event(s) with impossible times or of the wrong"
+            " shape (ts/dur missing, negative or non-finite; a dur, or a ts's distance from the"
+            f" trace's base, over {MAX_DUR_US:.3g} µs = 1 day; a `ProfilerStep#` without an ASCII"
+            " number; a ts/dur/tid/name of the wrong JSON type) — not analysed"
         )
 
 

@@ -2,8 +2,8 @@
 
 Kineto writes `ts` in µs, either on its own relative clock (~4e12 µs; `baseTimeNanoseconds`
 gives the epoch) or on the absolute epoch clock (~1.7e15 µs). As float64, 1.7e15 is only good to
-0.25 µs and 4.4e12 to ~1 ns, so each trace gets a base `B` (an integer µs: the median `ts` of its
-first chunk, which a few hostile timestamps cannot move) and every `ts` becomes `ts − B` µs:
+0.25 µs and 4.4e12 to ~1 ns, so each trace gets a base `B` (an integer µs: the median of its first
+1,001 `ts`, which a few hostile timestamps cannot move) and every `ts` becomes `ts − B` µs:
 
 - a trace whose times are below 2⁴³ µs, or whole µs (float64 holds integers exactly), is
   rebased in float and snapped to whole nanoseconds: the float64 decode is within 0.49 ns of the
@@ -44,8 +44,9 @@ _EXACT_DECODER = msgspec.json.Decoder(list[_ExactTs])
 
 
 def median_base(ts: list[float]) -> int:
-    """The base of a trace (integer µs) from its first chunk's times: their median."""
-    finite = sorted(t for t in ts if -1e17 < t < 1e17)
+    """The base of a trace (integer µs): the median of its first 1,001 times (a count, not the
+    chunk's byte size, so reformatting the file does not move the base)."""
+    finite = sorted(t for t in ts[:1001] if -1e17 < t < 1e17)
     return round(finite[len(finite) // 2]) if finite else 0
 
 
