@@ -64,14 +64,16 @@ _RANK_FIELDS = (
 def find_trace_files(path: Path) -> list[Path]:
     """Kineto trace files (`*.json`, `*.json.gz`) under `path`, sorted; a file path is itself."""
     path = Path(path)
-    if path.is_file():
+    if path.exists() and not path.is_dir():  # a FIFO or device too: the loader refuses it
         return [path]
     if not path.is_dir():
         raise AnalysisError(path, "does not exist", "pass a folder of .pt.trace.json(.gz) files")
+    # Not only regular files: a FIFO or device named like a trace gets its own `skipped` line
+    # (the loader opens it non-blocking and refuses it) instead of vanishing.
     files = sorted(
         p
         for p in path.rglob("*")
-        if p.is_file() and (p.name.endswith(".json") or p.name.endswith(".json.gz"))
+        if (p.name.endswith(".json") or p.name.endswith(".json.gz")) and not p.is_dir()
     )
     if not files:
         raise AnalysisError(

@@ -13,9 +13,10 @@ classify drops and counts like an event with impossible times: the rest of the f
 
 from __future__ import annotations
 
-import gzip
 import math
+import os
 import re
+import stat
 import zlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -34,9 +35,12 @@ __all__ = [
     "IMPOSSIBLE",
     "LoadedTrace",
     "MAX_SPAN_US",
+    "MAX_TRACE_BYTES",
+    "MAX_TRACE_BYTES_ENV",
     "decode_args",
     "decode_correlation",
     "load_trace",
+    "max_trace_bytes",
     "rank_from_name",
 ]
 
@@ -95,6 +99,10 @@ _RAW_LIST_DECODER = msgspec.json.Decoder(list[msgspec.Raw])
 # What an event of the wrong shape becomes: a complete event without a time, which classify
 # drops and counts (never analysed, never taken as 0).
 IMPOSSIBLE = Event(ph="X")
+# The trace size cap (JSON bytes after gunzip), stated in docs §1: ~40x the largest reference
+# trace's 54 MB; a 10 GiB bomb of zeros or JSON stops here, not in the decoder.
+MAX_TRACE_BYTES = 2 << 30
+MAX_TRACE_BYTES_ENV = "DPSCOPE_MAX_TRACE_BYTES"
 _EVENT_SPLIT_RE = re.compile(rb"\}\s*,\s*\{")
 CHUNK_BYTES = 512 << 10  # ~2k events: cache-friendly, and freed chunks are reused at once
 _ARGS_DECODER = msgspec.json.Decoder(Args)
@@ -221,24 +229,87 @@ def _decode(decode: Callable, path: Path, raw: bytes | memoryview):
         ) from None
 
 
-def _read_bytes(path: Path) -> bytes:
+def max_trace_bytes() -> int:
+    """The cap on a trace's size (bytes of JSON, after gunzip): `DPSCOPE_MAX_TRACE_BYTES`, else
+    MAX_TRACE_BYTES. A file or an inflated gzip beyond it is refused (a decompression bomb)."""
+    text = os.environ.get(MAX_TRACE_BYTES_ENV)
+    if text is None:
+        return MAX_TRACE_BYTES
     try:
-        data = path.read_bytes()
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise AnalysisError(
+            MAX_TRACE_BYTES_ENV,
+            f"{MAX_TRACE_BYTES_ENV}={text[:40]!r} is not a positive number of bytes",
+            f"set {MAX_TRACE_BYTES_ENV} to a byte count, e.g. 8589934592, or unset it",
+        )
+    return value
+
+
+def _refuse_size(path: Path, what: str, limit: int) -> AnalysisError:
+    return AnalysisError(
+        path,
+        f"{what} more than {limit:,} bytes (the trace size cap)",
+        f"raise it with {MAX_TRACE_BYTES_ENV}=<bytes> if this trace is genuine",
+    )
+
+
+def _read_regular(path: Path, limit: int) -> bytes:
+    """The bytes of `path`, a regular file of at most `limit` bytes; opened non-blocking, so a
+    FIFO or a device is refused at once instead of hanging."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
     except OSError as err:
         raise AnalysisError(
             path, f"cannot read ({err.strerror})", "check the path/permissions"
         ) from None
-    if data[:2] == b"\x1f\x8b":  # gzip magic: trust the content, not the suffix
-        try:
-            # The gzip trailer holds the size (mod 4 GiB): one right-sized buffer instead of
-            # gzip.decompress's repeated growth, which briefly doubles the peak memory.
-            size = int.from_bytes(data[-4:], "little") or zlib.DEF_BUF_SIZE
-            out = zlib.decompress(data, wbits=31, bufsize=size)
-            return out if len(out) % (1 << 32) == size % (1 << 32) else gzip.decompress(data)
-        except (EOFError, OSError, zlib.error):
+    with os.fdopen(fd, "rb") as f:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
             raise AnalysisError(
-                path, "truncated or corrupt gzip", "the trace was cut off while writing; re-profile"
+                path, "is not a regular file (a FIFO, device or socket)", "pass trace files"
+            )
+        if st.st_size > limit:
+            raise _refuse_size(path, "holds", limit)
+        try:
+            return f.read(limit + 1)
+        except OSError as err:
+            raise AnalysisError(
+                path, f"cannot read ({err.strerror})", "check the path/permissions"
             ) from None
+
+
+def _inflate(path: Path, data: bytes, limit: int) -> bytes:
+    """Gunzip `data` with the inflated size capped at `limit`; memory stays within the cap
+    (plus zlib's block buffers) whatever the gzip header or trailer claims."""
+    try:
+        head = zlib.decompressobj(wbits=31).decompress(data, 1 << 16)
+        if head.lstrip(b" \t\r\n\xef\xbb\xbf")[:1] not in (b"{", b"["):
+            raise AnalysisError(path, "is a gzip that holds no JSON", "pass Kineto traces")
+        parts, rest, total = [], data, 0
+        while rest:  # one pass per gzip member (Kineto writes one)
+            d = zlib.decompressobj(wbits=31)
+            parts.append(d.decompress(rest, limit + 1 - total))
+            total += len(parts[-1])
+            if total > limit or d.unconsumed_tail:
+                raise _refuse_size(path, "inflates to", limit)
+            if not d.eof:
+                raise EOFError
+            rest = d.unused_data
+        return parts[0] if len(parts) == 1 else b"".join(parts)
+    except (EOFError, zlib.error):
+        raise AnalysisError(
+            path, "truncated or corrupt gzip", "the trace was cut off while writing; re-profile"
+        ) from None
+
+
+def _read_bytes(path: Path) -> bytes:
+    limit = max_trace_bytes()
+    data = _read_regular(path, limit)
+    if data[:2] == b"\x1f\x8b":  # gzip magic: trust the content, not the suffix
+        return _inflate(path, data, limit)
     return data
 
 
