@@ -305,3 +305,65 @@ def test_a_fifo_named_like_a_trace_is_skipped_not_waited_on(kind, tmp_path, ddp_
     out = _run_child(fifo if kind == "fifo-as-the-path" else tmp_path, None)
     text = json.dumps(out[0])
     assert "rank1.pt.trace.json" in text and "not a regular file" in text
+
+
+# --- class 5: trace strings never reach the terminal raw -------------------------------------
+
+HOSTILE_NAME = "\x1b]0;owned\x07aten::mm\x1b[2J\x9b31m\u202eevil\ud800"
+
+
+def test_ops_and_diff_print_no_control_characters(tmp_path, ddp_mlp_run):
+    """An operator name with OSC/CSI escapes, a C1 CSI, a bidi override and a lone surrogate:
+    `ops` and `diff` print it escaped (`\\x1b`), never raw, and exit 0."""
+    runs = []
+    for name in ("a", "b"):
+        run = tmp_path / name
+        shutil.copytree(ddp_mlp_run, run)
+        for trace in (run / "traces").glob("rank*.pt.trace.json.gz"):
+            data = json.loads(gzip.decompress(trace.read_bytes()))
+            for e in data["traceEvents"]:
+                if e.get("name") == "aten::mm":
+                    e["name"] = HOSTILE_NAME
+            trace.write_bytes(gzip.compress(json.dumps(data).encode()))
+        runs.append(run)
+    for cmd in (["ops", str(runs[0]), "--top", "500"], ["diff", *map(str, runs), "--top", "500"]):
+        proc = subprocess.run(
+            [sys.executable, "-m", "analysis", *cmd],
+            cwd=REPO,
+            capture_output=True,
+            timeout=300,
+        )
+        out = proc.stdout.decode("utf-8", "strict")
+        assert proc.returncode == 0 and b"Traceback" not in proc.stderr, proc.stderr
+        assert not any(ch in out for ch in "\x1b\x07\x9b\u202e"), cmd
+        assert "\\x1b]0;owned\\x07aten::mm" in out and "\\u202eevil" in out, cmd
+
+
+@pytest.mark.parametrize(
+    ("raw", "line"),
+    [
+        (b"\\ud800", "lone UTF-16 surrogate"),
+        (b"\\udc80", "lone UTF-16 surrogate"),
+        (b"\\udbff\\u0041", "lone UTF-16 surrogate"),
+        # Raw in the text it is invalid UTF-8: that one event is of the wrong shape.
+        (b"\xed\xa0\x80", "wrong JSON type"),
+    ],
+)
+def test_a_lone_surrogate_costs_its_character_not_the_rank(
+    raw,
+    line,
+    tmp_path,
+    ddp_traces,  # noqa: F811
+    clean_ranks,  # noqa: F811
+):
+    trace = json.loads(gzip.decompress(ddp_traces[1].read_bytes()))
+    _add_step(name="ProfilerStep#PLACEHOLDER")(trace)
+    text = json.dumps(trace).encode().replace(b"PLACEHOLDER", raw)
+    shutil.copy(ddp_traces[0], tmp_path / ddp_traces[0].name)
+    (tmp_path / ddp_traces[1].name).write_bytes(gzip.compress(text))
+    result = analyze_trace_dir(tmp_path, workers=1, progress=False)
+    ranks = {r["rank"]: r for r in result["ranks"]}
+    assert set(ranks) == {0, 1} and not result["skipped"]
+    _same_numbers(ranks[1], clean_ranks[1])  # the odd step name is dropped and counted
+    assert ranks[1]["dropped_events"] == 1
+    assert any(line in w and ddp_traces[1].name in w for w in result["warnings"])

@@ -313,6 +313,22 @@ def _read_bytes(path: Path) -> bytes:
     return data
 
 
+# A `\uD800`-`\uDFFF` escape that is not half of a pair, or one UTF-8-encoded (invalid UTF-8):
+# msgspec refuses both, which would cost the whole file.
+_LONE_SURROGATE_RE = re.compile(
+    rb"\\u[dD][89abAB][0-9a-fA-F]{2}(?!\\u[dD][c-fC-F][0-9a-fA-F]{2})"
+    rb"|(?<!\\u[dD][89abAB][0-9a-fA-F]{2})\\u[dD][c-fC-F][0-9a-fA-F]{2}"
+    rb"|\xed[\xa0-\xbf][\x80-\xbf]"
+)
+
+
+def _repair_surrogates(data: bytes) -> tuple[bytes, int]:
+    """`data` with each lone surrogate (escaped or raw) as U+FFFD, and how many there were."""
+    return _LONE_SURROGATE_RE.subn(
+        lambda m: b"\\ufffd" if m.group().startswith(b"\\") else "\ufffd".encode(), data
+    )
+
+
 def _count(value: object) -> int | None:
     """`value` if it is a non-negative int (JSON `true` is not a rank), else None."""
     return value if type(value) is int and value >= 0 else None
@@ -322,12 +338,17 @@ def load_trace(path: Path) -> LoadedTrace:
     """Decode `path`; raises AnalysisError (one line) when it is not a usable Kineto trace."""
     path = Path(path)
     data = _read_bytes(path)
-    trace = _decode(_DECODER.decode, path, data)
+    warnings: list[str] = []
+    try:
+        trace = _DECODER.decode(data)
+    except msgspec.DecodeError:  # a lone surrogate costs its characters, not the rank
+        data, fixed = _repair_surrogates(data)
+        trace = _decode(_DECODER.decode, path, data)
+        warnings.append(f"{path}: {fixed} lone UTF-16 surrogate(s) in strings replaced by U+FFFD")
     if not trace.traceEvents:
         raise AnalysisError(path, "no `traceEvents` list", "this is not a torch.profiler trace")
     rank = world = backend = None
     source = "none"
-    warnings: list[str] = []
     if trace.distributedInfo:
         try:
             info = msgspec.json.decode(trace.distributedInfo)
