@@ -14,9 +14,11 @@ import shutil
 import subprocess
 import sys
 import zlib
+from pathlib import Path
 
 import pytest
 
+from analysis.runs.compare import compare_runs
 from analysis.trace.folder import analyze_trace_dir
 from tests.conftest import REPO
 from tests.test_hostile import (  # noqa: F401  (fixtures)
@@ -367,3 +369,60 @@ def test_a_lone_surrogate_costs_its_character_not_the_rank(
     _same_numbers(ranks[1], clean_ranks[1])  # the odd step name is dropped and counted
     assert ranks[1]["dropped_events"] == 1
     assert any(line in w and ddp_traces[1].name in w for w in result["warnings"])
+
+
+# --- class 3: the traces of a run folder vs its run.json --------------------------------------
+
+
+def _world(n: int):
+    def edit(run: Path) -> None:
+        rec = json.loads((run / "run.json").read_text())
+        rec["config"]["world_size"] = n
+        (run / "run.json").write_text(json.dumps(rec))
+
+    return edit
+
+
+def _drop_rank1(run: Path) -> None:
+    next((run / "traces").glob("rank1.*")).unlink()
+
+
+def _rename_rank1(run: Path) -> None:
+    r1 = next((run / "traces").glob("rank1.*"))
+    r1.rename(r1.with_name("rank1.123.pt.trace.json.gz"))
+
+
+def _symlink_rank1(run: Path) -> None:
+    r1 = next((run / "traces").glob("rank1.*"))
+    outside = run.parent / "elsewhere" / r1.name
+    outside.parent.mkdir()
+    r1.rename(outside)
+    r1.symlink_to(outside)
+
+
+CONSISTENCY = {  # name -> (edit of the run folder, words every expected warning holds)
+    "world-8": (_world(8), ["world_size 8", "distributedInfo says world_size 2", "rank(s) 2, 3"]),
+    "world-1": (_world(1), ["world_size 1", "distributedInfo says world_size 2"]),
+    "missing-rank": (_drop_rank1, ["no trace for rank(s) 1"]),
+    "another-runs-file": (_rename_rank1, ["rank1.123.pt.trace.json.gz: not among"]),
+    "symlink-outside": (_symlink_rank1, ["a symbolic link to", "elsewhere"]),
+}
+
+
+@pytest.mark.parametrize("case", list(CONSISTENCY))
+def test_traces_that_disagree_with_run_json_are_named(case, tmp_path, ddp_mlp_run):
+    run = tmp_path / "ddp"
+    shutil.copytree(ddp_mlp_run, run)
+    edit, words = CONSISTENCY[case]
+    edit(run)
+    (entry,) = compare_runs([run], progress=False)["runs"]
+    text = "\n".join(entry["warnings"])
+    for w in words:
+        assert w in text, (w, entry["warnings"])
+    assert "run.json" in text or case in ("another-runs-file", "symlink-outside")
+
+
+def test_a_consistent_run_has_no_consistency_warning(tmp_path, ddp_mlp_run):
+    (entry,) = compare_runs([ddp_mlp_run], progress=False)["runs"]
+    words = ("distributedInfo says", "no trace for rank", "not among", "symbolic link")
+    assert not [w for w in entry["warnings"] if any(x in w for x in words)]
