@@ -11,11 +11,13 @@ from __future__ import annotations
 
 import gzip
 import json
+import shutil
 from decimal import Decimal
 
 import msgspec
 import pytest
 
+from analysis.runs.compare import compare_runs
 from analysis.trace.classify import COMPUTE, kernel_class
 from analysis.trace.folder import analyze_trace_dir
 from bench.orphan_edit import EDITS, REFERENCE, SOURCE, write_edited_pair
@@ -160,3 +162,13 @@ def test_absolute_clock_nanosecond_trace_is_exact(tmp_path):
     (tmp_path / "rank0.json").write_bytes(encoder.encode(trace))
     assert b'"ts":1716423' in (tmp_path / "rank0.json").read_bytes()[:100000]
     _assert_exact(analyze_trace_dir(tmp_path, workers=1, progress=False)["ranks"][0])
+
+
+def test_orphans_reach_the_run_warnings(tmp_path, ddp_mlp_run):
+    run = tmp_path / "run"
+    shutil.copytree(ddp_mlp_run, run)
+    shutil.rmtree(run / "traces")
+    write_edited_pair(SOURCE, run / "traces")
+    (entry,) = compare_runs([run], progress=False)["runs"]
+    for name, n in EDITS.items():
+        assert any(name in w and f"{n} GPU event(s) with no launch" in w for w in entry["warnings"])

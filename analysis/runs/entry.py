@@ -285,6 +285,12 @@ def attach_trace(entry: RunEntry, run_dir: Path, *, progress: bool) -> None:
         for r in trace["ranks"]
         if r.get("dropped_events")
     ]
+    entry.warnings += [
+        f"{r['file']}: {r['orphan_kernels']} GPU event(s) with no launch in the trace (queued"
+        " before the profiler started?) — left out of the figures, as HTA does"
+        for r in trace["ranks"]
+        if r.get("orphan_kernels")
+    ]
     entry.warnings += fill_dynamic(entry.memory_breakdown, trace["ranks"])
     ranks = [r for r in trace["ranks"] if r["step_time_us_mean"]]
     if ranks:
