@@ -39,12 +39,12 @@ RUN_FLAGS = --model $(MODEL) --dataset $(DATASET) --epochs $(EPOCHS) --max-steps
             --batch-size $(BATCH) --runs-dir "$(RUNS)" $(PROFILE_FLAGS)
 
 .PHONY: help setup profile-single profile-dp profile-ddp profile-all profile-script report demo tensorboard \
-        bench-analysis gpu-check test lint format clean
+        bench-analysis hta-orphans-reference gpu-check test lint format clean
 
 help:
 	@echo "dpscope targets: setup profile-single profile-dp profile-ddp profile-all profile-script profile-sweep"
 	@echo "                 report demo tensorboard tune-ddp bench-comm bench-projection"
-	@echo "                 bench bench-overhead bench-analysis bench-report gpu-check test lint format clean"
+	@echo "                 bench bench-overhead bench-analysis bench-report hta-orphans-reference gpu-check test lint format clean"
 	@echo "see README.md for every variable (NPROC BACKEND MODEL DATASET EPOCHS STEPS BATCH SEEDS RUNS ARGS ...)"
 
 # Re-install only when requirements.txt changed (the stamp is newer otherwise).
@@ -98,6 +98,10 @@ bench-analysis: setup
 	$(PY) -m pip install -q -r requirements-bench.txt
 	$(PY) -m bench.analysis
 	$(PY) -m bench.scaling $(if $(BENCH_OUT),--json $(BENCH_OUT))
+
+hta-orphans-reference: setup
+	$(PY) -m pip install -q -r requirements-bench.txt
+	$(PY) -m bench.orphan_edit
 
 gpu-check: setup
 	$(PY) -m workloads.tools.gpu_check --runs-dir "$(RUNS)/gpu-check"

@@ -19,7 +19,7 @@ from typing import Any
 from analysis.cli import ops as opscli  # `ops` and `diff`
 from analysis.cli.project import add_parser, print_projection
 from analysis.cli.project import run as run_projection
-from analysis.cli.table import table
+from analysis.cli.table import say, table
 from analysis.columns import (
     CLI_COLLECTIVE_COLS,
     CLI_GROUP_COLS,
@@ -59,34 +59,32 @@ def _write_json(result: dict, out: Path | None) -> None:
 
 def print_traces(result: dict) -> None:
     """Per-rank, per-collective and straggler tables of a traces JSON."""
-    print(
-        f"traces: {result['trace_dir']}  kind={result['kind']}  world_size={result['world_size']}"
-    )
+    say(f"traces: {result['trace_dir']}  kind={result['kind']}  world_size={result['world_size']}")
     rows = [{**r, **{f"tb_{k}": v for k, v in r["tb_split"].items()}} for r in result["ranks"]]
-    print(table(rows, CLI_RANK_COLS))
+    say(table(rows, CLI_RANK_COLS))
     if result["collectives"]:
-        print("\ncollectives (per rank, mean over ranks; MB = 10⁶ bytes, GB = 10⁹ bytes)")
-        print(table(result["collectives"], CLI_COLLECTIVE_COLS))
+        say("\ncollectives (per rank, mean over ranks; MB = 10⁶ bytes, GB = 10⁹ bytes)")
+        say(table(result["collectives"], CLI_COLLECTIVE_COLS))
     if len(result["stragglers"]) > 1:
-        print("\nstragglers (start skew of matching collectives vs the earliest rank)")
-        print(table(result["stragglers"], CLI_STRAGGLER_COLS))
+        say("\nstragglers (start skew of matching collectives vs the earliest rank)")
+        say(table(result["stragglers"], CLI_STRAGGLER_COLS))
         spread = result["step_time_spread"]
         if spread:
             us = Column(key="us", label="", kind="num", digits=1)
-            print(
+            say(
                 f"step-time spread: min {fmt(spread['min_us'], us)} µs, max "
                 f"{fmt(spread['max_us'], us)} µs, spread {fmt(spread['spread_pct'], us)} %"
             )
     for warning in result.get("warnings", []):
-        print(f"warning: {warning}")
+        say(f"warning: {warning}")
     _print_skipped(result["skipped"], "file")
 
 
 def _print_skipped(skipped: list[dict], key: str) -> None:
     if skipped:
-        print(f"\nskipped {len(skipped)}:")
+        say(f"\nskipped {len(skipped)}:")
         for s in skipped:
-            print(f"  {s[key]}: {s['reason']}")
+            say(f"  {s[key]}: {s['reason']}")
 
 
 def print_runs(result: dict) -> None:
@@ -101,25 +99,25 @@ def print_runs(result: dict) -> None:
         }
         for r in result["runs"]
     ]
-    print(table(rows, CLI_RUN_COLS))
+    say(table(rows, CLI_RUN_COLS))
     for run in result["runs"]:
         if run["error"]:
-            print(f"  {clip(run['run_id'])}: {run['status']}: {clip(run['error'].get('message'))}")
+            say(f"  {clip(run['run_id'])}: {run['status']}: {clip(run['error'].get('message'))}")
         for warning in run["warnings"]:
-            print(f"  warning: {clip(warning)}")
+            say(f"  warning: {clip(warning)}")
     for warning in result.get("warnings", []):
-        print(f"warning: {warning}")
+        say(f"warning: {warning}")
     if result.get("invalid"):
-        print(f"\ninvalid {len(result['invalid'])}:")
+        say(f"\ninvalid {len(result['invalid'])}:")
         for bad in result["invalid"]:
-            print(f"  {clip(bad['reason'])}")
+            say(f"  {clip(bad['reason'])}")
     if result["groups"]:
-        print("\ngroups (mean ± sample std over seeds)")
-        print(table(result["groups"], CLI_GROUP_COLS))
+        say("\ngroups (mean ± sample std over seeds)")
+        say(table(result["groups"], CLI_GROUP_COLS))
     for tune in result.get("tunes", []):  # make tune-ddp folders: their verdict, not their trials
         best = tune["best"]
         verdict = f"best {best['name']}" if best else "no knob beat the run-to-run noise"
-        print(f"\ntune {tune['tune_id']} ({tune['status']}): {verdict}\n  {tune['command']}")
+        say(f"\ntune {tune['tune_id']} ({tune['status']}): {verdict}\n  {tune['command']}")
     _print_skipped(result["skipped"], "path")
 
 
@@ -155,13 +153,13 @@ def _shard(args: argparse.Namespace, progress: bool) -> int:
         )
     part = analyze_shard(args.trace_dir, args.shard, workers=args.workers, progress=progress)
     _write_json(part, args.json)
-    print(
+    say(
         f"shard {part['shard']}/{part['shards']}: {len(part['shard_files'])} of "
         f"{len(part['files'])} files, {len(part['summaries'])} reduced, "
         f"{len(part['skipped'])} skipped; wrote {args.json}"
     )
     for s in part["skipped"]:
-        print(f"  skipped {s['file']}: {s['reason']}")
+        say(f"  skipped {s['file']}: {s['reason']}")
     return 0
 
 
@@ -208,7 +206,7 @@ def main(argv: list[str] | None = None) -> int:
         _write_json(result, args.json)  # before the tables: a closed pipe must not lose it
         show(result)
         if args.json is not None:
-            print(f"wrote {args.json}")
+            say(f"wrote {args.json}")
         if args.command == "runs" and not result["runs"] and not result.get("tunes"):
             # every folder was invalid: nothing usable
             where = ", ".join(map(str, args.runs_dirs))
@@ -216,7 +214,7 @@ def main(argv: list[str] | None = None) -> int:
                 where, "no run could be analysed", "fix or remove the invalid run folders listed"
             )
     except AnalysisError as err:
-        print(f"error: {err}", file=sys.stderr)
+        say(f"error: {err}", file=sys.stderr)
         return 2
     except BrokenPipeError:  # `... | head`: the reader left; say nothing more
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())

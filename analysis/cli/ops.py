@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from analysis.cli.table import table
+from analysis.cli.table import say, table
 from analysis.columns import OPS_COLS, C, diff_columns, fmt, without
 from analysis.runs.opdiff import diff_runs, run_ops
 
@@ -53,35 +53,35 @@ def run(args: argparse.Namespace) -> tuple[dict, callable]:
 
 
 def print_ops(result: dict) -> None:
-    print(f"operators: {result['run_id']}  kind={result['kind']}  (per analysed step)")
+    say(f"operators: {result['run_id']}  kind={result['kind']}  (per analysed step)")
     for r in result["ranks"]:
         t = r["self_us_per_step"]
-        print(
+        say(
             f"\nrank {r['rank']}: {r['steps']} steps, step {fmt(r['step_time_us_mean'], US)} µs; "
             f"self µs/step by timeline: training thread {fmt(t['training_thread'], US)},"
             f" other threads {fmt(t['other_threads'], US)}, GPU {fmt(t['gpu'], US)}"
         )
-        print(table(r["ops"], OPS_COLS))  # the report's Operators columns
+        say(table(r["ops"], OPS_COLS))  # the report's Operators columns
     for w in result["warnings"]:
-        print(f"warning: {w}")
+        say(f"warning: {w}")
 
 
 def print_diff(result: dict, *, top: int = 30) -> None:
     a, b = result["a"], result["b"]
-    print(
+    say(
         f"diff: B = {b['run_id']} (rank {b['rank']}) vs A = {a['run_id']} (rank {a['rank']}),"
         " per analysed step"
     )
     st = result["step_time_us"]
-    print(f"step µs: A {fmt(st['a'], US)}, B {fmt(st['b'], US)}, delta {fmt(st['delta'], US)}")
+    say(f"step µs: A {fmt(st['a'], US)}, B {fmt(st['b'], US)}, delta {fmt(st['delta'], US)}")
     cols = DIFF_OP_COLS if result["per_sample"] else without(DIFF_OP_COLS, "delta_us_per_sample")
-    print(f"\noperators (top {top} by |delta|)")
-    print(table(result["ops"][:top], cols))
+    say(f"\noperators (top {top} by |delta|)")
+    say(table(result["ops"][:top], cols))
     if result["phases"]:
-        print("\nphases (steps.csv, per step)")
-        print(table(result["phases"], DIFF_PHASE_COLS))
+        say("\nphases (steps.csv, per step)")
+        say(table(result["phases"], DIFF_PHASE_COLS))
     if result["collectives"]:
-        print("\ncollectives (per step)")
-        print(table(result["collectives"], DIFF_COLLECTIVE_COLS))
+        say("\ncollectives (per step)")
+        say(table(result["collectives"], DIFF_COLLECTIVE_COLS))
     for w in result["warnings"]:
-        print(f"warning: {w}")
+        say(f"warning: {w}")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from analysis.cli.table import say
 from analysis.errors import AnalysisError
 from analysis.project.projection import project
 
@@ -62,18 +63,18 @@ def print_projection(result: dict) -> None:
     """The per-n table, the replay and measured checks, assumptions and warnings."""
     inp = result["inputs"]
     m = inp["all_reduce_model"]
-    print(
+    say(
         f"projection of {result['run_id']} ({inp['mode']}, n={inp['world_size']}, "
         f"{result['scaling']} scaling, backend {result['backend']}) with comm run "
         f"{result['comm_run_id']}: all_reduce α = {m['alpha_us']:.2f} µs/step, "
         f"B = {m['bus_gbps']:.3f} GB/s (fit error mean {m['fit_error_pct_mean']:.1f}%)"
     )
-    print(
+    say(
         f"{'n':>6} {'batch/dev':>10} {'step ms':>10} {'compute ms':>11} {'comm ms':>9} "
         f"{'straggler ms':>13} {'exposed ms':>11} {'exposed %':>10} {'samples/s':>11} {'speedup ×':>10} {'efficiency %':>13}"
     )
     for p in result["predictions"]:
-        print(
+        say(
             f"{p['ranks']:>6} {p['per_device_batch']:>10.4g} {p['step_time_s'] * 1e3:>10.2f} "
             f"{p['compute_s'] * 1e3:>11.2f} {p['comm_s'] * 1e3:>9.2f} "
             f"{p['straggler_s'] * 1e3:>13.2f} {p['exposed_comm_s'] * 1e3:>11.2f} "
@@ -81,22 +82,22 @@ def print_projection(result: dict) -> None:
             f"{p['samples_per_s']:>11,.1f} {p['speedup']:>10.2f} {100 * p['scaling_efficiency']:>13.1f}"
         )
     r = result["replay"]
-    print(
+    say(
         f"replay at n={r['ranks']}: measured {_f(r['measured_step_time_s'] * 1e3)} ms, "
         f"projected {_f(r['predicted_step_time_s'] * 1e3)} ms, error {r['error_pct']:+.1f}%"
         + (f" ({r['note']})" if r["note"] else "")
     )
     for c in result["measured"]:
-        print(
+        say(
             f"measured {c['run_id']} at n={c['ranks']}: {_f(c['measured_step_time_s'] * 1e3)} ms, "
             f"projected {_f(c['predicted_step_time_s'] * 1e3)} ms, error {c['error_pct']:+.1f}%"
             + (f" ({c['note']})" if c["note"] else "")
         )
-    print("assumptions:")
+    say("assumptions:")
     for a in result["assumptions"]:
-        print(f"  - {a}")
+        say(f"  - {a}")
     for w in result["warnings"]:
-        print(f"warning: {w}")
+        say(f"warning: {w}")
 
 
 def run(args: argparse.Namespace) -> dict:

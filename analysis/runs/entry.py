@@ -18,6 +18,7 @@ import msgspec
 import pandas as pd
 
 from analysis.errors import AnalysisError, unexpected
+from analysis.trace.consistency import run_trace_warnings
 from analysis.trace.folder import analyze_trace_dir
 from analysis.trace.memory import breakdown_entries, fill_dynamic
 from analysis.runs.records import (
@@ -286,10 +287,19 @@ def attach_trace(entry: RunEntry, run_dir: Path, *, progress: bool) -> None:
         return
     entry.trace = trace
     entry.warnings += [f"{s['file']}: {s['reason']}" for s in trace["skipped"]]
+    entry.warnings += run_trace_warnings(
+        run_dir, world_size=entry.world_size, listed=entry.trace_files, trace=trace
+    )
     entry.warnings += [
         f"{r['file']}: dropped {r['dropped_events']} event(s) with impossible times — not analysed"
         for r in trace["ranks"]
         if r.get("dropped_events")
+    ]
+    entry.warnings += [
+        f"{r['file']}: {r['orphan_kernels']} GPU event(s) with no launch in the trace (queued"
+        " before the profiler started?) — left out of the figures, as HTA does"
+        for r in trace["ranks"]
+        if r.get("orphan_kernels")
     ]
     entry.warnings += fill_dynamic(entry.memory_breakdown, trace["ranks"])
     ranks = [r for r in trace["ranks"] if r["step_time_us_mean"]]

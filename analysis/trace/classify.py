@@ -14,8 +14,17 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from analysis.trace.loader import Args, ChunkSplitError, Event, decode_args, decode_correlation
+from analysis.trace.attribution import launches
+from analysis.trace.loader import (
+    MAX_SPAN_US,
+    Args,
+    ChunkSplitError,
+    Event,
+    decode_args,
+    decode_correlation,
+)
 from analysis.trace.memory import MemoryAccumulator, MemoryEvents
+from analysis.trace.steps import clean_steps
 from analysis.trace.tbprofiler import NO_ID, TbAccumulator, TbRoles
 
 __all__ = [
@@ -38,8 +47,8 @@ MEMORY_KERNEL_RE = re.compile(r"^(Memcpy|Memset|dma)")
 COMM_OP_RE = re.compile(r"^(nccl|gloo|mpi|ucc|xccl|hccl):")
 COMPUTE, COMM, MEMORY, OTHER = 0, 1, 2, 3
 _OPS, _ISSUE, _OTHER_OP = 0, 1, 2  # op_events roles: computation, issue-only, the rest
-# No profiled event lasts longer than this (11.6 days): a longer `dur` is corrupt, not slow.
-MAX_DUR_US = 1e12
+# No profiled event lasts longer than this (one day): a longer `dur` is corrupt, not slow.
+MAX_DUR_US = MAX_SPAN_US
 _INF = float("inf")
 
 _KERNEL_CATS = {"kernel", "Kernel"}
@@ -128,15 +137,18 @@ class _Columns:
 
 @dataclass
 class Classified:
-    """One rank's events by class, with times in µs relative to `origin_us` (raw trace clock)."""
+    """One rank's events by class, with times in µs relative to `origin_us` (itself relative to
+    the trace's base, `LoadedTrace.ts_base_us`)."""
 
     origin_us: float
     kernels: Ranges  # GPU activities: kernels, memcpy/memset, syncs
     kernel_cls: np.ndarray  # COMPUTE/COMM/MEMORY/OTHER per kernel
     launch_us: np.ndarray  # time of the runtime call that launched each kernel (own ts if unknown)
     launch_tid: np.ndarray  # thread code of that runtime call (-1 if unknown)
+    orphan: np.ndarray  # per kernel: no runtime launch matches it (attribution.py's rule)
     steps: Ranges  # ProfilerStep#N, sorted by start
     step_numbers: list[int]
+    step_notes: list[str]  # ProfilerSteps dropped as duplicates or overlaps (steps.py)
     anchors: Ranges  # nccl:*/gloo:* collective annotations, with args
     rpc: Ranges  # record_param_comms ops, with args
     compute_ops: Ranges  # CPU ops (all threads, no names); computation on a kernel-less trace
@@ -265,8 +277,10 @@ class _Accumulator:
         rt = self.runtime.ranges(origin)
         corr = np.concatenate(self.runtime_corr) if self.runtime_corr else np.empty(0, np.int64)
         k_corr = np.concatenate(self.kernel_corr) if self.kernel_corr else np.empty(0, np.int64)
-        launch_us, launch_tid = _launches(k, k_corr, rt, corr)
+        launch_us, launch_tid, orphan = launches(k.start, k_corr, rt.start, rt.tids, corr)
         steps = _by_start(self.steps.ranges(origin))
+        keep, numbers, bad_steps, step_notes = clean_steps(steps.names, steps.start, steps.end)
+        steps = _select(steps, keep)
         span = (
             (self.cpu_lo - origin, self.cpu_hi - origin) if np.isfinite(self.cpu_lo) else (0.0, 0.0)
         )
@@ -276,8 +290,10 @@ class _Accumulator:
             kernel_cls=np.asarray(self.kernel_cls, dtype=np.int8),
             launch_us=launch_us,
             launch_tid=launch_tid,
+            orphan=orphan,
             steps=steps,
-            step_numbers=_step_numbers(steps.names),
+            step_numbers=numbers,
+            step_notes=step_notes,
             anchors=_by_start(self.anchors.ranges(origin), args=True),
             rpc=self.rpc.ranges(origin),
             compute_ops=Ranges(
@@ -288,7 +304,7 @@ class _Accumulator:
             op_events=op_events,
             op_role=role,
             cpu_span=span,
-            dropped_events=self.dropped,
+            dropped_events=self.dropped + bad_steps,
             memory=self.memory.finish(origin),
         )
 
@@ -329,18 +345,16 @@ def _bucket_op(b: _Buckets, e: Event, cat: str) -> None:
         b.ops.append(e)
 
 
+def _select(r: Ranges, mask: np.ndarray) -> Ranges:
+    idx = np.flatnonzero(mask)
+    return Ranges(r.start[idx], r.end[idx], [r.names[i] for i in idx], r.tids[idx])
+
+
 def _by_start(r: Ranges, *, args: bool = False) -> Ranges:
     """`r` sorted by start (stable), names and thread codes (and args) along."""
     order = np.argsort(r.start, kind="stable")
     kept = [r.args[i] for i in order] if args else []
     return Ranges(r.start[order], r.end[order], [r.names[i] for i in order], r.tids[order], kept)
-
-
-def _step_numbers(names: list[str]) -> list[int]:
-    """N of each `ProfilerStep#N` (its position when N is not a number)."""
-    return [
-        int(m) if (m := n.split("#", 1)[1].split()[0]).isdigit() else i for i, n in enumerate(names)
-    ]
 
 
 def classify(passes: Iterator[Iterator[list[Event]]]) -> Classified:
@@ -356,22 +370,3 @@ def classify(passes: Iterator[Iterator[list[Event]]]) -> Classified:
             continue
         return acc.finish()
     raise AssertionError("the last pass never raises ChunkSplitError")
-
-
-def _launches(
-    k: Ranges, k_corr: np.ndarray, rt: Ranges, rt_corr: np.ndarray
-) -> tuple[np.ndarray, np.ndarray]:
-    """Launch time and thread code (-1: unknown) of each kernel, joined on the correlation id of
-    its runtime call."""
-    launch = k.start.copy()
-    tids = np.full(len(k), -1, dtype=np.int64)
-    if not len(k) or not len(rt):
-        return launch, tids
-    order = np.argsort(rt_corr, kind="stable")
-    rt_sorted = rt_corr[order]
-    pos = np.clip(np.searchsorted(rt_sorted, k_corr), 0, rt_sorted.size - 1)
-    hit = rt_sorted[pos] == k_corr
-    rt_idx = order[pos]
-    launch[hit] = rt.start[rt_idx[hit]]
-    tids[hit] = rt.tids[rt_idx[hit]]
-    return launch, tids

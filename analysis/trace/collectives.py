@@ -3,7 +3,9 @@
 
 An instance is one CPU-side collective annotation (`nccl:all_reduce`, `gloo:broadcast`, ...) with
 the GPU comm kernels it launched. A comm kernel that no annotation launched becomes an instance of
-its own, named from the kernel (`ncclKernel_AllReduce_...` -> `nccl:all_reduce`).
+its own, named from the kernel (`ncclKernel_AllReduce_...` -> `nccl:all_reduce`), unless it is
+an orphan (no launch in the trace, see attribution.py): an orphan is linked to an annotation only
+through that annotation's External id, and never becomes a call of its own.
 """
 
 from __future__ import annotations
@@ -193,7 +195,12 @@ def rank_instances(c: Classified, lo: float, hi: float) -> dict[str, dict[str, n
     for j, anchor in enumerate(link.tolist()):
         by_anchor[anchor].append(int(comm_idx[j]))
     rows = _anchor_calls(c, lo, hi, by_anchor)
-    rows += [_kernel_call(c, k) for k in by_anchor.get(-1, []) if lo <= c.launch_us[k] <= hi]
+    # An orphan kernel (attribution.py) never becomes a call: its launch is not in the trace.
+    rows += [
+        _kernel_call(c, k)
+        for k in by_anchor.get(-1, [])
+        if lo <= c.launch_us[k] <= hi and not c.orphan[k]
+    ]
     rows.sort(key=lambda r: r.start_us)
     return {name: _instances([r for r in rows if r.name == name]) for name in _names(rows)}
 

@@ -37,6 +37,8 @@ _RANK_FIELDS = (
     "kind",
     "steps",
     "dropped_events",
+    "orphan_kernels",
+    "orphan_kernel_us",
     "step_numbers",
     "step_time_us_mean",
     "compute_us",
@@ -62,14 +64,16 @@ _RANK_FIELDS = (
 def find_trace_files(path: Path) -> list[Path]:
     """Kineto trace files (`*.json`, `*.json.gz`) under `path`, sorted; a file path is itself."""
     path = Path(path)
-    if path.is_file():
+    if path.exists() and not path.is_dir():  # a FIFO or device too: the loader refuses it
         return [path]
     if not path.is_dir():
         raise AnalysisError(path, "does not exist", "pass a folder of .pt.trace.json(.gz) files")
+    # Not only regular files: a FIFO or device named like a trace gets its own `skipped` line
+    # (the loader opens it non-blocking and refuses it) instead of vanishing.
     files = sorted(
         p
         for p in path.rglob("*")
-        if p.is_file() and (p.name.endswith(".json") or p.name.endswith(".json.gz"))
+        if (p.name.endswith(".json") or p.name.endswith(".json.gz")) and not p.is_dir()
     )
     if not files:
         raise AnalysisError(
@@ -234,10 +238,11 @@ def combine_summaries(path: Path | str, good: list[RankSummary], skipped: list[d
     if not ranks:
         reasons = "; ".join(f"{Path(s['file']).name}: {s['reason']}" for s in skipped[:3])
         raise AnalysisError(path, f"no usable trace ({reasons})", "fix or re-profile the traces")
-    origin = min(r.origin_us for r in ranks)  # HTA's alignment: earliest event of all ranks = 0
+    origin = min(r.origin_ns for r in ranks)  # HTA's alignment: earliest event of all ranks = 0
     for r in ranks:
+        shift_us = (r.origin_ns - origin) / 1000  # exact integer ns: no float64 absolute clock
         for inst in r.instances.values():
-            inst["start_us"] = inst["start_us"] - origin
+            inst["start_us"] = inst["start_us"] + shift_us
         warnings += r.warnings
     worlds = [r.world_size for r in ranks if r.world_size]
     world_size = max(worlds) if worlds else len(ranks)

@@ -13,9 +13,10 @@ classify drops and counts like an event with impossible times: the rest of the f
 
 from __future__ import annotations
 
-import gzip
 import math
+import os
 import re
+import stat
 import zlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -24,6 +25,7 @@ from pathlib import Path
 import msgspec
 
 from analysis.errors import AnalysisError
+from analysis.trace.timebase import MAX_SPAN_US, median_base, needs_exact, rebase
 
 __all__ = [
     "CHUNK_BYTES",
@@ -32,15 +34,21 @@ __all__ = [
     "Event",
     "IMPOSSIBLE",
     "LoadedTrace",
+    "MAX_SPAN_US",
+    "MAX_TRACE_BYTES",
+    "MAX_TRACE_BYTES_ENV",
     "decode_args",
     "decode_correlation",
     "load_trace",
+    "max_trace_bytes",
     "rank_from_name",
 ]
 
 
 class Event(msgspec.Struct, gc=False):
-    """One trace event; `args` stays raw JSON until `decode_args` is called on it."""
+    """One trace event; `args` stays raw JSON until `decode_args` is called on it. `ts` is
+    rebased (timebase.py) before any consumer sees the event: µs relative to the trace's base
+    (`LoadedTrace.ts_base_us`), exact to 1 ns; NaN when absent or implausible."""
 
     ph: str = ""
     cat: str = ""
@@ -78,7 +86,8 @@ class _Trace(msgspec.Struct):
     # Raw: decoded later in chunks, so only one chunk of events is alive at a time.
     traceEvents: msgspec.Raw = msgspec.Raw(b"")  # noqa: N815 (Kineto's field name)
     distributedInfo: msgspec.Raw = msgspec.Raw(b"")  # noqa: N815
-    baseTimeNanoseconds: int | None = None  # noqa: N815
+    # Raw: a string or a value above int64 costs a warning, not the rank (_base_ns).
+    baseTimeNanoseconds: msgspec.Raw = msgspec.Raw(b"")  # noqa: N815
     displayTimeUnit: str | None = None  # noqa: N815
     traceName: str | None = None  # noqa: N815
 
@@ -90,6 +99,10 @@ _RAW_LIST_DECODER = msgspec.json.Decoder(list[msgspec.Raw])
 # What an event of the wrong shape becomes: a complete event without a time, which classify
 # drops and counts (never analysed, never taken as 0).
 IMPOSSIBLE = Event(ph="X")
+# The trace size cap (JSON bytes after gunzip), stated in docs §1: ~40x the largest reference
+# trace's 54 MB; a 10 GiB bomb of zeros or JSON stops here, not in the decoder.
+MAX_TRACE_BYTES = 2 << 30
+MAX_TRACE_BYTES_ENV = "DPSCOPE_MAX_TRACE_BYTES"
 _EVENT_SPLIT_RE = re.compile(rb"\}\s*,\s*\{")
 CHUNK_BYTES = 512 << 10  # ~2k events: cache-friendly, and freed chunks are reused at once
 _ARGS_DECODER = msgspec.json.Decoder(Args)
@@ -145,17 +158,14 @@ def _events(buf: bytes | memoryview) -> list[Event]:
         return [_one_event(e) for e in _RAW_LIST_DECODER.decode(buf)]
 
 
-def _chunks(raw: memoryview, size: int) -> Iterator[list[Event]]:
-    """Decode the `traceEvents` array in pieces split between two events (`}, {`)."""
+def _chunks(raw: memoryview, size: int) -> Iterator[bytes]:
+    """The `traceEvents` array in pieces split between two events (`}, {`), each a JSON array."""
     n = len(raw)
     lo = 1  # after the opening bracket
     while lo < n - 1:
         match = _EVENT_SPLIT_RE.search(raw, lo + size) if lo + size < n - 1 else None
         hi = match.start() + 1 if match else n - 1  # up to and including this event's "}"
-        try:
-            yield _events(b"".join((b"[", raw[lo:hi], b"]")))
-        except msgspec.DecodeError:  # not valid JSON: the split fell inside a string
-            raise ChunkSplitError from None
+        yield b"".join((b"[", raw[lo:hi], b"]"))
         lo = match.end() - 1 if match else n  # at the next event's "{"
 
 
@@ -169,8 +179,31 @@ class LoadedTrace:
     world_size: int | None
     rank_source: str  # "distributedInfo", "file name" or "none"
     backend: str | None
-    base_time_us: float  # baseTimeNanoseconds / 1000, 0 when absent
+    base_time_ns: int  # baseTimeNanoseconds, 0 when absent or not an integer
     warnings: list[str] = field(default_factory=list)  # header values ignored as impossible
+    # Every event's `ts` is relative to this (integer µs): the first chunk's median `ts`.
+    ts_base_us: int | None = None
+    exact_ts: bool = False  # decode `ts` as Decimal too (timebase.needs_exact)
+
+    def origin_ns(self, origin_us: float) -> int:
+        """The absolute time (ns, exact integer) of `origin_us`, a time relative to the base."""
+        return self.base_time_ns + 1000 * (self.ts_base_us or 0) + round(origin_us * 1000)
+
+    def _pass(self, buffers: Iterator[bytes | memoryview], *, split: bool) -> Iterator[list[Event]]:
+        """Decode and rebase each buffer; a chunked pass (`split`) whose piece is not valid JSON
+        raises ChunkSplitError, a whole pass that fails is one AnalysisError naming the file."""
+        for buf in buffers:
+            if split:
+                try:
+                    events = _events(buf)
+                except msgspec.DecodeError:  # not valid JSON: the split fell inside a string
+                    raise ChunkSplitError from None
+            else:
+                events = _decode(_events, self.path, buf)
+            if self.ts_base_us is None:
+                self.ts_base_us = median_base([e.ts for e in events])
+                self.exact_ts = needs_exact(events, buf)
+            yield rebase(events, buf, self.ts_base_us, exact=self.exact_ts)
 
     def event_chunks(self, *, size: int = CHUNK_BYTES) -> Iterator[Iterator[list[Event]]]:
         """Yields one chunked pass over the events; if a chunk boundary turns out to be invalid,
@@ -180,12 +213,8 @@ class LoadedTrace:
             raise AnalysisError(
                 self.path, "`traceEvents` is not a list", "this is not a torch.profiler trace"
             )
-        yield _chunks(raw, size)
-        yield _whole(self.path, raw)
-
-
-def _whole(path: Path, raw: memoryview) -> Iterator[list[Event]]:
-    yield _decode(_events, path, raw)
+        yield self._pass(_chunks(raw, size), split=True)
+        yield self._pass(iter([raw]), split=False)
 
 
 def _decode(decode: Callable, path: Path, raw: bytes | memoryview):
@@ -200,25 +229,104 @@ def _decode(decode: Callable, path: Path, raw: bytes | memoryview):
         ) from None
 
 
-def _read_bytes(path: Path) -> bytes:
+def max_trace_bytes() -> int:
+    """The cap on a trace's size (bytes of JSON, after gunzip): `DPSCOPE_MAX_TRACE_BYTES`, else
+    MAX_TRACE_BYTES. A file or an inflated gzip beyond it is refused (a decompression bomb)."""
+    text = os.environ.get(MAX_TRACE_BYTES_ENV)
+    if text is None:
+        return MAX_TRACE_BYTES
     try:
-        data = path.read_bytes()
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise AnalysisError(
+            MAX_TRACE_BYTES_ENV,
+            f"{MAX_TRACE_BYTES_ENV}={text[:40]!r} is not a positive number of bytes",
+            f"set {MAX_TRACE_BYTES_ENV} to a byte count, e.g. 8589934592, or unset it",
+        )
+    return value
+
+
+def _refuse_size(path: Path, what: str, limit: int) -> AnalysisError:
+    return AnalysisError(
+        path,
+        f"{what} more than {limit:,} bytes (the trace size cap)",
+        f"raise it with {MAX_TRACE_BYTES_ENV}=<bytes> if this trace is genuine",
+    )
+
+
+def _read_regular(path: Path, limit: int) -> bytes:
+    """The bytes of `path`, a regular file of at most `limit` bytes; opened non-blocking, so a
+    FIFO or a device is refused at once instead of hanging."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
     except OSError as err:
         raise AnalysisError(
             path, f"cannot read ({err.strerror})", "check the path/permissions"
         ) from None
-    if data[:2] == b"\x1f\x8b":  # gzip magic: trust the content, not the suffix
-        try:
-            # The gzip trailer holds the size (mod 4 GiB): one right-sized buffer instead of
-            # gzip.decompress's repeated growth, which briefly doubles the peak memory.
-            size = int.from_bytes(data[-4:], "little") or zlib.DEF_BUF_SIZE
-            out = zlib.decompress(data, wbits=31, bufsize=size)
-            return out if len(out) % (1 << 32) == size % (1 << 32) else gzip.decompress(data)
-        except (EOFError, OSError, zlib.error):
+    with os.fdopen(fd, "rb") as f:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
             raise AnalysisError(
-                path, "truncated or corrupt gzip", "the trace was cut off while writing; re-profile"
+                path, "is not a regular file (a FIFO, device or socket)", "pass trace files"
+            )
+        if st.st_size > limit:
+            raise _refuse_size(path, "holds", limit)
+        try:
+            return f.read(limit + 1)
+        except OSError as err:
+            raise AnalysisError(
+                path, f"cannot read ({err.strerror})", "check the path/permissions"
             ) from None
+
+
+def _inflate(path: Path, data: bytes, limit: int) -> bytes:
+    """Gunzip `data` with the inflated size capped at `limit`; memory stays within the cap
+    (plus zlib's block buffers) whatever the gzip header or trailer claims."""
+    try:
+        head = zlib.decompressobj(wbits=31).decompress(data, 1 << 16)
+        if head.lstrip(b" \t\r\n\xef\xbb\xbf")[:1] not in (b"{", b"["):
+            raise AnalysisError(path, "is a gzip that holds no JSON", "pass Kineto traces")
+        parts, rest, total = [], data, 0
+        while rest:  # one pass per gzip member (Kineto writes one)
+            d = zlib.decompressobj(wbits=31)
+            parts.append(d.decompress(rest, limit + 1 - total))
+            total += len(parts[-1])
+            if total > limit or d.unconsumed_tail:
+                raise _refuse_size(path, "inflates to", limit)
+            if not d.eof:
+                raise EOFError
+            rest = d.unused_data
+        return parts[0] if len(parts) == 1 else b"".join(parts)
+    except (EOFError, zlib.error):
+        raise AnalysisError(
+            path, "truncated or corrupt gzip", "the trace was cut off while writing; re-profile"
+        ) from None
+
+
+def _read_bytes(path: Path) -> bytes:
+    limit = max_trace_bytes()
+    data = _read_regular(path, limit)
+    if data[:2] == b"\x1f\x8b":  # gzip magic: trust the content, not the suffix
+        return _inflate(path, data, limit)
     return data
+
+
+# A `\uD800`-`\uDFFF` escape that is not half of a pair, or one UTF-8-encoded (invalid UTF-8):
+# msgspec refuses both, which would cost the whole file.
+_LONE_SURROGATE_RE = re.compile(
+    rb"\\u[dD][89abAB][0-9a-fA-F]{2}(?!\\u[dD][c-fC-F][0-9a-fA-F]{2})"
+    rb"|(?<!\\u[dD][89abAB][0-9a-fA-F]{2})\\u[dD][c-fC-F][0-9a-fA-F]{2}"
+    rb"|\xed[\xa0-\xbf][\x80-\xbf]"
+)
+
+
+def _repair_surrogates(data: bytes) -> tuple[bytes, int]:
+    """`data` with each lone surrogate (escaped or raw) as U+FFFD, and how many there were."""
+    return _LONE_SURROGATE_RE.subn(
+        lambda m: b"\\ufffd" if m.group().startswith(b"\\") else "\ufffd".encode(), data
+    )
 
 
 def _count(value: object) -> int | None:
@@ -230,12 +338,17 @@ def load_trace(path: Path) -> LoadedTrace:
     """Decode `path`; raises AnalysisError (one line) when it is not a usable Kineto trace."""
     path = Path(path)
     data = _read_bytes(path)
-    trace = _decode(_DECODER.decode, path, data)
+    warnings: list[str] = []
+    try:
+        trace = _DECODER.decode(data)
+    except msgspec.DecodeError:  # a lone surrogate costs its characters, not the rank
+        data, fixed = _repair_surrogates(data)
+        trace = _decode(_DECODER.decode, path, data)
+        warnings.append(f"{path}: {fixed} lone UTF-16 surrogate(s) in strings replaced by U+FFFD")
     if not trace.traceEvents:
         raise AnalysisError(path, "no `traceEvents` list", "this is not a torch.profiler trace")
     rank = world = backend = None
     source = "none"
-    warnings: list[str] = []
     if trace.distributedInfo:
         try:
             info = msgspec.json.decode(trace.distributedInfo)
@@ -253,6 +366,24 @@ def load_trace(path: Path) -> LoadedTrace:
             backend = info.get("backend") if isinstance(info.get("backend"), str) else None
     if rank is None and (rank := rank_from_name(path)) is not None:
         source = "file name"
-    base_us = (trace.baseTimeNanoseconds or 0) / 1000.0
+    base_ns = _base_ns(trace.baseTimeNanoseconds, path, warnings)
     raw = memoryview(trace.traceEvents).cast("B")
-    return LoadedTrace(path, raw.toreadonly(), rank, world, source, backend, base_us, warnings)
+    return LoadedTrace(path, raw.toreadonly(), rank, world, source, backend, base_ns, warnings)
+
+
+def _base_ns(raw: msgspec.Raw, path: Path, warnings: list[str]) -> int:
+    """`baseTimeNanoseconds` when it is an integer in [0, 2⁶³); anything else (a string, a
+    float, a value above int64) is ignored with a warning: it only shifts this rank's clock."""
+    if not raw:
+        return 0
+    try:
+        value = msgspec.json.decode(raw)
+    except msgspec.DecodeError:
+        value = None
+    if type(value) is int and 0 <= value < 1 << 63:
+        return value
+    warnings.append(
+        f"{path}: baseTimeNanoseconds {bytes(raw)[:40]!r} is not an integer in [0, 2^63) —"
+        " ignored (taken as 0); cross-rank alignment of this rank may be off"
+    )
+    return 0

@@ -31,6 +31,7 @@ import numpy as np
 from analysis.trace.loader import Event
 
 __all__ = [
+    "MAX_MEMORY_BYTES",
     "PHASES",
     "MemoryAccumulator",
     "MemoryEvents",
@@ -42,6 +43,9 @@ __all__ = [
 PHASES = ("forward", "backward", "optimizer")
 _MEMORY_NAME = "[memory]"
 TIMELINE_POINTS = 1500  # per device per rank: enough for a figure, small in the JSON
+# Plausibility bound of a [memory] event: no device holds 1 PiB, and device numbers are small.
+MAX_MEMORY_BYTES = 1 << 50
+_MAX_DEVICE = 1 << 16
 
 
 class _MemArgs(msgspec.Struct, gc=False):
@@ -81,6 +85,7 @@ class MemoryEvents:
     delta: np.ndarray  # Bytes (negative for frees)
     device: list[str]  # one per event
     phases: list[tuple[str, float, float]] = field(default_factory=list)  # (name, start, end)
+    dropped: int = 0  # [memory] events dropped as implausible (`_plausible`)
 
 
 class MemoryAccumulator:
@@ -93,6 +98,7 @@ class MemoryAccumulator:
         self.delta: list[np.ndarray] = []
         self.dtype: list[np.ndarray] = []
         self.did: list[np.ndarray] = []
+        self.dropped = 0
         self.phases: list[tuple[str, float, float]] = []
 
     def add(self, events: list[Event]) -> None:
@@ -115,8 +121,9 @@ class MemoryAccumulator:
         ok = [
             (e.ts, a)
             for e, a in zip(mem, args, strict=True)
-            if a is not None and a.total is not None
+            if a is not None and a.total is not None and _plausible(e.ts, a)
         ]
+        self.dropped += sum(1 for a in args if a is None or a.total is not None) - len(ok)
         n = len(ok)
         self.ts.append(np.fromiter((t for t, _ in ok), np.float64, n))
         self.total.append(np.fromiter((a.total for _, a in ok), np.int64, n))
@@ -140,7 +147,20 @@ class MemoryAccumulator:
             phases=sorted(
                 ((n, s - origin, e - origin) for n, s, e in self.phases), key=lambda p: p[1]
             ),
+            dropped=self.dropped,
         )
+
+
+def _plausible(ts: float, a: _MemArgs) -> bool:
+    """A [memory] event within the plausibility bounds (docs §11): a usable time, sizes within
+    ±MAX_MEMORY_BYTES, device type and id small non-negative numbers (-1: no id)."""
+    return (
+        ts == ts  # NaN: no time, or one beyond the trace's one-day span (timebase.py)
+        and -MAX_MEMORY_BYTES <= a.total <= MAX_MEMORY_BYTES
+        and -MAX_MEMORY_BYTES <= (a.nbytes or 0) <= MAX_MEMORY_BYTES
+        and 0 <= (a.device_type or 0) < _MAX_DEVICE
+        and -1 <= (-1 if a.device_id is None else a.device_id) < _MAX_DEVICE
+    )
 
 
 def downsample(t: np.ndarray, y: np.ndarray, points: int = TIMELINE_POINTS):
@@ -217,6 +237,12 @@ def memory_summary(ev: MemoryEvents | None, path: str) -> dict:
         "phases": [{"phase": n, "start_us": s, "end_us": e} for n, s, e in phases],
         "warnings": [],
     }
+    if ev is not None and ev.dropped:
+        out["warnings"].append(
+            f"{path}: dropped {ev.dropped} [memory] event(s) with implausible values (a size over"
+            f" {MAX_MEMORY_BYTES:,} bytes = 1 PiB, a device number out of range, args that do not"
+            " decode, or no usable time) — not analysed"
+        )
     if ev is None or ev.ts.size == 0:
         out["warnings"].append(
             f"{path}: no [memory] events (profile_memory off?) — dynamic memory left null"

@@ -12,6 +12,7 @@ import re
 
 import numpy as np
 
+from analysis.trace.attribution import kernel_steps
 from analysis.trace.classify import Classified
 
 __all__ = ["kernel_key", "rank_ops"]
@@ -94,10 +95,7 @@ def rank_ops(
     rows = _rows(ev.names, "cpu", in_step, selfs, total, n)
     k = c.kernels
     if len(k):
-        k_idx = np.searchsorted(lo, c.launch_us, side="right") - 1  # as rank._step_rows
-        k_in = (k_idx >= 0) & (c.launch_us <= hi[np.clip(k_idx, 0, None)])
-        if whole_trace:
-            k_in[:] = True
+        _, k_in = kernel_steps(c.launch_us, c.orphan, lo, hi, whole_trace)  # as rank._step_rows
         k_dur = k.end - k.start
         keys = {x: kernel_key(x) for x in set(k.names)}  # once per distinct name
         rows += _rows([keys[x] for x in k.names], "gpu", k_in, k_dur, k_dur, n)

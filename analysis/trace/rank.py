@@ -15,6 +15,7 @@ import msgspec
 import numpy as np
 
 from analysis.errors import AnalysisError
+from analysis.trace.attribution import kernel_steps
 from analysis.trace.classify import COMM, COMPUTE, MAX_DUR_US, Classified, Ranges, classify
 from analysis.trace.collectives import rank_instances
 from analysis.trace.intervals import Intervals, clip, intersection_us, merge, total_us, union_us
@@ -82,10 +83,7 @@ def _training_thread(c: Classified) -> np.ndarray:
 def _step_rows(c: Classified, lo: np.ndarray, hi: np.ndarray, numbers: list) -> list[dict]:
     gpu = len(c.kernels) > 0
     if gpu:  # a kernel belongs to the step whose CPU range launched it (HTA attributes the same)
-        k_step = np.searchsorted(lo, c.launch_us, side="right") - 1
-        valid = (k_step >= 0) & (c.launch_us <= hi[np.clip(k_step, 0, None)])
-        if numbers == [None]:  # one whole-trace window: every kernel is in it
-            k_step, valid = np.zeros(len(c.kernels), dtype=np.int64), np.ones(len(c.kernels), bool)
+        k_step, valid = kernel_steps(c.launch_us, c.orphan, lo, hi, numbers == [None])
     else:
         ops = _sel(c.compute_ops, _outside_comm(c) & _training_thread(c))
         comm_all = merge(c.anchors.start, c.anchors.end)
@@ -119,10 +117,7 @@ def _step_rows(c: Classified, lo: np.ndarray, hi: np.ndarray, numbers: list) -> 
 
 def _hta_breakdown(c: Classified, lo: np.ndarray, hi: np.ndarray) -> dict:
     """HTA's temporal breakdown and comm/comp overlap over the kernels the analysed steps launched."""
-    k_step = np.searchsorted(lo, c.launch_us, side="right") - 1
-    mine = (k_step >= 0) & (c.launch_us <= hi[np.clip(k_step, 0, None)])
-    if lo.size == 1 and len(c.steps) == 0:
-        mine[:] = True
+    _, mine = kernel_steps(c.launch_us, c.orphan, lo, hi, lo.size == 1 and len(c.steps) == 0)
     allk = merge(*_sel(c.kernels, mine))
     if allk[0].size == 0:
         return {
@@ -155,7 +150,7 @@ def _mean(rows: list[dict], key: str) -> float:
 class RankSummary(msgspec.Struct, kw_only=True):
     """One rank's trace reduced to what the traces JSON needs (docs/analysis.md §4, §9, §11): the
     traces JSON's `ranks[]` row (`traces_row`), plus what only the cross-rank step uses
-    (`world_size`, `backend`, `origin_us` and the collective `instances`). Means are per
+    (`world_size`, `backend`, `origin_ns` and the collective `instances`). Means are per
     analysed step, in µs."""
 
     rank: int | None
@@ -164,9 +159,13 @@ class RankSummary(msgspec.Struct, kw_only=True):
     world_size: int | None
     backend: str | None
     kind: str  # "gpu" | "cpu"
-    origin_us: float  # the rank's first event on its own clock (µs): the alignment origin
+    # The rank's first event on its own clock (ns, exact): the alignment origin; instance
+    # `start_us` are relative to it.
+    origin_ns: int
     steps: int
     dropped_events: int
+    orphan_kernels: int  # GPU events whose launch is not in the trace (attribution.py)
+    orphan_kernel_us: float  # the sum of their durations
     step_numbers: list[int | None]
     compute_us: float
     comm_us: float
@@ -193,6 +192,10 @@ class RankSummary(msgspec.Struct, kw_only=True):
 _STEP_MEANS = ("compute_us", "comm_us", "exposed_comm_us", "data_wait_us", "overlap_us", "idle_us")
 
 
+def _orphan_us(c: Classified) -> float:
+    return float((c.kernels.end[c.orphan] - c.kernels.start[c.orphan]).sum())
+
+
 def _check_events(c: Classified, path: Path, warnings: list[str]) -> None:
     """A trace with no events is one AnalysisError; dropped events are one warning."""
     if not len(c.kernels) and not len(c.compute_ops) and not len(c.anchors) and not len(c.steps):
@@ -201,11 +204,24 @@ def _check_events(c: Classified, path: Path, warnings: list[str]) -> None:
             "no profiler events (no ops, kernels or ProfilerSteps)",
             "the profiler recorded nothing; check its schedule",
         )
+    if c.orphan.any():
+        n = int(c.orphan.sum())
+        warnings.append(
+            f"{path}: {n} GPU event(s) ({_orphan_us(c):.0f} µs) have no launch in the trace (likely"
+            " work queued before the profiler went active) — left out of the step split, the HTA"
+            " figures and the collective calls, as HTA does"
+        )
+    if c.step_notes:
+        warnings.append(
+            f"{path}: dropped {len(c.step_notes)} ProfilerStep range(s) that repeat or overlap"
+            f" another ({'; '.join(c.step_notes[:3])}) — each step is counted once"
+        )
     if c.dropped_events:
         warnings.append(
-            f"{path}: dropped {c.dropped_events} event(s) with impossible times (missing ts/dur,"
-            f" negative, non-finite or over {MAX_DUR_US:.0e} µs, or a ts/dur/tid/name of the wrong"
-            " JSON type) — not analysed"
+            f"{path}: dropped {c.dropped_events} event(s) with impossible times or of the wrong"
+            " shape (ts/dur missing, negative or non-finite; a dur, or a ts's distance from the"
+            f" trace's base, over {MAX_DUR_US:.3g} µs = 1 day; a `ProfilerStep#` without an ASCII"
+            " number; a ts/dur/tid/name of the wrong JSON type) — not analysed"
         )
 
 
@@ -227,10 +243,8 @@ def summarize_file(path: Path) -> RankSummary:
     hta = _hta_breakdown(c, lo, hi) if gpu else None
     memory = memory_summary(c.memory, str(loaded.path))
     ops, timelines = rank_ops(c, lo, hi, numbers == [None], step_time)
-    origin = c.origin_us + loaded.base_time_us
-    instances = rank_instances(c, float(lo[0]), float(hi[-1]))
-    for inst in instances.values():  # to the rank's absolute clock for alignment
-        inst["start_us"] = inst["start_us"] + origin
+    origin_ns = loaded.origin_ns(c.origin_us)
+    instances = rank_instances(c, float(lo[0]), float(hi[-1]))  # µs from this rank's origin
     step_total = max(1e-9, sum(r["step_time_us"] for r in per_step))
     return RankSummary(
         rank=loaded.rank,
@@ -239,9 +253,11 @@ def summarize_file(path: Path) -> RankSummary:
         world_size=loaded.world_size,
         backend=loaded.backend,
         kind="gpu" if gpu else "cpu",
-        origin_us=origin,
+        origin_ns=origin_ns,
         steps=len(per_step),
         dropped_events=c.dropped_events,
+        orphan_kernels=int(c.orphan.sum()),
+        orphan_kernel_us=_orphan_us(c),
         step_numbers=numbers,
         **{k: _mean(per_step, k) for k in _STEP_MEANS},
         step_time_us_mean=step_time,

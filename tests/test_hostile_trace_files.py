@@ -1,0 +1,168 @@
+"""Hostile trace files v2 (issue 25 B): files that are not files, decompression bombs, and
+traces that disagree with their run's run.json. Each case costs one line, never a hang, a
+traceback or a silent number.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+import shutil
+import subprocess
+import sys
+import zlib
+from pathlib import Path
+
+import pytest
+
+from analysis.runs.compare import compare_runs
+from tests.conftest import REPO
+from tests.test_hostile import ddp_traces  # noqa: F401  (fixture)
+
+# --- class 6: decompression bombs and files that are not files -------------------------------
+
+_BOMB_CHILD = """
+import json, resource, sys
+from analysis.trace.folder import analyze_trace_dir
+from analysis.errors import AnalysisError
+try:
+    r = analyze_trace_dir(sys.argv[1], workers=1, progress=False)
+    print(json.dumps({"skipped": r["skipped"]}))
+except AnalysisError as err:
+    print(json.dumps({"error": str(err)}))
+print(json.dumps({"rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss // 1024}))
+"""
+
+
+def _gzip_stream(path, head: bytes, block: bytes, blocks: int, tail: bytes = b"") -> None:
+    """A gzip of head + block×blocks + tail, written without holding the inflated text."""
+    c = zlib.compressobj(9, zlib.DEFLATED, 31)
+    with path.open("wb") as f:
+        f.write(c.compress(head))
+        for _ in range(blocks):
+            f.write(c.compress(block))
+        f.write(c.compress(tail) + c.flush())
+
+
+def _run_child(folder, cap: int | None) -> list[dict]:
+    env = dict(os.environ)
+    if cap is not None:
+        env["DPSCOPE_MAX_TRACE_BYTES"] = str(cap)
+    proc = subprocess.run(
+        [sys.executable, "-c", _BOMB_CHILD, str(folder)],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr
+    return [json.loads(line) for line in proc.stdout.splitlines()]
+
+
+BOMBS = {  # name -> (head, block, blocks, tail): all inflate to 256 MiB or more
+    "zeros": (b"", b"\0" * (1 << 20), 256, b""),
+    "valid-json": (
+        b'{"traceEvents": [',
+        b'{"ph": "i", "name": "x", "ts": 1},' * 30_000,
+        260,
+        b"{}]}",
+    ),
+    "json-whitespace": (b'{"traceEvents": [' + b" " * 100, b" " * (1 << 20), 256, b"]}"),
+}
+
+
+@pytest.mark.parametrize("case", list(BOMBS))
+def test_decompression_bomb_is_refused_with_bounded_memory(case, tmp_path):
+    """With the cap at 32 MiB a 256 MiB inflation stops at the cap: one `skipped` line naming
+    the file and the cap's variable, and the process never holds the inflated text."""
+    _gzip_stream(tmp_path / "rank0.pt.trace.json.gz", *BOMBS[case])
+    assert (tmp_path / "rank0.pt.trace.json.gz").stat().st_size < 4 << 20
+    out = _run_child(tmp_path, 32 << 20)
+    error = out[0].get("error") or ""
+    assert "rank0.pt.trace.json.gz" in error and (
+        "DPSCOPE_MAX_TRACE_BYTES" in error or "no JSON" in error
+    )
+    assert out[1]["rss_mb"] < 200  # the inflated text alone would be 256 MiB
+
+
+def test_the_size_cap_applies_to_plain_json_too(tmp_path, ddp_traces):  # noqa: F811
+    r1 = ddp_traces[1]
+    (tmp_path / "rank1.pt.trace.json").write_bytes(gzip.decompress(r1.read_bytes()))
+    out = _run_child(tmp_path, 10_000)
+    assert "holds more than 10,000 bytes" in out[0]["error"]
+    assert "traceEvents" not in out[0]["error"]
+
+
+def test_a_bad_cap_is_one_line(tmp_path, ddp_traces):  # noqa: F811
+    shutil.copy(ddp_traces[0], tmp_path / ddp_traces[0].name)
+    out = _run_child(tmp_path, "lots")  # type: ignore[arg-type]
+    assert "DPSCOPE_MAX_TRACE_BYTES" in out[0]["error"] and "'lots'" in out[0]["error"]
+
+
+@pytest.mark.parametrize("kind", ["fifo", "fifo-as-the-path"])
+def test_a_fifo_named_like_a_trace_is_skipped_not_waited_on(kind, tmp_path, ddp_traces):  # noqa: F811
+    shutil.copy(ddp_traces[0], tmp_path / ddp_traces[0].name)
+    fifo = tmp_path / "rank1.pt.trace.json"
+    os.mkfifo(fifo)
+    out = _run_child(fifo if kind == "fifo-as-the-path" else tmp_path, None)
+    text = json.dumps(out[0])
+    assert "rank1.pt.trace.json" in text and "not a regular file" in text
+
+
+# --- class 3: the traces of a run folder vs its run.json --------------------------------------
+
+
+def _world(n: int):
+    def edit(run: Path) -> None:
+        rec = json.loads((run / "run.json").read_text())
+        rec["config"]["world_size"] = n
+        (run / "run.json").write_text(json.dumps(rec))
+
+    return edit
+
+
+def _drop_rank1(run: Path) -> None:
+    next((run / "traces").glob("rank1.*")).unlink()
+
+
+def _rename_rank1(run: Path) -> None:
+    r1 = next((run / "traces").glob("rank1.*"))
+    r1.rename(r1.with_name("rank1.123.pt.trace.json.gz"))
+
+
+def _symlink_rank1(run: Path) -> None:
+    r1 = next((run / "traces").glob("rank1.*"))
+    outside = run.parent / "elsewhere" / r1.name
+    outside.parent.mkdir()
+    r1.rename(outside)
+    r1.symlink_to(outside)
+
+
+CONSISTENCY = {  # name -> (edit of the run folder, words every expected warning holds)
+    "world-8": (_world(8), ["world_size 8", "distributedInfo says world_size 2", "rank(s) 2, 3"]),
+    "world-1": (_world(1), ["world_size 1", "distributedInfo says world_size 2"]),
+    "missing-rank": (_drop_rank1, ["no trace for rank(s) 1"]),
+    "another-runs-file": (_rename_rank1, ["rank1.123.pt.trace.json.gz: not among"]),
+    "symlink-outside": (_symlink_rank1, ["a symbolic link to", "elsewhere"]),
+}
+
+
+@pytest.mark.parametrize("case", list(CONSISTENCY))
+def test_traces_that_disagree_with_run_json_are_named(case, tmp_path, ddp_mlp_run):
+    run = tmp_path / "ddp"
+    shutil.copytree(ddp_mlp_run, run)
+    edit, words = CONSISTENCY[case]
+    edit(run)
+    (entry,) = compare_runs([run], progress=False)["runs"]
+    text = "\n".join(entry["warnings"])
+    for w in words:
+        assert w in text, (w, entry["warnings"])
+    assert "run.json" in text or case in ("another-runs-file", "symlink-outside")
+
+
+def test_a_consistent_run_has_no_consistency_warning(tmp_path, ddp_mlp_run):
+    (entry,) = compare_runs([ddp_mlp_run], progress=False)["runs"]
+    words = ("distributedInfo says", "no trace for rank", "not among", "symbolic link")
+    assert not [w for w in entry["warnings"] if any(x in w for x in words)]
