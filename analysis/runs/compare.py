@@ -16,6 +16,7 @@ from analysis.project.comm import is_comm_run
 from analysis.errors import AnalysisError, unexpected
 from analysis.jsonsafe import finite_json
 from analysis.project.runs import comm_and_projections
+from analysis.runs.efficiency import attach_efficiency_loss
 from analysis.runs.records import InvalidRecord
 from analysis.runs.entry import attach_trace, load_run, mean_std
 from analysis.runs.tune import is_tune_dir, load_tunes
@@ -195,10 +196,12 @@ def compare_runs(paths: Sequence[Path], *, progress: bool = True, traces: bool =
     order = {"single": 0, "dp": 1, "ddp": 2}
     runs.sort(key=lambda r: (order.get(r["mode"], 9), str(r["run_id"])))
     _link_baselines(runs)
+    groups = _groups(runs)
+    attach_efficiency_loss(runs, groups, workload_key)
     result = {
         "schema_version": SCHEMA_VERSION,
         "runs": runs,
-        "groups": _groups(runs),
+        "groups": groups,
         "skipped": skipped,
         "tunes": tunes,
         **comm_and_projections(comm_dirs, runs),
