@@ -344,3 +344,15 @@ HEADLINE_COLS = [
     mib(key="peak_memory_bytes", label="Peak memory / device"),
     C(key="top1_pct_mean", label="Top-1", unit="%, mean ± std", kind="pm", std_key="top1_pct_std"),
 ]
+# Where the efficiency went (analysis.runs.efficiency): one row per DDP group with a baseline.
+EFFICIENCY_LOSS_COLS = [
+    C(key="group", label="Group"),
+    C(key="scaling_efficiency_mean", label="Efficiency", unit="%", kind="frac_pct"),
+    C(key="loss_pts", label="Lost", unit="points", kind="num", digits=1),
+    C(key="exposed_comm", label="Exposed comm", unit="pts", kind="num", digits=1),
+    C(key="stragglers", label="Waiting for slowest rank", unit="pts", kind="num", digits=1),
+    C(key="data", label="Data loading", unit="pts", kind="num", digits=1),
+    C(key="ddp_overhead", label="DDP overhead", unit="pts", kind="num", digits=1),
+    C(key="contention", label="Compute contention", unit="pts", kind="num", digits=1),
+    C(key="residual", label="Residual", unit="pts", kind="num", digits=1),
+]

@@ -126,6 +126,7 @@ def _groups(runs: list[dict]) -> list[dict]:
         for stat in GROUP_STATS:
             group[f"{stat}_mean"], group[f"{stat}_std"] = mean_std(m[stat] for m in members)
         group["comm_pct_mean"] = mean_std(m["comm_pct"] for m in members)[0]
+        group["exposed_comm_pct_mean"] = mean_std(m["exposed_comm_pct"] for m in members)[0]
         groups.append(group)
     order = {"single": 0, "dp": 1, "ddp": 2}
     return sorted(

@@ -14,6 +14,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import pandas as pd
 
 from analysis.errors import AnalysisError, unexpected
@@ -155,6 +156,11 @@ def load_run(run_dir: Path) -> dict:
         "step_time_s_p95": step_time.p95,
         "wall_time_s": metrics.wall_time_s,
         "profiler_overhead_pct": metrics.profiler_overhead_pct,
+        # The fewest measured (unprofiled) steps of any rank: what throughput was averaged over.
+        "measured_steps": min(
+            (r.steps for r in metrics.per_rank if r.steps is not None), default=None
+        ),
+        "host_load": msgspec.to_builtins(env.host_load) if env.host_load else None,
         # Wall time of each epoch's training loop as run (partial when --max-steps cut it).
         "epoch_time_s": mean_std(metrics.epoch_time_s)[0],
         "baseline_run_id": None,

@@ -1,0 +1,96 @@
+"""Readable axes for every report figure: time units by magnitude, at most MAX_TICKS tick labels
+on a numeric axis, thousands separators, and legends outside the data.
+
+`tidy` runs on every axes when a figure is saved (figures._uri), so no figure can forget it;
+categorical axes (run labels, collective names) keep their own ticks.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import matplotlib.pyplot as plt
+from matplotlib.ticker import (
+    Formatter,
+    FuncFormatter,
+    LogFormatter,
+    LogLocator,
+    MaxNLocator,
+    ScalarFormatter,
+)
+
+__all__ = ["MAX_TICKS", "TIME_UNITS", "bytes_axis", "legend_outside", "tidy", "time_unit"]
+
+MAX_TICKS = 8  # tick labels per numeric axis, at most
+# (unit, microseconds per unit), largest first: a figure's times are shown in the largest unit
+# its biggest value reaches 1 of (200,000 µs → 200 ms; 900 µs stays µs).
+TIME_UNITS = (("s", 1e6), ("ms", 1e3), ("µs", 1.0))
+
+
+def time_unit(max_us: float) -> tuple[str, float]:
+    """(unit, µs per unit) for times up to `max_us` microseconds."""
+    for unit, per in TIME_UNITS:
+        if math.isfinite(max_us) and abs(max_us) >= per:
+            return unit, per
+    return TIME_UNITS[-1]
+
+
+class Thousands(Formatter):
+    """Tick labels with thousands separators and the fewest decimals that keep them exact
+    (0, 2,500, 5,000; or 0.25, 0.50); a unicode minus for negatives."""
+
+    def __call__(self, x: float, pos: int | None = None) -> str:
+        return self.format_ticks([x])[0]
+
+    def format_ticks(self, values: Sequence[float]) -> list[str]:
+        values = list(values)
+        digits = next(
+            (
+                d
+                for d in range(7)
+                if all(abs(v - round(v, d)) <= 1e-9 * max(1.0, abs(v)) for v in values)
+            ),
+            6,
+        )
+        return [f"{v:,.{digits}f}".replace("-", "\u2212") for v in values]
+
+
+def _default_format(axis) -> bool:
+    """True unless a figure set its own tick formatter (bytes_axis): that one is kept."""
+    return isinstance(axis.get_major_formatter(), ScalarFormatter | LogFormatter)
+
+
+def tidy(ax: plt.Axes) -> None:
+    """At most MAX_TICKS ticks on each numeric axis of `ax`, with thousands separators on linear
+    and base-2 log axes. Categorical axes (a FixedLocator: run labels, names) keep their ticks."""
+    for axis in (ax.xaxis, ax.yaxis):
+        locator = axis.get_major_locator()
+        if axis.get_scale() == "log":
+            base = axis.get_transform().base
+            axis.set_major_locator(LogLocator(base=base, numticks=MAX_TICKS))
+            if base == 2 and _default_format(axis):  # 1, 4, 16, ... ranks: plain integers
+                axis.set_major_formatter(Thousands())
+        elif isinstance(locator, MaxNLocator) and axis.get_scale() == "linear":
+            integer = bool(locator._integer)  # keep "integer ticks" (world sizes); no getter
+            axis.set_major_locator(MaxNLocator(nbins=MAX_TICKS - 2, integer=integer))
+            if _default_format(axis):
+                axis.set_major_formatter(Thousands())
+
+
+def _bytes(value: float, _pos: int | None = None) -> str:
+    for unit, size in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if value >= size:
+            return f"{value / size:,.4g} {unit}"
+    return f"{value:,.4g} B"
+
+
+def bytes_axis(axis) -> None:
+    """Tick labels in B, KiB, MiB, GiB (a message-size axis)."""
+    axis.set_major_formatter(FuncFormatter(_bytes))
+
+
+def legend_outside(ax: plt.Axes, **kw) -> None:
+    """The axes' legend to the right of its data, never over it."""
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), **kw)
