@@ -73,7 +73,9 @@ def tidy(ax: plt.Axes) -> None:
                 axis.set_major_formatter(Thousands())
         elif isinstance(locator, MaxNLocator) and axis.get_scale() == "linear":
             integer = bool(locator._integer)  # keep "integer ticks" (world sizes); no getter
-            axis.set_major_locator(MaxNLocator(nbins=MAX_TICKS - 2, integer=integer))
+            axis.set_major_locator(
+                MaxNLocator(nbins=MAX_TICKS - 1, steps=[1, 2, 2.5, 5, 10], integer=integer)
+            )
             if _default_format(axis):
                 axis.set_major_formatter(Thousands())
 

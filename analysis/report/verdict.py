@@ -81,7 +81,7 @@ def _try(g: dict[str, Any], mem: dict | None, data: dict[str, Any]) -> list[dict
         sig = "significant" if best.get("significant") else "not significant"
         tips.append(f"{best.get('name')} (tune-ddp: {best['speedup_vs_baseline']:.2f}×, {sig})")
     elif g.get("mode") == "ddp":
-        tips.append("`make tune-ddp` to measure bucket sizes and no_sync")
+        tips.append("make tune-ddp to measure bucket sizes and no_sync")
     return [_seg(" Try: "), _seg("; ".join(tips), "#tuning" if best else None), _seg(".")]
 
 
@@ -96,11 +96,19 @@ def _paragraph(g: dict[str, Any], data: dict[str, Any], runs: dict) -> list[dict
             segs += [_seg(", "), _seg(f"{g['exposed_comm_pct_mean']:.0f}% exposed", "#communication")]  # fmt: skip
         segs.append(_seg("."))
     parts = g.get("efficiency_loss_pts")
-    top = largest_part(parts) if parts and eff < 100 else None
-    if top:
+    top = largest_part(parts) if parts else None
+    if top and eff < 100:
         segs += [_seg(" Largest loss: "),
                  _seg(f"{PART_NAMES[top[0]]}, {top[1]:.1f} of {100 - eff:.1f} points", "#efficiency"),
                  _seg(".")]  # fmt: skip
+    elif parts:  # above linear: name what gained the points (and the largest loss left)
+        gain = min((kv for kv in parts.items() if kv[1] is not None), key=lambda kv: kv[1])
+        segs += [_seg(" Above linear: "),
+                 _seg(f"{PART_NAMES[gain[0]]} {-gain[1]:+.1f} points", "#efficiency")]  # fmt: skip
+        if top:
+            segs += [_seg("; largest loss "),
+                     _seg(f"{PART_NAMES[top[0]]}, {top[1]:.1f} points", "#efficiency")]  # fmt: skip
+        segs.append(_seg("."))
     mem_segs, mem = _memory(g, runs)
     return segs + mem_segs + _projection(g, data, runs) + _try(g, mem, data)
 
