@@ -20,7 +20,15 @@ from matplotlib.ticker import (
     ScalarFormatter,
 )
 
-__all__ = ["MAX_TICKS", "TIME_UNITS", "bytes_axis", "legend_outside", "tidy", "time_unit"]
+__all__ = [
+    "MAX_TICKS",
+    "TIME_UNITS",
+    "bytes_axis",
+    "declutter",
+    "legend_outside",
+    "tidy",
+    "time_unit",
+]
 
 MAX_TICKS = 8  # tick labels per numeric axis, at most
 # (unit, microseconds per unit), largest first: a figure's times are shown in the largest unit
@@ -78,6 +86,48 @@ def tidy(ax: plt.Axes) -> None:
             )
             if _default_format(axis):
                 axis.set_major_formatter(Thousands())
+
+
+def _crowded(axis, renderer) -> bool:
+    """True when two of the axis's drawn tick labels touch (with 2 px to spare)."""
+    boxes = sorted(
+        (t.get_window_extent(renderer) for t in axis.get_ticklabels() if t.get_text().strip()),
+        key=lambda bb: (bb.x0, bb.y0),
+    )
+    return any(
+        a.x0 < b.x1 + 2 and b.x0 < a.x1 + 2 and a.y0 < b.y1 and b.y0 < a.y1
+        for i, a in enumerate(boxes)
+        for b in boxes[i + 1 :]
+    )
+
+
+def declutter(fig: plt.Figure) -> None:
+    """Fewer ticks on any numeric axis whose labels would touch (a narrow panel, wide labels):
+    the figure is laid out, measured and thinned until no two labels of an axis meet."""
+    for _ in range(MAX_TICKS):
+        fig.canvas.draw()
+        renderer = fig.canvas.get_renderer()
+        crowded = [
+            axis
+            for ax in fig.axes
+            for axis in (ax.xaxis, ax.yaxis)
+            if ax.get_visible() and _crowded(axis, renderer)
+        ]
+        thinned = [axis for axis in crowded if _thin(axis)]
+        if not thinned:
+            return
+
+
+def _thin(axis) -> bool:
+    """One tick fewer on a numeric axis; False when it cannot (categorical or already 2)."""
+    loc = axis.get_major_locator()
+    if isinstance(loc, MaxNLocator) and loc._nbins != "auto" and loc._nbins > 2:
+        loc.set_params(nbins=loc._nbins - 1)
+        return True
+    if isinstance(loc, LogLocator) and loc.numticks > 2:
+        loc.set_params(numticks=loc.numticks - 1)
+        return True
+    return False
 
 
 def _bytes(value: float, _pos: int | None = None) -> str:

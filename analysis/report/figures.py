@@ -20,7 +20,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
 import seaborn as sns  # noqa: E402
 
-from analysis.report.axes import legend_outside, tidy, time_unit  # noqa: E402
+from analysis.report.axes import declutter, legend_outside, tidy, time_unit  # noqa: E402
 
 __all__ = [
     "accuracy_figure",
@@ -49,6 +49,7 @@ MIB = 2**20
 def _uri(fig: plt.Figure) -> str:
     for ax in fig.axes:  # every figure: ≤ 8 ticks with thousands separators per numeric axis
         tidy(ax)
+    declutter(fig)  # and fewer where its labels would still touch
     buf = io.BytesIO()
     none = dict.fromkeys(("Date", "Creator", "Format", "Type"))  # no per-figure metadata block
     fig.savefig(buf, format="svg", bbox_inches="tight", metadata=none)

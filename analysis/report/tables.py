@@ -271,7 +271,8 @@ def all_tables(data: dict[str, Any], out_dir: Path, labels: dict[str, str]) -> d
             columns=SUMMARY_COLS,
             rows=summary_rows(data, labels),
             csv="summary.csv",
-            csv_only=frozenset({"label"}),  # the Run column already shows it (full id: tooltip)
+            # The Run column shows the label (OS included when runs differ by it; full id: tooltip).
+            csv_only=frozenset({"label", "os"}),
         ),
         "phases": Table(id="phases", columns=PHASE_COLS, rows=phase_rows(data), csv="phases.csv"),
         "collectives": Table(

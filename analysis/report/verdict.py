@@ -63,7 +63,7 @@ def _projection(g: dict[str, Any], data: dict[str, Any], runs: dict) -> list[dic
         if at is None:
             continue
         gbps = (p.get("inputs") or {}).get("inter_node_gbps")
-        out = [_seg(f" Projected at {VERDICT_RANKS} ranks" + (f" ({gbps:g} Gb/s between nodes)"
+        out = [_seg(f" Projected at {VERDICT_RANKS} ranks" + (f" over {gbps:g} Gb/s"
                     if gbps else "") + ": "),
                _seg(f"{at['speedup']:.1f}× ({100 * at['scaling_efficiency']:.0f}%)", "#projection")]  # fmt: skip
         if replays:
@@ -81,7 +81,7 @@ def _try(g: dict[str, Any], mem: dict | None, data: dict[str, Any]) -> list[dict
         sig = "significant" if best.get("significant") else "not significant"
         tips.append(f"{best.get('name')} (tune-ddp: {best['speedup_vs_baseline']:.2f}×, {sig})")
     elif g.get("mode") == "ddp":
-        tips.append("make tune-ddp to measure bucket sizes and no_sync")
+        tips.append("make tune-ddp (bucket sizes, no_sync)")
     return [_seg(" Try: "), _seg("; ".join(tips), "#tuning" if best else None), _seg(".")]
 
 
