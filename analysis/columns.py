@@ -238,6 +238,13 @@ SPEEDUP_COLS = [
         std_key="scaling_efficiency_std",
     ),
     C(key="comm_pct_mean", label="Comm share", unit="% of step, mean", kind="num", digits=1),
+    C(
+        key="exposed_comm_pct_mean",
+        label="Exposed comm",
+        unit="% of step, mean",
+        kind="num",
+        digits=1,
+    ),
 ]
 ACCURACY_COLS = [
     C(key="model", label="Model"),
