@@ -78,7 +78,7 @@ def tidy(ax: plt.Axes) -> None:
             base = axis.get_transform().base
             axis.set_major_locator(LogLocator(base=base, numticks=MAX_TICKS))
             if base == 2 and _default_format(axis):  # 1, 4, 16, ... ranks: plain integers
-                axis.set_major_formatter(Thousands())
+                axis.set_major_formatter(FuncFormatter(_power_of_two))
         elif isinstance(locator, MaxNLocator) and axis.get_scale() == "linear":
             integer = bool(locator._integer)  # keep "integer ticks" (world sizes); no getter
             axis.set_major_locator(
@@ -128,6 +128,11 @@ def _thin(axis) -> bool:
         loc.set_params(numticks=loc.numticks - 1)
         return True
     return False
+
+
+def _power_of_two(value: float, _pos: int | None = None) -> str:
+    """A base-2 log tick on its own (1, 16, 1,024; 0.5): never padded to its neighbours' digits."""
+    return f"{value:,.0f}" if value >= 1 else f"{value:g}"
 
 
 def _bytes(value: float, _pos: int | None = None) -> str:

@@ -172,12 +172,14 @@ def projection_context(data: dict[str, Any]) -> dict[str, Any]:
     """Everything the projection partial renders: figures, findings, tables, skipped inputs."""
     projections = data.get("projections") or []
     comm = data.get("comm") or []
+    names = unique_labels(data.get("runs", []))
     return {
         "projections": projections,
         "comm": comm,
         "skipped": data.get("projection_skipped") or [],
         "findings": _findings(projections),
-        "efficiency_figure": efficiency_figure(projections, unique_labels(data.get("runs", []))),
+        "efficiency_figure": efficiency_figure(projections, names),
+        "names": names,  # run id -> short label, for the headings
         "busbw_figure": busbw_figure(comm),
         "goal_pct": REPLAY_GOAL_PCT,
     }

@@ -62,7 +62,10 @@ def _projection(g: dict[str, Any], data: dict[str, Any], runs: dict) -> list[dic
         at = next((x for x in p["predictions"] if x["ranks"] == VERDICT_RANKS), None)
         if at is None:
             continue
-        gbps = (p.get("inputs") or {}).get("inter_node_gbps")
+        inputs = p.get("inputs") or {}
+        # The link between nodes only matters past one node's ranks.
+        across = VERDICT_RANKS > (inputs.get("gpus_per_node") or VERDICT_RANKS)
+        gbps = inputs.get("inter_node_gbps") if across else None
         out = [_seg(f" Projected at {VERDICT_RANKS} ranks" + (f" over {gbps:g} Gb/s"
                     if gbps else "") + ": "),
                _seg(f"{at['speedup']:.1f}× ({100 * at['scaling_efficiency']:.0f}%)", "#projection")]  # fmt: skip
