@@ -23,8 +23,9 @@ VERDICT_RANKS = 8  # the projection the verdict quotes
 MIB = 2**20
 
 
-def _seg(text: str, href: str | None = None) -> dict[str, str | None]:
-    return {"text": text, "href": href}
+def _seg(text: str, href: str | None = None, *, code: bool = False) -> dict[str, Any]:
+    """A piece of a paragraph: linked when `href`, a command or flag (kept on one line) when `code`."""
+    return {"text": text, "href": href, "code": code}
 
 
 def _name(g: dict[str, Any]) -> str:
@@ -76,16 +77,23 @@ def _projection(g: dict[str, Any], data: dict[str, Any], runs: dict) -> list[dic
 
 
 def _try(g: dict[str, Any], mem: dict | None, data: dict[str, Any]) -> list[dict]:
-    tips = []
+    tips: list[list[dict]] = []
     if mem and mem["cause"] == "ddp_buckets_bytes" and mem["diff_bytes"] > 0:
-        tips.append(f"--gradient-as-bucket-view (−{mem['cause_bytes'] / MIB:.2f} MiB)")
+        tips.append([_seg("--gradient-as-bucket-view", code=True),
+                     _seg(f" (−{mem['cause_bytes'] / MIB:.2f} MiB)", "#memory")])  # fmt: skip
     best = next((t.get("best") for t in data.get("tunes") or [] if t.get("best")), None)
     if best and best.get("speedup_vs_baseline"):
         sig = "significant" if best.get("significant") else "not significant"
-        tips.append(f"{best.get('name')} (tune-ddp: {best['speedup_vs_baseline']:.2f}×, {sig})")
+        tips.append([_seg(str(best.get("name")), code=True),
+                     _seg(f" (tune-ddp: {best['speedup_vs_baseline']:.2f}×, {sig})", "#tuning")])  # fmt: skip
     elif g.get("mode") == "ddp":
-        tips.append("make tune-ddp (bucket sizes, no_sync)")
-    return [_seg(" Try: "), _seg("; ".join(tips), "#tuning" if best else None), _seg(".")]
+        tips.append([_seg("make tune-ddp", code=True), _seg(" (bucket sizes, no_sync)")])
+    if not tips:
+        return []
+    out = [_seg(" Try: ")]
+    for i, tip in enumerate(tips):
+        out += ([_seg("; ")] if i else []) + tip
+    return [*out, _seg(".")]
 
 
 def _paragraph(g: dict[str, Any], data: dict[str, Any], runs: dict) -> list[dict]:
