@@ -14,10 +14,10 @@ import pytest
 
 from analysis.errors import AnalysisError
 from analysis.trace.folder import analyze_trace_dir
-from tests.conftest import REPO, SHARED, run_in_repo
+from tests.conftest import DATA, REPO, run_in_repo
 
-PAIR = SHARED / "traces" / "hta" / "trace_filter"
-TB_NCCL = SHARED / "traces" / "tbplugin" / "test_distributed_nccl"
+PAIR = DATA / "hta" / "trace_filter"
+TB_NCCL = DATA / "tbplugin" / "test_distributed_nccl"
 
 
 def cli(*args: str) -> subprocess.CompletedProcess:

@@ -1,4 +1,4 @@
-"""Regression against other tools' own outputs on the same real traces (see ../shared/traces/README.md).
+"""Regression against other tools' own outputs on the same real traces (see tests/data/README.md).
 
 - HTA 0.5.0: comm/comp overlap within 0.5 points, temporal breakdown (idle/compute).
 - torch-tb-profiler 0.4.3: per-worker [computation, overlapping, communication, other] split and
@@ -12,10 +12,10 @@ import shutil
 import pytest
 
 from analysis.trace.folder import analyze_trace_dir
-from tests.conftest import SHARED
+from tests.conftest import DATA
 
-HTA = SHARED / "traces" / "hta"
-TB = SHARED / "traces" / "tbplugin"
+HTA = DATA / "hta"
+TB = DATA / "tbplugin"
 
 
 @pytest.fixture(scope="module")

@@ -6,22 +6,31 @@ from __future__ import annotations
 
 import math
 
+import msgspec
 import pytest
 
-from analysis.runs.compare import compare_runs, workload_key
+from analysis.runs.compare import WORKLOAD_KEY, compare_runs
 from analysis.runs.efficiency import PARTS, attach_efficiency_loss, efficiency_loss_pts
+from analysis.runs.entry import RunEntry
 
 WORKLOAD = {"model": "m", "dataset": "d", "scaling": "strong", "fixed_batch": 64, "amp": "none",
             "device_type": "cpu", "os": "Linux"}  # fmt: skip
 
 
-def _run(run_id: str, mode: str, world: int, sps: float, phases: dict, **extra) -> dict:
-    return {"run_id": run_id, "status": "ok", "mode": mode, "world_size": world, "seed": 0,
-            "global_batch": 64, "samples_per_s": sps, "phases_per_rank_s": [{"rank": 0, **phases}],
-            "exposed_comm_pct": None, "trace": None, **WORKLOAD, **extra}  # fmt: skip
+def _run(run_id: str, mode: str, world: int, sps: float, phases: dict, **extra) -> RunEntry:
+    # Every field the split does not read left empty: the entry as load_run would leave it.
+    blank = {f.name: None for f in msgspec.structs.fields(RunEntry) if f.required}
+    return RunEntry(**{**blank, "run_id": run_id, "status": "ok", "mode": mode,
+                       "world_size": world, "seed": 0, "global_batch": 64, "samples_per_s": sps,
+                       "phases_per_rank_s": [{"rank": 0, **phases}], "exposed_comm_pct": None,
+                       "trace": None, **WORKLOAD, **extra})  # fmt: skip
 
 
-def hand_built() -> tuple[dict, dict, dict]:
+def _key(run: RunEntry) -> tuple:
+    return tuple(getattr(run, k) for k in WORKLOAD_KEY)
+
+
+def hand_built() -> tuple[RunEntry, RunEntry, RunEntry]:
     # Single: 1 s per step of 64 samples; data 0.1, forward 0.3, backward 0.5, optimizer 0.1.
     single = _run(
         "single",
@@ -61,14 +70,14 @@ def hand_built() -> tuple[dict, dict, dict]:
     )  # 12.5 ms per step
     # fmt: skip
     for run in (single, ddp1, ddp2):
-        run["scaling_efficiency"] = run["samples_per_s"] / 64.0 / run["world_size"]
-        run["baseline_run_id"] = "single"
+        run.scaling_efficiency = run.samples_per_s / 64.0 / run.world_size
+        run.baseline_run_id = "single"
     return single, ddp1, ddp2
 
 
 def test_hand_built_split_recovers_every_known_part():
     single, ddp1, ddp2 = hand_built()
-    assert ddp2["scaling_efficiency"] == pytest.approx(0.8)
+    assert ddp2.scaling_efficiency == pytest.approx(0.8)
     parts = efficiency_loss_pts(ddp2, single, ddp1)
     # Each part's seconds ÷ the 0.625 s step, in points.
     want = {"exposed_comm": 6.0, "stragglers": 2.0, "data": 2.0, "ddp_overhead": 4.0,
@@ -87,20 +96,20 @@ def test_without_a_one_rank_ddp_run_its_cost_stays_in_contention():
 
 def test_group_split_is_the_mean_and_sums_to_the_group_loss():
     single, ddp1, ddp2 = hand_built()
-    other = {**ddp2, "run_id": "ddp2b", "seed": 1, "samples_per_s": 64 / 0.7,
-             "scaling_efficiency": 64 / 0.7 / 64 / 2}  # fmt: skip
+    other = msgspec.structs.replace(ddp2, run_id="ddp2b", seed=1, samples_per_s=64 / 0.7,
+                                    scaling_efficiency=64 / 0.7 / 64 / 2)  # fmt: skip
     runs = [single, ddp1, ddp2, other]
     groups = [{"mode": "ddp", "world_size": 2, "run_ids": ["ddp2", "ddp2b"],
-               "scaling_efficiency_mean": (ddp2["scaling_efficiency"] + other["scaling_efficiency"]) / 2},
+               "scaling_efficiency_mean": (ddp2.scaling_efficiency + other.scaling_efficiency) / 2},
               {"mode": "single", "world_size": 1, "run_ids": ["single"],
                "scaling_efficiency_mean": 1.0}]  # fmt: skip
-    attach_efficiency_loss(runs, groups, workload_key)
+    attach_efficiency_loss(runs, groups, _key)
     g = groups[0]["efficiency_loss_pts"]
     assert set(g) == set(PARTS) and groups[1]["efficiency_loss_pts"] is None
     assert sum(g.values()) == pytest.approx(100 * (1 - groups[0]["scaling_efficiency_mean"]))
-    a, b = ddp2["efficiency_loss_pts"], other["efficiency_loss_pts"]
+    a, b = ddp2.efficiency_loss_pts, other.efficiency_loss_pts
     assert g["exposed_comm"] == pytest.approx((a["exposed_comm"] + b["exposed_comm"]) / 2)
-    assert ddp1["efficiency_loss_pts"] is None  # one rank: nothing to split
+    assert ddp1.efficiency_loss_pts is None  # one rank: nothing to split
 
 
 def test_real_runs_parts_sum_exactly_to_the_measured_loss(single_mlp_run, ddp_mlp_run):

@@ -14,9 +14,9 @@ from analysis.errors import AnalysisError
 from analysis.trace.folder import analyze_trace_dir
 from analysis.trace.shard import analyze_shard, merge_parts, parse_shard
 from bench.analysis import build_trace_set
-from tests.conftest import REPO, SHARED
+from tests.conftest import DATA, REPO
 
-TRACE_FILTER = SHARED / "traces" / "hta" / "trace_filter"
+TRACE_FILTER = DATA / "hta" / "trace_filter"
 
 
 def cli(*args: str) -> subprocess.CompletedProcess:
@@ -105,12 +105,17 @@ def test_mismatched_parts_are_refused_naming_the_files(tmp_path):
     stale.write_text(json.dumps(old))
     not_part = tmp_path / "traces.json"  # a traces JSON, not a part
     not_part.write_text(json.dumps({"schema_version": 1, "ranks": []}))
+    broken = json.loads(pa[1].read_text())
+    del broken["summaries"][0]["instances"]  # a hand-edited part: not a rank summary any more
+    cut = tmp_path / "cut.json"
+    cut.write_text(json.dumps(broken))
     cases = {
         "trace folder": [pa[0], pb[1]],
         "missing shards 1 of 2": [pa[0]],
         "overlapping parts: shard 0": [pa[0], pa[0], pa[1]],
         "schema version": [pa[0], stale],
         "is not a traces part": [pa[0], not_part],
+        "broken rank summary": [pa[0], cut],
     }
     for what, paths in cases.items():
         with pytest.raises(AnalysisError) as err:

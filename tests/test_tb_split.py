@@ -2,7 +2,7 @@
 
 tb-profiler's own parser (RunProfileData, and DistributedRunGenerator for the Distributed view's
 per-worker "all" row) is the reference: on a real dpscope DDP trace (whose StepTimer ranges
-tb-profiler drops), on other tools' traces in ../shared/traces, and on small hand-built traces
+tb-profiler drops), on other tools' traces in tests/data, and on small hand-built traces
 that each exercise one of its rules (docs/analysis.md §4a). tb-profiler shows whole µs (it
 truncates the per-step mean), so hand-built and shared traces must agree to under 1 µs.
 """
@@ -17,7 +17,7 @@ from torch_tb_profiler.profiler.data import DistributedRunProfileData, RunProfil
 from torch_tb_profiler.profiler.run_generator import DistributedRunGenerator
 
 from analysis.trace.folder import analyze_trace_dir
-from tests.conftest import SHARED
+from tests.conftest import DATA
 
 PARTS = ("computation", "overlapping", "communication", "other")
 
@@ -63,7 +63,7 @@ def test_dpscope_ddp_trace_matches_tb_profiler(ddp_mlp_run: Path, tmp_path: Path
     ],
 )
 def test_other_tools_traces_match_tb_profiler(case: str, tmp_path: Path):
-    src = SHARED / "traces" / case
+    src = DATA / case
     ref, got = tb_profiler_split(src, tmp_path), dpscope_split(src)
     for name, expected in ref.items():
         assert got[name] == pytest.approx(expected, abs=1.0), (case, name)

@@ -1,0 +1,206 @@
+"""The house rules (docs/architecture.md), checked by parsing every first-party import.
+
+Imports inside functions count as much as those at the top (a lazy import that dodges a cycle is
+still a cycle); imports under `if TYPE_CHECKING:` don't, since they never run. Rules:
+
+- no cycle between first-party modules;
+- analysis/ never imports torch or workloads/ (it must run on a machine without torch);
+- profiler/ imports neither workloads/ nor analysis/ (it sits below both);
+- workloads/ imports analysis/ only from workloads/tools/ (tools read finished run folders).
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+FIRST_PARTY = ("analysis", "bench", "profiler", "workloads")
+
+
+def _module_name(path: Path, root: Path) -> str:
+    parts = list(path.relative_to(root).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def _is_type_checking(node: ast.If) -> bool:
+    test = node.test
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
+    )
+
+
+def _imports(tree: ast.AST, package: str) -> list[tuple[str, list[str]]]:
+    """(module, names) for every executed import; relative imports resolved against `package`."""
+    found: list[tuple[str, list[str]]] = []
+
+    def visit(node: ast.AST) -> None:
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, ast.If) and _is_type_checking(child):
+                for other in child.orelse:
+                    visit(other)
+                continue
+            if isinstance(child, ast.Import):
+                found.extend((alias.name, []) for alias in child.names)
+            elif isinstance(child, ast.ImportFrom):
+                base = child.module or ""
+                if child.level:
+                    anchor = package.split(".")[: len(package.split(".")) - child.level + 1]
+                    base = ".".join([*anchor, base] if base else anchor)
+                found.append((base, [alias.name for alias in child.names]))
+            visit(child)
+
+    visit(tree)
+    return found
+
+
+def import_graph(root: Path) -> dict[str, set[str]]:
+    """First-party module -> the first-party modules it imports (`from pkg import mod` -> pkg.mod)."""
+    files = {
+        _module_name(p, root): p
+        for top in FIRST_PARTY
+        if (root / top).is_dir()
+        for p in (root / top).rglob("*.py")
+    }
+    graph: dict[str, set[str]] = {}
+    for name, path in files.items():
+        package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+        edges: set[str] = set()
+        for module, names in _imports(ast.parse(path.read_text(), str(path)), package):
+            if module.split(".")[0] not in FIRST_PARTY:
+                continue
+            subs = [f"{module}.{n}" for n in names if f"{module}.{n}" in files]
+            edges.update(subs or [module])
+        graph[name] = edges - {name}
+    return graph
+
+
+def external_imports(root: Path, top: str) -> dict[str, set[str]]:
+    """Module -> the top-level names of everything it imports (first-party or not)."""
+    out: dict[str, set[str]] = {}
+    for path in (root / top).rglob("*.py"):
+        name = _module_name(path, root)
+        package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+        tree = ast.parse(path.read_text(), str(path))
+        out[name] = {module.split(".")[0] for module, _ in _imports(tree, package) if module}
+    return out
+
+
+def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    """One import cycle as a path [a, b, ..., a], or None (iterative DFS, three colours)."""
+    state: dict[str, int] = {}
+    for start in sorted(graph):
+        if state.get(start):
+            continue
+        stack: list[tuple[str, list[str]]] = [(start, sorted(graph.get(start, ())))]
+        path = [start]
+        state[start] = 1
+        while stack:
+            node, todo = stack[-1]
+            if not todo:
+                state[node] = 2
+                stack.pop()
+                path.pop()
+                continue
+            nxt = todo.pop()
+            if state.get(nxt) == 1:
+                return [*path[path.index(nxt) :], nxt]
+            if not state.get(nxt) and nxt in graph:
+                state[nxt] = 1
+                path.append(nxt)
+                stack.append((nxt, sorted(graph[nxt])))
+    return None
+
+
+def test_no_first_party_import_cycle():
+    cycle = find_cycle(import_graph(REPO))
+    assert cycle is None, "import cycle: " + " -> ".join(cycle or [])
+
+
+def _violations(graph: dict[str, set[str]], source: str, forbidden: tuple[str, ...]) -> list[str]:
+    return sorted(
+        f"{mod} imports {dep}"
+        for mod, deps in graph.items()
+        if mod == source or mod.startswith(source + ".")
+        for dep in deps
+        if dep.split(".")[0] in forbidden
+    )
+
+
+def test_analysis_imports_neither_torch_nor_workloads():
+    bad = [
+        f"{mod} imports {dep}"
+        for mod, deps in external_imports(REPO, "analysis").items()
+        for dep in sorted(deps & {"torch", "torchvision", "workloads"})
+    ]
+    assert not bad, bad
+
+
+def test_profiler_sits_below_workloads_and_analysis():
+    assert not _violations(import_graph(REPO), "profiler", ("workloads", "analysis"))
+
+
+def test_workloads_import_analysis_only_from_tools():
+    bad = [
+        v
+        for v in _violations(import_graph(REPO), "workloads", ("analysis",))
+        if not v.startswith("workloads.tools")
+    ]
+    assert not bad, bad
+
+
+# The checker itself, on packages built here, so the rules above can fail.
+def _write(root: Path, files: dict[str, str]) -> Path:
+    for rel, text in files.items():
+        path = root / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+    return root
+
+
+def test_checker_finds_a_cycle_hidden_in_a_function(tmp_path):
+    root = _write(
+        tmp_path,
+        {
+            "analysis/__init__.py": "",
+            "analysis/a.py": "from analysis import b\n",
+            "analysis/b.py": "def f():\n    from analysis.a import x\n",
+            "analysis/c.py": "from typing import TYPE_CHECKING\n"
+            "if TYPE_CHECKING:\n    from analysis.a import y\n",
+        },
+    )
+    graph = import_graph(root)
+    assert graph["analysis.c"] == set()  # type-checking imports never run
+    assert find_cycle(graph) in (
+        ["analysis.a", "analysis.b", "analysis.a"],
+        ["analysis.b", "analysis.a", "analysis.b"],
+    )
+
+
+@pytest.mark.parametrize(
+    ("source", "text", "rule"),
+    [
+        ("analysis/x.py", "import torch\n", "torch"),
+        ("analysis/x.py", "def f():\n    from workloads.plan import plan\n", "workloads"),
+        ("profiler/x.py", "from analysis import errors\n", "analysis"),
+    ],
+)
+def test_checker_sees_forbidden_imports(tmp_path, source, text, rule):
+    root = _write(
+        tmp_path,
+        {
+            "analysis/__init__.py": "",
+            "analysis/errors.py": "",
+            "profiler/__init__.py": "",
+            "workloads/__init__.py": "",
+            "workloads/plan.py": "",
+            source: text,
+        },
+    )
+    top = source.split("/")[0]
+    found = external_imports(root, top)[source.removesuffix(".py").replace("/", ".")]
+    assert rule in found
