@@ -140,19 +140,20 @@ SUMMARY_COLS = [
 PHASE_COLS = [
     C(key="run_id", label="Run"),
     C(key="rank", label="Rank", kind="int"),
-    C(key="data_s", label="Data wait", unit="s/step", kind="num", digits=4),
-    C(key="forward_s", label="Forward", unit="s/step", kind="num", digits=4),
+    C(key="data_s", label="Data wait", unit="ms/step", kind="num", digits=1, scale=1e3),
+    C(key="forward_s", label="Forward", unit="ms/step", kind="num", digits=1, scale=1e3),
     C(
         key="backward_compute_s",
         label="Backward (excl. exposed comm)",
-        unit="s/step",
+        unit="ms/step",
         kind="num",
-        digits=4,
+        digits=1,
+        scale=1e3,
     ),
-    C(key="exposed_comm_s", label="Exposed comm", unit="s/step", kind="num", digits=4),
-    C(key="optimizer_s", label="Optimizer", unit="s/step", kind="num", digits=4),
-    C(key="other_s", label="Other", unit="s/step", kind="num", digits=4),
-    C(key="step_time_s", label="Step", unit="s/step", kind="num", digits=4),
+    C(key="exposed_comm_s", label="Exposed comm", unit="ms/step", kind="num", digits=1, scale=1e3),
+    C(key="optimizer_s", label="Optimizer", unit="ms/step", kind="num", digits=1, scale=1e3),
+    C(key="other_s", label="Other", unit="ms/step", kind="num", digits=1, scale=1e3),
+    C(key="step_time_s", label="Step", unit="ms/step", kind="num", digits=1, scale=1e3),
 ]
 COLLECTIVE_COLS = [
     C(key="run_id", label="Run"),
@@ -160,7 +161,7 @@ COLLECTIVE_COLS = [
     C(key="calls", label="Calls", unit="count", kind="int"),
     C(key="bytes_total", label="Bytes total", unit="MB", kind="bytes"),
     C(key="bytes_avg", label="Bytes per call", unit="MB", kind="bytes"),
-    C(key="latency_us_avg", label="Latency per call", unit="µs", kind="num", digits=1),
+    C(key="latency_us_avg", label="Latency per call", unit="ms", kind="num", digits=3, scale=1e-3),
     ms_of_us(key="latency_us_total", label="Latency total", unit="ms"),
     ms_of_us(key="transfer_us_total", label="Transfer", unit="ms"),
     ms_of_us(key="sync_us_total", label="Sync wait", unit="ms"),
@@ -188,14 +189,8 @@ OVERLAP_COLS = [
 STRAGGLER_COLS = [
     C(key="run_id", label="Run"),
     C(key="rank", label="Rank", kind="int"),
-    C(
-        key="start_skew_us_mean",
-        label="Collective start skew, mean",
-        unit="µs",
-        kind="num",
-        digits=1,
-    ),
-    C(key="start_skew_us_max", label="Collective start skew, max", unit="µs", kind="num", digits=1),
+    ms_of_us(key="start_skew_us_mean", label="Collective start skew, mean", unit="ms"),
+    ms_of_us(key="start_skew_us_max", label="Collective start skew, max", unit="ms"),
     C(key="straggler_score", label="Straggler score", unit="ratio", kind="num"),
     C(key="spread_pct", label="Step-time spread over ranks", unit="%", kind="num", digits=1),
 ]
@@ -253,6 +248,13 @@ SPEEDUP_COLS = [
         std_key="scaling_efficiency_std",
     ),
     C(key="comm_pct_mean", label="Comm share", unit="% of step, mean", kind="num", digits=1),
+    C(
+        key="exposed_comm_pct_mean",
+        label="Exposed comm",
+        unit="% of step, mean",
+        kind="num",
+        digits=1,
+    ),
 ]
 ACCURACY_COLS = [
     C(key="model", label="Model"),
@@ -382,4 +384,16 @@ HEADLINE_COLS = [
     ),
     mib(key="peak_memory_bytes", label="Peak memory / device"),
     C(key="top1_pct_mean", label="Top-1", unit="%, mean ± std", kind="pm", std_key="top1_pct_std"),
+]
+# Where the efficiency went (analysis.runs.efficiency): one row per DDP group with a baseline.
+EFFICIENCY_LOSS_COLS = [
+    C(key="group", label="Group"),
+    C(key="scaling_efficiency_mean", label="Efficiency", unit="%", kind="frac_pct"),
+    C(key="loss_pts", label="Lost", unit="points", kind="num", digits=1),
+    C(key="exposed_comm", label="Exposed comm", unit="pts", kind="num", digits=1),
+    C(key="stragglers", label="Waiting for slowest rank", unit="pts", kind="num", digits=1),
+    C(key="data", label="Data loading", unit="pts", kind="num", digits=1),
+    C(key="ddp_overhead", label="DDP overhead", unit="pts", kind="num", digits=1),
+    C(key="contention", label="Compute contention", unit="pts", kind="num", digits=1),
+    C(key="residual", label="Residual", unit="pts", kind="num", digits=1),
 ]

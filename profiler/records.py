@@ -78,6 +78,18 @@ class Config(msgspec.Struct):
     script: str | None = None
 
 
+class HostLoad(msgspec.Struct):
+    """env.host_load (optional): how busy the machine was while the run measured its steps."""
+
+    load_avg_1m_start: Annotated[float, msgspec.Meta(ge=0)] | None = None
+    load_avg_1m_end: Annotated[float, msgspec.Meta(ge=0)] | None = None
+    # cores' worth of CPU used by other processes during the measured steps
+    other_cpu_cores_mean: Annotated[float, msgspec.Meta(ge=0)] | None = None
+    steal_pct: Pct | None = None
+    cores: Count | None = None
+    own_threads: Count | None = None
+
+
 class Env(msgspec.Struct):
     os: str | None = None
     hostname: str | None = None
@@ -90,6 +102,7 @@ class Env(msgspec.Struct):
     cpu_model: str | None = None
     cpu_cores: Count | None = None
     threads_per_rank: Annotated[int, msgspec.Meta(ge=1)] | None = None
+    host_load: HostLoad | None = None
 
 
 class StepTime(msgspec.Struct):

@@ -51,6 +51,13 @@ def test_hundred_run_sweep_report_stays_readable(single_mlp_run, ddp_mlp_run, tm
     groups = {(g["os"], g["mode"], g["backend"], g["world_size"]) for g in summary["groups"]}
     assert len(groups) == 2 * (1 + 2 * 3)
     assert all(g["n_seeds"] == 5 for g in summary["groups"])
+    # Issue 27: every DDP group's efficiency-loss split sums exactly to its measured loss.
+    split = [g for g in summary["groups"] if g["efficiency_loss_pts"]]
+    assert len(split) == 2 * 2 * 3  # per platform: gloo and nccl at 2, 4 and 8 ranks
+    for g in split:
+        total = sum(v or 0.0 for v in g["efficiency_loss_pts"].values())
+        assert abs(total - 100 * (1 - g["scaling_efficiency_mean"])) < 1e-9, g["run_ids"][0]
+    assert html.count('<p class="verdict"') == 2  # one paragraph per platform's workload
     headline = (big.index_html.parent / "headline.csv").read_text().splitlines()
     assert len(headline) == 1 + len(groups)
     # 30 skipped runs fold into one line with their count; a finding names at most 4 runs.

@@ -27,6 +27,7 @@ from analysis.jsonsafe import DISPLAY_CHARS, clip
 from analysis.outputs import check_report_out
 from analysis.report import figures, memory_section
 from analysis.report.findings import THRESHOLDS, findings
+from analysis.report.loss import loss_context
 from analysis.report.ops import ops_context
 from analysis.report.projection import projection_context
 from analysis.report.scaling import (
@@ -41,6 +42,7 @@ from analysis.report.scaling import (
 )
 from analysis.report.tables import Table, all_tables, fmt, unique_labels
 from analysis.report.tune import tune_sections
+from analysis.report.verdict import verdict
 from analysis.runs.compare import WORKLOAD_KEY, compare_runs
 
 __all__ = ["ReportError", "ReportFiles", "build_report", "write_report"]
@@ -287,6 +289,8 @@ def write_report(data: dict[str, Any], out_dir: Path, *, progress: bool = True) 
     memory = memory_section.context(data, labels, first_of_groups(data) if many else None)
     tables["memory_breakdown"] = memory["table"]
     found = findings(data) + memory["findings"]
+    loss = loss_context(data)
+    tables["efficiency_loss"] = loss["table"]
     figs = _figures(data, tables, labels, progress)
     summary = _json_safe(
         {**full, "findings": [f.to_dict() for f in found], "thresholds": THRESHOLDS}
@@ -299,6 +303,8 @@ def write_report(data: dict[str, Any], out_dir: Path, *, progress: bool = True) 
             tables=tables,
             labels=labels,
             findings=found,
+            verdict=verdict(data),
+            loss=loss,
             figures=figs,
             scaling_figures=scaling_figures(scaling_frame(data)),
             skipped_reasons=skipped_by_reason(data),

@@ -1,7 +1,8 @@
 """Seaborn figures for the report, each returned as a `data:image/svg+xml;base64,...` URI.
 
 An SVG inside `<img>` is inert (no scripts, no shared ids between figures), stays sharp at any
-width, and needs no network; text is drawn as paths so no font is fetched. Each function returns
+width, and needs no network; its text uses the viewer's local sans-serif fonts (nothing is fetched:
+the page's CSP blocks it). Each function returns
 None when it has nothing to draw, and the page then says so instead of showing an empty plot.
 """
 
@@ -19,6 +20,8 @@ import matplotlib.pyplot as plt  # noqa: E402
 import pandas as pd  # noqa: E402
 import seaborn as sns  # noqa: E402
 
+from analysis.report.axes import declutter, legend_outside, tidy, time_unit  # noqa: E402
+
 __all__ = [
     "accuracy_figure",
     "comm_figure",
@@ -31,13 +34,25 @@ __all__ = [
 ]
 
 _COORD = re.compile(rb"(?<![\d.])(\d{2,}\.\d)\d+")
-RC = {"svg.fonttype": "path", "svg.hashsalt": "dpscope", "figure.dpi": 100}
+# Text stays <text> (a third of the page weight of glyph paths, and tests can measure the labels
+# in a browser). DejaVu Sans first: matplotlib lays the labels out with it and the browser draws
+# them with it where installed; the fallbacks are narrower, so labels never grow into each other.
+RC = {
+    "svg.fonttype": "none",
+    "svg.hashsalt": "dpscope",
+    "figure.dpi": 100,
+    "font.sans-serif": ["DejaVu Sans", "Liberation Sans", "Arial", "Helvetica"],
+}
 MIB = 2**20
 
 
 def _uri(fig: plt.Figure) -> str:
+    for ax in fig.axes:  # every figure: ≤ 8 ticks with thousands separators per numeric axis
+        tidy(ax)
+    declutter(fig)  # and fewer where its labels would still touch
     buf = io.BytesIO()
-    fig.savefig(buf, format="svg", bbox_inches="tight", metadata={"Date": None})
+    none = dict.fromkeys(("Date", "Creator", "Format", "Type"))  # no per-figure metadata block
+    fig.savefig(buf, format="svg", bbox_inches="tight", metadata=none)
     plt.close(fig)
     # Coordinates of 10 px and more keep one decimal (0.1 px cannot be seen); small numbers (glyph
     # scales, opacities) stay exact. A 100-run report's figures are about a fifth lighter.
@@ -83,7 +98,7 @@ def summary_figure(runs: pd.DataFrame, *, by_group: bool = False) -> str | None:
         data=df, x="samples_per_s", y=y, hue="mode", dodge=False, errorbar="sd", capsize=0.2, ax=ax
     )
     ax.set(xlabel="throughput (samples/s)", ylabel="")
-    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), title="mode")
+    legend_outside(ax, title="mode")
     return _uri(fig)
 
 
@@ -104,7 +119,9 @@ def speedup_figure(runs: pd.DataFrame) -> str | None:
     a2.set(xlabel="world size (ranks)", ylabel="speedup vs single (×)", title="Speedup")
     for ax in (a1, a2):
         ax.xaxis.get_major_locator().set_params(integer=True)
-        ax.legend(fontsize=8)
+        if ax.get_legend() is not None:
+            ax.get_legend().remove()
+    legend_outside(a2)  # one legend for both panels (a2 also has the ideal line), beside them
     fig.tight_layout()
     return _uri(fig)
 
@@ -120,17 +137,19 @@ PHASES = [
 
 
 def phases_figure(phases: pd.DataFrame) -> str | None:
-    """Stacked per-step time (ms) per run and rank."""
+    """Stacked per-step time per run and rank, in µs, ms or s by magnitude."""
     if _themed(phases) is None:
         return None
-    df = phases.set_index("bar")[[k for k, _ in PHASES]].fillna(0.0) * 1e3
+    df = phases.set_index("bar")[[k for k, _ in PHASES]].fillna(0.0) * 1e6  # µs
+    unit, per = time_unit(float(df.sum(axis=1).max()))
+    df = df / per
     df.columns = [name for _, name in PHASES]
     fig, ax = plt.subplots(figsize=(9, _height(len(df))))
     df.iloc[::-1].plot.barh(
         stacked=True, ax=ax, color=sns.color_palette("deep", len(PHASES)), width=0.7
     )
-    ax.set(xlabel="time per step (ms)", ylabel="")
-    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    ax.set(xlabel=f"time per step ({unit})", ylabel="")
+    legend_outside(ax)
     return _uri(fig)
 
 
@@ -164,7 +183,7 @@ def comm_figure(overlap: pd.DataFrame, collectives: pd.DataFrame) -> str | None:
             colors, title, xlabel = (
                 sns.color_palette("muted", 4),
                 "tb-profiler split per rank (tb-profiler's rules, not dpscope's)",
-                "per-step time (µs)",
+                "per-step time",
             )
         else:
             df = collectives.set_index("bar")[["transfer_us_total", "sync_us_total"]].fillna(0.0)
@@ -172,11 +191,12 @@ def comm_figure(overlap: pd.DataFrame, collectives: pd.DataFrame) -> str | None:
             colors, title, xlabel = (
                 sns.color_palette("pastel", 2),
                 "Collectives: sync wait vs transfer",
-                "total time (µs)",
+                "total time",
             )
-        df.iloc[::-1].plot.barh(stacked=True, ax=ax, color=colors, width=0.7)
-        ax.set(xlabel=xlabel, ylabel="", title=title)
-        ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+        unit, per = time_unit(float(df.sum(axis=1).max()))  # the frames hold µs
+        (df / per).iloc[::-1].plot.barh(stacked=True, ax=ax, color=colors, width=0.7)
+        ax.set(xlabel=f"{xlabel} ({unit})", ylabel="", title=title)
+        legend_outside(ax)
     fig.tight_layout()
     return _uri(fig)
 
@@ -201,7 +221,7 @@ def memory_figure(memory: pd.DataFrame) -> str | None:
     )
     sns.barplot(data=long, x="MiB", y="bar", hue="metric", ax=ax)
     ax.set(xlabel="memory (MiB)", ylabel="")
-    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    legend_outside(ax)
     return _uri(fig)
 
 
@@ -240,17 +260,19 @@ def environment_figure(runs: pd.DataFrame) -> str | None:
     fig, ax = plt.subplots(figsize=(8, 3.6))
     sns.barplot(data=df, x="os", y="samples_per_s", hue="series", errorbar="sd", ax=ax)
     ax.set(xlabel="platform", ylabel="throughput (samples/s)")
-    ax.legend(fontsize=8)
+    legend_outside(ax)
     return _uri(fig)
 
 
 def step_times_figure(steps: pd.DataFrame) -> str | None:
-    """Per-step time (ms) of every profiled step, one line per run and rank, from the traces."""
+    """Time of every profiled step (µs, ms or s by magnitude), one line per run and rank."""
     if _themed(steps) is None:
         return None
+    unit, per = time_unit(float(steps["step_time_ms"].max()) * 1e3)
+    steps = steps.assign(step_time=steps["step_time_ms"] * 1e3 / per)
     fig, ax = plt.subplots(figsize=(9, 3.8))
-    sns.lineplot(data=steps, x="step", y="step_time_ms", hue="bar", marker="o", ax=ax)
-    ax.set(xlabel="profiler step", ylabel="step time (ms)")
+    sns.lineplot(data=steps, x="step", y="step_time", hue="bar", marker="o", ax=ax)
+    ax.set(xlabel="profiler step", ylabel=f"step time ({unit})")
     ax.xaxis.get_major_locator().set_params(integer=True)
-    ax.legend(fontsize=8)
+    legend_outside(ax)
     return _uri(fig)

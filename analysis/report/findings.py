@@ -25,6 +25,10 @@ THRESHOLDS = {
     "memory_imbalance_pct": 10.0,  # runs JSON memory_imbalance_pct: (max / min − 1) × 100
     "accuracy_drop_pp": 1.0,  # top-1 drop vs single, in percentage points
     "backend_ratio": 1.05,  # throughput ratio between backends below this is noise
+    # env.host_load: a run is "busy" when other processes used more than this share of the cores
+    # (other_cpu_cores_mean > frac × cores) while it measured; the verdict then says so.
+    "busy_other_cores_frac": 0.5,
+    "few_measured_steps": 8,  # fewer unprofiled measured steps than this: throughput is noisy
 }
 
 NAMES = {"single": "Single", "dp": "DP", "ddp": "DDP"}

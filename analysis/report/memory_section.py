@@ -190,22 +190,33 @@ def _same_workload(a: dict[str, Any], b: dict[str, Any]) -> bool:
     return workload_key(a) == workload_key(b)
 
 
-def _vs_single(run: dict[str, Any], single: dict[str, Any]) -> Finding | None:
-    """DDP vs single: the per-rank static difference and the category that makes it."""
+def static_difference(run: dict[str, Any], single: dict[str, Any]) -> dict[str, Any] | None:
+    """Per-rank static memory of `run` less `single`'s (bytes, means over ranks), and the category
+    that makes most of it (`cause`, `cause_bytes`); None without both breakdowns."""
     mine, base = run.get("memory_breakdown") or [], single.get("memory_breakdown") or []
     total, ref = _mean(mine, "static_total_bytes"), _mean(base, "static_total_bytes")
     grads = _mean(base, "gradients_bytes")
     if total is None or ref is None or not grads:
         return None
-    diff = total - ref
+    parts = {k: (_mean(mine, k) or 0) - (_mean(base, k) or 0) for k in STATIC}
+    cause = max(parts, key=lambda k: abs(parts[k]))
+    return {"total": total, "ref": ref, "grads": grads, "diff_bytes": total - ref,
+            "cause": cause, "cause_bytes": parts[cause],
+            "buckets": _mean(mine, "ddp_buckets_bytes")}  # fmt: skip
+
+
+def _vs_single(run: dict[str, Any], single: dict[str, Any]) -> Finding | None:
+    """DDP vs single: the per-rank static difference and the category that makes it."""
+    if (d := static_difference(run, single)) is None:
+        return None
+    total, ref, grads, diff = d["total"], d["ref"], d["grads"], d["diff_bytes"]
     name = _name(run)
     if abs(diff) < 0.01 * ref:
-        view = run.get("mode") == "ddp" and _mean(mine, "ddp_buckets_bytes") == 0
+        view = run.get("mode") == "ddp" and d["buckets"] == 0
         why = " (gradient-as-bucket-view: the gradients are views of DDP's buckets)" if view else ""
         text = f"{name} holds the same static memory per rank as Single ({_mib(total)}){why}."
         return Finding(rule="memory_breakdown", severity="good", text=text, run_ids=[run["run_id"]])
-    parts = {k: (_mean(mine, k) or 0) - (_mean(base, k) or 0) for k in STATIC}
-    cause = max(parts, key=lambda k: abs(parts[k]))
+    cause = d["cause"]
     because = {
         "ddp_buckets_bytes": "DDP's gradient buckets",
         "optimizer_state_bytes": "optimizer state",
@@ -217,7 +228,7 @@ def _vs_single(run: dict[str, Any], single: dict[str, Any]) -> Finding | None:
     text = (
         f"{name} holds {_mib(abs(diff))} ({abs(diff) / grads:.1f}× gradients) "
         f"{'more' if diff > 0 else 'less'} static memory per rank than Single: {because} "
-        f"({_mib(parts[cause])}){hint}."
+        f"({_mib(d['cause_bytes'])}){hint}."
     )
     return Finding(
         rule="memory_breakdown",

@@ -14,19 +14,25 @@ import pandas as pd
 import seaborn as sns
 
 from analysis.project.runs import FINDING_RANKS
+from analysis.report.axes import bytes_axis, legend_outside
 from analysis.report.figures import _theme, _uri
+from analysis.report.tables import unique_labels
 
 __all__ = ["REPLAY_GOAL_PCT", "projection_context"]
 
 REPLAY_GOAL_PCT = 10.0  # the issue's target for replay and measured errors
 
 
-def _label(p: dict) -> str:
-    return f"{p['run_id']} · {p['backend']} (comm {p['comm_run_id']})"
+def efficiency_figure(projections: list[dict], names: dict[str, str]) -> str | None:
+    """Projected efficiency (%) vs world size per projection; measured DDP runs as points.
+    `names`: run id -> the report's short label (figures never show a full run id)."""
 
+    def _label(p: dict) -> str:
+        comm = p["comm_run_id"]
+        return (
+            f"{names.get(p['run_id'], p['run_id'])} · {p['backend']} (comm {names.get(comm, comm)})"
+        )
 
-def efficiency_figure(projections: list[dict]) -> str | None:
-    """Projected efficiency (%) vs world size per projection; measured DDP runs as points."""
     rows = [
         {"label": _label(p), "ranks": x["ranks"], "eff": 100 * x["scaling_efficiency"]}
         for p in projections
@@ -50,15 +56,19 @@ def efficiency_figure(projections: list[dict]) -> str | None:
                 s=90,
                 zorder=5,
                 color=palette[_label(p)],
-                label=f"measured {m['run_id']} (projection error {m['error_pct']:+.0f}%)",
+                label=f"measured {names.get(m['run_id'], m['run_id'])} "
+                f"(projection error {m['error_pct']:+.0f}%)",
             )
     replays = [r for p in projections for r in p.get("replays", [])]
     if replays:
-        text = "; ".join(f"{r['run_id']} n={r['ranks']}: {r['error_pct']:+.1f}%" for r in replays)
+        text = "; ".join(
+            f"{names.get(r['run_id'], r['run_id'])} n={r['ranks']}: {r['error_pct']:+.1f}%"
+            for r in replays
+        )
         ax.set_title(f"replay error: {text}", fontsize=9)
     ax.set_xscale("log", base=2)
     ax.set(xlabel="world size (ranks, log scale)", ylabel="scaling efficiency (%)", ylim=(0, 110))
-    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    legend_outside(ax)
     return _uri(fig)
 
 
@@ -87,9 +97,12 @@ def busbw_figure(comm: list[dict]) -> str | None:
         ax.set(
             xlabel="message size (bytes, log scale)",
             ylabel="busbw (GB/s, 1e9 B)",
-            title=f"{c['backend']}, n={c['world_size']} ({c['run_id']})" + _gap_note(c),
+            title=f"{c['backend']}, n={c['world_size']}" + _gap_note(c),
         )
-        ax.legend(fontsize=7)
+        bytes_axis(ax.xaxis)
+        if ax.get_legend() is not None:
+            ax.get_legend().remove()
+    legend_outside(axes[0, -1])  # the collectives' colours are the same in every panel
     fig.tight_layout()
     return _uri(fig)
 
@@ -159,12 +172,14 @@ def projection_context(data: dict[str, Any]) -> dict[str, Any]:
     """Everything the projection partial renders: figures, findings, tables, skipped inputs."""
     projections = data.get("projections") or []
     comm = data.get("comm") or []
+    names = unique_labels(data.get("runs", []))
     return {
         "projections": projections,
         "comm": comm,
         "skipped": data.get("projection_skipped") or [],
         "findings": _findings(projections),
-        "efficiency_figure": efficiency_figure(projections),
+        "efficiency_figure": efficiency_figure(projections, names),
+        "names": names,  # run id -> short label, for the headings
         "busbw_figure": busbw_figure(comm),
         "goal_pct": REPLAY_GOAL_PCT,
     }

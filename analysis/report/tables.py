@@ -43,14 +43,17 @@ class Table:
     columns: list[Column]
     rows: list[dict[str, Any]] = field(default_factory=list)
     csv: str | None = None
+    csv_only: frozenset[str] = frozenset()  # keys written to the CSV but not shown on the page
 
     @property
     def visible_columns(self) -> list[Column]:
-        """Columns to show: a numeric column empty in every row (e.g. CUDA memory on CPU) is hidden."""
+        """Columns to show: a numeric column empty in every row (e.g. CUDA memory on CPU) is hidden,
+        and so are the `csv_only` ones."""
         return [
             c
             for c in self.columns
-            if not c.numeric or any(not missing(r.get(c.key)) for r in self.rows)
+            if c.key not in self.csv_only
+            and (not c.numeric or any(not missing(r.get(c.key)) for r in self.rows))
         ]
 
     def frame(self) -> pd.DataFrame:
@@ -264,7 +267,12 @@ def all_tables(data: dict[str, Any], out_dir: Path, labels: dict[str, str]) -> d
     coll, overlap, strag = trace_rows(data)
     return {
         "summary": Table(
-            id="summary", columns=SUMMARY_COLS, rows=summary_rows(data, labels), csv="summary.csv"
+            id="summary",
+            columns=SUMMARY_COLS,
+            rows=summary_rows(data, labels),
+            csv="summary.csv",
+            # The Run column shows the label (OS included when runs differ by it; full id: tooltip).
+            csv_only=frozenset({"label", "os"}),
         ),
         "phases": Table(id="phases", columns=PHASE_COLS, rows=phase_rows(data), csv="phases.csv"),
         "collectives": Table(

@@ -17,6 +17,7 @@ from analysis.project.comm import is_comm_run
 from analysis.errors import AnalysisError, unexpected
 from analysis.jsonsafe import finite_json
 from analysis.project.runs import comm_and_projections
+from analysis.runs.efficiency import attach_efficiency_loss
 from analysis.runs.records import InvalidRecord
 from analysis.runs.entry import RunEntry, attach_trace, load_run, mean_std
 from analysis.runs.opdiff import ddp_adds
@@ -141,6 +142,7 @@ def _groups(runs: list[RunEntry]) -> list[dict]:
                 getattr(m, stat) for m in members
             )
         group["comm_pct_mean"] = mean_std(m.comm_pct for m in members)[0]
+        group["exposed_comm_pct_mean"] = mean_std(m.exposed_comm_pct for m in members)[0]
         groups.append(group)
     order = {"single": 0, "dp": 1, "ddp": 2}
     return sorted(
@@ -212,6 +214,7 @@ def compare_runs(paths: Sequence[Path], *, progress: bool = True, traces: bool =
     runs.sort(key=lambda r: (order.get(r.mode, 9), str(r.run_id)))
     _link_baselines(runs)
     groups = _groups(runs)
+    attach_efficiency_loss(runs, groups, _workload)
     rows = [asdict(r) for r in runs]  # the runs JSON's entries: dicts, in RunEntry's field order
     result = {
         "schema_version": SCHEMA_VERSION,

@@ -25,6 +25,7 @@ from analysis.runs.records import (
     Config,
     EvalEntry,
     InvalidRecord,
+    Metrics,
     StepTime,
     read_record,
     read_steps,
@@ -170,6 +171,7 @@ class RunEntry(msgspec.Struct, kw_only=True):
     gpus: Any
     cpu_model: str | None
     threads_per_rank: int | None
+    host_load: dict[str, Any] | None = None  # env.host_load as run.json has it (busy machine)
     fixed_batch: int | None  # the batch the scaling mode holds fixed (WORKLOAD_KEY)
     device_type: str | None
     num_devices: int | None
@@ -178,6 +180,8 @@ class RunEntry(msgspec.Struct, kw_only=True):
     step_time_s_p95: float | None
     wall_time_s: float | None
     profiler_overhead_pct: float | None
+    # The fewest measured (unprofiled) steps of any rank: what throughput was averaged over.
+    measured_steps: int | None = None
     epoch_time_s: float | None  # wall time of each epoch's loop as run, mean over epochs
     baseline_run_id: str | None = None
     speedup: float | None = None
@@ -187,6 +191,8 @@ class RunEntry(msgspec.Struct, kw_only=True):
     comm_pct: float | None = None
     exposed_comm_pct: float | None = None
     overlap_pct: float | None = None
+    # analysis.runs.efficiency: the lost efficiency points split (DDP runs with a baseline)
+    efficiency_loss_pts: dict[str, float | None] | None = None
     memory: list[dict[str, Any]]  # verbatim (validated): fields newer writers add pass through
     memory_metric: str | None
     peak_memory_bytes: int | None
@@ -200,6 +206,11 @@ class RunEntry(msgspec.Struct, kw_only=True):
     logs: list[str]
     trace: dict[str, Any] | None = None  # the traces JSON of traces/
     warnings: list[str]
+
+
+def _measured_steps(metrics: Metrics) -> int | None:
+    """The fewest measured (unprofiled) steps of any rank, None when no rank says."""
+    return min((r.steps for r in metrics.per_rank if r.steps is not None), default=None)
 
 
 def load_run(run_dir: Path) -> RunEntry:
@@ -230,6 +241,8 @@ def load_run(run_dir: Path) -> RunEntry:
         step_time_s_p95=step_time.p95,
         wall_time_s=metrics.wall_time_s,
         profiler_overhead_pct=metrics.profiler_overhead_pct,
+        measured_steps=_measured_steps(metrics),
+        host_load=msgspec.to_builtins(env.host_load) if env.host_load else None,
         epoch_time_s=mean_std(metrics.epoch_time_s)[0],
         memory=memory,
         **_memory(memory),

@@ -1,0 +1,77 @@
+"""Issue 27: the verdict's clauses and caveats, on copies of the session's real runs.
+
+run.json `env.host_load` (issue 26's schema) is decoded typed; a run is busy when other processes
+used more than 0.5 × its cores, and the verdict says so; without `host_load` it says nothing about
+load. Few measured steps and superlinear efficiency are caveats too."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+from analysis.report.findings import THRESHOLDS
+from analysis.report.verdict import verdict
+from analysis.runs.compare import compare_runs
+
+
+def _copy_with(run: Path, dest: Path, host_load: dict | None, steps: int | None = None) -> None:
+    shutil.copytree(run, dest)
+    rec = json.loads((dest / "run.json").read_text())
+    if host_load is not None:
+        rec["env"]["host_load"] = host_load
+    if steps is not None:
+        for r in rec["metrics"]["per_rank"]:
+            r["steps"] = steps
+    (dest / "run.json").write_text(json.dumps(rec))
+
+
+def _text(entry: dict) -> str:
+    return "".join(s["text"] for s in entry["segments"])
+
+
+LOAD = {"load_avg_1m_start": 3.0, "load_avg_1m_end": 3.5, "steal_pct": None, "own_threads": 2}
+
+
+def test_busy_machine_caveat_from_host_load(single_mlp_run, ddp_mlp_run, tmp_path):
+    busy = {**LOAD, "other_cpu_cores_mean": 1.5, "cores": 2}  # 1.5 > 0.5 × 2
+    _copy_with(single_mlp_run, tmp_path / "runs" / "single", busy)
+    _copy_with(ddp_mlp_run, tmp_path / "runs" / "ddp", None)
+    data = compare_runs([tmp_path / "runs"], progress=False, traces=False)
+    single = next(r for r in data["runs"] if r["mode"] == "single")
+    assert single["host_load"]["other_cpu_cores_mean"] == 1.5  # decoded, passed through
+    (v,) = verdict(data)
+    assert any(c.startswith("busy machine") and "1 of 2 runs" in c for c in v["caveats"])
+    assert THRESHOLDS["busy_other_cores_frac"] == 0.5
+
+
+def test_no_load_caveat_without_host_load_or_on_an_idle_machine(
+    single_mlp_run, ddp_mlp_run, tmp_path
+):
+    idle = {**LOAD, "other_cpu_cores_mean": 0.9, "cores": 2}  # 0.9 ≤ 1.0: not busy
+    _copy_with(single_mlp_run, tmp_path / "runs" / "single", idle)
+    _copy_with(ddp_mlp_run, tmp_path / "runs" / "ddp", None)
+    (v,) = verdict(compare_runs([tmp_path / "runs"], progress=False, traces=False))
+    assert not any(c.startswith("busy") for c in v["caveats"])
+
+
+def test_few_steps_caveat_and_the_verdict_quotes_the_group(single_mlp_run, ddp_mlp_run, tmp_path):
+    _copy_with(single_mlp_run, tmp_path / "runs" / "single", None, steps=3)
+    _copy_with(ddp_mlp_run, tmp_path / "runs" / "ddp", None, steps=20)
+    data = compare_runs([tmp_path / "runs"], progress=False)
+    (v,) = verdict(data)
+    assert any(c.startswith("few steps: 1 runs") for c in v["caveats"])
+    (g,) = [g for g in data["groups"] if g["mode"] == "ddp"]
+    text = _text(v)
+    assert text.startswith(f"DDP (gloo), 2 ranks: {g['speedup_mean']:.2f}× over single device")
+    assert f"{g['comm_pct_mean']:.0f}% of the step" in text
+    hrefs = {s["href"] for s in v["segments"] if s["href"]}
+    assert {"#speedup", "#communication", "#efficiency"} <= hrefs
+    superlinear = g["scaling_efficiency_mean"] > THRESHOLDS["efficiency_superlinear"]
+    assert superlinear == any(c.startswith("superlinear") for c in v["caveats"])
+
+
+def test_a_workload_without_a_parallel_run_says_what_to_run(single_mlp_run, tmp_path):
+    _copy_with(single_mlp_run, tmp_path / "runs" / "single", None)
+    (v,) = verdict(compare_runs([tmp_path / "runs"], progress=False, traces=False))
+    assert "make profile-all" in _text(v)
