@@ -1,16 +1,18 @@
 """The one exception type `analysis/` raises for bad input.
 
 Its message is a single line for the user: the file or argument at fault, what is wrong, and what to
-do about it. The CLI prints it as `error: <message>` and exits non-zero; anything else is a bug and
+do about it. The CLI prints it as `<prog>: error: <message>` and exits with code 2 (profiler.errors.run_command); anything else is a bug and
 keeps its traceback.
 """
 
 from __future__ import annotations
 
+from profiler.errors import UserError
+
 __all__ = ["AnalysisError", "unexpected"]
 
 
-class AnalysisError(Exception):
+class AnalysisError(UserError):
     """Bad input: `str(err)` is one line naming the file/argument, the problem and the fix."""
 
     def __init__(self, where: str, what: str, fix: str) -> None:

@@ -25,9 +25,7 @@ import psutil
 __all__ = ["main"]
 
 REPO = Path(__file__).resolve().parents[1]
-SOURCE = (
-    REPO / "tests" / "data" / "hta" / "df_index_resolver" / "df_index_resolver.json.gz"
-)
+SOURCE = REPO / "tests" / "data" / "hta" / "df_index_resolver" / "df_index_resolver.json.gz"
 
 # Each job prints one JSON line {"seconds": ...}: wall time of the analysis itself.
 DPSCOPE_JOB = """

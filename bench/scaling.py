@@ -26,9 +26,7 @@ from bench.common import REPO, bench_out, interleaved, median, run_tree, write_j
 
 __all__ = ["main"]
 
-DEFAULT_SOURCE = (
-    REPO / "tests" / "data" / "hta" / "trace_filter" / "sampled_rank-0.json.gz"
-)
+DEFAULT_SOURCE = REPO / "tests" / "data" / "hta" / "trace_filter" / "sampled_rank-0.json.gz"
 
 
 def _sizes(text: str) -> list[int]:

@@ -11,8 +11,9 @@ import argparse
 import dataclasses
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any, NoReturn
+from typing import TYPE_CHECKING, Any
 
+from profiler.errors import OneLineParser  # re-exported: the launcher and train use it
 from profiler.record import SCHEMA_VERSION, collect_env
 from profiler.session import ProfileConfig
 from workloads.launch.runlog import utc_now
@@ -195,14 +196,6 @@ class TrainConfig:
 
 
 _FIELDS = {f.name: f for f in dataclasses.fields(TrainConfig)}
-
-
-class OneLineParser(argparse.ArgumentParser):
-    """An ArgumentParser whose errors are one line (`prog: error: ...`, exit code 2) instead of
-    the whole usage block; `--help` still shows everything."""
-
-    def error(self, message: str) -> NoReturn:
-        self.exit(2, f"{self.prog}: error: {message}\n")
 
 
 def _flag(name: str) -> str:

@@ -42,13 +42,14 @@ from analysis.report.scaling import (
 from analysis.report.tables import Table, all_tables, fmt, unique_labels
 from analysis.report.tune import tune_sections
 from analysis.runs.compare import WORKLOAD_KEY
+from profiler.errors import UserError
 
 __all__ = ["ReportError", "ReportFiles", "build_report", "write_report"]
 
 TEMPLATES = Path(__file__).parent / "templates"
 
 
-class ReportError(Exception):
+class ReportError(UserError):
     """A one-line, user-facing problem (bad folder, unwritable output); the CLI prints it."""
 
 

@@ -40,6 +40,7 @@ from tqdm import tqdm
 
 from analysis.project.comm import COMM_COLUMNS, fit_all
 from analysis.trace.collectives import bus_factor
+from profiler.errors import OneLineParser, run_command
 from profiler.record import SCHEMA_VERSION, collect_env, write_csv_atomic, write_json_atomic
 from workloads.comm.ops import COLLECTIVES, check, time_one
 from workloads.config import TrainConfig
@@ -340,10 +341,8 @@ def launch(args: argparse.Namespace) -> int:
     return 0
 
 
-def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog="python -m workloads.comm.bench", description=__doc__.split("\n")[0]
-    )
+def build_parser(prog: str = "python -m workloads.comm.bench") -> argparse.ArgumentParser:
+    p = OneLineParser(prog=prog, description=__doc__.split("\n")[0])
     p.add_argument("--backend", choices=("auto", "nccl", "gloo"), default="auto")
     p.add_argument("--nproc", type=int, default=None, help="ranks (default as profile-ddp)")
     p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
@@ -374,15 +373,11 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+def main(argv: list[str] | None = None, *, prog: str = "python -m workloads.comm.bench") -> int:
+    args = build_parser(prog).parse_args(argv)
     if args.worker:
         return worker(args)
-    try:
-        return launch(args)
-    except LaunchError as exc:
-        print(f"workloads.comm.bench: error: {exc}", file=sys.stderr)
-        return 2
+    return run_command(prog, lambda: launch(args))
 
 
 if __name__ == "__main__":

@@ -18,6 +18,7 @@ import shlex
 import sys
 from pathlib import Path
 
+from profiler.errors import UserError, run_command
 from profiler.record import write_json_atomic
 from workloads.config import (
     OneLineParser,
@@ -43,7 +44,7 @@ ALL_MODES = (("single", "auto"), ("dp", "auto"), ("ddp", "nccl"), ("ddp", "gloo"
 WATCHDOG_GRACE_S = 10.0
 
 
-class LaunchError(Exception):
+class LaunchError(UserError):
     """What the user asked for cannot run here; the message is one line that says what to do."""
 
 
@@ -212,11 +213,11 @@ def run(args: argparse.Namespace, extra: list[str]) -> int:
     return 1 if "failed" in statuses else 0
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(prog: str = "python -m workloads.launch") -> argparse.ArgumentParser:
     parser = OneLineParser(
-        prog="python -m workloads.launch",
+        prog=prog,
         description="Profile the same training as single-device, DataParallel and DDP runs; one "
-        "run folder per run under --runs-dir. Unknown arguments are passed to workloads.train.",
+        "run folder per run under --runs-dir.",
     )
     parser.add_argument(
         "--mode",
@@ -271,14 +272,18 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
-    args, extra = parser.parse_known_args(argv)
-    try:
-        return run(args, extra)
-    except (LaunchError, ValueError) as exc:  # DataError and config ValueErrors are user errors too
-        print(f"workloads.launch: error: {exc}", file=sys.stderr)
-        return 2
+def main(argv: list[str] | None = None, *, prog: str = "python -m workloads.launch") -> int:
+    # An unknown option is one line here, before any run folder exists (it used to reach the
+    # trainer, which failed after the launcher had written a `failed` run folder).
+    args = build_parser(prog).parse_args(argv)
+
+    def body() -> int:
+        try:
+            return run(args, [])
+        except ValueError as exc:  # TrainConfig's checks: the message names the flag and the fix
+            raise LaunchError(str(exc)) from None
+
+    return run_command(prog, body)
 
 
 if __name__ == "__main__":

@@ -9,13 +9,14 @@ import dataclasses
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
+from profiler.errors import OneLineParser, UserError
 from workloads.config import TrainConfig, batch_split, config_from_namespace
 from workloads.tools import tune_stats
 
 __all__ = ["ACCUM_NOTE", "KNOBS", "Knob", "TuneError", "build_parser", "prepare", "skip_reason"]
 
 
-class TuneError(Exception):
+class TuneError(UserError):
     """Bad input: one line that names the argument and says what to do."""
 
 
@@ -110,9 +111,9 @@ def select(names: str, *, accum: bool) -> list[Knob]:
     return [by_name[n] for n in dict.fromkeys(wanted)]
 
 
-def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog="python -m workloads.tools.tune",
+def build_parser(prog: str = "python -m workloads.tools.tune") -> argparse.ArgumentParser:
+    p = OneLineParser(
+        prog=prog,
         description="Measure DDP knobs (bucket size, gradient_as_bucket_view, static_graph, comm "
         "hooks, optionally gradient accumulation) on one workload; every candidate runs --trials "
         "times interleaved with the baseline, profiler off. Unknown arguments (ARGS) go to every "
