@@ -9,16 +9,18 @@ from __future__ import annotations
 
 import json
 import os
+import platform
 import statistics
 import subprocess
 import sys
 import time
 from collections.abc import Callable
+from datetime import UTC, datetime
 from pathlib import Path
 
 import psutil
 
-__all__ = ["REPO", "bench_out", "interleaved", "median", "run_tree", "write_json"]
+__all__ = ["REPO", "bench_out", "interleaved", "median", "recorded", "run_tree", "write_json"]
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -51,8 +53,34 @@ def bench_out(name: str, given: str | None) -> Path:
     return path if path.suffix == ".json" else path / f"{name}.json"
 
 
+def recorded() -> dict:
+    """When, at which commit and on what machine a bench ran (docs/benchmarks.md shows it)."""
+    try:
+        commit = subprocess.run(
+            ["git", "rev-parse", "--short=12", "HEAD"],
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            timeout=30,
+        ).stdout.strip()
+    except OSError:  # no git on this machine
+        commit = ""
+    return {
+        "date": datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),
+        "commit": commit or None,
+        "machine": {
+            "cpu": platform.processor() or platform.machine(),
+            "cores": psutil.cpu_count(),
+            "os": platform.system(),
+            "python": platform.python_version(),
+        },
+    }
+
+
 def write_json(path: Path, obj: dict) -> None:
-    """Write `obj` to `path` atomically (temp file in the same folder, then rename)."""
+    """Write `obj` to `path` atomically (temp file in the same folder, then rename), stamped with
+    `recorded` (date, commit, machine) unless it already carries one."""
+    obj = {**obj, "recorded": obj.get("recorded") or recorded()}
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp")
     tmp.write_text(json.dumps(obj, indent=2, allow_nan=False) + "\n", encoding="utf-8")

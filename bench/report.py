@@ -19,6 +19,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+from bench.common import write_json
+
 __all__ = ["make_demo", "make_sweep", "main"]
 
 REPO = Path(__file__).resolve().parents[1]
@@ -132,8 +134,7 @@ def main(argv: list[str] | None = None) -> int:
           f"{'met' if result['goal_met'] else 'NOT met'}); page {size / 2**20:.2f} MB")  # fmt: skip
     print(f"  ratio sweep/demo: {result['sweep_over_demo_ratio']:.2f}x for 12.5x the runs")
     out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=2) + "\n")
+    write_json(out, result)  # atomic, stamped with date, commit and machine (docs/benchmarks.md)
     print(f"wrote {out}")
     return 0
 

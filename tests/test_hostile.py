@@ -186,6 +186,7 @@ def bad_runs_result(bad_runs) -> dict:
     return compare_runs([bad_runs], progress=False, traces=False)
 
 
+@pytest.mark.integration
 def test_good_runs_survive_with_their_numbers(bad_runs_result, single_mlp_run, ddp_mlp_run):
     runs = {r["run_id"]: r for r in bad_runs_result["runs"]}
     assert set(runs) == {read_run(single_mlp_run)["run_id"], read_run(ddp_mlp_run)["run_id"]}
@@ -197,6 +198,7 @@ def test_good_runs_survive_with_their_numbers(bad_runs_result, single_mlp_run, d
 
 
 @pytest.mark.parametrize("name", [*RUN_CASES, "nested-run-json"])
+@pytest.mark.integration
 def test_each_bad_run_is_invalid_with_one_line(bad_runs_result, name):
     (hit,) = [b for b in bad_runs_result["invalid"] if Path(b["path"]).name == name]
     words = RUN_CASES[name][3] if name in RUN_CASES else "nested too deeply"
@@ -206,12 +208,14 @@ def test_each_bad_run_is_invalid_with_one_line(bad_runs_result, name):
     assert name not in {r["run_id"] for r in bad_runs_result["runs"]}
 
 
+@pytest.mark.integration
 def test_dp_devices_string_never_counts_letters(bad_runs_result):
     """`devices: "cpu"` once counted 3 devices (c, p, u); now the run is invalid instead."""
     (hit,) = [b for b in bad_runs_result["invalid"] if b["path"].endswith("dp-devices-string")]
     assert "Expected `array" in hit["problem"] and "got `str`" in hit["problem"]
 
 
+@pytest.mark.integration
 def test_schema_version_2_and_unknown_fields_are_accepted(tmp_path, ddp_mlp_run):
     """Newer writers bump schema_version to 2, add a steps.csv `profiled` column and new optional
     run.json fields: none of that invalidates a run."""
@@ -237,6 +241,7 @@ def test_schema_version_2_and_unknown_fields_are_accepted(tmp_path, ddp_mlp_run)
     assert result["runs"][0]["profiler_overhead_pct"] == rec["metrics"]["profiler_overhead_pct"]
 
 
+@pytest.mark.integration
 def test_cut_off_steps_csv_of_a_failed_run_is_a_warning(tmp_path, ddp_mlp_run):
     """A run that did not finish may leave a half-written last row: not invalid, just no phases."""
     dst = tmp_path / "failed"
@@ -251,6 +256,7 @@ def test_cut_off_steps_csv_of_a_failed_run_is_a_warning(tmp_path, ddp_mlp_run):
     assert any("steps.csv" in w and "line" in w for w in run["warnings"])
 
 
+@pytest.mark.integration
 def test_runs_cli_lists_invalid_and_writes_valid_json(bad_runs, tmp_path):
     out = tmp_path / "runs.json"
     proc = cli(
@@ -263,6 +269,7 @@ def test_runs_cli_lists_invalid_and_writes_valid_json(bad_runs, tmp_path):
     assert "config.world_size" in proc.stdout
 
 
+@pytest.mark.integration
 def test_runs_cli_exits_2_when_every_run_is_invalid(bad_runs, tmp_path, capsys):
     """Still lists the invalid run (and writes the JSON), then one error line: nothing usable."""
     shutil.copytree(bad_runs / "world-size-abc", tmp_path / "runs" / "world-size-abc")
@@ -338,6 +345,7 @@ def _with_bad_rank1(tmp: Path, ddp_traces, edit: Callable[[dict], None], text: s
 
 
 @pytest.mark.parametrize("case", list(EVENT_CASES))
+@pytest.mark.integration
 def test_impossible_events_are_dropped_and_counted(case, tmp_path, ddp_traces, clean_ranks):
     bad = _with_bad_rank1(tmp_path, ddp_traces, EVENT_CASES[case])
     result = analyze_trace_dir(tmp_path, workers=1, progress=False)
@@ -350,6 +358,7 @@ def test_impossible_events_are_dropped_and_counted(case, tmp_path, ddp_traces, c
     assert ranks[1]["dropped_events"] == 1 and ranks[0]["dropped_events"] == 0
 
 
+@pytest.mark.integration
 def test_events_of_the_wrong_type_are_dropped_and_the_rest_analysed(
     tmp_path, ddp_traces, clean_ranks
 ):
@@ -376,6 +385,7 @@ def test_events_of_the_wrong_type_are_dropped_and_the_rest_analysed(
     assert clean_ranks[1]["warnings"] == [] and ranks[1]["warnings"] == [line]
 
 
+@pytest.mark.integration
 def test_dropped_events_reach_the_run_warnings(tmp_path, ddp_mlp_run):
     run = tmp_path / "ddp"
     shutil.copytree(ddp_mlp_run, run)
@@ -388,6 +398,7 @@ def test_dropped_events_reach_the_run_warnings(tmp_path, ddp_mlp_run):
     assert any(r1.name in w and "dropped 1 event" in w for w in entry["warnings"])
 
 
+@pytest.mark.integration
 def test_rank_true_is_not_a_rank(tmp_path, ddp_traces, clean_ranks):
     """`"rank": true` in distributedInfo is not rank 1: the file name decides, with a warning."""
     shutil.copy(ddp_traces[0], tmp_path / "rank0.pt.trace.json.gz")
@@ -412,6 +423,7 @@ def _deep_args(trace: dict) -> str:
 
 
 @pytest.mark.parametrize("where", ["top level", "inside args"])
+@pytest.mark.integration
 def test_deeply_nested_trace_is_skipped_with_one_line(where, tmp_path, ddp_traces, clean_ranks):
     trace = _load(ddp_traces[1])
     text = (_deep_top if where == "top level" else _deep_args)(trace)
@@ -424,6 +436,7 @@ def test_deeply_nested_trace_is_skipped_with_one_line(where, tmp_path, ddp_trace
     assert "\n" not in hit["reason"]
 
 
+@pytest.mark.integration
 def test_deeply_nested_trace_inside_a_run_folder(tmp_path, ddp_mlp_run, single_mlp_run):
     """The run keeps its record and its good rank; the bad trace is one warning."""
     run = tmp_path / "runs" / "deep"
@@ -458,6 +471,7 @@ def test_non_finite_values_become_null_with_a_warning():
     json.dumps(out, allow_nan=False)
 
 
+@pytest.mark.integration
 def test_huge_dur_gives_valid_json_from_the_cli(tmp_path, ddp_traces):
     (tmp_path / "t").mkdir()
     _with_bad_rank1(tmp_path / "t", ddp_traces, EVENT_CASES["huge-dur"])
@@ -470,6 +484,7 @@ def test_huge_dur_gives_valid_json_from_the_cli(tmp_path, ddp_traces):
 
 
 @pytest.mark.parametrize("target", [".", "/", "", "input"])
+@pytest.mark.integration
 def test_bad_json_out_is_refused_before_work(target, tmp_path, ddp_traces, capsys):
     d = tmp_path / "traces"
     d.mkdir()
@@ -484,6 +499,7 @@ def test_bad_json_out_is_refused_before_work(target, tmp_path, ddp_traces, capsy
     assert trace.read_bytes() == before
 
 
+@pytest.mark.integration
 def test_json_out_inside_a_run_folder_is_refused(tmp_path, single_mlp_run, capsys):
     run = tmp_path / "single"
     shutil.copytree(single_mlp_run, run)
@@ -494,6 +510,7 @@ def test_json_out_inside_a_run_folder_is_refused(tmp_path, single_mlp_run, capsy
 
 
 @pytest.mark.parametrize("target", ["", ".", "/", "file", "input", "inside-run"])
+@pytest.mark.integration
 def test_bad_report_out_is_refused_before_work(target, tmp_path, single_mlp_run, capsys):
     runs = tmp_path / "runs"
     shutil.copytree(single_mlp_run, runs / "single")
@@ -513,6 +530,7 @@ def test_bad_report_out_is_refused_before_work(target, tmp_path, single_mlp_run,
     assert (tmp_path / "foreign" / "notes.txt").read_text() == "keep"
 
 
+@pytest.mark.integration
 def test_report_into_a_folder_with_other_files_keeps_them(tmp_path, single_mlp_run):
     """`make report` writes into reports/, which holds the project's README.md and bench/: the
     report swaps in its own files only, and a second report removes what the first wrote and
@@ -535,6 +553,7 @@ def test_report_into_a_folder_with_other_files_keeps_them(tmp_path, single_mlp_r
 
 
 @pytest.mark.skipif(os.name != "posix", reason="RLIMIT_FSIZE is POSIX-only")
+@pytest.mark.integration
 def test_failed_report_write_leaves_the_previous_report_whole(tmp_path):
     """A real write failure part-way (the file-size limit hit on index.html, after the CSVs and
     summary.json were written): the error names the file and the previous report is untouched."""
@@ -573,6 +592,7 @@ def test_failed_report_write_leaves_the_previous_report_whole(tmp_path):
 # ---------------------------------------------------------------------------------------------
 
 
+@pytest.mark.integration
 def test_report_builds_from_good_and_every_bad_run(bad_runs, tmp_path, single_mlp_run, ddp_mlp_run):
     """The whole mixed folder, traces included, plus a run with a 2 MB env.os and a run with bad
     traces: the report lists every bad run as invalid, keeps the good numbers (the bad traces cost

@@ -26,6 +26,7 @@ PINNED = {
 
 
 @pytest.mark.parametrize("fixture", ["single_mlp_run", "ddp_mlp_run"])
+@pytest.mark.integration
 def test_self_times_add_up_to_at_most_the_step(fixture, request):
     run = request.getfixturevalue(fixture)
     for r in analyze_trace_dir(run / "traces", progress=False)["ranks"]:
@@ -44,6 +45,7 @@ def test_self_times_add_up_to_at_most_the_step(fixture, request):
         assert not {"forward", "backward", "optimizer", "data"} & {o["name"] for o in ops}
 
 
+@pytest.mark.integration
 def test_ddp_adds_one_gloo_all_reduce_per_bucket(single_mlp_run, ddp_mlp_run, tmp_path):
     buckets = read_run(ddp_mlp_run)["metrics"]["ddp"]["num_buckets"]
     out = tmp_path / "diff.json"
@@ -77,6 +79,7 @@ def test_ddp_adds_one_gloo_all_reduce_per_bucket(single_mlp_run, ddp_mlp_run, tm
     assert {p["phase"] for p in result["phases"]} >= {"forward", "backward", "step_time"}
 
 
+@pytest.mark.integration
 def test_ops_cli_top_and_json(ddp_mlp_run, tmp_path, capsys):
     out = tmp_path / "ops.json"
     assert main(["ops", str(ddp_mlp_run), "--top", "5", "--json", str(out)]) == 0
@@ -94,6 +97,7 @@ def test_ops_cli_top_and_json(ddp_mlp_run, tmp_path, capsys):
     assert "gloo:all_reduce" in capsys.readouterr().out
 
 
+@pytest.mark.integration
 def test_run_without_traces_is_one_line(ddp_mlp_run, tmp_path, capsys):
     bare = tmp_path / "bare"
     shutil.copytree(ddp_mlp_run, bare, ignore=shutil.ignore_patterns("traces"))
@@ -106,6 +110,7 @@ def test_run_without_traces_is_one_line(ddp_mlp_run, tmp_path, capsys):
     assert err.count("\n") == 0 and "is a folder of runs" in err, err
 
 
+@pytest.mark.integration
 def test_different_workloads_warn_naming_the_difference(single_mlp_run, tmp_path):
     other = tmp_path / "runs"
     args = [a if a != "64" else "32" for a in TINY]  # same model and data, half the batch

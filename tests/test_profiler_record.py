@@ -83,6 +83,7 @@ def test_write_csv_atomic_columns_and_none(tmp_path: Path):
     assert len(target.read_text().splitlines()) == 2  # the earlier file survived
 
 
+@pytest.mark.integration
 def test_collect_env_fields():
     env = record.collect_env(threads_per_rank=3)
     assert set(env) == {

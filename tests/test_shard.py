@@ -39,6 +39,7 @@ def _parts(trace_dir: Path, n: int, out: Path) -> list[Path]:
     return paths
 
 
+@pytest.mark.integration
 def test_cli_merge_equals_unsharded_on_a_real_ddp_run(ddp_mlp_run, tmp_path):
     traces = str(ddp_mlp_run / "traces")
     for k in range(2):
@@ -81,6 +82,7 @@ def test_merge_keeps_skipped_files_of_every_shard(tmp_path):
     assert [Path(s["file"]).name for s in merged["skipped"]] == ["zz-broken.json.gz"]
 
 
+@pytest.mark.integration
 def test_bad_shard_is_one_line():
     for shard in ("3/3", "1-3", "x/2", "0/0", "-1/2", ""):
         with pytest.raises(AnalysisError, match="^--shard: .* is not K/N"):
@@ -91,6 +93,7 @@ def test_bad_shard_is_one_line():
         assert proc.stderr.count("\n") == 1 and proc.stderr.startswith("error: --shard: ")
 
 
+@pytest.mark.integration
 def test_mismatched_parts_are_refused_naming_the_files(tmp_path):
     a, b = tmp_path / "a", tmp_path / "b"
     a.mkdir(), b.mkdir()

@@ -36,6 +36,7 @@ def dpscope_split(trace_dir: Path) -> dict[str, list[float]]:
     return {Path(r["file"]).name: [r["tb_split"][k] for k in PARTS] for r in result["ranks"]}
 
 
+@pytest.mark.integration
 def test_dpscope_ddp_trace_matches_tb_profiler(ddp_mlp_run: Path, tmp_path: Path):
     """The issue's case: StepTimer's data/forward/backward/optimizer ranges wrap the all-reduce
     wait; tb-profiler drops them, so the communication is exposed, not overlapped."""
@@ -65,6 +66,9 @@ def test_dpscope_ddp_trace_matches_tb_profiler(ddp_mlp_run: Path, tmp_path: Path
 def test_other_tools_traces_match_tb_profiler(case: str, tmp_path: Path):
     src = DATA / case
     ref, got = tb_profiler_split(src, tmp_path), dpscope_split(src)
+    # Every trace has a row in both: an empty reference must not pass for agreement.
+    files = sorted(f.name for f in src.glob("*.json*"))
+    assert files and sorted(ref) == files and sorted(got) == files, (case, ref, got)
     for name, expected in ref.items():
         assert got[name] == pytest.approx(expected, abs=1.0), (case, name)
 
@@ -159,6 +163,8 @@ def test_tb_profiler_rules(case: str, tmp_path: Path):
     doc = {"schemaVersion": 1, "traceEvents": RULE_CASES[case]}
     (traces / "worker0.pt.trace.json").write_text(json.dumps(doc))
     ref, got = tb_profiler_split(traces, tmp_path), dpscope_split(traces)
+    assert list(ref) == list(got) == ["worker0.pt.trace.json"], (ref, got)
+    assert sum(ref["worker0.pt.trace.json"]) > 0  # tb-profiler found a step with time in it
     assert got["worker0.pt.trace.json"] == pytest.approx(ref["worker0.pt.trace.json"], abs=1.0)
 
 

@@ -199,6 +199,7 @@ def test_budget_stop_reason_uses_the_median_trial_so_far():
         (["--bogus", "1"], "ARGS: unknown option(s) --bogus 1"),
     ],
 )
+@pytest.mark.integration
 def test_bad_input_is_one_line_and_writes_nothing(tmp_path, capsys, args, match):
     argv = ["--model", "mlp", "--nproc", "2", "--runs-dir", str(tmp_path / "runs"), *args]
     assert tune_main(argv) == 2
@@ -228,6 +229,7 @@ def _global_loss(run_dir: Path) -> pd.Series:
     return pd.read_csv(run_dir / "steps.csv").groupby("step")["loss"].mean()
 
 
+@pytest.mark.integration
 def test_tune_json_holds_every_trial_and_numbers_recomputable_from_them(tune_dir):
     rec = json.loads((tune_dir / "tune.json").read_text())
     assert rec["status"] == "ok" and not rec["stopped_early"]
@@ -268,6 +270,7 @@ def test_tune_json_holds_every_trial_and_numbers_recomputable_from_them(tune_dir
     assert "bucket-1" in out and "powersgd" in out and "FLAG" in out and "command:" in out
 
 
+@pytest.mark.integration
 def test_report_shows_the_tuning_section_without_the_trial_runs(tune_dir, single_mlp_run, tmp_path):
     data = compare_runs([tune_dir.parent, single_mlp_run.parent], progress=False, traces=False)
     assert [t["tune_id"] for t in data["tunes"]] == ["tune-t"]
@@ -284,6 +287,7 @@ def test_report_shows_the_tuning_section_without_the_trial_runs(tune_dir, single
     assert 'id="figure-tune-0"' in section
 
 
+@pytest.mark.integration
 def test_a_failing_trial_is_recorded_and_the_tune_goes_on(tmp_path):
     proc = run_tune(
         ["--trials", "1", "--candidates", "static-graph", "--runs-dir", str(tmp_path), "--tune-id", "t"],
@@ -297,6 +301,7 @@ def test_a_failing_trial_is_recorded_and_the_tune_goes_on(tmp_path):
     assert "failed" in proc.stdout and "Traceback" not in proc.stderr
 
 
+@pytest.mark.integration
 def test_budget_stops_early_and_reports_what_finished(tmp_path):
     proc = run_tune(
         ["--trials", "1", "--candidates", "bucket-1,bucket-5", "--budget-s", "1",
@@ -310,6 +315,7 @@ def test_budget_stops_early_and_reports_what_finished(tmp_path):
     assert "stopped early" in proc.stdout
 
 
+@pytest.mark.integration
 def test_hostile_and_damaged_tune_json_cost_one_line_not_the_report(tune_dir, tmp_path):
     rec = json.loads((tune_dir / "tune.json").read_text())
     rec["candidates"][0]["reason"] = "<script>alert(1)</script>"

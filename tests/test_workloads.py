@@ -181,11 +181,13 @@ def _check_complete(run_dir, *, mode, world):
     return run
 
 
+@pytest.mark.integration
 def test_single_run_writes_a_complete_run_folder(single_mlp_run):
     run = _check_complete(single_mlp_run, mode="single", world=1)
     assert run["config"]["backend"] == "none" and run["metrics"]["ddp"] is None
 
 
+@pytest.mark.integration
 def test_ddp_gloo_run_writes_a_complete_run_folder(ddp_mlp_run):
     run = _check_complete(ddp_mlp_run, mode="ddp", world=2)
     assert run["config"]["backend"] == "gloo" and run["config"]["nproc_per_node"] == 2
@@ -196,6 +198,7 @@ def test_ddp_gloo_run_writes_a_complete_run_folder(ddp_mlp_run):
     assert "torch.distributed.run" in (ddp_mlp_run / "logs" / "launcher.log").read_text()
 
 
+@pytest.mark.integration
 def test_every_mode_reports_the_same_eval(single_mlp_run, ddp_mlp_run):
     single, ddp = read_run(single_mlp_run)["eval"]["best"], read_run(ddp_mlp_run)["eval"]["best"]
     assert ddp["samples"] == single["samples"]
@@ -230,6 +233,7 @@ def equivalence_runs(runs_dir):
     return runs_dir / "eq-single", runs_dir / "eq-ddp"
 
 
+@pytest.mark.integration
 def test_single_and_ddp_train_identically(equivalence_runs):
     single_dir, ddp_dir = equivalence_runs
     single = {int(r["step"]): float(r["loss"]) for r in read_steps(single_dir)}
@@ -287,6 +291,7 @@ def accum_run(runs_dir, equivalence_runs):
     return runs_dir / "eq-ddp-accum"
 
 
+@pytest.mark.integration
 def test_ddp_grad_accum_trains_like_single_device(equivalence_runs, accum_run):
     single_dir, _ = equivalence_runs
     single = {int(r["step"]): float(r["loss"]) for r in read_steps(single_dir)}
@@ -309,6 +314,7 @@ def test_ddp_grad_accum_trains_like_single_device(equivalence_runs, accum_run):
     )
 
 
+@pytest.mark.integration
 def test_ddp_grad_accum_all_reduces_once_per_optimizer_step(accum_run):
     """no_sync on the first micro-batch: each traced step holds one all-reduce per bucket, not
     two (which the same math without no_sync would make)."""
