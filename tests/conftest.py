@@ -22,6 +22,10 @@ from unittest.mock import patch
 
 import pytest
 
+# Imported once here: torch's first import probes libraries with `ldconfig -p` (a process), which
+# must not be charged to whichever unmarked test happens to import torch first.
+import torch  # noqa: F401
+
 REPO = Path(__file__).resolve().parents[1]
 # Reference traces from other public projects (origin, licence, their tools outputs: README.md).
 DATA = REPO / "tests" / "data"
