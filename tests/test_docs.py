@@ -61,3 +61,13 @@ def test_links_resolve_and_no_machine_paths() -> None:
                 assert (page.parent / target).exists(), f"{page.relative_to(REPO)}: {target}"
         for pattern in (r"/work/", r"/tmp/pytest", r"/home/\w+", r"/root/"):
             assert not re.search(pattern, text), f"{page.relative_to(REPO)}: {pattern}"
+
+
+def test_make_reference_names_every_target_and_variable() -> None:
+    makefile = (REPO / "Makefile").read_text(encoding="utf-8")
+    targets = set(re.findall(r"^([a-z][a-z0-9-]*):", makefile, re.M))
+    variables = set(re.findall(r"^([A-Z_]+)\s*\?=", makefile, re.M))
+    page = (REPO / "docs" / "reference" / "make.md").read_text(encoding="utf-8")
+    assert targets and variables
+    assert not [t for t in sorted(targets) if f"`{t}`" not in page], "document in make.md"
+    assert not [v for v in sorted(variables) if f"`{v}`" not in page], "document in make.md"
