@@ -96,9 +96,9 @@ bench-analysis: setup
 	$(PY) -m bench.scaling $(if $(BENCH_OUT),--json $(BENCH_OUT))
 
 # The GPU checks are gpu-marked tests (tests/test_gpu.py, skipped with the reason without CUDA);
-# `python -m workloads.tools.gpu_check --runs-dir DIR` still runs them as a script.
+# their run folders stay in RUNS/gpu-check. `python -m workloads.tools.gpu_check` still works.
 gpu-check: setup
-	$(PY) -m pytest -m gpu -v tests/test_gpu.py
+	$(PY) -m pytest -m gpu -v tests/test_gpu.py --gpu-runs-dir "$(RUNS)/gpu-check"
 
 lint: setup
 	$(PY) -m ruff check .

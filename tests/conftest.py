@@ -34,6 +34,14 @@ DATA = REPO / "tests" / "data"
 PROCESS_MARKS = ("integration", "browser", "gpu")
 
 
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--gpu-runs-dir",
+        default=None,
+        help="keep the gpu tests' run folders here (make gpu-check: RUNS/gpu-check)",
+    )
+
+
 def _refuse_process(item: pytest.Item):
     def refuse(*_args, **_kwargs):
         raise RuntimeError(

@@ -122,7 +122,11 @@ def test_nothing_usable_is_one_error_line_and_nonzero_exit(tmp_path, setup, word
     proc = cli("traces", str(tmp_path))
     assert proc.returncode == 2
     lines = proc.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith(f"python -m analysis traces: error: {tmp_path}") and words in lines[0]
+    assert (
+        len(lines) == 1
+        and lines[0].startswith(f"python -m analysis traces: error: {tmp_path}")
+        and words in lines[0]
+    )
     assert " — " in lines[0]
 
 
@@ -141,7 +145,10 @@ def test_unwritable_json_is_one_error_line(tmp_path, where):
     proc = cli("traces", str(PAIR), "--json", str(out))
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
     (line,) = proc.stderr.strip().splitlines()
-    assert line.startswith(f"python -m analysis traces: error: {out}: cannot write the JSON") and "--json" in line
+    assert (
+        line.startswith(f"python -m analysis traces: error: {out}: cannot write the JSON")
+        and "--json" in line
+    )
 
 
 @pytest.mark.integration

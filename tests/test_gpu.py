@@ -10,6 +10,7 @@ from __future__ import annotations
 import re
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -42,9 +43,11 @@ LABELS = (
 
 
 @pytest.fixture(scope="module")
-def gpu_check(tmp_path_factory) -> dict[str, list[tuple[bool, str]]]:
-    """{label: [(passed, check line)]} from one run of `python -m workloads.tools.gpu_check`."""
-    runs = tmp_path_factory.mktemp("gpu-check")
+def gpu_check(request, tmp_path_factory) -> dict[str, list[tuple[bool, str]]]:
+    """{label: [(passed, check line)]} from one run of `python -m workloads.tools.gpu_check`;
+    the run folders go to --gpu-runs-dir (make gpu-check: RUNS/gpu-check) or a temp folder."""
+    kept = request.config.getoption("--gpu-runs-dir")
+    runs = Path(kept).resolve() if kept else tmp_path_factory.mktemp("gpu-check")
     cmd = [sys.executable, "-m", "workloads.tools.gpu_check", "--runs-dir", str(runs)]
     proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=1500)
     results: dict[str, list[tuple[bool, str]]] = {}

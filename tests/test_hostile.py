@@ -279,7 +279,9 @@ def test_runs_cli_exits_2_when_every_run_is_invalid(bad_runs, tmp_path, capsys):
     captured = capsys.readouterr()
     assert "invalid 1:" in captured.out and "config.world_size" in captured.out
     (line,) = captured.err.strip().splitlines()
-    assert line.startswith("python -m analysis runs: error: ") and "no run could be analysed" in line
+    assert (
+        line.startswith("python -m analysis runs: error: ") and "no run could be analysed" in line
+    )
     assert len(_strict_json(out.read_text())["invalid"]) == 1
 
 

@@ -157,7 +157,8 @@ def test_make_passes_runs_with_a_space_as_one_folder(tmp_path):
     assert all(str(runs) in c or f"{runs}/gpu-check" in c for c in calls), calls
     other = tmp_path / "other"
     (report,) = make("report", f"RUNS={runs.parent / 'a'} {other}")
-    assert report[:3] == ["-m", "analysis.report", str(runs.parent / "a")] and str(other) in report
+    assert report[:4] == ["-m", "workloads.tools.cli", "report", str(runs.parent / "a")]
+    assert str(other) in report
 
 
 # --- real runs -------------------------------------------------------------------------------

@@ -90,7 +90,9 @@ def test_bad_shard_is_one_line():
     for shard in ("3/3", "-1/2"):
         proc = cli("traces", str(TRACE_FILTER), f"--shard={shard}", "--json", "/nonexistent/p")
         assert proc.returncode == 2 and proc.stdout == ""
-        assert proc.stderr.count("\n") == 1 and proc.stderr.startswith("python -m analysis traces: error: --shard: ")
+        assert proc.stderr.count("\n") == 1 and proc.stderr.startswith(
+            "python -m analysis traces: error: --shard: "
+        )
 
 
 @pytest.mark.integration

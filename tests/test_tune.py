@@ -204,7 +204,11 @@ def test_bad_input_is_one_line_and_writes_nothing(tmp_path, capsys, args, match)
     argv = ["--model", "mlp", "--nproc", "2", "--runs-dir", str(tmp_path / "runs"), *args]
     assert tune_main(argv) == 2
     err = capsys.readouterr().err.strip()
-    assert err.count("\n") == 0 and match in err and err.startswith("python -m workloads.tools.tune: error:")
+    assert (
+        err.count("\n") == 0
+        and match in err
+        and err.startswith("python -m workloads.tools.tune: error:")
+    )
     assert not (tmp_path / "runs").exists()
 
 
