@@ -81,9 +81,11 @@ def test_cli_lists_skipped_and_writes_json(bad_dir, tmp_path):
 
 @pytest.mark.integration
 def test_no_profiler_step_is_analysed_as_one_step_with_a_warning(tmp_path):
-    shutil.copy(TB_NCCL / "worker0.pt.trace.json", tmp_path / "rank0.pt.trace.json")
+    traces = tmp_path / "traces"
+    traces.mkdir()
+    shutil.copy(TB_NCCL / "worker0.pt.trace.json", traces / "rank0.pt.trace.json")
     out = tmp_path / "t.json"
-    proc = cli("traces", str(tmp_path), "--json", str(out))
+    proc = cli("traces", str(traces), "--json", str(out))
     assert proc.returncode == 0, proc.stderr
     assert "rank0.pt.trace.json: no ProfilerStep#N ranges" in proc.stdout
     (rank,) = json.loads(out.read_text())["ranks"]
