@@ -1,23 +1,19 @@
 """The one exception type `analysis/` raises for bad input.
 
 Its message is a single line for the user: the file or argument at fault, what is wrong, and what to
-do about it. The CLI prints it as `<prog>: error: <message>` and exits with code 2 (profiler.errors.run_command); anything else is a bug and
+do about it. The CLI prints it as `<prog>: error: <message>` with exit code 2 (profiler.errors.run_command); anything else is a bug and
 keeps its traceback.
 """
 
 from __future__ import annotations
 
-from profiler.errors import UserError
+from profiler.records import InputError
 
 __all__ = ["AnalysisError", "unexpected"]
 
-
-class AnalysisError(UserError):
-    """Bad input: `str(err)` is one line naming the file/argument, the problem and the fix."""
-
-    def __init__(self, where: str, what: str, fix: str) -> None:
-        self.where, self.what, self.fix = str(where), what, fix
-        super().__init__(f"{self.where}: {what} — {fix}")
+# One bad-input type for the whole project: defined below both halves (profiler.records, whose
+# typed run-folder readers raise it too), so `except AnalysisError` catches an invalid record.
+AnalysisError = InputError
 
 
 def unexpected(err: BaseException) -> str:

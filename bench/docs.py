@@ -18,7 +18,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from bench.common import REPO
+from workloads.launch.child import PACKAGE_ROOT as REPO  # the clone: docs/ and reports/ are in it
 from workloads.tools.cli import COMMANDS, build_parser, command_parser
 
 __all__ = ["benchmarks_md", "cli_md", "main"]
