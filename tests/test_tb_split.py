@@ -3,7 +3,7 @@
 tb-profiler's own parser (RunProfileData, and DistributedRunGenerator for the Distributed view's
 per-worker "all" row) is the reference: on a real dpscope DDP trace (whose StepTimer ranges
 tb-profiler drops), on other tools' traces in tests/data, and on small hand-built traces
-that each exercise one of its rules (docs/analysis.md §4a). tb-profiler shows whole µs (it
+that each exercise one of its rules (docs/reference/metrics.md §4a). tb-profiler shows whole µs (it
 truncates the per-step mean), so hand-built and shared traces must agree to under 1 µs.
 """
 
@@ -85,7 +85,7 @@ def X(cat: str, name: str, ts: float, dur: float, tid: int = 1, **args) -> dict:
             "args": {k.replace("_", " "): v for k, v in args.items()}}  # fmt: skip
 
 
-# Hand-built traces, one rule family each (docs/analysis.md §4a).
+# Hand-built traces, one rule family each (docs/reference/metrics.md §4a).
 RULE_CASES = {
     # User annotations other than ProfilerStep# and the ten gloo/nccl names count for nothing;
     # a gloo-named annotation is communication; all_to_all is not a collective to tb-profiler

@@ -24,7 +24,7 @@ from workloads.train.data import GlobalBatchSampler
 from workloads.train.loop import build_parser
 from workloads.train.summary import best_epoch, step_metrics
 
-# The field lists of docs/run-folder.md.
+# The field lists of docs/reference/run-folder.md.
 RUN_KEYS = set(
     """schema_version run_id status error created_at finished_at config env metrics eval traces
     warnings""".split()

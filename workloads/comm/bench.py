@@ -17,7 +17,7 @@ Message size follows nccl-tests: the larger buffer (all_gather: output; reduce_s
 (a busy loop) for that many milliseconds before the timed call. nccl-tests' back-to-back timing
 (gap 0, the default) is what NCCL on GPUs shows in training too; on CPU hosts the transport
 threads go idle during a step's compute, and a collective issued after compute can take several
-times longer (docs/analysis.md §10). With a gap, each iteration also times a second call right
+times longer (docs/reference/metrics.md §10). With a gap, each iteration also times a second call right
 after the first (back-to-back, transport awake): comm.csv keeps the first call's times, run.json
 both means (`metrics.time_us_mean`: `time_us_mean`, `time_us_mean_back_to_back`), so `analysis
 project` can take the idle penalty (their difference) once per call and the ring steps from the

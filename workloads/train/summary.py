@@ -1,5 +1,5 @@
 """run.json `metrics` from the per-rank step rows gathered on rank 0 (definitions as in
-docs/run-folder.md; every value carries its unit in its name)."""
+docs/reference/run-folder.md; every value carries its unit in its name)."""
 
 from __future__ import annotations
 
