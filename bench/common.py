@@ -59,8 +59,7 @@ def recorded() -> dict:
     """When, at which commit and on what machine a bench ran (docs/benchmarks.md shows it)."""
     try:
         commit = subprocess.run(
-            ["git", "rev-parse", "--short=12", "HEAD"],
-            cwd=PACKAGE_ROOT,
+            ["git", "-C", str(PACKAGE_ROOT), "rev-parse", "--short=12", "HEAD"],
             capture_output=True,
             text=True,
             timeout=30,

@@ -74,10 +74,16 @@ def pytest_runtest_call(item: pytest.Item) -> Iterator[None]:
         yield
 
 
+# Session fixtures made by real processes (the launcher, torchrun, bench-comm): a test that uses
+# one is an integration test without saying so.
+PROCESS_FIXTURES = {"runs_dir", "single_mlp_run", "ddp_mlp_run", "comm_run"}
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """browser and gpu tests start processes too: they count as integration for `-m`."""
+    """browser and gpu tests, and tests using a process-made fixture, count as integration."""
     for item in items:
-        if item.get_closest_marker("browser") or item.get_closest_marker("gpu"):
+        uses = PROCESS_FIXTURES & set(getattr(item, "fixturenames", ()))
+        if uses or item.get_closest_marker("browser") or item.get_closest_marker("gpu"):
             item.add_marker(pytest.mark.integration)
 
 

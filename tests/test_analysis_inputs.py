@@ -169,7 +169,6 @@ def test_json_is_written_even_when_the_reader_closes_the_pipe(tmp_path):
     assert json.loads(out.read_text())["schema_version"] == 2
 
 
-@pytest.mark.integration
 def test_analysis_never_imports_torch(single_mlp_run, ddp_mlp_run, comm_run, tmp_path):
     """Every analysis path a user runs (traces, compare_runs, build_report, `analysis project`)
     in one process where `import torch` fails, as on a machine without torch."""

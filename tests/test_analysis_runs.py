@@ -14,7 +14,6 @@ from analysis.trace.folder import analyze_trace_dir
 from tests.conftest import read_run
 
 
-@pytest.mark.integration
 def test_gloo_allreduce_calls_and_bytes_are_exact(ddp_mlp_run):
     """DDP all-reduces every gradient once per step, in buckets: the trace must show exactly
     (analysed steps × buckets) gloo:all_reduce calls carrying 4 bytes per parameter each step."""
@@ -54,7 +53,6 @@ def test_gloo_allreduce_calls_and_bytes_are_exact(ddp_mlp_run):
     assert sum(s["straggler_score"] for s in result["stragglers"]) == pytest.approx(1.0)
 
 
-@pytest.mark.integration
 def test_compare_runs_on_real_single_and_ddp(runs_dir, single_mlp_run, ddp_mlp_run):
     result = compare_runs([runs_dir], progress=False)
     runs = {r["run_id"]: r for r in result["runs"]}
@@ -74,7 +72,6 @@ def test_compare_runs_on_real_single_and_ddp(runs_dir, single_mlp_run, ddp_mlp_r
     json.dumps(result, allow_nan=False)  # the CLI's --json output must be strict JSON
 
 
-@pytest.mark.integration
 def test_failed_running_and_corrupt_runs_are_listed(tmp_path, ddp_mlp_run, single_mlp_run):
     shutil.copytree(single_mlp_run, tmp_path / "single-mlp")
     for run_id, status in (("ddp-failed", "failed"), ("ddp-running", "running")):
@@ -107,7 +104,6 @@ def test_failed_running_and_corrupt_runs_are_listed(tmp_path, ddp_mlp_run, singl
     assert [g["mode"] for g in result["groups"]] == ["single"]  # only ok runs are grouped
 
 
-@pytest.mark.integration
 def test_same_run_id_in_two_folders_never_merges(tmp_path, ddp_mlp_run, single_mlp_run):
     """The same --run-id copied from two machines: both runs stay, each with its own numbers."""
     for machine in ("linux", "windows"):

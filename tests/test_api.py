@@ -49,7 +49,6 @@ def report(single_mlp_run, ddp_mlp_run, tmp_path_factory):
     return out
 
 
-@pytest.mark.integration
 def test_load_runs_is_the_reports_run_table(single_mlp_run, ddp_mlp_run, report) -> None:
     runs = dp.load_runs(single_mlp_run, ddp_mlp_run)
     csv = pd.read_csv(report / "summary.csv", keep_default_na=False, na_values=[""])
@@ -61,7 +60,6 @@ def test_load_runs_is_the_reports_run_table(single_mlp_run, ddp_mlp_run, report)
         assert runs[column].to_numpy() == pytest.approx(csv[csv_column].to_numpy()), column
 
 
-@pytest.mark.integration
 def test_load_runs_numbers_by_hand_from_the_run_records(single_mlp_run, ddp_mlp_run) -> None:
     runs = dp.load_runs(single_mlp_run, ddp_mlp_run, traces=False).set_index("run_id")
     single = read_run(single_mlp_run)["metrics"]["samples_per_s"]
@@ -71,7 +69,6 @@ def test_load_runs_numbers_by_hand_from_the_run_records(single_mlp_run, ddp_mlp_
     assert runs.loc["ddp-gloo-mlp", "scaling_efficiency_ratio"] == pytest.approx(ddp / single / 2)
 
 
-@pytest.mark.integration
 def test_collectives_match_the_traces_and_the_report(ddp_mlp_run, report) -> None:
     comm = dp.collectives(ddp_mlp_run)
     traces = dp.analyze_traces(ddp_mlp_run / "traces")
@@ -91,7 +88,6 @@ def test_collectives_match_the_traces_and_the_report(ddp_mlp_run, report) -> Non
     assert list(direct["bytes_total"]) == list(comm["bytes_total"])
 
 
-@pytest.mark.integration
 def test_compare_runs_is_the_cli_json(ddp_mlp_run, tmp_path) -> None:
     out = tmp_path / "runs.json"
     cmd = [sys.executable, "-m", "analysis", "runs", str(ddp_mlp_run), "--json", str(out)]
@@ -102,7 +98,6 @@ def test_compare_runs_is_the_cli_json(ddp_mlp_run, tmp_path) -> None:
     assert api["runs"] == cli["runs"] and api["schema_version"] == cli["schema_version"]
 
 
-@pytest.mark.integration
 def test_the_notebook_example_runs_as_a_script_without_torch(single_mlp_run, tmp_path) -> None:
     example = REPO / "docs" / "examples" / "api_tour.py"
     assert "# %%" in example.read_text(encoding="utf-8")  # percent-format cells

@@ -129,7 +129,6 @@ def test_an_unknown_option_or_bad_value_is_one_line_before_anything_starts(
     assert not runs.exists()
 
 
-@pytest.mark.integration
 def test_help_report_runs_and_traces_never_import_torch(single_mlp_run, tmp_path) -> None:
     """With a `torch` that can't be imported, as on a machine without it."""
     env = no_torch_env(tmp_path)

@@ -163,7 +163,6 @@ def failed_runs(runs_dir: Path) -> dict[str, tuple[int, float]]:
     )
 
 
-@pytest.mark.integration
 def test_a_hung_rank_is_named_within_bounded_time(runs_dir):
     hooks = {"DPSCOPE_HANG_RANK": "1", "DPSCOPE_HANG_STEP": "3"}
     args = [*DDP, *CPU, "--runs-dir", str(runs_dir), "--no-profile", "--run-id", "fault-hang"]
@@ -183,7 +182,6 @@ def test_a_hung_rank_is_named_within_bounded_time(runs_dir):
     assert beat["collective_started"]["seq"] == beat["collective_finished"]["seq"] + 1
 
 
-@pytest.mark.integration
 def test_the_watchdog_ends_a_hang_outside_any_collective(runs_dir, failed_runs):
     code, seconds = failed_runs["fault-hang-single"]
     assert code == 1
@@ -193,7 +191,6 @@ def test_the_watchdog_ends_a_hang_outside_any_collective(runs_dir, failed_runs):
     assert err["exit_code"] == -15  # the watchdog stopped it
 
 
-@pytest.mark.integration
 def test_a_killed_rank_without_restarts_says_killed(runs_dir, failed_runs):
     assert failed_runs["fault-killed"][0] == 1
     rec = read_run(runs_dir / "fault-killed")
@@ -203,7 +200,6 @@ def test_a_killed_rank_without_restarts_says_killed(runs_dir, failed_runs):
     assert "SIGKILL" in err["message"] and "OOM killer" in err["message"]
 
 
-@pytest.mark.integration
 def test_a_nan_loss_stops_the_run_as_diverged(runs_dir, failed_runs):
     assert failed_runs["fault-nan"][0] == 1
     err = read_run(runs_dir / "fault-nan")["error"]
@@ -211,7 +207,6 @@ def test_a_nan_loss_stops_the_run_as_diverged(runs_dir, failed_runs):
     assert "loss is nan at step 3" in err["message"]
 
 
-@pytest.mark.integration
 def test_sigterm_to_the_launcher_stops_every_process(runs_dir):
     run_dir = runs_dir / "fault-interrupted"
     args = [*DDP, *CPU, "--runs-dir", str(runs_dir), "--run-id", run_dir.name, "--no-profile"]
@@ -253,7 +248,6 @@ def test_sigterm_to_the_launcher_stops_every_process(runs_dir):
     assert "SIGTERM" in rec["error"]["message"]
 
 
-@pytest.mark.integration
 def test_a_finished_run_is_never_downgraded(ddp_mlp_run, tmp_path):
     run_dir = tmp_path / "done"
     shutil.copytree(ddp_mlp_run, run_dir)
@@ -280,7 +274,6 @@ def test_error_kinds_of_exceptions():
     assert classify(ValueError("boom"), per_device_batch=1)["kind"] == "crash"
 
 
-@pytest.mark.integration
 def test_a_half_written_trace_is_skipped_with_one_line(ddp_mlp_run, tmp_path):
     traces = tmp_path / "traces"
     shutil.copytree(ddp_mlp_run / "traces", traces)
@@ -297,7 +290,6 @@ def test_a_half_written_trace_is_skipped_with_one_line(ddp_mlp_run, tmp_path):
     assert all("\n" not in r for r in reasons.values())
 
 
-@pytest.mark.integration
 def test_the_report_lists_failed_runs_with_kind_and_one_line(runs_dir, failed_runs):
     from analysis.report.findings import findings
     from analysis.report.tables import run_reason

@@ -63,7 +63,6 @@ def test_phase_follows_the_schedule(schedule, steps, profiled, active):
     assert {s for s, p in enumerate(phases) if p == "active"} == active
 
 
-@pytest.mark.integration
 def test_profiled_column_matches_the_real_traces(single_mlp_run, ddp_mlp_run):
     """steps.csv `profiled` = the schedule's warm-up + active steps of the run's own config; the
     ProfilerStep#N numbers in each rank's real trace are exactly the active ones."""
@@ -78,7 +77,6 @@ def test_profiled_column_matches_the_real_traces(single_mlp_run, ddp_mlp_run):
             assert _trace_steps(run_dir / trace) == active == {2, 3, 4}
 
 
-@pytest.mark.integration
 def test_throughput_uses_only_unprofiled_measured_steps(single_mlp_run, ddp_mlp_run):
     """run.json samples_per_s / step_time_s / per_rank / profiler_overhead_pct recomputed from
     steps.csv with pandas, independently of workloads.train.summary."""
@@ -130,7 +128,6 @@ def test_fallback_warning_reaches_run_json_and_the_report(tmp_path):
     assert any(run["warnings"][0] in f.text for f in findings(data))
 
 
-@pytest.mark.integration
 def test_schema_1_folder_is_read_with_a_warning(single_mlp_run, tmp_path):
     """A schema-1 folder (no `profiled` column): read as written, with a warning."""
     old = tmp_path / "old"
@@ -153,7 +150,6 @@ def test_schema_1_folder_is_read_with_a_warning(single_mlp_run, tmp_path):
 # --- one memory-imbalance definition ------------------------------------------------------------
 
 
-@pytest.mark.integration
 def test_memory_imbalance_is_one_number_everywhere(ddp_mlp_run, tmp_path):
     """Ranks at 100 and 150 MiB: 50% in the runs JSON, the finding, summary.json, the CSV and
     the CLI; max/mean (1.2) only in its own extra column."""
@@ -219,7 +215,6 @@ def test_latency_is_transfer_plus_sync_per_call_and_in_total():
     assert agg["latency_us_total"] == agg["transfer_us_total"] + agg["sync_us_total"] == 48.5
 
 
-@pytest.mark.integration
 def test_latency_identity_holds_on_a_real_ddp_trace(ddp_mlp_run):
     result = analyze_trace_dir(ddp_mlp_run / "traces", progress=False)
     rows = result["collectives_per_rank"] + result["collectives"]
@@ -246,7 +241,6 @@ def _variant(src: Path, parent: Path, name: str, *, config=None, env=None) -> Pa
     return dst
 
 
-@pytest.mark.integration
 def test_bf16_fp32_and_other_os_runs_are_never_pooled(single_mlp_run, ddp_mlp_run, tmp_path):
     runs = tmp_path / "runs"
     _variant(single_mlp_run, runs, "single-fp32")

@@ -186,7 +186,6 @@ def bad_runs_result(bad_runs) -> dict:
     return compare_runs([bad_runs], progress=False, traces=False)
 
 
-@pytest.mark.integration
 def test_good_runs_survive_with_their_numbers(bad_runs_result, single_mlp_run, ddp_mlp_run):
     runs = {r["run_id"]: r for r in bad_runs_result["runs"]}
     assert set(runs) == {read_run(single_mlp_run)["run_id"], read_run(ddp_mlp_run)["run_id"]}
@@ -215,7 +214,6 @@ def test_dp_devices_string_never_counts_letters(bad_runs_result):
     assert "Expected `array" in hit["problem"] and "got `str`" in hit["problem"]
 
 
-@pytest.mark.integration
 def test_schema_version_2_and_unknown_fields_are_accepted(tmp_path, ddp_mlp_run):
     """Newer writers bump schema_version to 2, add a steps.csv `profiled` column and new optional
     run.json fields: none of that invalidates a run."""
@@ -241,7 +239,6 @@ def test_schema_version_2_and_unknown_fields_are_accepted(tmp_path, ddp_mlp_run)
     assert result["runs"][0]["profiler_overhead_pct"] == rec["metrics"]["profiler_overhead_pct"]
 
 
-@pytest.mark.integration
 def test_cut_off_steps_csv_of_a_failed_run_is_a_warning(tmp_path, ddp_mlp_run):
     """A run that did not finish may leave a half-written last row: not invalid, just no phases."""
     dst = tmp_path / "failed"
@@ -387,7 +384,6 @@ def test_events_of_the_wrong_type_are_dropped_and_the_rest_analysed(
     assert clean_ranks[1]["warnings"] == [] and ranks[1]["warnings"] == [line]
 
 
-@pytest.mark.integration
 def test_dropped_events_reach_the_run_warnings(tmp_path, ddp_mlp_run):
     run = tmp_path / "ddp"
     shutil.copytree(ddp_mlp_run, run)
@@ -438,7 +434,6 @@ def test_deeply_nested_trace_is_skipped_with_one_line(where, tmp_path, ddp_trace
     assert "\n" not in hit["reason"]
 
 
-@pytest.mark.integration
 def test_deeply_nested_trace_inside_a_run_folder(tmp_path, ddp_mlp_run, single_mlp_run):
     """The run keeps its record and its good rank; the bad trace is one warning."""
     run = tmp_path / "runs" / "deep"
@@ -501,7 +496,6 @@ def test_bad_json_out_is_refused_before_work(target, tmp_path, ddp_traces, capsy
     assert trace.read_bytes() == before
 
 
-@pytest.mark.integration
 def test_json_out_inside_a_run_folder_is_refused(tmp_path, single_mlp_run, capsys):
     run = tmp_path / "single"
     shutil.copytree(single_mlp_run, run)
@@ -512,7 +506,6 @@ def test_json_out_inside_a_run_folder_is_refused(tmp_path, single_mlp_run, capsy
 
 
 @pytest.mark.parametrize("target", ["", ".", "/", "file", "input", "inside-run"])
-@pytest.mark.integration
 def test_bad_report_out_is_refused_before_work(target, tmp_path, single_mlp_run, capsys):
     runs = tmp_path / "runs"
     shutil.copytree(single_mlp_run, runs / "single")
@@ -532,7 +525,6 @@ def test_bad_report_out_is_refused_before_work(target, tmp_path, single_mlp_run,
     assert (tmp_path / "foreign" / "notes.txt").read_text() == "keep"
 
 
-@pytest.mark.integration
 def test_report_into_a_folder_with_other_files_keeps_them(tmp_path, single_mlp_run):
     """`make report` writes into reports/, which holds the project's README.md and bench/: the
     report swaps in its own files only, and a second report removes what the first wrote and
@@ -594,7 +586,6 @@ def test_failed_report_write_leaves_the_previous_report_whole(tmp_path):
 # ---------------------------------------------------------------------------------------------
 
 
-@pytest.mark.integration
 def test_report_builds_from_good_and_every_bad_run(bad_runs, tmp_path, single_mlp_run, ddp_mlp_run):
     """The whole mixed folder, traces included, plus a run with a 2 MB env.os and a run with bad
     traces: the report lists every bad run as invalid, keeps the good numbers (the bad traces cost

@@ -164,7 +164,6 @@ def test_make_passes_runs_with_a_space_as_one_folder(tmp_path):
 # --- real runs -------------------------------------------------------------------------------
 
 
-@pytest.mark.integration
 def test_a_crashing_rank_marks_the_run_failed(runs_dir, monkeypatch):
     monkeypatch.setenv("DPSCOPE_FAIL_RANK", "1")
     monkeypatch.setenv("DPSCOPE_FAIL_STEP", "2")
@@ -181,7 +180,6 @@ def test_a_crashing_rank_marks_the_run_failed(runs_dir, monkeypatch):
     assert "status: failed" in proc.stdout
 
 
-@pytest.mark.integration
 def test_two_nodes_on_loopback(runs_dir):
     endpoint = f"127.0.0.1:{free_port()}"
     ddp = "-m workloads.launch --mode ddp --backend gloo --nproc 1 --nnodes 2 --run-id two-nodes"
@@ -207,7 +205,6 @@ def test_two_nodes_on_loopback(runs_dir):
     assert "node 0 writes" in outs[1]
 
 
-@pytest.mark.integration
 def test_file_rendezvous(runs_dir, tmp_path):
     rdzv = tmp_path / "rdzv" / "store"
     ddp = "--mode ddp --backend gloo --nproc 2 --run-id file-rdzv".split()

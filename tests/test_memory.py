@@ -29,7 +29,6 @@ def _breakdown(run_dir: Path) -> list[dict]:
     return read_run(run_dir)["metrics"]["memory_breakdown"]
 
 
-@pytest.mark.integration
 def test_static_counts_match_the_model(single_mlp_run: Path, ddp_mlp_run: Path) -> None:
     assert read_run(single_mlp_run)["config"]["momentum"] > 0  # SGD keeps one momentum buffer
     for run_dir, ranks in ((single_mlp_run, [0]), (ddp_mlp_run, [0, 1])):
@@ -56,7 +55,6 @@ def test_static_counts_match_the_model(single_mlp_run: Path, ddp_mlp_run: Path) 
         assert e["ddp_buckets_bytes"] == pytest.approx(e["gradients_bytes"], rel=0.05)
 
 
-@pytest.mark.integration
 def test_gradient_as_bucket_view_removes_the_buckets(runs_dir: Path) -> None:
     run_id = "ddp-gloo-mlp-view"
     args = ["--mode", "ddp", "--nproc", "2", "--backend", "gloo", "--run-id", run_id]
@@ -135,7 +133,6 @@ def _strip_memory_events(src: Path, dst: Path) -> None:
     dst.write_bytes(gzip.compress(json.dumps(data).encode()))
 
 
-@pytest.mark.integration
 def test_trace_without_memory_events_warns(single_mlp_run: Path, tmp_path: Path) -> None:
     run_dir = tmp_path / "single-nomem"
     shutil.copytree(single_mlp_run, run_dir)

@@ -46,7 +46,6 @@ def test_self_times_add_up_to_at_most_the_step(fixture, request):
         assert not {"forward", "backward", "optimizer", "data"} & {o["name"] for o in ops}
 
 
-@pytest.mark.integration
 def test_ddp_adds_one_gloo_all_reduce_per_bucket(single_mlp_run, ddp_mlp_run, tmp_path):
     buckets = read_run(ddp_mlp_run)["metrics"]["ddp"]["num_buckets"]
     out = tmp_path / "diff.json"
@@ -80,7 +79,6 @@ def test_ddp_adds_one_gloo_all_reduce_per_bucket(single_mlp_run, ddp_mlp_run, tm
     assert {p["phase"] for p in result["phases"]} >= {"forward", "backward", "step_time"}
 
 
-@pytest.mark.integration
 def test_runs_json_carries_what_ddp_adds(single_mlp_run, ddp_mlp_run, tmp_path):
     """The runs JSON's `ddp_adds` (what the report's "What DDP adds" renders) is the very diff
     `analysis diff SINGLE DDP` computes on its own: one per DDP group, A = its single baseline."""
@@ -94,7 +92,6 @@ def test_runs_json_carries_what_ddp_adds(single_mlp_run, ddp_mlp_run, tmp_path):
     assert compare_runs([tmp_path], progress=False, traces=False)["ddp_adds"] == []
 
 
-@pytest.mark.integration
 def test_ops_cli_top_and_json(ddp_mlp_run, tmp_path, capsys):
     out = tmp_path / "ops.json"
     assert main(["ops", str(ddp_mlp_run), "--top", "5", "--json", str(out)]) == 0
@@ -112,7 +109,6 @@ def test_ops_cli_top_and_json(ddp_mlp_run, tmp_path, capsys):
     assert "gloo:all_reduce" in capsys.readouterr().out
 
 
-@pytest.mark.integration
 def test_run_without_traces_is_one_line(ddp_mlp_run, tmp_path, capsys):
     bare = tmp_path / "bare"
     shutil.copytree(ddp_mlp_run, bare, ignore=shutil.ignore_patterns("traces"))
@@ -125,7 +121,6 @@ def test_run_without_traces_is_one_line(ddp_mlp_run, tmp_path, capsys):
     assert err.count("\n") == 0 and "is a folder of runs" in err, err
 
 
-@pytest.mark.integration
 def test_different_workloads_warn_naming_the_difference(single_mlp_run, tmp_path):
     other = tmp_path / "runs"
     args = [a if a != "64" else "32" for a in TINY]  # same model and data, half the batch

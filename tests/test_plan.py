@@ -114,7 +114,6 @@ def test_torchrun_layout_is_what_init_context_plans_with():
     assert torchrun_layout("single", env) == {} and torchrun_layout("ddp", {}) == {}
 
 
-@pytest.mark.integration
 def test_the_trainer_records_the_plan_the_launcher_made(ddp_mlp_run):
     """The run.json written by rank 0 of a real torchrun job holds the layout `plan` gives for
     the same request on this machine: launcher and trainer plan with the same function."""

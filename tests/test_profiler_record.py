@@ -22,40 +22,6 @@ def test_steps_columns_match_the_contract():
     assert runfolder.STEPS_COLUMNS == documented
 
 
-def test_steps_csv_writer_columns_are_the_readers_step_row():
-    """The writer's columns (profiler.record) and the reader's typed row (analysis StepRow) are
-    one contract: same names, and the reader's required columns are among the writer's."""
-    from analysis.runs.records import STEP_COLUMNS, StepRow
-
-    assert set(record.STEPS_COLUMNS) == set(StepRow.__struct_fields__)
-    assert set(STEP_COLUMNS) <= set(record.STEPS_COLUMNS)
-
-
-@pytest.mark.integration
-def test_a_written_steps_csv_decodes_into_step_rows(single_mlp_run):
-    """A real run's steps.csv, as the trainer wrote it, read back by the reader: every row and
-    every column survives with its value."""
-    from analysis.runs.records import StepRow, read_steps
-
-    path = single_mlp_run / "steps.csv"
-    with open(path, newline="") as f:
-        reader = csv.DictReader(f)
-        raw = list(reader)
-        assert reader.fieldnames == record.STEPS_COLUMNS
-    rows = read_steps(path)
-    assert len(rows) == len(raw) > 0
-    for got, want in zip(rows, raw, strict=True):
-        assert isinstance(got, StepRow)
-        for column in record.STEPS_COLUMNS:
-            value = getattr(got, column)
-            if want[column] == "":
-                assert value is None, column
-            elif isinstance(value, bool):
-                assert value == (want[column] in ("1", "True", "true")), column
-            else:
-                assert value == pytest.approx(float(want[column])), column
-
-
 def test_write_json_atomic_replaces_and_leaves_no_temp(tmp_path: Path):
     target = tmp_path / "sub" / "run.json"
     atomic.write_json_atomic(target, {"a": 1})
@@ -117,7 +83,6 @@ def test_write_csv_atomic_columns_and_none(tmp_path: Path):
     assert len(target.read_text().splitlines()) == 2  # the earlier file survived
 
 
-@pytest.mark.integration
 def test_collect_env_fields():
     env = record.collect_env(threads_per_rank=3)
     assert set(env) == {

@@ -52,7 +52,6 @@ def _bench(args: list[str]) -> subprocess.CompletedProcess:
     )
 
 
-@pytest.mark.integration
 def test_bench_comm_writes_a_checked_comm_run(comm_run):
     rec = read_run(comm_run)
     assert rec["kind"] == "comm" and rec["status"] == "ok"
@@ -126,7 +125,6 @@ def test_measured_curve_gives_the_benchmark_back():
     assert collective_time_us(model, 1 << 22, 4) == pytest.approx(want)
 
 
-@pytest.mark.integration
 def test_ddp_buckets_match_torch_and_the_real_reducer(ddp_mlp_run):
     import torch.distributed as dist
 
@@ -306,7 +304,6 @@ def test_replay_of_an_exact_ddp_run_is_exact(tmp_path):
     assert any("extrapolated" in w for w in big["warnings"])
 
 
-@pytest.mark.integration
 def test_project_real_ddp_run_prints_replay_error(ddp_mlp_run, comm_run, tmp_path, capsys):
     out_json = tmp_path / "p.json"
     args = [str(ddp_mlp_run), "--comm", str(comm_run), "--ranks", "1,2,8,64", "--json"]
@@ -335,7 +332,6 @@ def _error_line(argv: list[str], capsys) -> str:
     return lines[0]
 
 
-@pytest.mark.integration
 def test_project_bad_input_is_one_line(tmp_path, comm_run, single_mlp_run, capsys):
     nccl = _fake_comm(tmp_path / "nccl", alpha_us=5, bus_gbps=50, backend="nccl")
     run = ["project", str(single_mlp_run), "--comm"]
@@ -360,7 +356,6 @@ def test_project_bad_input_is_one_line(tmp_path, comm_run, single_mlp_run, capsy
     assert "--inter-node" in line
 
 
-@pytest.mark.integration
 def test_comm_runs_are_not_training_runs_and_reach_the_report(
     tmp_path, comm_run, single_mlp_run, ddp_mlp_run
 ):
@@ -405,7 +400,6 @@ def test_threads_reach_torch_and_train_argv():
         TrainConfig(threads=-1)
 
 
-@pytest.mark.integration
 def test_a_damaged_comm_run_is_one_skipped_line(tmp_path, comm_run, single_mlp_run):
     for d in (comm_run, single_mlp_run):
         shutil.copytree(d, tmp_path / d.name)
@@ -534,7 +528,6 @@ def test_the_gap_warning_goes_once_the_comm_run_matches(tmp_path):
     assert not [w for w in project(run, gpu, [2])["warnings"] if "COMM_GAP_MS" in w]
 
 
-@pytest.mark.integration
 def test_the_trainer_records_buffer_bytes_by_dtype(single_mlp_run):
     from workloads.train.finish import _buffer_bytes_by_dtype
     from workloads.train.models import build_model
@@ -582,7 +575,6 @@ def test_damaged_new_fields_fall_back_instead_of_failing(
     assert out["predictions"][0]["buffer_broadcast_s"] == 0
 
 
-@pytest.mark.integration
 def test_bench_projection_gaps_follow_the_workloads_collectives(single_mlp_run, tmp_path):
     """The compute bench-projection asks the comm run to leave before each collective: the whole
     step for a model without buffers (the all-reduce is the step's only collective), else forward

@@ -343,7 +343,6 @@ def _copy_run(src: Path, dst_parent: Path, name: str) -> Path:
     return dst
 
 
-@pytest.mark.integration
 def test_untrusted_strings_render_as_text(ddp_mlp_run, single_mlp_run, tmp_path):
     run = _copy_run(ddp_mlp_run, tmp_path / "runs", "evil")
     rec = json.loads((run / "run.json").read_text())
@@ -368,7 +367,6 @@ def test_untrusted_strings_render_as_text(ddp_mlp_run, single_mlp_run, tmp_path)
     assert any(INJECT in r["name"][1] for r in page.tables["collectives"]), "op name on the page"
 
 
-@pytest.mark.integration
 def test_failed_skipped_and_corrupt_runs_are_listed(single_mlp_run, ddp_mlp_run, tmp_path):
     runs = tmp_path / "runs"
     _copy_run(single_mlp_run, runs, "good")
@@ -406,7 +404,6 @@ def test_failed_skipped_and_corrupt_runs_are_listed(single_mlp_run, ddp_mlp_run,
     assert any("cut-trace" in f and trace.name in f for f in page.findings)
 
 
-@pytest.mark.integration
 def test_bad_input_is_one_line_without_traceback(single_mlp_run, tmp_path, capsys):
     from analysis.report.__main__ import main
 
@@ -456,7 +453,6 @@ def test_speedup_series_never_pool_two_models():
     assert set(one["series"]) == {"ddp (gloo)"}
 
 
-@pytest.mark.integration
 def test_what_ddp_adds_and_operator_tables(built, ddp_mlp_run):
     """The DDP group's "What DDP adds" table (DDP rank 0 vs its single run) shows DDP's
     all-reduce as new, one call per bucket; each run and rank has a collapsible operator table."""

@@ -39,7 +39,6 @@ def _parts(trace_dir: Path, n: int, out: Path) -> list[Path]:
     return paths
 
 
-@pytest.mark.integration
 def test_cli_merge_equals_unsharded_on_a_real_ddp_run(ddp_mlp_run, tmp_path):
     traces = str(ddp_mlp_run / "traces")
     for k in range(2):

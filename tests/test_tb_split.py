@@ -36,7 +36,6 @@ def dpscope_split(trace_dir: Path) -> dict[str, list[float]]:
     return {Path(r["file"]).name: [r["tb_split"][k] for k in PARTS] for r in result["ranks"]}
 
 
-@pytest.mark.integration
 def test_dpscope_ddp_trace_matches_tb_profiler(ddp_mlp_run: Path, tmp_path: Path):
     """The issue's case: StepTimer's data/forward/backward/optimizer ranges wrap the all-reduce
     wait; tb-profiler drops them, so the communication is exposed, not overlapped."""

@@ -274,7 +274,6 @@ def test_tune_json_holds_every_trial_and_numbers_recomputable_from_them(tune_dir
     assert "bucket-1" in out and "powersgd" in out and "FLAG" in out and "command:" in out
 
 
-@pytest.mark.integration
 def test_report_shows_the_tuning_section_without_the_trial_runs(tune_dir, single_mlp_run, tmp_path):
     data = compare_runs([tune_dir.parent, single_mlp_run.parent], progress=False, traces=False)
     assert [t["tune_id"] for t in data["tunes"]] == ["tune-t"]

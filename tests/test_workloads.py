@@ -182,13 +182,11 @@ def _check_complete(run_dir, *, mode, world):
     return run
 
 
-@pytest.mark.integration
 def test_single_run_writes_a_complete_run_folder(single_mlp_run):
     run = _check_complete(single_mlp_run, mode="single", world=1)
     assert run["config"]["backend"] == "none" and run["metrics"]["ddp"] is None
 
 
-@pytest.mark.integration
 def test_ddp_gloo_run_writes_a_complete_run_folder(ddp_mlp_run):
     run = _check_complete(ddp_mlp_run, mode="ddp", world=2)
     assert run["config"]["backend"] == "gloo" and run["config"]["nproc_per_node"] == 2
@@ -199,7 +197,6 @@ def test_ddp_gloo_run_writes_a_complete_run_folder(ddp_mlp_run):
     assert "torch.distributed.run" in (ddp_mlp_run / "logs" / "launcher.log").read_text()
 
 
-@pytest.mark.integration
 def test_every_mode_reports_the_same_eval(single_mlp_run, ddp_mlp_run):
     single, ddp = read_run(single_mlp_run)["eval"]["best"], read_run(ddp_mlp_run)["eval"]["best"]
     assert ddp["samples"] == single["samples"]
