@@ -74,6 +74,8 @@ def recorded() -> dict:
             "cores": psutil.cpu_count(),
             "os": platform.system(),
             "python": platform.python_version(),
+            # Other jobs on the host slow every arm: the load says how busy it was.
+            "load_avg_1m": round(os.getloadavg()[0], 1) if hasattr(os, "getloadavg") else None,
         },
     }
 

@@ -119,7 +119,18 @@ def benchmarks_md(bench_dir: Path = BENCH_DIR) -> str:
         "keeps its results beside its runs). "
         "To regenerate: run those targets, then `make docs`. Each section names the date, commit "
         "and machine of its run; the numbers are medians over interleaved repeats (bench/common.py)"
-        " and every repeat is in the JSON. Goals are checked by the benches, never by the tests.",
+        " and every repeat is in the JSON; `load_avg_1m` says how busy the machine was. Goals are"
+        " checked by the benches, never by the tests.",
+        "",
+        "- **overhead** (`make bench-overhead`): smallcnn, batch 64, 40 steps, one device: a profiled"
+        " run, the same with `--no-profile`, and a plain hand-written loop. `unprofiled_steps_ratio`"
+        " = the profiled run's samples/s (its unprofiled steps) ÷ the `--no-profile` run's (goal"
+        " ≥ 0.99); `plain_loop_ratio` = `--no-profile` ÷ the plain loop (goal ≥ 0.98).",
+        "- **analysis** (`make bench-analysis`): dpscope against HTA 0.5.0 on the same traces, then"
+        " a real trace copied to 8, 64 and 256 ranks: analysis time per rank (goal: flat within"
+        " 20 %) and RSS summed over the job's processes (goal: < 1 GB at 256 ranks).",
+        "- **report** (`make bench-report`): the report's build time for the 8-run demo and a"
+        " 100-run sweep (goal: the sweep within 15 s).",
         "",
     ]
     if not files:

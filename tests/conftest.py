@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import platform
 import socket
 import subprocess
 import sys
@@ -22,8 +23,9 @@ from unittest.mock import patch
 
 import pytest
 
-# Imported once here: torch's first import probes libraries with `ldconfig -p` (a process), which
-# must not be charged to whichever unmarked test happens to import torch first.
+# Done once here: torch's first import probes libraries with `ldconfig -p` and platform's first
+# processor() runs `uname -p` (processes, cached after), which must not be charged to whichever
+# unmarked test happens to come first.
 import torch  # noqa: F401
 
 from profiler.records import read_comm_record, read_record, record_kind
@@ -33,6 +35,8 @@ REPO = Path(__file__).resolve().parents[1]
 # Reference traces from other public projects (origin, licence, their tools outputs: README.md).
 DATA = REPO / "tests" / "data"
 
+
+platform.processor()
 
 PROCESS_MARKS = ("integration", "browser", "gpu")
 

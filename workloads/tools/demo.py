@@ -1,7 +1,7 @@
 """`dpscope demo` (what `make demo` runs): profile a small workload in every mode this machine
 supports, for two seeds (so the report has error bars), then write the report.
 
-The defaults (smallcnn, 24 steps, seeds 0 and 1) finish in about a minute on a 2-core CPU. Any
+The defaults (smallcnn, 24 steps, seeds 0 and 1) finish in about a minute on a quiet 2-core CPU. Any
 other option is a `dpscope profile` option, checked before anything runs, and wins over the
 demo's defaults: `dpscope demo --model resnet18 --max-steps 50`.
 """
