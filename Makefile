@@ -7,6 +7,8 @@ PYTHON   ?= python3
 VENV     ?= .venv
 PY       := $(VENV)/bin/python
 STAMP    := $(VENV)/.requirements.stamp
+# The `dpscope` command of this clone (what `pip install -e .` installs as .venv/bin/dpscope).
+DPSCOPE  := $(PY) -m workloads.tools.cli
 
 # Paths (RUNS, REPORT_DIR) are quoted in the recipes, so a folder name may contain spaces.
 # --- workload ---------------------------------------------------------------------------
@@ -39,34 +41,37 @@ RUN_FLAGS = --model $(MODEL) --dataset $(DATASET) --epochs $(EPOCHS) --max-steps
             --batch-size $(BATCH) --runs-dir "$(RUNS)" $(PROFILE_FLAGS)
 
 .PHONY: help setup profile-single profile-dp profile-ddp profile-all profile-script report demo tensorboard \
-        bench-analysis hta-orphans-reference gpu-check test lint format clean
+        bench-analysis hta-orphans-reference gpu-check test test-fast docs lint format clean
 
 help:
 	@echo "dpscope targets: setup profile-single profile-dp profile-ddp profile-all profile-script profile-sweep"
 	@echo "                 report demo tensorboard tune-ddp bench-comm bench-projection"
-	@echo "                 bench bench-overhead bench-analysis bench-report hta-orphans-reference gpu-check test lint format clean"
-	@echo "see README.md for every variable (NPROC BACKEND MODEL DATASET EPOCHS STEPS BATCH SEEDS RUNS ARGS ...)"
+	@echo "                 bench bench-overhead bench-analysis bench-report hta-orphans-reference gpu-check"
+	@echo "                 test test-fast docs lint format clean"
+	@echo "every target and variable: docs/reference/make.md; the dpscope command: docs/reference/cli.md"
 
-# Re-install only when requirements.txt changed (the stamp is newer otherwise).
-$(STAMP): requirements.txt
+# Re-install only when requirements.txt or pyproject.toml changed (the stamp is newer otherwise):
+# the pinned versions first, then dpscope itself, editable (the `dpscope` command).
+$(STAMP): requirements.txt pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -r requirements.txt
+	$(PY) -m pip install -q -e .
 	@touch $(STAMP)
 
 setup: $(STAMP)
 
 profile-single: setup
-	@for s in $(SEEDS); do $(PY) -m workloads.launch --mode single --seed $$s $(RUN_FLAGS) $(ARGS) || exit $$?; done
+	@for s in $(SEEDS); do $(DPSCOPE) profile --mode single --seed $$s $(RUN_FLAGS) $(ARGS) || exit $$?; done
 
 profile-dp: setup
-	@for s in $(SEEDS); do $(PY) -m workloads.launch --mode dp --seed $$s $(RUN_FLAGS) $(ARGS) || exit $$?; done
+	@for s in $(SEEDS); do $(DPSCOPE) profile --mode dp --seed $$s $(RUN_FLAGS) $(ARGS) || exit $$?; done
 
 profile-ddp: setup
-	@for s in $(SEEDS); do $(PY) -m workloads.launch --mode ddp $(NPROC_FLAG) --backend $(BACKEND) --seed $$s $(RUN_FLAGS) $(ARGS) || exit $$?; done
+	@for s in $(SEEDS); do $(DPSCOPE) profile --mode ddp $(NPROC_FLAG) --backend $(BACKEND) --seed $$s $(RUN_FLAGS) $(ARGS) || exit $$?; done
 
 profile-all: setup
-	@for s in $(SEEDS); do $(PY) -m workloads.launch --mode all $(NPROC_FLAG) --seed $$s $(RUN_FLAGS) $(ARGS) || exit $$?; done
+	@for s in $(SEEDS); do $(DPSCOPE) profile --mode all $(NPROC_FLAG) --seed $$s $(RUN_FLAGS) $(ARGS) || exit $$?; done
 
 # Your own script, unchanged (docs/guides/own-script.md):
 #   make profile-script SCRIPT=train.py SCRIPT_ARGS="--epochs 1" MODE=ddp NPROC=2
@@ -81,7 +86,7 @@ profile-script: setup
 # RUNS is one folder (spaces allowed) or, when no such folder exists, several separated by spaces.
 report: setup
 	@if [ -d "$(RUNS)" ]; then set -- "$(RUNS)"; else set -- $(RUNS); fi; \
-	    $(PY) -m analysis.report "$$@" --out "$(REPORT_DIR)"
+	    $(DPSCOPE) report "$$@" --out "$(REPORT_DIR)"
 
 # Small defaults so the whole demo finishes in about a minute and a half on a 2-core CPU (README:
 # measured); two seeds so the report has error bars. Any of MODEL/STEPS/SEEDS given on the command
@@ -96,7 +101,7 @@ demo: setup
 	$(MAKE) --no-print-directory report RUNS="$(RUNS)" REPORT_DIR="$(REPORT_DIR)"
 
 tensorboard: setup
-	$(PY) -m profiler.tensorboard --logdir "$(RUNS)" --port $(PORT)
+	$(DPSCOPE) tensorboard --logdir "$(RUNS)" --port $(PORT)
 
 bench-analysis: setup
 	$(PY) -m pip install -q -r requirements-bench.txt
@@ -107,8 +112,10 @@ hta-orphans-reference: setup
 	$(PY) -m pip install -q -r requirements-bench.txt
 	$(PY) -m bench.orphan_edit
 
+# The GPU checks are gpu-marked tests (tests/test_gpu.py, skipped with the reason without CUDA);
+# their run folders stay in RUNS/gpu-check. `python -m workloads.tools.gpu_check` still works.
 gpu-check: setup
-	$(PY) -m workloads.tools.gpu_check --runs-dir "$(RUNS)/gpu-check"
+	$(PY) -m pytest -m gpu -v tests/test_gpu.py --gpu-runs-dir "$(RUNS)/gpu-check"
 
 lint: setup
 	$(PY) -m ruff check .
@@ -118,9 +125,17 @@ format: setup
 	$(PY) -m ruff format .
 	$(PY) -m ruff check --fix .
 
+# Everything (about 10 minutes on 2 cores); test-fast: the tests that start no process.
 test: setup
 	$(PY) -m ruff check .
 	$(PY) -m pytest
+
+test-fast: setup
+	$(PY) -m pytest -q -m "not integration"
+
+# docs/reference/cli.md from the argparse parsers, docs/benchmarks.md from reports/bench/*.json.
+docs: setup
+	$(PY) -m bench.docs
 
 clean:
 	rm -rf "$(RUNS)" $(filter-out $(REPORT_DIR)/README.md,$(wildcard $(REPORT_DIR)/*)) .pytest_cache .ruff_cache
@@ -135,7 +150,7 @@ TUNE_STEPS = $(if $(filter command line environment,$(origin STEPS)),$(STEPS),30
 
 .PHONY: tune-ddp
 tune-ddp: setup
-	$(PY) -m workloads.tools.tune --model $(MODEL) --dataset $(DATASET) --batch-size $(BATCH) \
+	$(DPSCOPE) tune --model $(MODEL) --dataset $(DATASET) --batch-size $(BATCH) \
 	    $(NPROC_FLAG) --backend $(BACKEND) --epochs $(EPOCHS) --max-steps $(TUNE_STEPS) \
 	    --trials $(TRIALS) --budget-s $(TUNE_BUDGET_S) $(if $(filter 1,$(TUNE_ACCUM)),--accum) \
 	    --candidates "$(TUNE_CANDIDATES)" --runs-dir "$(RUNS)" $(ARGS)
@@ -153,7 +168,7 @@ COMM_ITERS  ?= 20
 COMM_WARMUP ?= 5
 .PHONY: bench-comm bench-projection
 bench-comm: setup
-	$(PY) -m workloads.comm.bench $(NPROC_FLAG) --backend $(BACKEND) --runs-dir "$(RUNS)" \
+	$(DPSCOPE) bench-comm $(NPROC_FLAG) --backend $(BACKEND) --runs-dir "$(RUNS)" \
 	    --iters $(COMM_ITERS) --warmup $(COMM_WARMUP) $(if $(strip $(COMM_MAX)),--max-bytes $(COMM_MAX)) \
 	    $(if $(strip $(COMM_SIZES)),--sizes "$(COMM_SIZES)") \
 	    $(if $(strip $(COMM_GAP_MS)),--gap-ms "$(COMM_GAP_MS)") \
@@ -181,7 +196,7 @@ SCALING  ?= strong
 SWEEP    ?=
 .PHONY: profile-sweep
 profile-sweep: setup
-	$(PY) -m workloads.tools.sweep $(if $(filter command line,$(origin NPROCS)),--nprocs "$(NPROCS)") \
+	$(DPSCOPE) sweep $(if $(filter command line,$(origin NPROCS)),--nprocs "$(NPROCS)") \
 	    --modes "$(MODES)" --backends "$(BACKENDS)" --seeds "$(SEEDS)" --scaling "$(SCALING)" \
 	    $(if $(SWEEP),--sweep "$(SWEEP)") $(RUN_FLAGS) $(ARGS)
 

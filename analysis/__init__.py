@@ -1,15 +1,45 @@
 """dpscope analysis: Kineto traces and run folders in, metrics out. Never imports torch.
 
-- `analysis.trace.folder.analyze_trace_dir`: per-rank compute/comm/overlap, per-collective bandwidth,
-  stragglers, for any folder of per-rank traces (`python -m analysis traces DIR`).
-- `analysis.runs.compare.compare_runs`: speedup, efficiency, phases, memory imbalance and accuracy across
-  run folders (`python -m analysis runs RUNS_DIR`).
-- `analysis.runs.opdiff.run_ops` / `diff_runs`: top operators per rank by self time, and what changed
-  between two runs (`python -m analysis ops RUN`, `python -m analysis diff RUN_A RUN_B`).
+The Python API (analysis/api.py; docs/reference/api.md):
 
-Definitions of every number: docs/analysis.md.
+- `analyze_traces(dir) -> dict`: the traces JSON of one folder of per-rank traces;
+- `compare_runs(*paths) -> dict`: the runs JSON (speedup, efficiency, phases, memory, accuracy);
+- `load_runs(*paths) -> DataFrame`: one row per run, the report's run table, units in the names;
+- `collectives(*paths) -> DataFrame`: one row per (run, collective);
+- `build_report(*paths, out=...) -> Path`: the HTML report; returns index.html.
+
+Bad input raises `AnalysisError` (or `ReportError` from build_report), both `UserError`s whose
+message is one line naming the path and the fix. Definitions of every number:
+docs/reference/metrics.md.
 """
 
+from analysis.api import (
+    analyze_traces,
+    build_report,
+    collectives,
+    compare_runs,
+    load_runs,
+)
 from analysis.errors import AnalysisError
+from profiler.errors import UserError
 
-__all__ = ["AnalysisError"]
+
+def __getattr__(name: str):
+    # ReportError lives with the report (jinja2, figures): loaded only when asked for.
+    if name == "ReportError":
+        from analysis.report.build import ReportError
+
+        return ReportError
+    raise AttributeError(f"module 'analysis' has no attribute {name!r}")
+
+
+__all__ = [
+    "AnalysisError",
+    "ReportError",
+    "UserError",
+    "analyze_traces",
+    "build_report",
+    "collectives",
+    "compare_runs",
+    "load_runs",
+]

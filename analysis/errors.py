@@ -1,7 +1,7 @@
 """The one exception type `analysis/` raises for bad input.
 
 Its message is a single line for the user: the file or argument at fault, what is wrong, and what to
-do about it. The CLI prints it as `error: <message>` and exits non-zero; anything else is a bug and
+do about it. The CLI prints it as `<prog>: error: <message>` with exit code 2 (profiler.errors.run_command); anything else is a bug and
 keeps its traceback.
 """
 

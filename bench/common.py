@@ -9,18 +9,20 @@ from __future__ import annotations
 
 import json
 import os
+import platform
 import statistics
 import subprocess
 import sys
 import time
 from collections.abc import Callable
+from datetime import UTC, datetime
 from pathlib import Path
 
 import psutil
 
 from workloads.launch.child import PACKAGE_ROOT, child_env, user_path
 
-__all__ = ["TEST_DATA", "bench_out", "interleaved", "median", "run_tree", "write_json"]
+__all__ = ["TEST_DATA", "bench_out", "interleaved", "median", "recorded", "run_tree", "write_json"]
 
 TEST_DATA = PACKAGE_ROOT / "tests" / "data"
 """The reference traces in tests/data (HTA test traces the analysis benches copy)."""
@@ -53,8 +55,35 @@ def bench_out(name: str, given: str | None) -> Path:
     return path if path.suffix == ".json" else path / f"{name}.json"
 
 
+def recorded() -> dict:
+    """When, at which commit and on what machine a bench ran (docs/benchmarks.md shows it)."""
+    try:
+        commit = subprocess.run(
+            ["git", "-C", str(PACKAGE_ROOT), "rev-parse", "--short=12", "HEAD"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        ).stdout.strip()
+    except OSError:  # no git on this machine
+        commit = ""
+    return {
+        "date": datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),
+        "commit": commit or None,
+        "machine": {
+            "cpu": platform.processor() or platform.machine(),
+            "cores": psutil.cpu_count(),
+            "os": platform.system(),
+            "python": platform.python_version(),
+            # Other jobs on the host slow every arm: the load says how busy it was.
+            "load_avg_1m": round(os.getloadavg()[0], 1) if hasattr(os, "getloadavg") else None,
+        },
+    }
+
+
 def write_json(path: Path, obj: dict) -> None:
-    """Write `obj` to `path` atomically (temp file in the same folder, then rename)."""
+    """Write `obj` to `path` atomically (temp file in the same folder, then rename), stamped with
+    `recorded` (date, commit, machine) unless it already carries one."""
+    obj = {**obj, "recorded": obj.get("recorded") or recorded()}
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp")
     tmp.write_text(json.dumps(obj, indent=2, allow_nan=False) + "\n", encoding="utf-8")

@@ -7,7 +7,7 @@ training, and the MLP, whose 3–4 ms step is mostly per-step overhead and memor
   compute the workload runs between its collectives;
 - a gloo comm benchmark over 2 ranks of all_reduce and broadcast (what DDP calls), 256 B – 4 MiB,
   each call timed after that much compute (`bench_comm --gap-ms`): on a CPU host a collective
-  issued after compute is slower than a back-to-back one (docs/analysis.md §10);
+  issued after compute is slower than a back-to-back one (docs/reference/metrics.md §10);
 - a 1-rank gloo DDP run without the profiler (DDP's own per-step cost, no communication);
 - a 2-rank gloo DDP run (10 profiled steps, whose traces give the exposed communication the
   replay takes out of backward);

@@ -19,6 +19,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+from bench.common import write_json
 from workloads.launch.child import child_env, user_path
 
 __all__ = ["make_demo", "make_sweep", "main"]
@@ -133,8 +134,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"  100-run sweep: {med['sweep_100']:6.2f} s   (goal <= {GOAL_S:.0f} s: "
           f"{'met' if result['goal_met'] else 'NOT met'}); page {size / 2**20:.2f} MB")  # fmt: skip
     print(f"  ratio sweep/demo: {result['sweep_over_demo_ratio']:.2f}x for 12.5x the runs")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=2) + "\n")
+    write_json(out, result)  # atomic, stamped with date, commit and machine (docs/benchmarks.md)
     print(f"wrote {out}")
     return 0
 

@@ -1,5 +1,5 @@
 """What run.json says about the model trained, read from the module after training: its class and
-parameter count, DDP's bucket layout, and gradient and buffer bytes (docs/run-folder.md).
+parameter count, DDP's bucket layout, and gradient and buffer bytes (docs/reference/run-folder.md).
 
 Shared by every run-record writer (workloads.train.finish, profiler.recorder), so a script run
 and a built-in run describe their model with the same numbers.

@@ -1,5 +1,5 @@
 """Rank parts: what each rank of a recorded run writes at its exit, and their assembly into the
-standard run folder (docs/run-folder.md).
+standard run folder (docs/reference/run-folder.md).
 
 A RunRecorder (profiler.recorder; the zero-code `--script` bootstrap uses one too) never needs a
 collective at the end: each rank writes `logs/rank<r>.part.json` itself, also after the script

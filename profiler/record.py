@@ -36,7 +36,7 @@ def _nccl_version() -> str | None:
 
 
 def collect_env(*, threads_per_rank: int | None) -> dict:
-    """The run.json `env` object (docs/run-folder.md): software versions and the machine
+    """The run.json `env` object (docs/reference/run-folder.md): software versions and the machine
     (`threads_per_rank` None for a skipped run, which has no layout)."""
     gpus = (
         [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]

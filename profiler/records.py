@@ -6,7 +6,7 @@ counts ≥ 0, world size ≥ 1, finite non-negative times, known statuses and sc
 that breaks a rule raises `InvalidRecord`, one line naming the file, the field and what is wrong;
 analysis then lists the run as `invalid` and never analyses it. Unknown fields are ignored (newer
 writers add optional fields), and every field that older writers may lack is optional. The rules
-are listed in docs/run-folder.md; the names of the files and columns are profiler.runfolder's.
+are listed in docs/reference/run-folder.md; the names of the files and columns are profiler.runfolder's.
 
 Torch-free and below both halves (analysis imports it; it imports neither workloads nor analysis),
 so the one bad-input error type lives here too: `InputError` (analysis.errors.InputError).
@@ -23,6 +23,7 @@ from typing import Annotated, Any, Literal, get_args
 
 import msgspec
 
+from profiler.errors import UserError
 from profiler.runfolder import READABLE_RUN_FOLDER_SCHEMAS
 
 __all__ = [
@@ -73,7 +74,7 @@ class Config(msgspec.Struct):
     seed: int | None = None
     warmup_steps: Count | None = None
     sweep_id: str | None = None
-    # A `--script` / RunRecorder run: what it ran (the same-workload key, docs/analysis.md).
+    # A `--script` / RunRecorder run: what it ran (the same-workload key, docs/reference/metrics.md).
     workload: str | None = None
     script: str | None = None
 
@@ -155,7 +156,7 @@ class Eval(msgspec.Struct):
 
 
 class RunRecord(msgspec.Struct):
-    """run.json (docs/run-folder.md): only the fields analysis reads are typed; others pass."""
+    """run.json (docs/reference/run-folder.md): only the fields analysis reads are typed; others pass."""
 
     schema_version: int
     status: Status
@@ -201,7 +202,7 @@ class CommConfig(msgspec.Struct):
 
 
 class CommRecord(msgspec.Struct):
-    """run.json of a `make bench-comm` run folder (`kind: "comm"`, docs/analysis.md §10): the
+    """run.json of a `make bench-comm` run folder (`kind: "comm"`, docs/reference/metrics.md §10): the
     fields readers decide on are typed; `config.gap_ms` and the metrics pass as written (their
     readers read a damaged value as absent)."""
 
@@ -213,8 +214,9 @@ class CommRecord(msgspec.Struct):
     error: ErrorInfo | None = None
 
 
-class InputError(Exception):
-    """Bad input: `str(err)` is one line naming the file/argument, the problem and the fix."""
+class InputError(UserError):
+    """Bad input: `str(err)` is one line naming the file/argument, the problem and the fix (a
+    UserError built from those three parts; the CLI prints it as one line, exit code 2)."""
 
     def __init__(self, where: str, what: str, fix: str) -> None:
         self.where, self.what, self.fix = str(where), what, fix

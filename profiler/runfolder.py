@@ -1,4 +1,4 @@
-"""The run-folder contract (docs/run-folder.md): the one place that says what a run folder holds.
+"""The run-folder contract (docs/reference/run-folder.md): the one place that says what a run folder holds.
 
 Torch-free, so that both halves import it: `workloads/` and `profiler/` write run folders through
 it and `analysis/` reads them with its names (typed decoding: profiler.records). It owns
@@ -49,7 +49,7 @@ READABLE_RUN_FOLDER_SCHEMAS: tuple[int, ...] = (1, 2)  # what the typed reader a
 
 RUN_JSON, STEPS_CSV, COMM_CSV, TRACES_DIR = "run.json", "steps.csv", "comm.csv", "traces"
 
-# Exactly the steps.csv columns of docs/run-folder.md, in order (the reader's StepRow fields).
+# Exactly the steps.csv columns of docs/reference/run-folder.md, in order (the reader's StepRow fields).
 STEPS_COLUMNS: list[str] = [
     "rank",
     "epoch",

@@ -1,4 +1,4 @@
-"""run.json `metrics` from the per-rank step rows (definitions as in docs/run-folder.md; every
+"""run.json `metrics` from the per-rank step rows (definitions as in docs/reference/run-folder.md; every
 value carries its unit in its name).
 
 Torch-free and in profiler/ because every writer of a run record computes them here: rank 0 of

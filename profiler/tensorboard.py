@@ -18,13 +18,15 @@ import subprocess
 import sys
 from pathlib import Path
 
+from profiler.errors import OneLineParser, UserError, run_command
+
 __all__ = ["TensorBoardError", "build_command", "check_port", "find_trace_dirs", "main"]
 
 HOST = "127.0.0.1"  # never expose traces (host names, paths) beyond this machine
 TRACE_SUFFIXES = (".pt.trace.json", ".pt.trace.json.gz")
 
 
-class TensorBoardError(Exception):
+class TensorBoardError(UserError):
     """A user-facing problem with the arguments; the message is one line saying what to do."""
 
 
@@ -82,20 +84,21 @@ def _raise_keyboard_interrupt(signum: int, frame: object) -> None:
     raise KeyboardInterrupt
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m profiler.tensorboard", description=__doc__.split("\n\n")[0]
-    )
+def build_parser(prog: str = "python -m profiler.tensorboard") -> argparse.ArgumentParser:
+    parser = OneLineParser(prog=prog, description=__doc__.split("\n\n")[0])
     parser.add_argument("--logdir", type=Path, default=Path("runs"), help="runs folder (RUNS)")
     parser.add_argument("--port", type=int, default=6006, help="loopback port (PORT)")
-    args = parser.parse_args(argv)
-    try:
-        runs = find_trace_dirs(args.logdir)
-        check_port(args.port)
-    except TensorBoardError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+    return parser
 
+
+def main(argv: list[str] | None = None, *, prog: str = "python -m profiler.tensorboard") -> int:
+    args = build_parser(prog).parse_args(argv)
+    return run_command(prog, lambda: _serve(args))
+
+
+def _serve(args: argparse.Namespace) -> int:
+    runs = find_trace_dirs(args.logdir)
+    check_port(args.port)
     print(f"{len(runs)} profiled run(s) under {args.logdir}")
     print(f"TensorBoard: http://{HOST}:{args.port}/#pytorch_profiler  (Ctrl-C to stop)", flush=True)
     # Turn SIGTERM into the same clean shutdown as Ctrl-C, so TensorBoard never outlives us.

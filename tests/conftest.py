@@ -2,18 +2,31 @@
 
 Tests across issues (instrumentation, analysis, report) reuse these two runs so the suite stays
 well under 10 minutes on 2 cores.
+
+Markers (pyproject.toml): a test that starts a process (a subprocess, or a session fixture made by
+one) must be marked `integration`, `browser` or `gpu`; an unmarked one that tries fails at once
+with that message, so `make test-fast` (the unmarked tests) stays a fast, process-free loop.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import platform
 import socket
 import subprocess
 import sys
+from collections.abc import Iterator
+from contextlib import nullcontext
 from pathlib import Path
+from unittest.mock import patch
 
 import pytest
+
+# Done once here: torch's first import probes libraries with `ldconfig -p` and platform's first
+# processor() runs `uname -p` (processes, cached after), which must not be charged to whichever
+# unmarked test happens to come first.
+import torch  # noqa: F401
 
 from profiler.records import read_comm_record, read_record, record_kind
 from profiler.runfolder import RUN_JSON
@@ -21,6 +34,61 @@ from profiler.runfolder import RUN_JSON
 REPO = Path(__file__).resolve().parents[1]
 # Reference traces from other public projects (origin, licence, their tools outputs: README.md).
 DATA = REPO / "tests" / "data"
+
+
+platform.processor()
+
+PROCESS_MARKS = ("integration", "browser", "gpu")
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--gpu-runs-dir",
+        default=None,
+        help="keep the gpu tests' run folders here (make gpu-check: RUNS/gpu-check)",
+    )
+
+
+def _refuse_process(item: pytest.Item):
+    def refuse(*_args, **_kwargs):
+        raise RuntimeError(
+            f"{item.nodeid} starts a process: mark it @pytest.mark.integration "
+            "(make test-fast runs only tests that start none)"
+        )
+
+    return refuse
+
+
+def _process_guard(item: pytest.Item):
+    if any(item.get_closest_marker(m) for m in PROCESS_MARKS):
+        return nullcontext()
+    # Popen._execute_child is where subprocess.run/Popen/check_output start the child.
+    return patch.object(subprocess.Popen, "_execute_child", _refuse_process(item))
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_setup(item: pytest.Item) -> Iterator[None]:
+    with _process_guard(item):  # fixtures too: a session run made for an unmarked test
+        yield
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_call(item: pytest.Item) -> Iterator[None]:
+    with _process_guard(item):
+        yield
+
+
+# Session fixtures made by real processes (the launcher, torchrun, bench-comm): a test that uses
+# one is an integration test without saying so.
+PROCESS_FIXTURES = {"runs_dir", "single_mlp_run", "ddp_mlp_run", "comm_run"}
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """browser and gpu tests, and tests using a process-made fixture, count as integration."""
+    for item in items:
+        uses = PROCESS_FIXTURES & set(getattr(item, "fixturenames", ()))
+        if uses or item.get_closest_marker("browser") or item.get_closest_marker("gpu"):
+            item.add_marker(pytest.mark.integration)
 
 
 def run_in_repo(
@@ -83,3 +151,27 @@ def ddp_mlp_run(runs_dir: Path) -> Path:
     ddp = "--mode ddp --nproc 2 --backend gloo --run-id ddp-gloo-mlp".split()
     launch([*ddp, "--runs-dir", str(runs_dir), *TINY])
     return runs_dir / "ddp-gloo-mlp"
+
+
+@pytest.fixture(scope="session")
+def comm_run(tmp_path_factory) -> Path:
+    """A real 2-rank gloo comm benchmark (`dpscope bench-comm`) with tiny sizes, few iterations."""
+    runs = tmp_path_factory.mktemp("comm")
+    sizes = "4 64 4096 65536"
+    args = "--backend gloo --nproc 2 --iters 3 --warmup 1 --run-id comm-gloo".split()
+    cmd = [sys.executable, "-m", "workloads.comm.bench", *args, "--sizes", sizes]
+    proc = run_in_repo([*cmd, "--runs-dir", str(runs)], timeout=180)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return runs / "comm-gloo"
+
+
+def no_torch_env(tmp_path: Path) -> dict[str, str]:
+    """An environment in which `import torch` raises ImportError, as on a machine without torch
+    (a `torch` package first on PYTHONPATH that refuses to load); the repo stays importable."""
+    shim = tmp_path / "no-torch"
+    (shim / "torch").mkdir(parents=True, exist_ok=True)
+    (shim / "torch" / "__init__.py").write_text(
+        'raise ImportError("torch is blocked: this code must run without torch")\n'
+    )
+    path = os.pathsep.join([str(shim), str(REPO), os.environ.get("PYTHONPATH", "")])
+    return dict(os.environ, PYTHONPATH=path.rstrip(os.pathsep))

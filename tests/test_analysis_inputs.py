@@ -14,7 +14,7 @@ import pytest
 
 from analysis.errors import AnalysisError
 from analysis.trace.folder import analyze_trace_dir
-from tests.conftest import DATA, REPO, run_in_repo
+from tests.conftest import DATA, REPO, no_torch_env, run_in_repo
 
 PAIR = DATA / "hta" / "trace_filter"
 TB_NCCL = DATA / "tbplugin" / "test_distributed_nccl"
@@ -66,6 +66,7 @@ def test_each_bad_file_is_skipped_with_its_reason(bad_result, name, words):
     assert words in hit["reason"] and " — " in hit["reason"] and "\n" not in hit["reason"]
 
 
+@pytest.mark.integration
 def test_cli_lists_skipped_and_writes_json(bad_dir, tmp_path):
     out = tmp_path / "t.json"
     proc = cli("traces", str(bad_dir), "--json", str(out))
@@ -78,11 +79,17 @@ def test_cli_lists_skipped_and_writes_json(bad_dir, tmp_path):
     assert data["schema_version"] == 2 and len(data["ranks"]) == 2 and len(data["skipped"]) == 5
 
 
+@pytest.mark.integration
 def test_no_profiler_step_is_analysed_as_one_step_with_a_warning(tmp_path):
-    shutil.copy(TB_NCCL / "worker0.pt.trace.json", tmp_path / "rank0.pt.trace.json")
-    proc = cli("traces", str(tmp_path))
+    traces = tmp_path / "traces"
+    traces.mkdir()
+    shutil.copy(TB_NCCL / "worker0.pt.trace.json", traces / "rank0.pt.trace.json")
+    out = tmp_path / "t.json"
+    proc = cli("traces", str(traces), "--json", str(out))
     assert proc.returncode == 0, proc.stderr
     assert "rank0.pt.trace.json: no ProfilerStep#N ranges" in proc.stdout
+    (rank,) = json.loads(out.read_text())["ranks"]
+    assert rank["steps"] == 1 and rank["step_time_us_mean"] > 0
 
 
 def test_single_rankless_trace_is_rank_zero_with_a_warning(tmp_path):
@@ -111,31 +118,42 @@ def test_event_less_trace_and_spacing_of_distributed_info(tmp_path):
         ),
     ],
 )
+@pytest.mark.integration
 def test_nothing_usable_is_one_error_line_and_nonzero_exit(tmp_path, setup, words):
     setup(tmp_path)
     proc = cli("traces", str(tmp_path))
     assert proc.returncode == 2
     lines = proc.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith(f"error: {tmp_path}") and words in lines[0]
+    assert (
+        len(lines) == 1
+        and lines[0].startswith(f"python -m analysis traces: error: {tmp_path}")
+        and words in lines[0]
+    )
     assert " — " in lines[0]
 
 
+@pytest.mark.integration
 def test_runs_cli_on_missing_folder(tmp_path):
     proc = cli("runs", str(tmp_path / "nope"))
-    assert proc.returncode == 2 and proc.stderr.startswith("error: ")
+    assert proc.returncode == 2 and proc.stderr.startswith("python -m analysis runs: error: ")
     assert "Traceback" not in proc.stderr
 
 
 @pytest.mark.parametrize("where", ["a folder", "under a file"])
+@pytest.mark.integration
 def test_unwritable_json_is_one_error_line(tmp_path, where):
     (tmp_path / "f").write_text("")
     out = tmp_path if where == "a folder" else tmp_path / "f" / "t.json"
     proc = cli("traces", str(PAIR), "--json", str(out))
     assert proc.returncode == 2 and "Traceback" not in proc.stderr
     (line,) = proc.stderr.strip().splitlines()
-    assert line.startswith(f"error: {out}: cannot write the JSON") and "--json" in line
+    assert (
+        line.startswith(f"python -m analysis traces: error: {out}: cannot write the JSON")
+        and "--json" in line
+    )
 
 
+@pytest.mark.integration
 def test_json_is_written_even_when_the_reader_closes_the_pipe(tmp_path):
     """`python -m analysis traces DIR --json OUT | head`: the JSON must not be lost, and a
     closed stdout is no traceback."""
@@ -151,16 +169,32 @@ def test_json_is_written_even_when_the_reader_closes_the_pipe(tmp_path):
     assert json.loads(out.read_text())["schema_version"] == 2
 
 
-def test_analysis_never_imports_torch():
-    code = (
-        "import sys, analysis, analysis.cli, analysis.runs.compare, analysis.trace.folder, analysis.trace.rank, "
-        "analysis.trace.collectives, analysis.trace.classify, analysis.trace.loader, analysis.trace.intervals\n"
-        "from analysis.trace.folder import analyze_trace_dir\n"
-        f"analyze_trace_dir({str(TB_NCCL)!r}, progress=False)\n"
-        "assert 'torch' not in sys.modules, 'analysis imported torch'"
+def test_analysis_never_imports_torch(single_mlp_run, ddp_mlp_run, comm_run, tmp_path):
+    """Every analysis path a user runs (traces, compare_runs, build_report, `analysis project`)
+    in one process where `import torch` fails, as on a machine without torch."""
+    runs = ddp_mlp_run.parent
+    code = f"""
+import sys
+from analysis.trace.folder import analyze_trace_dir
+from analysis.runs.compare import compare_runs
+from analysis.report.build import build_report
+from analysis.cli.main import main
+assert analyze_trace_dir({str(TB_NCCL)!r}, progress=False)["ranks"]
+assert len(compare_runs([{str(runs)!r}], progress=False)["runs"]) >= 2
+assert build_report([{str(runs)!r}], {str(tmp_path / "report")!r}, progress=False).index_html.is_file()
+argv = ["project", {str(ddp_mlp_run)!r}, "--comm", {str(comm_run)!r}, "--ranks", "2,4"]
+assert main([*argv, "--no-progress"]) == 0
+assert "torch" not in sys.modules, "analysis imported torch"
+"""
+    proc = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=tmp_path,
+        env=no_torch_env(tmp_path),
+        capture_output=True,
+        text=True,
+        timeout=240,
     )
-    proc = run_in_repo([sys.executable, "-c", code], timeout=60)
-    assert proc.returncode == 0, proc.stderr
+    assert proc.returncode == 0, proc.stdout + proc.stderr
 
 
 def test_traces_of_different_jobs_in_one_folder_are_flagged(tmp_path):

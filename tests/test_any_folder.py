@@ -61,6 +61,7 @@ def elsewhere(tmp_path: Path) -> Path:
         ("af-ddp", "--mode ddp --backend gloo --nproc 2".split()),
     ],
 )
+@pytest.mark.integration
 def test_the_launcher_writes_an_ok_run_folder_where_a_relative_runs_dir_says(elsewhere, rid, mode):
     proc = _from(elsewhere, "workloads.launch", *mode, "--runs-dir", "runs_x", "--run-id", rid,
                  *TINY.split())  # fmt: skip
@@ -80,6 +81,7 @@ def test_the_launcher_writes_an_ok_run_folder_where_a_relative_runs_dir_says(els
     _nothing_in_repo("runs_x", rid)
 
 
+@pytest.mark.integration
 def test_sweep_from_another_folder_writes_its_runs_there(elsewhere):
     args = ["--modes", "single", "--nprocs", "1", "--sweep", "afsweep", "--runs-dir", "out/sw"]
     proc = _from(elsewhere, "workloads.tools.sweep", *args, *TINY.split(), timeout=300)
@@ -90,6 +92,7 @@ def test_sweep_from_another_folder_writes_its_runs_there(elsewhere):
     _nothing_in_repo("afsweep-single-n1-s0", ".afsweep.log")
 
 
+@pytest.mark.integration
 def test_bench_comm_from_another_folder_writes_its_run_there(elsewhere):
     args = "--backend gloo --nproc 2 --sizes 1024 --iters 2 --warmup 1 --collectives all_reduce"
     proc = _from(elsewhere, "workloads.comm.bench", *args.split(), "--runs-dir", "c",
@@ -143,6 +146,7 @@ def test_an_installed_dpscope_is_not_put_ahead_of_the_standard_library(monkeypat
     assert "PYTHONPATH" not in child_env({})
 
 
+@pytest.mark.integration
 def test_a_child_imports_dpscope_and_the_users_own_module_from_the_users_folder(tmp_path):
     """What the launcher gives its children: the user's folder as cwd (first on sys.path under
     `python -m`) and dpscope through PYTHONPATH, so a user's module can import both."""

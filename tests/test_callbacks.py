@@ -78,6 +78,7 @@ def recorded_run(tmp_path):
     return rec, tmp_path / "cb"
 
 
+@pytest.mark.integration
 def test_a_real_run_fires_the_events_in_the_documented_order(recorded_run):
     rec, run_dir = recorded_run
     events = [e for e, _, _ in rec.seen]
@@ -113,6 +114,7 @@ def test_a_real_run_fires_the_events_in_the_documented_order(recorded_run):
     assert (run_dir / "checkpoint.pt").is_file()
 
 
+@pytest.mark.integration
 def test_the_row_a_callback_sees_at_step_end_is_the_steps_csv_row(recorded_run):
     rec, run_dir = recorded_run
     with (run_dir / "steps.csv").open() as f:

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import sys
 
+import pytest
+
 from analysis.cli.main import print_traces
 from analysis.columns import (
     BYTE_UNITS,
@@ -47,6 +49,7 @@ def test_one_byte_convention_per_table():
     assert set(BYTE_UNITS) == {"MB", "MiB"} and BYTE_UNITS["MB"] == 10**6
 
 
+@pytest.mark.integration
 def test_the_cli_never_imports_the_report_package():
     """Every subcommand's module is imported by the CLI (`ops`/`diff` included); none of them may
     pull in analysis.report, or its matplotlib and Jinja2, to print a table."""

@@ -62,6 +62,7 @@ def resumed_runs(runs_dir: Path) -> tuple[Path, Path]:
     return runs_dir / "fault-resumed", runs_dir / "fault-clean"
 
 
+@pytest.mark.integration
 def test_a_killed_rank_is_restarted_and_resumes_exactly(resumed_runs):
     resumed, clean = resumed_runs
     rec = read_run(resumed)
@@ -84,6 +85,7 @@ def test_a_killed_rank_is_restarted_and_resumes_exactly(resumed_runs):
     assert (steps["loss"] - ref["loss"]).abs().max() < 1e-6
 
 
+@pytest.mark.integration
 def test_restarted_traces_have_own_names_and_steps_count_once(resumed_runs, tmp_path):
     resumed, _ = resumed_runs
     names = sorted(Path(t).name for t in read_run(resumed)["traces"])

@@ -109,6 +109,7 @@ def test_step_metrics_drop_profiled_steps_and_fall_back_with_a_warning():
     assert len(m["warnings"]) == 1 and "profiled steps" in m["warnings"][0]
 
 
+@pytest.mark.integration
 def test_fallback_warning_reaches_run_json_and_the_report(tmp_path):
     """4 steps, 2 warm-up, profiler window 1-4: no measured step is unprofiled."""
     args = [a if a != "8" else "4" for a in TINY]

@@ -197,6 +197,7 @@ def test_good_runs_survive_with_their_numbers(bad_runs_result, single_mlp_run, d
 
 
 @pytest.mark.parametrize("name", [*RUN_CASES, "nested-run-json"])
+@pytest.mark.integration
 def test_each_bad_run_is_invalid_with_one_line(bad_runs_result, name):
     (hit,) = [b for b in bad_runs_result["invalid"] if Path(b["path"]).name == name]
     words = RUN_CASES[name][3] if name in RUN_CASES else "nested too deeply"
@@ -206,6 +207,7 @@ def test_each_bad_run_is_invalid_with_one_line(bad_runs_result, name):
     assert name not in {r["run_id"] for r in bad_runs_result["runs"]}
 
 
+@pytest.mark.integration
 def test_dp_devices_string_never_counts_letters(bad_runs_result):
     """`devices: "cpu"` once counted 3 devices (c, p, u); now the run is invalid instead."""
     (hit,) = [b for b in bad_runs_result["invalid"] if b["path"].endswith("dp-devices-string")]
@@ -251,6 +253,7 @@ def test_cut_off_steps_csv_of_a_failed_run_is_a_warning(tmp_path, ddp_mlp_run):
     assert any("steps.csv" in w and "line" in w for w in run["warnings"])
 
 
+@pytest.mark.integration
 def test_runs_cli_lists_invalid_and_writes_valid_json(bad_runs, tmp_path):
     out = tmp_path / "runs.json"
     proc = cli(
@@ -263,6 +266,7 @@ def test_runs_cli_lists_invalid_and_writes_valid_json(bad_runs, tmp_path):
     assert "config.world_size" in proc.stdout
 
 
+@pytest.mark.integration
 def test_runs_cli_exits_2_when_every_run_is_invalid(bad_runs, tmp_path, capsys):
     """Still lists the invalid run (and writes the JSON), then one error line: nothing usable."""
     shutil.copytree(bad_runs / "world-size-abc", tmp_path / "runs" / "world-size-abc")
@@ -272,7 +276,9 @@ def test_runs_cli_exits_2_when_every_run_is_invalid(bad_runs, tmp_path, capsys):
     captured = capsys.readouterr()
     assert "invalid 1:" in captured.out and "config.world_size" in captured.out
     (line,) = captured.err.strip().splitlines()
-    assert line.startswith("error: ") and "no run could be analysed" in line
+    assert (
+        line.startswith("python -m analysis runs: error: ") and "no run could be analysed" in line
+    )
     assert len(_strict_json(out.read_text())["invalid"]) == 1
 
 
@@ -338,6 +344,7 @@ def _with_bad_rank1(tmp: Path, ddp_traces, edit: Callable[[dict], None], text: s
 
 
 @pytest.mark.parametrize("case", list(EVENT_CASES))
+@pytest.mark.integration
 def test_impossible_events_are_dropped_and_counted(case, tmp_path, ddp_traces, clean_ranks):
     bad = _with_bad_rank1(tmp_path, ddp_traces, EVENT_CASES[case])
     result = analyze_trace_dir(tmp_path, workers=1, progress=False)
@@ -350,6 +357,7 @@ def test_impossible_events_are_dropped_and_counted(case, tmp_path, ddp_traces, c
     assert ranks[1]["dropped_events"] == 1 and ranks[0]["dropped_events"] == 0
 
 
+@pytest.mark.integration
 def test_events_of_the_wrong_type_are_dropped_and_the_rest_analysed(
     tmp_path, ddp_traces, clean_ranks
 ):
@@ -388,6 +396,7 @@ def test_dropped_events_reach_the_run_warnings(tmp_path, ddp_mlp_run):
     assert any(r1.name in w and "dropped 1 event" in w for w in entry["warnings"])
 
 
+@pytest.mark.integration
 def test_rank_true_is_not_a_rank(tmp_path, ddp_traces, clean_ranks):
     """`"rank": true` in distributedInfo is not rank 1: the file name decides, with a warning."""
     shutil.copy(ddp_traces[0], tmp_path / "rank0.pt.trace.json.gz")
@@ -412,6 +421,7 @@ def _deep_args(trace: dict) -> str:
 
 
 @pytest.mark.parametrize("where", ["top level", "inside args"])
+@pytest.mark.integration
 def test_deeply_nested_trace_is_skipped_with_one_line(where, tmp_path, ddp_traces, clean_ranks):
     trace = _load(ddp_traces[1])
     text = (_deep_top if where == "top level" else _deep_args)(trace)
@@ -458,6 +468,7 @@ def test_non_finite_values_become_null_with_a_warning():
     json.dumps(out, allow_nan=False)
 
 
+@pytest.mark.integration
 def test_huge_dur_gives_valid_json_from_the_cli(tmp_path, ddp_traces):
     (tmp_path / "t").mkdir()
     _with_bad_rank1(tmp_path / "t", ddp_traces, EVENT_CASES["huge-dur"])
@@ -470,6 +481,7 @@ def test_huge_dur_gives_valid_json_from_the_cli(tmp_path, ddp_traces):
 
 
 @pytest.mark.parametrize("target", [".", "/", "", "input"])
+@pytest.mark.integration
 def test_bad_json_out_is_refused_before_work(target, tmp_path, ddp_traces, capsys):
     d = tmp_path / "traces"
     d.mkdir()
@@ -535,6 +547,7 @@ def test_report_into_a_folder_with_other_files_keeps_them(tmp_path, single_mlp_r
 
 
 @pytest.mark.skipif(os.name != "posix", reason="RLIMIT_FSIZE is POSIX-only")
+@pytest.mark.integration
 def test_failed_report_write_leaves_the_previous_report_whole(tmp_path):
     """A real write failure part-way (the file-size limit hit on index.html, after the CSVs and
     summary.json were written): the error names the file and the previous report is untouched."""

@@ -111,6 +111,7 @@ def test_bucket_sharing_is_read_from_storage_pointers(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("fixture, batch", [("single_mlp_run", 64), ("ddp_mlp_run", 32)])
+@pytest.mark.integration
 def test_forward_peak_matches_hand_count(request, fixture: str, batch: int) -> None:
     """The MLP's forward peak is when the second ReLU writes its output: the first ReLU's output
     (saved by Linear 2), Linear 2's output (ReLU's input) and the new output are alive, each

@@ -27,6 +27,7 @@ PINNED = {
 
 
 @pytest.mark.parametrize("fixture", ["single_mlp_run", "ddp_mlp_run"])
+@pytest.mark.integration
 def test_self_times_add_up_to_at_most_the_step(fixture, request):
     run = request.getfixturevalue(fixture)
     for r in analyze_trace_dir(run / "traces", progress=False)["ranks"]:

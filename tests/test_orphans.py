@@ -1,4 +1,4 @@
-"""The orphan-kernel rule (docs/analysis.md §3) against HTA 0.5.0's own outputs on a real trace.
+"""The orphan-kernel rule (docs/reference/metrics.md §3) against HTA 0.5.0's own outputs on a real trace.
 
 HTA's pair tests/data/hta/trace_filter is edited by bench/orphan_edit.py: the runtime launches of
 the first 60 GPU events of rank 0 and of the first 200 of rank 1 are removed (NCCL kernels among
@@ -91,7 +91,7 @@ def test_orphans_never_become_calls_and_matching_holds(pair):
     ]
 
 
-# --- nanosecond timestamps (docs/analysis.md §1) ---------------------------------------------
+# --- nanosecond timestamps (docs/reference/metrics.md §1) ---------------------------------------------
 
 NS_TRACE = DATA / "hta" / "nccl_parser_config" / "nccl_data.json.gz"
 

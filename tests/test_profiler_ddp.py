@@ -17,6 +17,8 @@ from profiler.runfolder import STEPS_COLUMNS
 from profiler.session import ProfileConfig
 from tests.conftest import read_run
 
+pytestmark = pytest.mark.integration
+
 PHASES = ("data", "forward", "backward", "optimizer")
 STEPS = 8  # conftest.TINY --max-steps
 

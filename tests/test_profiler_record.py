@@ -16,7 +16,7 @@ from tests.conftest import REPO
 
 
 def test_steps_columns_match_the_contract():
-    doc = (REPO / "docs" / "run-folder.md").read_text()
+    doc = (REPO / "docs" / "reference" / "run-folder.md").read_text()
     block = doc.split("Columns (fixed order):", 1)[1].split("\n\n", 1)[0]
     documented = [c.strip() for c in block.replace("`", "").replace("\n", " ").split(",")]
     assert runfolder.STEPS_COLUMNS == documented

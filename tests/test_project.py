@@ -52,17 +52,6 @@ def _bench(args: list[str]) -> subprocess.CompletedProcess:
     )
 
 
-@pytest.fixture(scope="module")
-def comm_run(tmp_path_factory) -> Path:
-    """A real 2-rank gloo comm benchmark with tiny sizes and few iterations."""
-    runs = tmp_path_factory.mktemp("comm")
-    sizes = "4 64 4096 65536"
-    args = "--backend gloo --nproc 2 --iters 3 --warmup 1 --run-id comm-gloo".split()
-    proc = _bench([*args, "--sizes", sizes, "--runs-dir", str(runs)])
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    return runs / "comm-gloo"
-
-
 def test_bench_comm_writes_a_checked_comm_run(comm_run):
     rec = read_run(comm_run)
     assert rec["kind"] == "comm" and rec["status"] == "ok"
@@ -446,6 +435,7 @@ def test_strong_scaling_is_linear_in_batch_unless_a_run_at_that_batch_is_given(t
     )
 
 
+@pytest.mark.integration
 def test_bench_comm_gap_and_collectives_reach_the_run(tmp_path):
     """A real run with --collectives and --gap-ms: only all_reduce is timed, each of its calls
     after 40 ms of compute (so the run cannot be shorter than iterations × 40 ms), and run.json

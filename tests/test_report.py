@@ -145,6 +145,7 @@ def built(single_mlp_run, ddp_mlp_run, tmp_path_factory):
     return tmp / "out", proc.stdout, expected, page
 
 
+@pytest.mark.integration
 def test_cli_prints_path_and_file_url(built):
     out, stdout, _, _ = built
     assert str(out / "index.html") in stdout
@@ -160,6 +161,7 @@ def test_cli_prints_path_and_file_url(built):
         assert (out / name).is_file(), name
 
 
+@pytest.mark.integration
 def test_every_section_has_its_table_and_an_embedded_figure(built):
     _, _, _, page = built
     for section in SECTIONS:
@@ -171,6 +173,7 @@ def test_every_section_has_its_table_and_an_embedded_figure(built):
     assert page.scripts == 1  # only our own sort script
 
 
+@pytest.mark.integration
 def test_summary_numbers_match_analysis_json(built):
     _, _, expected, page = built
     runs = expected["runs"]
@@ -204,6 +207,7 @@ def test_summary_numbers_match_analysis_json(built):
     assert row["scaling_efficiency"][1] == f"{ddp['scaling_efficiency'] * 100:.1f}"
 
 
+@pytest.mark.integration
 def test_section_tables_match_analysis_json(built):
     _, _, expected, page = built
     for run in expected["runs"]:
@@ -259,6 +263,7 @@ def test_section_tables_match_analysis_json(built):
     assert env["hostname"][1] == ddp["hostname"] and env["torch"][1] == ddp["torch"]
 
 
+@pytest.mark.integration
 def test_summary_json_and_csvs_hold_the_same_numbers(built):
     out, _, expected, _ = built
     summary = json.loads((out / "summary.json").read_text())
@@ -274,6 +279,7 @@ def test_summary_json_and_csvs_hold_the_same_numbers(built):
 
 
 @pytest.mark.skipif(os.name != "posix", reason="POSIX permission bits")
+@pytest.mark.integration
 def test_report_is_written_from_the_runs_json_alone_with_the_umask_mode(built, tmp_path):
     """write_report reads nothing but the runs JSON (the run folders are gone here: environment
     and log links still come out whole), and its files are as readable as any file the user
@@ -301,6 +307,7 @@ def test_report_is_written_from_the_runs_json_alone_with_the_umask_mode(built, t
     assert len(logs) == sum(len(r["logs"]) for r in expected["runs"])
 
 
+@pytest.mark.integration
 def test_findings_come_from_rules_with_stated_thresholds(built):
     _, _, expected, page = built
     ddp = next(r for r in expected["runs"] if r["mode"] == "ddp")
@@ -318,6 +325,7 @@ def test_findings_come_from_rules_with_stated_thresholds(built):
     assert any("accuracy" in f and "1 pp" in f for f in page.findings)
 
 
+@pytest.mark.integration
 def test_trace_links_are_relative_and_resolve(built):
     out, _, expected, page = built
     traces = [h for h in page.links if ".pt.trace.json" in h]

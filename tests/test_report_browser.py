@@ -21,6 +21,8 @@ import pytest
 
 from analysis.report import build_report
 
+pytestmark = pytest.mark.browser
+
 FLAGS = [
     "--headless",
     "--no-sandbox",

@@ -37,6 +37,7 @@ def report(single_mlp_run, ddp_mlp_run, tmp_path_factory):
     return out, data, Page((out / "index.html").read_text(encoding="utf-8"))
 
 
+@pytest.mark.integration
 def test_breakdown_table_and_csv_match_the_runs_json(report) -> None:
     out, data, page = report
     assert page.section_of_table["memory_breakdown"] == "memory"
@@ -53,6 +54,7 @@ def test_breakdown_table_and_csv_match_the_runs_json(report) -> None:
     assert n == 3  # single rank 0, DDP ranks 0 and 1
 
 
+@pytest.mark.integration
 def test_finding_names_ddp_buckets(report) -> None:
     _, data, page = report
     single = next(r for r in data["runs"] if r["mode"] == "single")["memory_breakdown"][0]
@@ -69,6 +71,7 @@ def test_finding_names_ddp_buckets(report) -> None:
     assert any(f["rule"] == "memory_breakdown" for f in summary["findings"])
 
 
+@pytest.mark.integration
 def test_memory_figures_are_embedded(report) -> None:
     _, _, page = report
     imgs = page.section_imgs["memory"]
@@ -124,6 +127,7 @@ def test_seeds_with_the_same_numbers_give_one_finding() -> None:
     assert f.run_ids == ["dp-s0", "dp-other-s0", "dp-s1", "dp-other-s1"]
 
 
+@pytest.mark.integration
 def test_ddp_finding_needs_a_single_run_of_the_same_workload(report) -> None:
     """The DDP-vs-single finding pairs runs by the one same-workload key (WORKLOAD_KEY): a single
     run of another amp, OS or device type is no baseline (issue 8's shared key)."""

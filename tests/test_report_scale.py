@@ -17,6 +17,8 @@ from analysis.report import build_report
 from bench.report import make_demo, make_sweep
 from tests.test_report_browser import chromium
 
+pytestmark = pytest.mark.browser
+
 
 def printed_pages(html: Path, tmp: Path) -> int:
     pdf = tmp / f"{html.parent.name}.pdf"

@@ -123,6 +123,7 @@ def test_steps_columns_are_the_readers_fields(tmp_path: Path):
 
 
 @pytest.mark.parametrize("mode", ["single", "ddp", "dp"])
+@pytest.mark.integration
 def test_launcher_records_pass_the_typed_reader(tmp_path: Path, mode: str):
     """The launcher's `running` record and a `skipped` one (DP without GPUs has no layout)."""
     cfg = TrainConfig(mode=mode, model="mlp", device="cpu", run_id=f"r-{mode}")
@@ -144,6 +145,7 @@ def test_launcher_records_pass_the_typed_reader(tmp_path: Path, mode: str):
     )
 
 
+@pytest.mark.integration
 def test_a_record_breaking_the_contract_is_one_line(tmp_path: Path):
     cfg = TrainConfig(mode="single", model="mlp", device="cpu", run_id="bad")
     record = run_record(cfg, plan(cfg, CPU), status="running", threads_per_rank=1)

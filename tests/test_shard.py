@@ -81,6 +81,7 @@ def test_merge_keeps_skipped_files_of_every_shard(tmp_path):
     assert [Path(s["file"]).name for s in merged["skipped"]] == ["zz-broken.json.gz"]
 
 
+@pytest.mark.integration
 def test_bad_shard_is_one_line():
     for shard in ("3/3", "1-3", "x/2", "0/0", "-1/2", ""):
         with pytest.raises(AnalysisError, match="^--shard: .* is not K/N"):
@@ -88,9 +89,12 @@ def test_bad_shard_is_one_line():
     for shard in ("3/3", "-1/2"):
         proc = cli("traces", str(TRACE_FILTER), f"--shard={shard}", "--json", "/nonexistent/p")
         assert proc.returncode == 2 and proc.stdout == ""
-        assert proc.stderr.count("\n") == 1 and proc.stderr.startswith("error: --shard: ")
+        assert proc.stderr.count("\n") == 1 and proc.stderr.startswith(
+            "python -m analysis traces: error: --shard: "
+        )
 
 
+@pytest.mark.integration
 def test_mismatched_parts_are_refused_naming_the_files(tmp_path):
     a, b = tmp_path / "a", tmp_path / "b"
     a.mkdir(), b.mkdir()

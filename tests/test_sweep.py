@@ -42,6 +42,7 @@ def test_combinations_include_ddp_at_world_one_and_one_single_per_seed():
     assert not any(c.mode == "single" and c.nproc != 1 for c in todo)
 
 
+@pytest.mark.integration
 def test_sweep_runs_skips_and_resumes(tmp_path):
     args = ["--nprocs", "1", "--modes", "single ddp", "--backends", "gloo nccl", "--sweep", "t"]
     proc = _sweep(args, tmp_path)
@@ -90,6 +91,7 @@ def test_bad_sweep_arguments_get_one_line(tmp_path, capsys, args, match):
     assert not (tmp_path / "runs").exists()  # refused before anything was written
 
 
+@pytest.mark.integration
 def test_make_profile_sweep_with_empty_nprocs_is_one_line(tmp_path):
     proc = subprocess.run(
         ["make", "--no-print-directory", "-s", "profile-sweep", "NPROCS=", f"RUNS={tmp_path}"],

@@ -3,7 +3,7 @@
 tb-profiler's own parser (RunProfileData, and DistributedRunGenerator for the Distributed view's
 per-worker "all" row) is the reference: on a real dpscope DDP trace (whose StepTimer ranges
 tb-profiler drops), on other tools' traces in tests/data, and on small hand-built traces
-that each exercise one of its rules (docs/analysis.md §4a). tb-profiler shows whole µs (it
+that each exercise one of its rules (docs/reference/metrics.md §4a). tb-profiler shows whole µs (it
 truncates the per-step mean), so hand-built and shared traces must agree to under 1 µs.
 """
 
@@ -65,6 +65,9 @@ def test_dpscope_ddp_trace_matches_tb_profiler(ddp_mlp_run: Path, tmp_path: Path
 def test_other_tools_traces_match_tb_profiler(case: str, tmp_path: Path):
     src = DATA / case
     ref, got = tb_profiler_split(src, tmp_path), dpscope_split(src)
+    # Every trace has a row in both: an empty reference must not pass for agreement.
+    files = sorted(f.name for f in src.glob("*.json*"))
+    assert files and sorted(ref) == files and sorted(got) == files, (case, ref, got)
     for name, expected in ref.items():
         assert got[name] == pytest.approx(expected, abs=1.0), (case, name)
 
@@ -81,7 +84,7 @@ def X(cat: str, name: str, ts: float, dur: float, tid: int = 1, **args) -> dict:
             "args": {k.replace("_", " "): v for k, v in args.items()}}  # fmt: skip
 
 
-# Hand-built traces, one rule family each (docs/analysis.md §4a).
+# Hand-built traces, one rule family each (docs/reference/metrics.md §4a).
 RULE_CASES = {
     # User annotations other than ProfilerStep# and the ten gloo/nccl names count for nothing;
     # a gloo-named annotation is communication; all_to_all is not a collective to tb-profiler
@@ -159,6 +162,8 @@ def test_tb_profiler_rules(case: str, tmp_path: Path):
     doc = {"schemaVersion": 1, "traceEvents": RULE_CASES[case]}
     (traces / "worker0.pt.trace.json").write_text(json.dumps(doc))
     ref, got = tb_profiler_split(traces, tmp_path), dpscope_split(traces)
+    assert list(ref) == list(got) == ["worker0.pt.trace.json"], (ref, got)
+    assert sum(ref["worker0.pt.trace.json"]) > 0  # tb-profiler found a step with time in it
     assert got["worker0.pt.trace.json"] == pytest.approx(ref["worker0.pt.trace.json"], abs=1.0)
 
 

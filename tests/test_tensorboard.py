@@ -92,6 +92,7 @@ def tensorboard_server(tmp_path: Path, ddp_mlp_run: Path, single_mlp_run: Path):
         proc.wait()
 
 
+@pytest.mark.integration
 def test_tensorboard_serves_runs_workers_and_distributed_view(tensorboard_server):
     port, proc, out = tensorboard_server
     ddp, single = "ddp-gloo-mlp/traces", "single-mlp/traces"
@@ -135,6 +136,7 @@ def test_tensorboard_serves_runs_workers_and_distributed_view(tensorboard_server
     assert f"http://127.0.0.1:{port}/#pytorch_profiler" in out.read_text()
 
 
+@pytest.mark.integration
 def test_cli_rejects_folder_without_traces(tmp_path: Path):
     (tmp_path / "empty-run").mkdir()
     proc = run_in_repo(

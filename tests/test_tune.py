@@ -199,11 +199,16 @@ def test_budget_stop_reason_uses_the_median_trial_so_far():
         (["--bogus", "1"], "ARGS: unknown option(s) --bogus 1"),
     ],
 )
+@pytest.mark.integration
 def test_bad_input_is_one_line_and_writes_nothing(tmp_path, capsys, args, match):
     argv = ["--model", "mlp", "--nproc", "2", "--runs-dir", str(tmp_path / "runs"), *args]
     assert tune_main(argv) == 2
     err = capsys.readouterr().err.strip()
-    assert err.count("\n") == 0 and match in err and err.startswith("workloads.tools.tune: error:")
+    assert (
+        err.count("\n") == 0
+        and match in err
+        and err.startswith("python -m workloads.tools.tune: error:")
+    )
     assert not (tmp_path / "runs").exists()
 
 
@@ -228,6 +233,7 @@ def _global_loss(run_dir: Path) -> pd.Series:
     return pd.read_csv(run_dir / "steps.csv").groupby("step")["loss"].mean()
 
 
+@pytest.mark.integration
 def test_tune_json_holds_every_trial_and_numbers_recomputable_from_them(tune_dir):
     rec = json.loads((tune_dir / "tune.json").read_text())
     assert rec["status"] == "ok" and not rec["stopped_early"]
@@ -284,6 +290,7 @@ def test_report_shows_the_tuning_section_without_the_trial_runs(tune_dir, single
     assert 'id="figure-tune-0"' in section
 
 
+@pytest.mark.integration
 def test_a_failing_trial_is_recorded_and_the_tune_goes_on(tmp_path):
     proc = run_tune(
         ["--trials", "1", "--candidates", "static-graph", "--runs-dir", str(tmp_path), "--tune-id", "t"],
@@ -297,6 +304,7 @@ def test_a_failing_trial_is_recorded_and_the_tune_goes_on(tmp_path):
     assert "failed" in proc.stdout and "Traceback" not in proc.stderr
 
 
+@pytest.mark.integration
 def test_budget_stops_early_and_reports_what_finished(tmp_path):
     proc = run_tune(
         ["--trials", "1", "--candidates", "bucket-1,bucket-5", "--budget-s", "1",
@@ -310,6 +318,7 @@ def test_budget_stops_early_and_reports_what_finished(tmp_path):
     assert "stopped early" in proc.stdout
 
 
+@pytest.mark.integration
 def test_hostile_and_damaged_tune_json_cost_one_line_not_the_report(tune_dir, tmp_path):
     rec = json.loads((tune_dir / "tune.json").read_text())
     rec["candidates"][0]["reason"] = "<script>alert(1)</script>"

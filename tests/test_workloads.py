@@ -24,7 +24,7 @@ from workloads.train.data import GlobalBatchSampler
 from workloads.train.loop import build_parser
 from workloads.train.summary import best_epoch, step_metrics
 
-# The field lists of docs/run-folder.md.
+# The field lists of docs/reference/run-folder.md.
 RUN_KEYS = set(
     """schema_version run_id status error created_at finished_at config env metrics eval traces
     warnings""".split()
@@ -231,6 +231,7 @@ def equivalence_runs(runs_dir):
     return runs_dir / "eq-single", runs_dir / "eq-ddp"
 
 
+@pytest.mark.integration
 def test_single_and_ddp_train_identically(equivalence_runs):
     single_dir, ddp_dir = equivalence_runs
     single = {int(r["step"]): float(r["loss"]) for r in read_steps(single_dir)}
@@ -288,6 +289,7 @@ def accum_run(runs_dir, equivalence_runs):
     return runs_dir / "eq-ddp-accum"
 
 
+@pytest.mark.integration
 def test_ddp_grad_accum_trains_like_single_device(equivalence_runs, accum_run):
     single_dir, _ = equivalence_runs
     single = {int(r["step"]): float(r["loss"]) for r in read_steps(single_dir)}
@@ -310,6 +312,7 @@ def test_ddp_grad_accum_trains_like_single_device(equivalence_runs, accum_run):
     )
 
 
+@pytest.mark.integration
 def test_ddp_grad_accum_all_reduces_once_per_optimizer_step(accum_run):
     """no_sync on the first micro-batch: each traced step holds one all-reduce per bucket, not
     two (which the same math without no_sync would make)."""

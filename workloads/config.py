@@ -12,8 +12,9 @@ import argparse
 import dataclasses
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any, NoReturn
+from typing import Any
 
+from profiler.errors import OneLineParser  # re-exported: the launcher and train use it
 from profiler.session import ProfileConfig
 
 __all__ = [
@@ -188,14 +189,6 @@ class TrainConfig:
 
 
 _FIELDS = {f.name: f for f in dataclasses.fields(TrainConfig)}
-
-
-class OneLineParser(argparse.ArgumentParser):
-    """An ArgumentParser whose errors are one line (`prog: error: ...`, exit code 2) instead of
-    the whole usage block; `--help` still shows everything."""
-
-    def error(self, message: str) -> NoReturn:
-        self.exit(2, f"{self.prog}: error: {message}\n")
 
 
 def _flag(name: str) -> str:

@@ -1,4 +1,4 @@
-"""The run.json record of a training run (docs/run-folder.md): what the launcher writes before
+"""The run.json record of a training run (docs/reference/run-folder.md): what the launcher writes before
 the training starts (`running`, or `skipped` with the reason) and rank 0 writes at its end (`ok`).
 
 Kept apart from the configuration (workloads.config) and the plan (workloads.plan), which it
@@ -29,7 +29,7 @@ def run_record(
     evals: dict | None = None,
     traces: list[str] | None = None,
 ) -> dict:
-    """The whole run.json object (docs/run-folder.md), as the launcher and rank 0 write it."""
+    """The whole run.json object (docs/reference/run-folder.md), as the launcher and rank 0 write it."""
     now = utc_now()
     return {
         "schema_version": RUN_FOLDER_SCHEMA_VERSION,
@@ -47,7 +47,7 @@ def run_record(
 
 
 def config_record(cfg: TrainConfig, plan: Plan) -> dict:
-    """The run.json `config` object (docs/run-folder.md); layout fields come from the plan (null
+    """The run.json `config` object (docs/reference/run-folder.md); layout fields come from the plan (null
     where a skipped run's plan could not decide them)."""
     return {
         "mode": cfg.mode,

@@ -4,15 +4,13 @@ and JSON.
 `traces DIR --shard K/N --json PART` and `merge PART... --json OUT` split the traces analysis
 over many jobs (analysis/trace/shard.py).
 
-Bad input never shows a traceback: AnalysisError becomes one `error: ...` line on stderr and exit
-code 2; per-file problems are printed as one line each while the good files are still analysed.
+Bad input never shows a traceback: AnalysisError becomes one `<prog> <command>: error: ...` line
+on stderr and exit code 2 (profiler.errors.run_command); per-file problems are printed as one line each while the good files are still analysed.
 """
 
 from __future__ import annotations
 
 import argparse
-import os
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +34,7 @@ from analysis.runs.compare import compare_runs, find_run_dirs
 from analysis.trace.folder import analyze_trace_dir, find_trace_files
 from analysis.trace.shard import analyze_shard, merge_parts, parse_shard
 from profiler.atomic import write_json_atomic
+from profiler.errors import OneLineParser, run_command
 
 __all__ = ["main"]
 
@@ -121,8 +120,8 @@ def print_runs(result: dict) -> None:
     _print_skipped(result["skipped"], "path")
 
 
-def _parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m analysis", description=__doc__.splitlines()[0])
+def build_parser(prog: str = "python -m analysis") -> argparse.ArgumentParser:
+    p = OneLineParser(prog=prog, description=__doc__.splitlines()[0])
     sub = p.add_subparsers(dest="command", required=True)
     t = sub.add_parser("traces", help="analyse one folder of per-rank Kineto traces")
     t.add_argument("trace_dir", type=Path)
@@ -183,40 +182,38 @@ def _as_list(value: Any) -> list:
     return [] if value is None else value if isinstance(value, list) else [value]
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
+def main(argv: list[str] | None = None, *, prog: str = "python -m analysis") -> int:
+    """Run one subcommand; `prog` names the command in help and errors (`dpscope` passes its own)."""
+    args = build_parser(prog).parse_args(argv)
+    return run_command(f"{prog} {args.command}", lambda: _run(args))
+
+
+def _run(args: argparse.Namespace) -> int:
     progress = not args.no_progress
-    try:
-        _check_out(args)
-        if args.command == "traces" and args.shard is not None:
-            return _shard(args, progress)
-        if args.command == "project":
-            result, show = run_projection(args), print_projection
-        elif args.command == "traces":
-            result = analyze_trace_dir(args.trace_dir, workers=args.workers, progress=progress)
-            show = print_traces
-        elif args.command == "merge":
-            result = merge_parts(args.parts)
-            show = print_traces
-        elif args.command == "runs":
-            result = compare_runs(args.runs_dirs, progress=progress, traces=not args.no_traces)
-            show = print_runs
-        else:
-            result, show = opscli.run(args)
-        _write_json(result, args.json)  # before the tables: a closed pipe must not lose it
-        show(result)
-        if args.json is not None:
-            say(f"wrote {args.json}")
-        if args.command == "runs" and not result["runs"] and not result.get("tunes"):
-            # every folder was invalid: nothing usable
-            where = ", ".join(map(str, args.runs_dirs))
-            raise AnalysisError(
-                where, "no run could be analysed", "fix or remove the invalid run folders listed"
-            )
-    except AnalysisError as err:
-        say(f"error: {err}", file=sys.stderr)
-        return 2
-    except BrokenPipeError:  # `... | head`: the reader left; say nothing more
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        return 1
+    _check_out(args)
+    if args.command == "traces" and args.shard is not None:
+        return _shard(args, progress)
+    if args.command == "project":
+        result, show = run_projection(args), print_projection
+    elif args.command == "traces":
+        result = analyze_trace_dir(args.trace_dir, workers=args.workers, progress=progress)
+        show = print_traces
+    elif args.command == "merge":
+        result = merge_parts(args.parts)
+        show = print_traces
+    elif args.command == "runs":
+        result = compare_runs(args.runs_dirs, progress=progress, traces=not args.no_traces)
+        show = print_runs
+    else:
+        result, show = opscli.run(args)
+    _write_json(result, args.json)  # before the tables: a closed pipe must not lose it
+    show(result)
+    if args.json is not None:
+        say(f"wrote {args.json}")
+    if args.command == "runs" and not result["runs"] and not result.get("tunes"):
+        # every folder was invalid: nothing usable
+        where = ", ".join(map(str, args.runs_dirs))
+        raise AnalysisError(
+            where, "no run could be analysed", "fix or remove the invalid run folders listed"
+        )
     return 0

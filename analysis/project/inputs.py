@@ -1,6 +1,6 @@
 """A training run's projection inputs (`analysis project`): its unprofiled step phases, DDP
 buckets, buffer broadcasts and, for a DDP run, the exposed communication its traces measured (taken
-out of backward, so compute is compute). Definitions: docs/analysis.md §10."""
+out of backward, so compute is compute). Definitions: docs/reference/metrics.md §10."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """The projection's arithmetic: DDP's bucket assignment, the hierarchical all-reduce time, the
-bucket/backward overlap and the straggler term (definitions: docs/analysis.md §10). Pure
+bucket/backward overlap and the straggler term (definitions: docs/reference/metrics.md §10). Pure
 functions over numbers; analysis/project/inputs.py reads a run's measurements into the record
 they take (ProjectionInputs) and analysis/project/projection.py feeds it to them."""
 

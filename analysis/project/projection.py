@@ -1,6 +1,6 @@
 """Scaling projection: what a measured training run would do at n ranks (`analysis project`).
 
-Model (docs/analysis.md, "Scaling projection"), per projected world size n:
+Model (docs/reference/metrics.md, "Scaling projection"), per projected world size n:
 - compute: data, forward, backward and optimizer seconds per step from RUN's unprofiled,
   non-warm-up steps (steps.csv), plus the loop's remainder. Strong scaling gives each rank
   global ÷ n samples; data, forward and backward scale linearly with the per-device batch (an
@@ -261,7 +261,7 @@ def _inputs_json(run: ProjectionInputs, comm: dict, kw: dict, bandwidth: str) ->
 
 
 def _comm_model(comm: dict, name: str, bandwidth: str) -> dict:
-    """The α–β model of `name` from the comm run (docs/analysis.md §10). With `measured`
+    """The α–β model of `name` from the comm run (docs/reference/metrics.md §10). With `measured`
     bandwidth, the per-size curve of the benchmark's mean times (a mean step is what is projected:
     heavy-tailed collective times make the median too low), or of its medians for comm runs
     without means. A gap-timed comm run with back-to-back means: α, B and the curve from those,

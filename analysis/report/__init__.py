@@ -1,7 +1,7 @@
 """The HTML report: figures, tables and plain-language findings over `compare_runs` output.
 
 This is the only place in dpscope that plots (matplotlib Agg backend via seaborn). It consumes the
-runs JSON of `analysis.runs.compare.compare_runs` (schema in docs/analysis.md) and never imports torch.
+runs JSON of `analysis.runs.compare.compare_runs` (schema in docs/reference/schemas.md) and never imports torch.
 
     python -m analysis.report RUNS [RUNS ...] --out REPORT_DIR
 """

@@ -1,39 +1,10 @@
-"""CLI: `python -m analysis.report RUNS [RUNS ...] --out REPORT_DIR`.
+"""`python -m analysis.report RUNS [RUNS ...] --out REPORT_DIR` (= `dpscope report`)."""
 
-Bad input ends with one line naming the file or argument and what to do (exit code 2), never a
-traceback; tracebacks are left for bugs.
-"""
-
-from __future__ import annotations
-
-import argparse
 import sys
-from pathlib import Path
 
-from analysis.report.build import ReportError, build_report
+from analysis.cli.report import main
 
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="python -m analysis.report",
-        description="Write one self-contained HTML report (plus summary.json and CSV tables) "
-        "from run folders.",
-    )
-    parser.add_argument(
-        "runs", nargs="+", type=Path, help="folders holding run folders, or run folders themselves"
-    )
-    parser.add_argument("--out", type=Path, default=Path("reports"), help="report folder")
-    parser.add_argument("--no-progress", action="store_true", help="hide progress bars")
-    args = parser.parse_args(argv)
-    try:
-        files = build_report(args.runs, args.out, progress=not args.no_progress)
-    except ReportError as exc:
-        print(f"report: {exc}", file=sys.stderr)
-        return 2
-    print(f"report: {files.index_html}")
-    print(f"open:   {files.index_html.resolve().as_uri()}")
-    return 0
-
+__all__ = ["main"]
 
 if __name__ == "__main__":
     sys.exit(main())

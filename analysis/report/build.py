@@ -44,13 +44,14 @@ from analysis.report.tables import Table, all_tables, fmt, unique_labels
 from analysis.report.tune import tune_sections
 from analysis.report.verdict import verdict
 from analysis.runs.compare import WORKLOAD_KEY, compare_runs
+from profiler.errors import UserError
 
 __all__ = ["ReportError", "ReportFiles", "build_report", "write_report"]
 
 TEMPLATES = Path(__file__).parent / "templates"
 
 
-class ReportError(Exception):
+class ReportError(UserError):
     """A one-line, user-facing problem (bad folder, unwritable output); the CLI prints it."""
 
 

@@ -3,7 +3,7 @@ a stacked bar of it per run, rank and device, the allocated-bytes timeline per r
 bands and the static floor, and findings that name the cause of a difference between modes.
 
 Reads only the runs JSON (`memory_breakdown` of each run and its trace ranks' `memory`); every
-number is defined in docs/analysis.md §11.
+number is defined in docs/reference/metrics.md §11.
 """
 
 from __future__ import annotations
@@ -186,7 +186,7 @@ def _mean(entries: list[dict[str, Any]], key: str) -> float | None:
 
 
 def _same_workload(a: dict[str, Any], b: dict[str, Any]) -> bool:
-    """The one same-workload key (docs/analysis.md §7), as for speedup baselines and groups."""
+    """The one same-workload key (docs/reference/metrics.md §7), as for speedup baselines and groups."""
     return workload_key(a) == workload_key(b)
 
 

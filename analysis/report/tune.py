@@ -1,5 +1,5 @@
 """The report's "DDP tuning" section: one table and one figure per tune folder in the runs JSON
-(`data["tunes"]`, analysis.runs.tune). Numbers are the tuner's (docs/analysis.md §8); this module only
+(`data["tunes"]`, analysis.runs.tune). Numbers are the tuner's (docs/reference/metrics.md §8); this module only
 arranges and plots them. Every string ends up in the page through Jinja2 autoescape."""
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Cross-run comparison: speedup, scaling efficiency, phases, memory imbalance, accuracy parity.
 
-Reads run folders only (docs/run-folder.md): `run.json`, `steps.csv` and `traces/`. Every number is
-defined in docs/analysis.md; the JSON shape is the "runs JSON" schema there (schema_version 2).
+Reads run folders only (docs/reference/run-folder.md): `run.json`, `steps.csv` and `traces/`. Every number is
+defined in docs/reference/metrics.md; the JSON shape is the "runs JSON" of docs/reference/schemas.md (schema_version 2).
 """
 
 from __future__ import annotations

@@ -20,7 +20,7 @@ the step. Each part is 100 × that difference for its phase:
 - residual: the loss less the named parts, i.e. loop time outside the timed phases and the
   mismatch between the profiled and unprofiled steps. Shown, never hidden; the parts sum exactly.
 
-Definitions with a worked example: docs/analysis.md §7a.
+Definitions with a worked example: docs/reference/metrics.md §7a.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""One run folder -> one run entry of the runs JSON (docs/analysis.md), before the cross-run
+"""One run folder -> one run entry of the runs JSON (docs/reference/metrics.md), before the cross-run
 fields (baseline, speedup, groups) that analysis.runs.compare fills in.
 
 Kept apart from the comparison because `analysis ops` / `analysis diff` (analysis.runs.opdiff) load
@@ -139,7 +139,7 @@ def _num_devices(config: Config) -> int | None:
 
 
 class RunEntry(msgspec.Struct, kw_only=True):
-    """One run entry of the runs JSON (docs/analysis.md "runs JSON"; definitions §7), in its
+    """One run entry of the runs JSON (docs/reference/metrics.md "runs JSON"; definitions §7), in its
     field order. `load_run` fills what one folder says; `attach_trace` the trace fields;
     analysis.runs.compare the cross-run ones (baseline, speedup, scaling efficiency), then writes
     it out as a dict (`msgspec.structs.asdict`)."""

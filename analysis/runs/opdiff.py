@@ -3,7 +3,7 @@ goes by operator, and what changed between two runs (e.g. single vs DDP: what DD
 
 Both work on run entries of the runs JSON (`analysis.runs.entry.load_run` plus the run's analysed
 traces), whose per-rank `ops` rows were reduced in the trace workers (analysis/trace/ops.py). Everything
-is per analysed step; definitions in docs/analysis.md §9.
+is per analysed step; definitions in docs/reference/metrics.md §9.
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 A tune folder is recognised by its `tune.json`, wherever `find_run_dirs` would look for run
 folders. Its trial run folders are deliberately kept out of the main comparison (one tune is
 dozens of near-identical runs); the report's "DDP tuning" section summarises them instead. The
-numbers are the tuner's own (workloads.tools.tune_stats, docs/analysis.md §8); this module only reads
+numbers are the tuner's own (workloads.tools.tune_stats, docs/reference/metrics.md §8); this module only reads
 and type-checks them, so a damaged tune.json costs one `skipped` line, never the report.
 """
 

@@ -62,7 +62,7 @@ _ISSUE_OPS = ("c10d::", "record_param_comms")
 
 
 def kernel_class(name: str, cat: str) -> int:
-    """COMPUTE, COMM, MEMORY or OTHER for one GPU activity (HTA's rules, see docs/analysis.md)."""
+    """COMPUTE, COMM, MEMORY or OTHER for one GPU activity (HTA's rules, see docs/reference/metrics.md)."""
     if cat in _MEMORY_CATS or MEMORY_KERNEL_RE.match(name) or "Memcpy" in name:
         return MEMORY
     if COMM_KERNEL_RE.search(name):

@@ -218,7 +218,7 @@ def reduce_files(
 
 
 def analyze_trace_dir(path: Path, *, workers: int | None = None, progress: bool = True) -> dict:
-    """The traces JSON for every trace file in `path` (see docs/analysis.md for each field).
+    """The traces JSON for every trace file in `path` (see docs/reference/metrics.md for each field).
 
     Raises AnalysisError when no file could be analysed; otherwise bad files are listed in
     `skipped` with a one-line reason and the rest is analysed.

@@ -228,7 +228,7 @@ def _device_summary(ev: MemoryEvents, mask: np.ndarray, steps: list[dict]) -> di
 
 
 def memory_summary(ev: MemoryEvents | None, path: str) -> dict:
-    """The rank's `memory` object (docs/analysis.md §11): per device the phase peaks, per-step
+    """The rank's `memory` object (docs/reference/metrics.md §11): per device the phase peaks, per-step
     values and a downsampled timeline; `phases` (name, start_us, end_us); and warnings. A trace
     without `[memory]` events or without phase ranges gets null peaks and a warning."""
     phases = ev.phases if ev is not None else []

@@ -3,7 +3,7 @@
 Operators are the trace's `cpu_op` events plus the collective calls (`gloo:*`, `nccl:*`, ... —
 user annotations in current PyTorch) and, on GPU traces, every GPU activity (kernels, memcpy,
 memset) under a normalised name. Other user annotations (dpscope's `forward`/`backward` ranges,
-`ProfilerStep#N`) are ranges, not operators. Definitions: docs/analysis.md §9.
+`ProfilerStep#N`) are ranges, not operators. Definitions: docs/reference/metrics.md §9.
 """
 
 from __future__ import annotations

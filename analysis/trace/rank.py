@@ -148,7 +148,7 @@ def _mean(rows: list[dict], key: str) -> float:
 
 
 class RankSummary(msgspec.Struct, kw_only=True):
-    """One rank's trace reduced to what the traces JSON needs (docs/analysis.md §4, §9, §11): the
+    """One rank's trace reduced to what the traces JSON needs (docs/reference/metrics.md §4, §9, §11): the
     traces JSON's `ranks[]` row (`traces_row`), plus what only the cross-rank step uses
     (`world_size`, `backend`, `origin_ns` and the collective `instances`). Means are per
     analysed step, in µs."""

@@ -4,7 +4,7 @@ other] per step, reproduced rule for rule so `tb_split` shows what TensorBoard s
 The rules are tb-profiler's own (torch_tb_profiler/profiler/trace.py `create_trace_event`,
 event_parser.py `_parse_node` / `_parse_step` / `_find_device_steps` / `_update_steps_duration`,
 overall_parser.py `aggregate`, run_generator.py `_generate_overlap_graph`), quirks included; they
-are listed in docs/analysis.md §4a. dpscope's own compute/comm/overlap (rank.py) deliberately
+are listed in docs/reference/metrics.md §4a. dpscope's own compute/comm/overlap (rank.py) deliberately
 differ: this module exists only so the two tools' figures can be compared like for like.
 
 classify.py feeds it chunk by chunk from its own buckets, so no event is looked at twice: kernels

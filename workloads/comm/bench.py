@@ -17,7 +17,7 @@ Message size follows nccl-tests: the larger buffer (all_gather: output; reduce_s
 (a busy loop) for that many milliseconds before the timed call. nccl-tests' back-to-back timing
 (gap 0, the default) is what NCCL on GPUs shows in training too; on CPU hosts the transport
 threads go idle during a step's compute, and a collective issued after compute can take several
-times longer (docs/analysis.md §10). With a gap, each iteration also times a second call right
+times longer (docs/reference/metrics.md §10). With a gap, each iteration also times a second call right
 after the first (back-to-back, transport awake): comm.csv keeps the first call's times, run.json
 both means (`metrics.time_us_mean`: `time_us_mean`, `time_us_mean_back_to_back`), so `analysis
 project` can take the idle penalty (their difference) once per call and the ring steps from the
@@ -41,6 +41,7 @@ import torch.distributed as dist
 from tqdm import tqdm
 
 from profiler.commfit import fit_all
+from profiler.errors import run_command
 from profiler.record import collect_env
 from profiler.records import read_comm_record
 from profiler.runfolder import (
@@ -327,15 +328,11 @@ def launch(args: argparse.Namespace) -> int:
     return _finish(run_dir, subprocess.run(cmd, env=env).returncode)
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+def main(argv: list[str] | None = None, *, prog: str = "python -m workloads.comm.bench") -> int:
+    args = build_parser(prog).parse_args(argv)
     if args.worker:
         return worker(args)
-    try:
-        return launch(args)
-    except LaunchError as exc:
-        print(f"workloads.comm.bench: error: {exc}", file=sys.stderr)
-        return 2
+    return run_command(prog, lambda: launch(args))
 
 
 if __name__ == "__main__":

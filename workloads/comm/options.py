@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 
+from profiler.errors import OneLineParser
 from workloads.comm.ops import COLLECTIVES
 from workloads.launch.launcher import LaunchError
 
@@ -65,8 +66,8 @@ def parse_sizes(text: str) -> list[int]:
     return sizes
 
 
-def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m workloads.comm.bench", description=DESCRIPTION)
+def build_parser(prog: str = "python -m workloads.comm.bench") -> argparse.ArgumentParser:
+    p = OneLineParser(prog=prog, description=DESCRIPTION)
     p.add_argument("--backend", choices=("auto", "nccl", "gloo"), default="auto")
     p.add_argument("--nproc", type=int, default=None, help="ranks (default as profile-ddp)")
     p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")

@@ -223,7 +223,7 @@ def error_details(exc: BaseException, cfg: TrainConfig) -> dict:
 
 
 def restart_record(run_dir: Path, restarts: int) -> dict:
-    """run.json `restarts` and `resumes` (docs/run-folder.md), merged into rank 0's record (which
+    """run.json `restarts` and `resumes` (docs/reference/run-folder.md), merged into rank 0's record (which
     profiler.runfolder.write_run_json writes)."""
     return {"restarts": restarts, "resumes": read_attempts(run_dir)}
 

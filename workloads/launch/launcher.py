@@ -17,6 +17,7 @@ import shlex
 import sys
 from pathlib import Path
 
+from profiler.errors import UserError, run_command
 from profiler.runfolder import RUN_JSON, write_run_json
 from workloads.config import (
     OneLineParser,
@@ -43,7 +44,7 @@ ALL_MODES = (("single", "auto"), ("dp", "auto"), ("ddp", "nccl"), ("ddp", "gloo"
 WATCHDOG_GRACE_S = 10.0
 
 
-class LaunchError(Exception):
+class LaunchError(UserError):
     """What the user asked for cannot run here; the message is one line that says what to do."""
 
 
@@ -212,20 +213,20 @@ def run(args: argparse.Namespace, extra: list[str]) -> int:
             break  # the user stopped the job: start no further mode
     if args.node_rank == 0:
         runs = shlex.quote(str(args.runs_dir))
+        print(f"\nnext: dpscope report {runs} --out reports   (make report RUNS={runs})")
         print(
-            f"\nnext: make report RUNS={runs}   (or: python -m analysis.report {runs} --out reports)"
+            f"      dpscope tensorboard --logdir {runs}   (traces in TensorBoard's profiler plugin)"
         )
-        print(f"      make tensorboard RUNS={runs}   (traces in TensorBoard's profiler plugin)")
     if "interrupted" in statuses:
         return 130
     return 1 if "failed" in statuses else 0
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(prog: str = "python -m workloads.launch") -> argparse.ArgumentParser:
     parser = OneLineParser(
-        prog="python -m workloads.launch",
+        prog=prog,
         description="Profile the same training as single-device, DataParallel and DDP runs; one "
-        "run folder per run under --runs-dir. Unknown arguments are passed to workloads.train.",
+        "run folder per run under --runs-dir.",
     )
     parser.add_argument(
         "--mode",
@@ -300,33 +301,40 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _script_main(parser: argparse.ArgumentParser, argv: list[str]) -> int:
+def _script_main(parser: argparse.ArgumentParser, argv: list[str], prog: str) -> int:
     """`--script PATH ... -- SCRIPT_ARGS`: everything after the first `--` is the script's."""
     cut = argv.index("--") if "--" in argv else len(argv)
     ours, script_args = argv[:cut], argv[cut + 1 :]
-    try:
-        reject_builtin_options(ours)
-        args = parser.parse_args(ours)
-        return run_script(args, script_args)
-    except (ScriptError, ValueError) as exc:
-        print(f"workloads.launch: error: {exc}", file=sys.stderr)
-        return 2
+
+    def body() -> int:
+        try:
+            reject_builtin_options(ours)
+            return run_script(parser.parse_args(ours), script_args)
+        except (ScriptError, ValueError) as exc:
+            raise LaunchError(str(exc)) from None
+
+    return run_command(prog, body)
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
+def main(argv: list[str] | None = None, *, prog: str = "python -m workloads.launch") -> int:
+    parser = build_parser(prog)
     argv = sys.argv[1:] if argv is None else list(argv)
     cut = argv.index("--") if "--" in argv else len(argv)
     if any(a == "--script" or a.startswith("--script=") for a in argv[:cut]):
-        return _script_main(parser, argv)
-    args, extra = parser.parse_known_args(argv)
+        return _script_main(parser, argv, prog)
+    # An unknown option is one line here, before any run folder exists (it used to reach the
+    # trainer, which failed after the launcher had written a `failed` run folder).
+    args = parser.parse_args(argv)
     if args.samples_per_step is not None or args.workload:
         parser.error("--samples-per-step and --workload need --script")
-    try:
-        return run(args, extra)
-    except (LaunchError, ValueError) as exc:  # DataError and config ValueErrors are user errors too
-        print(f"workloads.launch: error: {exc}", file=sys.stderr)
-        return 2
+
+    def body() -> int:
+        try:
+            return run(args, [])
+        except ValueError as exc:  # TrainConfig's checks: the message names the flag and the fix
+            raise LaunchError(str(exc)) from None
+
+    return run_command(prog, body)
 
 
 if __name__ == "__main__":

@@ -213,7 +213,7 @@ def finalize(run_dir: Path, outcome: Outcome, launcher_log: Path) -> dict:
 
 
 def _error(run_dir: Path, outcome: Outcome, launcher_log: Path) -> dict:
-    """run.json `error` of a failed run (kinds: docs/run-folder.md)."""
+    """run.json `error` of a failed run (kinds: docs/reference/run-folder.md)."""
     if outcome.interrupted:
         return {
             "kind": "interrupted",

@@ -33,6 +33,7 @@ from typing import TextIO
 
 from tqdm import tqdm
 
+from profiler.errors import OneLineParser, UserError, run_command
 from profiler.records import InputError, read_record
 from profiler.runfolder import RUN_JSON
 from workloads.launch.child import child_env, user_path
@@ -45,7 +46,7 @@ BACKENDS = ("nccl", "gloo")
 SAFE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 
 
-class SweepError(Exception):
+class SweepError(UserError):
     """A bad sweep argument; the message is one line that says what to do."""
 
 
@@ -146,9 +147,9 @@ def _set_aside(run_dir: Path, runs_dir: Path) -> Path:
     return target
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="python -m workloads.tools.sweep",
+def build_parser(prog: str = "python -m workloads.tools.sweep") -> argparse.ArgumentParser:
+    parser = OneLineParser(
+        prog=prog,
         description="Run one workload over modes x backends x world sizes x seeds (one launcher "
         "run each, status: skipped where this machine can't). Unknown arguments go to "
         "workloads.launch, e.g. --model mlp --max-steps 20 --scaling weak.",
@@ -263,19 +264,30 @@ def run_sweep(args: argparse.Namespace, extra: list[str]) -> int:
     return 1 if counts.get("failed") else 0
 
 
-def main(argv: list[str] | None = None) -> int:
-    args, extra = build_parser().parse_known_args(argv)
-    try:
-        return run_sweep(args, extra)
-    except SweepError as exc:
-        print(f"workloads.tools.sweep: error: {exc}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        print(
-            "workloads.tools.sweep: interrupted; re-run with the same SWEEP to finish",
-            file=sys.stderr,
+def _check_launcher_args(extra: list[str]) -> None:
+    """The arguments passed through to every launcher run, checked once before any run starts."""
+    from workloads.launch.launcher import build_parser as launch_parser
+
+    _, unknown = launch_parser().parse_known_args(extra)
+    if unknown:
+        raise SweepError(
+            f"unknown option(s) {' '.join(unknown)}; see `dpscope profile --help` for the options "
+            "passed through to each run"
         )
-        return 130
+
+
+def main(argv: list[str] | None = None, *, prog: str = "python -m workloads.tools.sweep") -> int:
+    args, extra = build_parser(prog).parse_known_args(argv)
+
+    def body() -> int:
+        _check_launcher_args(extra)
+        try:
+            return run_sweep(args, extra)
+        except KeyboardInterrupt:
+            print(f"{prog}: interrupted; re-run with the same SWEEP to finish", file=sys.stderr)
+            return 130
+
+    return run_command(prog, body)
 
 
 if __name__ == "__main__":

@@ -25,6 +25,7 @@ from pathlib import Path
 from tqdm import tqdm
 
 from profiler.atomic import write_json_atomic
+from profiler.errors import run_command
 from profiler.records import InputError, read_record, read_steps
 from profiler.runfolder import RUN_JSON, STEPS_CSV, utc_now
 from workloads.launch.child import child_env, user_path
@@ -311,19 +312,19 @@ class Tuner:
         self.save()
 
 
-def main(argv: list[str] | None = None) -> int:
-    opts, extra = build_parser().parse_known_args(argv)
+def main(argv: list[str] | None = None, *, prog: str = "python -m workloads.tools.tune") -> int:
+    opts, extra = build_parser(prog).parse_known_args(argv)
     opts.runs_dir = str(user_path(opts.runs_dir))  # the trials' launchers get it absolute
-    try:
-        workload, launcher_argv, knobs, skipped = prepare(opts, extra)
-        tune_dir = Path(opts.runs_dir) / opts.tune_id
-        if tune_dir.exists():
-            raise TuneError(f"{tune_dir} already exists; pick another --tune-id or remove it")
-        if Path(opts.runs_dir).exists() and not Path(opts.runs_dir).is_dir():
-            raise TuneError(f"RUNS ({opts.runs_dir}) is not a folder; point RUNS at a folder")
-    except TuneError as exc:
-        print(f"workloads.tools.tune: error: {exc}", file=sys.stderr)
-        return 2
+    return run_command(prog, lambda: _tune(opts, extra))
+
+
+def _tune(opts: argparse.Namespace, extra: list[str]) -> int:
+    workload, launcher_argv, knobs, skipped = prepare(opts, extra)
+    tune_dir = Path(opts.runs_dir) / opts.tune_id
+    if tune_dir.exists():
+        raise TuneError(f"{tune_dir} already exists; pick another --tune-id or remove it")
+    if Path(opts.runs_dir).exists() and not Path(opts.runs_dir).is_dir():
+        raise TuneError(f"RUNS ({opts.runs_dir}) is not a folder; point RUNS at a folder")
     tune_dir.mkdir(parents=True)
     record = Tuner(opts, workload, launcher_argv).run(knobs, skipped)
     print_table(record, tune_dir)

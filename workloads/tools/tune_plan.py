@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING
 
+from profiler.errors import OneLineParser, UserError
 from workloads.config import TrainConfig, config_from_namespace
 from workloads.plan import batch_split
 from workloads.tools import tune_stats
@@ -20,7 +21,7 @@ if TYPE_CHECKING:  # the planner imports torch; only prepare's call needs it
 __all__ = ["ACCUM_NOTE", "KNOBS", "Knob", "TuneError", "build_parser", "prepare", "skip_reason"]
 
 
-class TuneError(Exception):
+class TuneError(UserError):
     """Bad input: one line that names the argument and says what to do."""
 
 
@@ -173,9 +174,9 @@ def _add_tuning_arguments(p: argparse.ArgumentParser) -> None:
     )
 
 
-def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog="python -m workloads.tools.tune",
+def build_parser(prog: str = "python -m workloads.tools.tune") -> argparse.ArgumentParser:
+    p = OneLineParser(
+        prog=prog,
         description="Measure DDP knobs (bucket size, gradient_as_bucket_view, static_graph, comm "
         "hooks, optionally gradient accumulation) on one workload; every candidate runs --trials "
         "times interleaved with the baseline, profiler off. Unknown arguments (ARGS) go to every "

@@ -1,7 +1,7 @@
 """The statistics behind `make tune-ddp` (pure functions, no torch): per-arm summaries, the
 significance rule, the loss difference of lossy knobs, which knobs the greedy combination
 tries and which combination it keeps, and when the budget stops the tune (workloads.tools.tune only
-runs the trials). Definitions are in docs/analysis.md §8 (DDP tuning); each function's docstring
+runs the trials). Definitions are in docs/reference/metrics.md §8 (DDP tuning); each function's docstring
 repeats its own.
 """
 

@@ -16,6 +16,8 @@ import torch
 import torch.nn.functional as F
 from torch.utils.data import DataLoader, Dataset, Sampler, Subset, TensorDataset
 
+from profiler.errors import UserError
+
 __all__ = [
     "DataError",
     "Datasets",
@@ -33,7 +35,7 @@ SYNTHETIC_TEST = 512
 _CIFAR_FOLDERS = {"cifar10": "cifar-10-batches-py", "cifar100": "cifar-100-python"}
 
 
-class DataError(ValueError):
+class DataError(UserError, ValueError):
     """A dataset is missing or unusable; the message says what to do."""
 
 

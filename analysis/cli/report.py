@@ -1,0 +1,41 @@
+"""`dpscope report RUNS [RUNS ...] --out REPORT_DIR` (also `python -m analysis.report`).
+
+Bad input ends with one line naming the file or argument and what to do (exit code 2), never a
+traceback; tracebacks are left for bugs (profiler.errors.run_command).
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from analysis.report.build import build_report
+from profiler.errors import OneLineParser, run_command
+
+__all__ = ["build_parser", "main"]
+
+
+def build_parser(prog: str = "python -m analysis.report") -> argparse.ArgumentParser:
+    parser = OneLineParser(
+        prog=prog,
+        description="Write one self-contained HTML report (plus summary.json and CSV tables) "
+        "from run folders.",
+    )
+    parser.add_argument(
+        "runs", nargs="+", type=Path, help="folders holding run folders, or run folders themselves"
+    )
+    parser.add_argument("--out", type=Path, default=Path("reports"), help="report folder")
+    parser.add_argument("--no-progress", action="store_true", help="hide progress bars")
+    return parser
+
+
+def main(argv: list[str] | None = None, *, prog: str = "python -m analysis.report") -> int:
+    args = build_parser(prog).parse_args(argv)
+
+    def body() -> int:
+        files = build_report(args.runs, args.out, progress=not args.no_progress)
+        print(f"report: {files.index_html}")
+        print(f"open:   {files.index_html.resolve().as_uri()}")
+        return 0
+
+    return run_command(prog, body)

@@ -1,0 +1,175 @@
+"""The `dpscope` command (workloads/tools/cli.py): every subcommand listed and reachable, one error
+line with exit code 2 for bad input, a traceback only for bugs, torch never imported by the
+analysis commands, and runs landing where asked from any folder."""
+
+from __future__ import annotations
+
+import importlib
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from profiler.errors import UserError, run_command
+from tests.conftest import DATA, REPO, TINY, no_torch_env
+from workloads.tools.cli import COMMANDS, command_parser
+from workloads.tools.cli import main as dpscope
+
+ISSUE_COMMANDS = (
+    "profile sweep tune bench-comm report runs traces merge ops diff project tensorboard demo"
+).split()
+
+
+def run_dpscope(args: list[str], *, cwd: Path, env: dict | None = None, timeout: float = 240):
+    """`dpscope ARGS` as a user runs it from `cwd` (the repo importable as after `pip install`)."""
+    env = dict(env or os.environ)
+    env.setdefault("PYTHONPATH", str(REPO))
+    cmd = [sys.executable, "-m", "workloads.tools.cli", *args]
+    return subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)
+
+
+def _exit_code(args: list[str]) -> int:
+    """dpscope's exit code, whether it returned it or argparse exited with it."""
+    try:
+        return dpscope(args)
+    except SystemExit as exit_:
+        return exit_.code
+
+
+def test_every_issue_command_is_registered_and_has_its_module() -> None:
+    assert list(COMMANDS) == ISSUE_COMMANDS
+    for name, command in COMMANDS.items():
+        module = importlib.import_module(command.module)
+        assert callable(module.main), name
+        parser = command_parser(name)
+        assert parser.prog == f"dpscope {name}", (name, parser.prog)
+        assert parser.format_help().startswith(f"usage: dpscope {name}"), name
+
+
+def test_help_lists_every_command(capsys) -> None:
+    with pytest.raises(SystemExit) as exit_:
+        dpscope(["--help"])
+    assert exit_.value.code == 0
+    out = capsys.readouterr().out
+    for name, command in COMMANDS.items():
+        assert f"  {name} " in out and command.help in out, name
+
+
+def test_no_command_and_unknown_command_are_one_line_or_the_list(capsys) -> None:
+    assert dpscope([]) == 2
+    assert "profile" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exit_:
+        dpscope(["profiel"])
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("dpscope: error: ") and "profiel" in err
+
+
+def test_a_user_error_is_one_line_with_exit_2_and_a_bug_keeps_its_traceback(capsys) -> None:
+    def bad_input() -> int:
+        raise UserError("--runs-dir x: not a folder — pass a folder")
+
+    assert run_command("dpscope x", bad_input) == 2
+    assert (
+        capsys.readouterr().err == "dpscope x: error: --runs-dir x: not a folder — pass a folder\n"
+    )
+
+    def bug() -> int:
+        raise KeyError("a bug")
+
+    with pytest.raises(KeyError):
+        run_command("dpscope x", bug)
+
+
+@pytest.mark.parametrize(
+    ("args", "words"),
+    [
+        (["runs", "nope"], "nope: no readable run folders"),
+        (["traces", "nope"], "nope"),
+        (["report", "nope", "--out", "out"], "nope"),
+        (["tensorboard", "--logdir", "nope"], "nope"),
+    ],
+)
+def test_bad_input_of_each_analysis_command_is_one_prefixed_line(
+    args, words, tmp_path, capsys, monkeypatch
+) -> None:
+    monkeypatch.chdir(tmp_path)  # relative paths are the user's: here, none of them exist
+    code = _exit_code(args)
+    err = capsys.readouterr().err
+    assert code == 2, err
+    assert err.count("\n") == 1 and err.startswith(f"dpscope {args[0]}: error: "), err
+    assert words in err and "Traceback" not in err
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize(
+    ("args", "words"),
+    [
+        (["profile", "--bogus"], "unrecognized arguments: --bogus"),
+        (["profile", "--mode", "ddp", "--batch-size", "0"], "--batch-size"),
+        (["demo", "--bogus", "1"], "unknown option(s) --bogus 1"),
+        (["sweep", "--modes", "single", "--bogus"], "unknown option(s) --bogus"),
+        (["tune", "--trials", "0"], "TRIALS (--trials) must be >= 1"),
+        (["bench-comm", "--sizes", "2"], "--sizes must be >= 4 bytes"),
+    ],
+)
+def test_an_unknown_option_or_bad_value_is_one_line_before_anything_starts(
+    args, words, tmp_path, capsys
+) -> None:
+    """Today `python -m workloads.launch --bogus` reached the trainer after a `failed` run folder
+    existed: now nothing is created (checked in-process, so no child can have started)."""
+    runs = tmp_path / "runs"
+    assert _exit_code([*args, "--runs-dir", str(runs)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith(f"dpscope {args[0]}: error: "), err
+    assert words in err
+    assert not runs.exists()
+
+
+def test_help_report_runs_and_traces_never_import_torch(single_mlp_run, tmp_path) -> None:
+    """With a `torch` that can't be imported, as on a machine without it."""
+    env = no_torch_env(tmp_path)
+    runs = single_mlp_run.parent
+    for args in (
+        ["--help"],
+        ["report", "--help"],
+        ["runs", str(runs), "--no-traces", "--no-progress"],
+        ["traces", str(DATA / "hta" / "trace_filter"), "--no-progress"],
+        ["report", str(runs), "--out", str(tmp_path / "report"), "--no-progress"],
+    ):
+        proc = run_dpscope(args, cwd=tmp_path, env=env)
+        assert proc.returncode == 0, (args, proc.stderr)
+        assert "torch is blocked" not in proc.stderr
+    assert (tmp_path / "report" / "index.html").is_file()
+    # The check can fail: a command that needs torch says so under the same environment.
+    proc = run_dpscope(["profile", "--help"], cwd=tmp_path, env=env)
+    assert proc.returncode != 0 and "torch is blocked" in proc.stderr
+
+
+@pytest.mark.integration
+def test_a_run_from_another_folder_lands_where_asked(tmp_path) -> None:
+    """`dpscope profile --runs-dir rel` from some folder: the run is under that folder's `rel`."""
+    work = tmp_path / "work"
+    work.mkdir()
+    args = ["profile", "--mode", "single", "--run-id", "here", "--runs-dir", "rel", *TINY]
+    proc = run_dpscope([*args, "--max-steps", "3", "--no-profile"], cwd=work)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    run = json.loads((work / "rel" / "here" / "run.json").read_text())
+    assert run["status"] == "ok"
+    assert not (REPO / "rel").exists()
+
+
+@pytest.mark.integration
+def test_the_old_module_entry_points_still_work(tmp_path) -> None:
+    for module in ("workloads.launch", "analysis", "analysis.report", "workloads.tools.sweep"):
+        proc = subprocess.run(
+            [sys.executable, "-m", module, "--help"],
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
+        assert proc.returncode == 0 and proc.stdout.startswith("usage: python -m"), module

@@ -1,0 +1,95 @@
+"""The generated pages and the docs' links: docs/reference/cli.md is what the parsers give,
+docs/benchmarks.md shows each bench's date, commit and machine, and no page links to a file
+that does not exist or names a machine path."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from bench.common import write_json
+from bench.docs import CLI_MD, benchmarks_md, cli_md
+from tests.conftest import REPO
+from workloads.tools.cli import COMMANDS
+
+PAGES = [REPO / "README.md", *sorted((REPO / "docs").rglob("*.md"))]
+
+
+def test_cli_reference_is_current() -> None:
+    assert CLI_MD.read_text(encoding="utf-8") == cli_md(), "run `make docs` and commit the result"
+
+
+def test_cli_reference_has_every_command_and_option() -> None:
+    text = cli_md()
+    from workloads.tools.cli import command_parser
+
+    for name in COMMANDS:
+        assert f"## `dpscope {name}`" in text, name
+        for action in command_parser(name)._actions:
+            for flag in action.option_strings:
+                if flag not in ("-h", "--help") and action.help != "==SUPPRESS==":
+                    assert f"`{flag}`" in text, (name, flag)
+
+
+@pytest.mark.integration  # the stamp asks git for the commit
+def test_benchmarks_page_shows_date_commit_machine_and_results(tmp_path: Path) -> None:
+    write_json(tmp_path / "overhead.json", {"unprofiled_steps_ratio": 1.016, "goals": {"x": 1}})
+    stamp = json.loads((tmp_path / "overhead.json").read_text())["recorded"]
+    assert re.fullmatch(r"\d{4}-\d\d-\d\d \d\d:\d\d UTC", stamp["date"])
+    assert stamp["machine"]["cores"] >= 1
+    head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True, text=True)
+    if head.returncode == 0:  # a clone: the commit is HEAD's
+        assert stamp["commit"] and head.stdout.startswith(stamp["commit"])
+    page = benchmarks_md(tmp_path)
+    assert "## overhead" in page and f"- date: {stamp['date']}" in page
+    assert f"- commit: {stamp['commit'] or 'not recorded'}" in page
+    assert f"cores {stamp['machine']['cores']}" in page
+    assert "| `unprofiled_steps_ratio` | 1.016 |" in page and "| `goals.x` | 1 |" in page
+    assert "No benchmark results" in benchmarks_md(tmp_path / "none")
+
+
+def test_links_resolve_and_no_machine_paths() -> None:
+    link = re.compile(r"\]\(([^)#\s]+)(?:#[^)]*)?\)")
+    for page in PAGES:
+        text = page.read_text(encoding="utf-8")
+        for target in link.findall(text):
+            if not re.match(r"[a-z]+:", target):  # http:, https:, mailto:
+                assert (page.parent / target).exists(), f"{page.relative_to(REPO)}: {target}"
+        for pattern in (r"/work/", r"/tmp/pytest", r"/home/\w+", r"/root/"):
+            assert not re.search(pattern, text), f"{page.relative_to(REPO)}: {pattern}"
+
+
+def test_make_reference_names_every_target_and_variable() -> None:
+    makefile = (REPO / "Makefile").read_text(encoding="utf-8")
+    targets = set(re.findall(r"^([a-z][a-z0-9-]*):", makefile, re.M))
+    variables = set(re.findall(r"^([A-Z_]+)\s*\?=", makefile, re.M))
+    page = (REPO / "docs" / "reference" / "make.md").read_text(encoding="utf-8")
+    assert targets and variables
+    assert not [t for t in sorted(targets) if f"`{t}`" not in page], "document in make.md"
+    assert not [v for v in sorted(variables) if f"`{v}`" not in page], "document in make.md"
+
+
+def test_docs_paths_named_in_code_exist() -> None:
+    """A docstring, template or Makefile naming docs/<page>.md names a page that exists (pages
+    move, as the analysis page did into reference/metrics.md and reference/schemas.md)."""
+    named = re.compile(r"docs/[\w/.-]+\.md")
+    sources = [
+        *(
+            p
+            for top in ("analysis", "bench", "profiler", "workloads", "tests")
+            for p in (REPO / top).rglob("*.py")
+        ),
+        *(REPO / "analysis" / "report" / "templates").iterdir(),
+        REPO / "Makefile",
+    ]
+    missing = {
+        (str(path.relative_to(REPO)), doc)
+        for path in sources
+        for doc in named.findall(path.read_text(encoding="utf-8"))
+        if not (REPO / doc).is_file()
+    }
+    assert not missing, sorted(missing)
