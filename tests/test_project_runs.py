@@ -1,0 +1,318 @@
+"""test_project, continued (split for length): comm runs, bench-comm and the report's projection."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pandas as pd
+import pytest
+
+from analysis.project.comm import (
+    collective_time_us,
+)
+from analysis.project.projection import project
+from analysis.runs.compare import compare_runs
+from tests.conftest import read_run
+from tests.test_project import (  # noqa: F401
+    COLLECTIVES,
+    _bench,
+    _error_line,
+    _fake_comm,
+    _fake_run,
+)
+from tests.test_project import test_bench_comm_bad_input_is_one_line as _bench_comm_bad_input
+
+
+def test_project_bad_input_is_one_line(tmp_path, comm_run, single_mlp_run, capsys):
+    nccl = _fake_comm(tmp_path / "nccl", alpha_us=5, bus_gbps=50, backend="nccl")
+    run = ["project", str(single_mlp_run), "--comm"]
+    line = _error_line([*run, str(nccl), "--backend", "gloo"], capsys)
+    assert "benchmarks nccl, not the gloo asked for" in line
+    assert "must be >= 1" in _error_line([*run, str(comm_run), "--ranks", "2,0"], capsys)
+    line = _error_line(["project", str(comm_run), "--comm", str(comm_run)], capsys)
+    assert "not a training run" in line
+    warm = tmp_path / "warm"
+    shutil.copytree(single_mlp_run, warm, ignore=shutil.ignore_patterns("traces"))
+    steps = pd.read_csv(warm / "steps.csv").assign(warmup=1)
+    steps.to_csv(warm / "steps.csv", index=False)
+    line = _error_line(["project", str(warm), "--comm", str(comm_run)], capsys)
+    assert "has no measured step" in line
+    one = _fake_comm(tmp_path / "one-rank", alpha_us=5, bus_gbps=50)
+    rec = json.loads((one / "run.json").read_text())
+    (one / "run.json").write_text(
+        json.dumps({**rec, "config": {"backend": "gloo", "world_size": 1}})
+    )
+    assert "nothing was transferred" in _error_line([*run, str(one)], capsys)
+    line = _error_line([*run, str(comm_run), "--inter-node", "fast"], capsys)
+    assert "--inter-node" in line
+
+
+def test_comm_runs_are_not_training_runs_and_reach_the_report(
+    tmp_path, comm_run, single_mlp_run, ddp_mlp_run
+):
+    from analysis.report.build import write_report
+
+    for d in (comm_run, single_mlp_run, ddp_mlp_run):
+        shutil.copytree(d, tmp_path / "runs" / d.name)
+    data = compare_runs([tmp_path / "runs"], progress=False, traces=False)
+    assert {r["run_id"] for r in data["runs"]} == {"single-mlp", "ddp-gloo-mlp"}
+    assert [c["run_id"] for c in data["comm"]] == ["comm-gloo"]
+    (proj,) = data["projections"]
+    assert proj["run_id"] == "single-mlp" and proj["measured"][0]["run_id"] == "ddp-gloo-mlp"
+    assert [r["run_id"] for r in proj["replays"]] == ["ddp-gloo-mlp"]
+    files = write_report(data, tmp_path / "report", progress=False)
+    html = files.index_html.read_text(encoding="utf-8")
+    assert 'id="projection"' in html and 'id="figure-projection"' in html
+    assert 'id="figure-busbw"' in html and "replay of ddp-gloo-mlp at n=2" in html
+
+
+def test_threads_reach_torch_and_train_argv():
+    import torch
+
+    from workloads.config import TrainConfig, to_argv
+    from workloads.plan import Environment, plan
+    from workloads.train.context import RunContext
+    from workloads.train.loop import _set_threads, build_parser
+
+    before = torch.get_num_threads()
+    cpu = torch.device("cpu")
+    one = plan(TrainConfig(threads=1, device="cpu"), Environment.detect())  # --threads 1 wins
+    ctx = RunContext(
+        mode="single", rank=0, local_rank=0, world_size=1, local_world_size=1,
+        device=cpu, devices=(cpu,), plan=one,
+    )  # fmt: skip
+    try:
+        assert _set_threads(ctx) == 1 == torch.get_num_threads()
+    finally:
+        torch.set_num_threads(before)
+    ns = build_parser().parse_args(to_argv(TrainConfig(threads=3)))  # launcher -> every rank
+    assert ns.threads == 3
+    with pytest.raises(ValueError, match="--threads must be >= 0"):
+        TrainConfig(threads=-1)
+
+
+def test_a_damaged_comm_run_is_one_skipped_line(tmp_path, comm_run, single_mlp_run):
+    for d in (comm_run, single_mlp_run):
+        shutil.copytree(d, tmp_path / d.name)
+    csv_path = tmp_path / comm_run.name / "comm.csv"
+    lines = csv_path.read_text().splitlines()
+    lines[1] = lines[1].replace(",gloo,2,", ",gloo,two,")
+    csv_path.write_text("\n".join(lines) + "\n")
+    data = compare_runs([tmp_path], progress=False, traces=False)
+    assert [r["run_id"] for r in data["runs"]] == ["single-mlp"] and data["comm"] == []
+    (skip,) = data["projection_skipped"]
+    assert "non-numeric values" in skip["reason"]
+
+
+def test_strong_scaling_is_linear_in_batch_unless_a_run_at_that_batch_is_given(tmp_path):
+    comm = _fake_comm(tmp_path / "comm", alpha_us=50.0, bus_gbps=2.0)
+    phases = {"data": 0.002, "forward": 0.008, "backward": 0.016, "optimizer": 0.004}
+    big = _fake_run(
+        tmp_path / "b64", mode="single", n=1, phases=phases, buckets=[1000], per_device_batch=64
+    )
+    half = {"data": 0.0015, "forward": 0.005, "backward": 0.011, "optimizer": 0.004}
+    small = _fake_run(
+        tmp_path / "b32", mode="single", n=1, phases=half, buckets=[1000], per_device_batch=32
+    )
+    linear = project(big, comm, [2], scaling="strong")["predictions"][0]
+    assert linear["per_device_batch"] == 32 and linear["compute_source"] == "linear in batch"
+    assert linear["compute_s"] == pytest.approx((0.002 + 0.008 + 0.016) / 2 + 0.004)
+    measured = project(big, comm, [2], scaling="strong", batch_runs=[small])["predictions"][0]
+    assert measured["compute_source"] == "measured (b32)"
+    assert measured["compute_s"] == pytest.approx(sum(half.values()))
+    weak = project(big, comm, [2], scaling="weak")["predictions"][0]
+    assert weak["per_device_batch"] == 64 and weak["compute_s"] == pytest.approx(
+        sum(phases.values())
+    )
+
+
+@pytest.mark.integration
+def test_bench_comm_gap_and_collectives_reach_the_run(tmp_path):
+    """A real run with --collectives and --gap-ms: only all_reduce is timed, each of its calls
+    after 40 ms of compute (so the run cannot be shorter than iterations × 40 ms), and run.json
+    holds the gap and a mean time per comm.csv row."""
+    import time
+
+    args = "--backend gloo --nproc 2 --iters 4 --warmup 1 --run-id g --collectives all_reduce"
+    t0 = time.perf_counter()
+    proc = _bench(
+        [*args.split(), "--sizes", "64 4096", "--gap-ms", "40", "--runs-dir", str(tmp_path)]
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert time.perf_counter() - t0 > 2 * 5 * 0.040  # 2 sizes × 5 iterations × 40 ms of compute
+    rec = read_run(tmp_path / "g")
+    assert rec["config"]["gap_ms"] == {"all_reduce": 40.0}
+    assert rec["config"]["collectives"] == ["all_reduce"]
+    rows = pd.read_csv(tmp_path / "g" / "comm.csv")
+    assert set(rows["collective"]) == {"all_reduce"} and list(rows["bytes"]) == [64, 4096]
+    means = rec["metrics"]["time_us_mean"]
+    assert [(m["collective"], m["bytes"]) for m in means] == [
+        ("all_reduce", 64),
+        ("all_reduce", 4096),
+    ]
+    assert all(m["time_us_mean"] > 0 and m["time_us_mean_back_to_back"] > 0 for m in means)
+    assert "after 40 ms of compute" in proc.stdout
+
+
+@pytest.mark.parametrize(
+    ("args", "match"),
+    [
+        (["--gap-ms", "soon"], "--gap-ms must be milliseconds"),
+        (["--gap-ms", "allreduce=3"], "--gap-ms must be milliseconds"),
+        (["--gap-ms", "-1"], "--gap-ms must be milliseconds"),
+        (["--collectives", "all_reduce scatter"], "--collectives must name some of"),
+    ],
+)
+def test_bench_comm_bad_gap_or_collectives_is_one_line(tmp_path, capsys, args, match):
+    _bench_comm_bad_input(tmp_path, capsys, args, match)
+
+
+def test_mean_times_and_buffer_broadcasts_by_hand(tmp_path):
+    """Hand-built exact case: a comm run whose means are 1.5 × its α–β medians, and a model with
+    two buffer dtypes (DDP broadcasts each at every forward). The projected step at n = 2 is the
+    compute + the all-reduce at the *mean* times (one bucket, ready when backward ends) + the two
+    broadcasts at the mean times; at n = 1 there is no communication."""
+    comm = _fake_comm(
+        tmp_path / "comm", alpha_us=50.0, bus_gbps=2.0, mean_factor=1.5,
+        collectives=("all_reduce", "broadcast"), config={"devices": ["cpu", "cpu"]},
+    )  # fmt: skip
+    phases = {"data": 0.001, "forward": 0.004, "backward": 0.008, "optimizer": 0.002}
+    # sizes the comm run measured: the mean curve passes through them exactly
+    bucket, groups = 1 << 20, {"float32": 65536, "int64": 1024}
+    run = _fake_run(
+        tmp_path / "single", mode="single", n=1, phases=phases, buckets=[bucket],
+        metrics={"buffer_bytes_by_dtype": groups},
+    )  # fmt: skip
+    out = project(run, comm, [1, 2])
+    ar = {"collective": "all_reduce", "alpha_us": 50.0, "bus_gbps": 2.0}
+    bc = {"collective": "broadcast", "alpha_us": 50.0, "bus_gbps": 2.0}
+    ar_s = 1.5 * collective_time_us(ar, bucket, 2) / 1e6
+    bc_s = 1.5 * sum(collective_time_us(bc, b, 2) for b in groups.values()) / 1e6
+    one, two = out["predictions"]
+    assert one["comm_s"] == 0 and one["buffer_broadcast_s"] == 0
+    assert two["buffer_broadcast_s"] == pytest.approx(bc_s, rel=1e-6)
+    assert two["exposed_comm_s"] == pytest.approx(ar_s + bc_s, rel=1e-6)
+    assert two["step_time_s"] == pytest.approx(sum(phases.values()) + ar_s + bc_s, rel=1e-6)
+    assert out["inputs"]["comm_time_statistic"] == "mean"
+    assert out["inputs"]["buffer_broadcasts_bytes"] == [65536, 1024]
+    # the comm run timed back-to-back calls; the workload computes forward + backward (12 ms)
+    # between its buffer broadcast and its all-reduce
+    assert any("COMM_GAP_MS=12" in w for w in out["warnings"])
+    no_bcast = _fake_comm(tmp_path / "ar-only", alpha_us=50.0, bus_gbps=2.0)
+    out = project(run, no_bcast, [2])
+    assert out["predictions"][0]["buffer_broadcast_s"] == 0
+    assert out["inputs"]["comm_time_statistic"] == "median"
+    assert any("buffer broadcast is left out" in w for w in out["warnings"])
+
+
+def test_the_gap_warning_goes_once_the_comm_run_matches(tmp_path):
+    phases = {"data": 0.001, "forward": 0.004, "backward": 0.008, "optimizer": 0.002}
+    run = _fake_run(tmp_path / "single", mode="single", n=1, phases=phases, buckets=[1000])
+    cpu = {"devices": ["cpu", "cpu"]}
+    matched = _fake_comm(
+        tmp_path / "c1", alpha_us=5, bus_gbps=2, config={**cpu, "gap_ms": {"all_reduce": 15.0}}
+    )
+    assert not [w for w in project(run, matched, [2])["warnings"] if "COMM_GAP_MS" in w]
+    b2b = _fake_comm(tmp_path / "c2", alpha_us=5, bus_gbps=2, config=cpu)
+    assert any("COMM_GAP_MS=15" in w for w in project(run, b2b, [2])["warnings"])
+    gpu = _fake_comm(tmp_path / "c3", alpha_us=5, bus_gbps=2, config={"devices": ["cuda:0"]})
+    assert not [w for w in project(run, gpu, [2])["warnings"] if "COMM_GAP_MS" in w]
+
+
+def test_the_trainer_records_buffer_bytes_by_dtype(single_mlp_run):
+    from workloads.train.finish import _buffer_bytes_by_dtype
+    from workloads.train.models import build_model
+
+    assert read_run(single_mlp_run)["metrics"]["buffer_bytes_by_dtype"] == {}  # no buffers
+    cnn = build_model("smallcnn", num_classes=10)  # three BatchNorms: 32 + 64 + 128 channels
+    assert _buffer_bytes_by_dtype(cnn) == {"float32": 2 * 224 * 4, "int64": 3 * 8}
+
+
+@pytest.mark.parametrize(
+    ("gap_ms", "means", "buffers", "breakdown"),
+    [
+        ([3], "fast", "many", {"buffers_bytes": 10}),
+        ({"all_reduce": "soon"}, [1, None, {"collective": [1], "bytes": 1024}], {"x": "y"}, "?"),
+        (
+            {"all_reduce": -5},
+            [{"collective": "all_reduce", "bytes": {}, "time_us_mean": []}],
+            [],
+            [3],
+        ),
+    ],
+)
+def test_damaged_new_fields_fall_back_instead_of_failing(
+    tmp_path, gap_ms, means, buffers, breakdown
+):
+    """Wrong-typed comm `config.gap_ms` / `metrics.time_us_mean` and training
+    `metrics.buffer_bytes_by_dtype` / `memory_breakdown`: the projection still runs, on the
+    medians, with no gap and no buffer broadcast, exactly as for a run without those fields."""
+    comm = _fake_comm(
+        tmp_path / "comm", alpha_us=50.0, bus_gbps=2.0, collectives=("all_reduce", "broadcast"),
+        config={"devices": ["cpu", "cpu"], "gap_ms": gap_ms},
+    )  # fmt: skip
+    rec = json.loads((comm / "run.json").read_text())
+    rec["metrics"] = {"time_us_mean": means}
+    (comm / "run.json").write_text(json.dumps(rec))
+    phases = {"data": 0.001, "forward": 0.004, "backward": 0.008, "optimizer": 0.002}
+    metrics = {"buffer_bytes_by_dtype": buffers, "memory_breakdown": breakdown}
+    run = _fake_run(
+        tmp_path / "s", mode="single", n=1, phases=phases, buckets=[1 << 20], metrics=metrics
+    )
+    clean = _fake_run(tmp_path / "c", mode="single", n=1, phases=phases, buckets=[1 << 20])
+    out, ref = project(run, comm, [2]), project(clean, comm, [2])
+    assert out["inputs"]["comm_time_statistic"] == "median" and out["inputs"]["comm_gap_ms"] == {}
+    assert out["predictions"] == ref["predictions"]
+    assert out["predictions"][0]["buffer_broadcast_s"] == 0
+
+
+def test_bench_projection_gaps_follow_the_workloads_collectives(single_mlp_run, tmp_path):
+    """The compute bench-projection asks the comm run to leave before each collective: the whole
+    step for a model without buffers (the all-reduce is the step's only collective), else forward
+    + backward before the all-reduce and the rest of the step before the buffer broadcast."""
+    from bench.projection import compute_gaps_ms
+
+    steps = pd.read_csv(single_mlp_run / "steps.csv")
+    body = steps[(steps["warmup"] == 0) & (steps["profiled"] == 0)]  # the projection's steps
+    assert len(body) < len(steps[steps["warmup"] == 0])  # the fixture is profiled: some left out
+    gaps = compute_gaps_ms(single_mlp_run)
+    assert gaps == {"all_reduce": pytest.approx(1e3 * body["step_time_s"].mean())}
+    phases = {"data": 0.001, "forward": 0.004, "backward": 0.008, "optimizer": 0.002}
+    cnn = _fake_run(
+        tmp_path / "cnn", mode="single", n=1, phases=phases, buckets=[1000],
+        metrics={"buffer_bytes_by_dtype": {"float32": 1792, "int64": 24}},
+    )  # fmt: skip
+    assert compute_gaps_ms(cnn) == {
+        "all_reduce": pytest.approx(12.0),
+        "broadcast": pytest.approx(3.0),
+    }
+
+
+def test_idle_penalty_is_paid_once_per_call_whatever_n(tmp_path):
+    """Hand-built gap-timed comm run: back-to-back means follow an exact α–β model t(s, n), the
+    means after the gap are 1.5 × that. At the benchmark's n = 2 the projected call is the mean
+    after the gap; at n = 4 it is t(s, 4) + the idle penalty 0.5·t(s, 2), not 1.5·t(s, 4): the
+    penalty is once per call, the ring steps come from the back-to-back times."""
+    comm = _fake_comm(
+        tmp_path / "comm", alpha_us=50.0, bus_gbps=2.0, mean_factor=1.5, back_to_back=1.0,
+        config={"devices": ["cpu", "cpu"], "gap_ms": {"all_reduce": 15.0}},
+    )  # fmt: skip
+    phases = {"data": 0.001, "forward": 0.004, "backward": 0.008, "optimizer": 0.002}
+    bucket = 1 << 20
+    run = _fake_run(tmp_path / "s", mode="single", n=1, phases=phases, buckets=[bucket])
+    out = project(run, comm, [2, 4])
+    ar = {"collective": "all_reduce", "alpha_us": 50.0, "bus_gbps": 2.0}
+    t2, t4 = (collective_time_us(ar, bucket, n) / 1e6 for n in (2, 4))
+    two, four = out["predictions"]
+    assert two["exposed_comm_s"] == pytest.approx(1.5 * t2, rel=1e-6)
+    assert four["exposed_comm_s"] == pytest.approx(t4 + 0.5 * t2, rel=1e-6)
+    model = out["inputs"]["all_reduce_model"]
+    assert model["alpha_us"] == pytest.approx(50.0) and model["bus_gbps"] == pytest.approx(2.0)
+    assert any("idle penalty" in a for a in out["assumptions"])
+    # the report shows record strings up to DISPLAY_CHARS: an assumption must not be cut there
+    from analysis.jsonsafe import DISPLAY_CHARS
+
+    assert all(len(a) <= DISPLAY_CHARS for a in out["assumptions"])
+    fit = project(run, comm, [4], bandwidth="fit")["predictions"][0]
+    assert fit["exposed_comm_s"] == pytest.approx(t4 + 0.5 * t2, rel=1e-6)
