@@ -88,17 +88,14 @@ report: setup
 	@if [ -d "$(RUNS)" ]; then set -- "$(RUNS)"; else set -- $(RUNS); fi; \
 	    $(DPSCOPE) report "$$@" --out "$(REPORT_DIR)"
 
-# Small defaults so the whole demo finishes in about a minute and a half on a 2-core CPU (README:
-# measured); two seeds so the report has error bars. Any of MODEL/STEPS/SEEDS given on the command
-# line wins. A short comm benchmark (allreduce and broadcast up to 4 MiB, 10 timed calls per size:
-# about 20 s here) gives the report its Projection section.
-DEMO_COMM = --iters 10 --warmup 3 --max-bytes 4194304 --collectives "all_reduce broadcast"
+# `dpscope demo`: smallcnn, 24 steps, seeds 0 and 1 in every mode, a 1-rank DDP run and a short
+# comm benchmark, then the report (README: the measured time). MODEL, STEPS or SEEDS given on
+# the command line win over the demo's own defaults.
+cmdline = $(filter command line,$(origin $(1)))
 demo: setup
-	$(MAKE) --no-print-directory profile-all MODEL=$(if $(filter command line,$(origin MODEL)),$(MODEL),smallcnn) \
-	    STEPS=$(if $(filter command line,$(origin STEPS)),$(STEPS),24) \
-	    SEEDS="$(if $(filter command line,$(origin SEEDS)),$(SEEDS),0 1)" RUNS="$(RUNS)"
-	$(PY) -m workloads.comm.bench $(NPROC_FLAG) --backend $(BACKEND) --runs-dir "$(RUNS)" $(DEMO_COMM)
-	$(MAKE) --no-print-directory report RUNS="$(RUNS)" REPORT_DIR="$(REPORT_DIR)"
+	$(DPSCOPE) demo --runs-dir "$(RUNS)" --out "$(REPORT_DIR)" $(NPROC_FLAG) --backend $(BACKEND) \
+	    $(if $(call cmdline,MODEL),--model $(MODEL)) $(if $(call cmdline,STEPS),--max-steps $(STEPS)) \
+	    $(if $(call cmdline,SEEDS),--seeds "$(SEEDS)") $(ARGS)
 
 tensorboard: setup
 	$(DPSCOPE) tensorboard --logdir "$(RUNS)" --port $(PORT)

@@ -75,3 +75,24 @@ def test_a_workload_without_a_parallel_run_says_what_to_run(single_mlp_run, tmp_
     _copy_with(single_mlp_run, tmp_path / "runs" / "single", None)
     (v,) = verdict(compare_runs([tmp_path / "runs"], progress=False, traces=False))
     assert "make profile-all" in _text(v)
+
+
+def test_a_split_part_beyond_the_whole_loss_is_an_unstable_split_caveat(
+    single_mlp_run, ddp_mlp_run, tmp_path
+):
+    _copy_with(single_mlp_run, tmp_path / "runs" / "single", None)
+    _copy_with(ddp_mlp_run, tmp_path / "runs" / "ddp", None)
+    data = compare_runs([tmp_path / "runs"], progress=False, traces=False)
+    (g,) = [g for g in data["groups"] if g["mode"] == "ddp"]
+    (v,) = verdict(data)
+    assert not any(c.startswith("unstable") for c in v["caveats"])  # the real split is sane
+    # A slowed 1-rank DDP run (another job started) gives a DDP-cost part of 586 points that
+    # contention offsets: the parts still sum to the loss, but neither part means anything.
+    g["efficiency_loss_pts"] = {
+        **g["efficiency_loss_pts"],
+        "ddp_overhead": 585.9,
+        "contention": -546.5,
+    }
+    (v,) = verdict(data)
+    (caveat,) = [c for c in v["caveats"] if c.startswith("unstable")]
+    assert "DDP's own per-step cost, compute contention beyond ±100 points" in caveat

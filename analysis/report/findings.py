@@ -29,6 +29,9 @@ THRESHOLDS = {
     # (other_cpu_cores_mean > frac × cores) while it measured; the verdict then says so.
     "busy_other_cores_frac": 0.5,
     "few_measured_steps": 8,  # fewer unprofiled measured steps than this: throughput is noisy
+    # A part of "where the efficiency went" beyond this many points (the whole loss is at most
+    # 100) means its runs were measured under different conditions: the verdict says so.
+    "split_part_max_pts": 100.0,
 }
 
 NAMES = {"single": "Single", "dp": "DP", "ddp": "DDP"}

@@ -136,12 +136,24 @@ def _caveats(groups: list[dict[str, Any]], runs: dict[str, dict]) -> list[str]:
     if few:
         out.append(f"few steps: {len(few)} runs measured fewer than "
                    f"{THRESHOLDS['few_measured_steps']} unprofiled steps (raise --max-steps)")  # fmt: skip
+    out += _unstable_split(groups)
     sup = [g for g in groups if (g.get("scaling_efficiency_mean") or 0) > THRESHOLDS["efficiency_superlinear"]]  # fmt: skip
     if sup:
         out.append(f"superlinear efficiency (above {THRESHOLDS['efficiency_superlinear']:.0%}): "
                    "usually a slowed single-device baseline (oversubscribed threads, a busy "
                    "machine), not a real gain; re-measure")  # fmt: skip
     return out
+
+
+def _unstable_split(groups: list[dict[str, Any]]) -> list[str]:
+    limit = THRESHOLDS["split_part_max_pts"]
+    wild = {name for g in groups for name, v in (g.get("efficiency_loss_pts") or {}).items()
+            if v is not None and abs(v) > limit}  # fmt: skip
+    if not wild:
+        return []
+    names = ", ".join(text for name, text in PART_NAMES.items() if name in wild)
+    return [f"unstable efficiency split: {names} beyond ±{limit:.0f} points, so the runs it "
+            "compares ran under different conditions (a busy machine, a cold start); re-measure"]  # fmt: skip
 
 
 def _busy(load: dict[str, Any] | None) -> bool:

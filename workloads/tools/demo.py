@@ -1,9 +1,14 @@
 """`dpscope demo` (what `make demo` runs): profile a small workload in every mode this machine
 supports, for two seeds (so the report has error bars), then write the report.
 
-The defaults (smallcnn, 24 steps, seeds 0 and 1) finish in about a minute on a quiet 2-core CPU. Any
-other option is a `dpscope profile` option, checked before anything runs, and wins over the
-demo's defaults: `dpscope demo --model resnet18 --max-steps 50`.
+Besides the `--mode all` runs it makes the two inputs that fill the rest of the report:
+- one 1-rank DDP run (first seed), from which "where the efficiency went" takes DDP's own
+  per-step cost;
+- a short comm benchmark (allreduce and broadcast up to 4 MiB, 10 timed calls per size), which
+  gives the report its Projection section.
+Any other option is a `dpscope profile` option, checked before anything runs, and wins over the
+demo's defaults: `dpscope demo --model resnet18 --max-steps 50`. The measured time of the
+defaults is in the README.
 """
 
 from __future__ import annotations
@@ -17,6 +22,11 @@ __all__ = ["DEMO_DEFAULTS", "build_parser", "main"]
 
 # Launcher options the demo sets unless the user passes their own (a later option wins).
 DEMO_DEFAULTS = ("--mode", "all", "--model", "smallcnn", "--max-steps", "24")
+# The comm benchmark's options: small sizes and few calls keep it to about 20 s on 2 CPU cores.
+DEMO_COMM = (
+    "--iters", "10", "--warmup", "3", "--max-bytes", str(4 * 1024 * 1024),
+    "--collectives", "all_reduce broadcast",
+)  # fmt: skip
 
 
 class DemoError(UserError):
@@ -27,12 +37,24 @@ def build_parser(prog: str = "python -m workloads.tools.demo") -> argparse.Argum
     parser = OneLineParser(
         prog=prog,
         description="Profile smallcnn (24 steps) in every mode this machine supports for two "
-        "seeds, then write the report. Other options are `dpscope profile` options and win over "
+        "seeds, one 1-rank DDP run and a short comm benchmark, then write the report. Other options are `dpscope profile` options and win over "
         "these defaults (e.g. --model resnet18 --max-steps 50).",
     )
     parser.add_argument("--seeds", default="0 1", help='seeds, one run per mode each (e.g. "0 1")')
     parser.add_argument("--runs-dir", type=Path, default=Path("runs"), help="folder of run folders")
     parser.add_argument("--out", type=Path, default=Path("reports"), help="report folder")
+    parser.add_argument(
+        "--no-ddp1",
+        dest="ddp1",
+        action="store_false",
+        help="skip the 1-rank DDP run (the report then folds DDP's own cost into contention)",
+    )
+    parser.add_argument(
+        "--no-comm-bench",
+        dest="comm_bench",
+        action="store_false",
+        help="skip the comm benchmark (the report then has no Projection section)",
+    )
     return parser
 
 
@@ -45,21 +67,28 @@ def _seeds(text: str) -> list[str]:
 
 def _demo(args: argparse.Namespace, extra: list[str], prog: str) -> int:
     from analysis.cli import report
+    from workloads.comm import bench
     from workloads.launch import launcher
 
     seeds = _seeds(args.seeds)
-    _, unknown = launcher.build_parser().parse_known_args(extra)
+    chosen, unknown = launcher.build_parser().parse_known_args([*DEMO_DEFAULTS, *extra])
     if unknown:
         raise DemoError(
             f"unknown option(s) {' '.join(unknown)}; see `dpscope profile --help` for the options "
             "the demo passes on"
         )
-    for seed in seeds:
-        code = launcher.main(
-            [*DEMO_DEFAULTS, *extra, "--seed", seed, "--runs-dir", str(args.runs_dir)],
-            prog=prog,
-        )
-        if code != 0:
+    runs = ["--runs-dir", str(args.runs_dir)]
+    steps = [[*DEMO_DEFAULTS, *extra, "--seed", seed, *runs] for seed in seeds]
+    if chosen.mode in ("all", "ddp") and args.ddp1:
+        steps.append([*DEMO_DEFAULTS, *extra, "--mode", "ddp", "--nproc", "1", "--seed", seeds[0]])
+        steps[-1] += runs
+    for argv in steps:
+        if (code := launcher.main(argv, prog=prog)) != 0:
+            return code
+    if chosen.mode in ("all", "ddp") and args.comm_bench:
+        nproc = ["--nproc", str(chosen.nproc)] if chosen.nproc else []
+        comm = [*DEMO_COMM, *nproc, "--backend", chosen.backend, *runs]
+        if (code := bench.main(comm, prog=prog)) != 0:
             return code
     return report.main([str(args.runs_dir), "--out", str(args.out)], prog=prog)
 
