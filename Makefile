@@ -94,6 +94,7 @@ report: setup
 cmdline = $(filter command line,$(origin $(1)))
 demo: setup
 	$(DPSCOPE) demo --runs-dir "$(RUNS)" --out "$(REPORT_DIR)" $(NPROC_FLAG) --backend $(BACKEND) \
+	    --dataset $(DATASET) --epochs $(EPOCHS) --batch-size $(BATCH) $(PROFILE_FLAGS) \
 	    $(if $(call cmdline,MODEL),--model $(MODEL)) $(if $(call cmdline,STEPS),--max-steps $(STEPS)) \
 	    $(if $(call cmdline,SEEDS),--seeds "$(SEEDS)") $(ARGS)
 
