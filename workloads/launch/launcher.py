@@ -32,7 +32,7 @@ from workloads.launch.runlog import finalize
 from workloads.launch.supervise import flight_recorder_env, run_supervised
 from workloads.plan import Environment, Plan
 from workloads.plan import plan as plan_run
-from workloads.train.data import check_available
+from workloads.train.workload import check_workload
 
 __all__ = ["LaunchError", "main"]
 
@@ -162,9 +162,9 @@ def _check_arguments(args: argparse.Namespace) -> None:
 def run(args: argparse.Namespace, extra: list[str]) -> int:
     """Plan, validate and execute the requested run(s); return the process exit code."""
     _check_arguments(args)
-    # Every TrainConfig check (profiler schedule included) before anything is created.
-    config_from_namespace(args, mode="single", backend=args.backend, init_method="")
-    check_available(args.dataset, args.data_dir, download=args.download)
+    # Every TrainConfig check (profiler schedule included) before anything is created, then the
+    # workload's: each factory imported, called and its result checked (one line each, exit 2).
+    check_workload(config_from_namespace(args, mode="single", backend=args.backend, init_method=""))
     init_method = ""
     if args.rdzv_file:
         path = Path(args.rdzv_file).resolve()
