@@ -110,7 +110,10 @@ def test_gpt_ties_embedding_and_head_and_is_causal():
     assert next(model.parameters()) is model.wte.weight
     # Counted once: wte + wpe + 2 blocks (12 C^2 + 13 C) + ln_f (2 C), C = 32
     c = 32
-    assert sum(p.numel() for p in model.parameters()) == 50 * c + 16 * c + 2 * (12 * c * c + 13 * c) + 2 * c
+    assert (
+        sum(p.numel() for p in model.parameters())
+        == 50 * c + 16 * c + 2 * (12 * c * c + 13 * c) + 2 * c
+    )
     idx = torch.randint(50, (3, 10))
     out = model(idx)
     assert out.shape == (3, 10, 50)
@@ -174,7 +177,10 @@ def _one_line(text: str) -> str:
         ),
         (["--model", "userpkg.nets:not_a_module"], "returned str, not a torch.nn.Module"),
         (["--dataset", "userpkg.nets:one_dataset"], "returned TensorDataset, not two datasets"),
-        (["--dataset", "userpkg.nets:not_pairs"], "train[0] is Tensor, not an (input, target) pair"),
+        (
+            ["--dataset", "userpkg.nets:not_pairs"],
+            "train[0] is Tensor, not an (input, target) pair",
+        ),
         ([*USER, "--model-args", "hidden"], "--model-args entry 'hidden' is not k=v"),
         ([*USER, "--model-args", "widht=3"], "--model-args widht: userpkg.nets:tiny_net takes no"),
         (
@@ -182,7 +188,10 @@ def _one_line(text: str) -> str:
             "--loss userpkg.nets:vector_loss returned (2,), not a scalar tensor",
         ),
         (["--model", "resnet7"], "--model 'resnet7' is not a built-in"),
-        (["--model", "torchvision:resnet7"], "resnet7 is not a classification model of torchvision"),
+        (
+            ["--model", "torchvision:resnet7"],
+            "resnet7 is not a classification model of torchvision",
+        ),
         (["--model", "gpt", "--dataset", "tokens", "--model-args", "vocab_size=10"], "below the"),
         (["--dataset", "tokens", "--dataset-args", "seq=3"], "--dataset-args seq: tokens takes no"),
     ],

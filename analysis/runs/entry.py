@@ -27,7 +27,7 @@ from analysis.runs.records import (
     read_steps,
 )
 
-__all__ = ["PHASES", "attach_trace", "load_run", "mean_std"]
+__all__ = ["PHASES", "args_text", "attach_trace", "load_run", "mean_std"]
 
 PHASES = ("data", "forward", "backward", "optimizer")
 # The config/env fields copied verbatim into each run entry.
@@ -112,6 +112,15 @@ def _memory(entries: list[dict]) -> dict:
     return out
 
 
+def args_text(args: dict[str, Any] | None) -> str:
+    """Factory keyword arguments as one comparable string, `k=v` sorted by key ("" for none):
+    the form the same-workload key and the report's tables use."""
+    text = {True: "true", False: "false"}
+    return ",".join(
+        f"{k}={text[v] if isinstance(v, bool) else v}" for k, v in sorted((args or {}).items())
+    )
+
+
 def _device_type(config: Config) -> str | None:
     """`cpu`, `cuda`, ... from the run's first device (`cuda:1` -> `cuda`); None when unknown."""
     return config.devices[0].split(":", 1)[0] if config.devices else None
@@ -147,6 +156,12 @@ def load_run(run_dir: Path) -> dict:
         "error": raw.get("error"),
         **{k: getattr(config, k) for k in CONFIG_FIELDS},
         **{k: getattr(env, k) for k in ENV_FIELDS},
+        # Issue 22's part of the same-workload key; records from before it ran the built-in
+        # loss without arguments, so they pair with today's runs of the same built-ins.
+        "model_args": args_text(config.model_args),
+        "dataset_args": args_text(config.dataset_args),
+        "loss": config.loss or "cross_entropy",
+        "parameters": config.workload.parameters if config.workload else None,
         "fixed_batch": fixed_batch,
         "device_type": _device_type(config),
         "num_devices": _num_devices(config),
@@ -172,6 +187,8 @@ def load_run(run_dir: Path) -> dict:
         "test_loss": best.test_loss,
         "top1_pct": best.top1_pct,
         "top5_pct": best.top5_pct,
+        "perplexity": best.perplexity,
+        "eval_note": rec.eval.note,
         "trace_files": list(rec.traces),
         "logs": sorted(p.relative_to(run_dir).as_posix() for p in run_dir.glob("logs/*.log")),
         "trace": None,

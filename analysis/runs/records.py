@@ -51,6 +51,17 @@ class ErrorInfo(msgspec.Struct):
     log_tail: list[str] = []
 
 
+class Workload(msgspec.Struct):
+    """config.workload (issue 22): what the model and one micro-batch are."""
+
+    parameters: Count | None = None
+    has_test_split: bool | None = None
+    input_shape: list[Count] | None = None
+    input_dtype: str | None = None
+    target_shape: list[Count] | None = None
+    target_dtype: str | None = None
+
+
 class Config(msgspec.Struct):
     mode: Literal["single", "dp", "ddp"]
     # Null only on a skipped run whose layout could not be decided (checked in read_record).
@@ -59,6 +70,12 @@ class Config(msgspec.Struct):
     devices: list[str] | None = []
     model: str | None = None
     dataset: str | None = None
+    # The factories' keyword arguments (ints, floats, bools, strings) and the loss spec; null in
+    # records written before issue 22 (then: none, and cross_entropy, the only loss there was).
+    model_args: dict[str, Any] | None = None
+    dataset_args: dict[str, Any] | None = None
+    loss: str | None = None
+    workload: Workload | None = None
     global_batch: Annotated[int, msgspec.Meta(ge=1)] | None = None
     per_device_batch: Annotated[int, msgspec.Meta(ge=1)] | None = None
     scaling: Literal["strong", "weak"] | None = None
@@ -124,11 +141,17 @@ class EvalEntry(msgspec.Struct):
     top1_pct: Pct | None = None
     top5_pct: Pct | None = None
     samples: Count | None = None
+    # Sequence outputs (issue 22): exp(mean token cross-entropy), tokens evaluated; `output` is
+    # class_scores | sequence | other (what the eval could score).
+    perplexity: Annotated[float, msgspec.Meta(ge=1, le=_FINITE_MAX)] | None = None
+    tokens: Count | None = None
+    output: str | None = None
 
 
 class Eval(msgspec.Struct):
     epochs: list[EvalEntry] = []
     best: EvalEntry | None = None
+    note: str | None = None  # why there is no eval (a dataset without a test split)
 
 
 class RunRecord(msgspec.Struct):
