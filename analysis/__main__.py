@@ -1,4 +1,4 @@
-"""Entry point of `python -m analysis` (see analysis/cli.py)."""
+"""Entry point of `python -m analysis` (see analysis/cli/main.py)."""
 
 import sys
 

@@ -16,7 +16,17 @@ from typing import Any
 
 from analysis.jsonsafe import clip
 
-__all__ = ["BYTE_UNITS", "C", "Column", "fmt", "mib", "missing", "ms_of_us", "without"]
+__all__ = [
+    "BYTE_UNITS",
+    "C",
+    "Column",
+    "diff_columns",
+    "fmt",
+    "mib",
+    "missing",
+    "ms_of_us",
+    "without",
+]
 
 BYTE_UNITS = {"MiB": 2**20, "MB": 10**6}
 CELL_CHARS = 2000  # longest text shown in one table cell
@@ -293,6 +303,35 @@ TRACE_COLS = [
     C(key="trace_links", label="Trace files", kind="links", wrap=True),
     C(key="log_links", label="Logs", kind="links", wrap=True),
 ]
+
+
+# --- operators (report "Operators" / "What DDP adds"; python -m analysis ops | diff)
+def diff_columns(a: str, b: str, *, digits: int, wrap: bool = False) -> list[Column]:
+    """Columns of an operator diff (`analysis diff`, "What DDP adds"), sides named `a` and `b`."""
+    return [
+        C(key="name", label="Operator", wrap=wrap),
+        C(key="kind", label="Kind"),
+        C(key="status", label="Status"),
+        C(key="calls_per_step_a", label=f"Calls{a}", unit="per step", kind="num", digits=1),
+        C(key="calls_per_step_b", label=f"Calls{b}", unit="per step", kind="num", digits=1),
+        C(key="self_us_per_step_a", label=f"Self{a}", unit="µs/step", kind="num", digits=digits),
+        C(key="self_us_per_step_b", label=f"Self{b}", unit="µs/step", kind="num", digits=digits),
+        C(key="delta_us_per_step", label="Δ self", unit="µs/step", kind="num", digits=digits),
+        C(key="delta_pct", label="Δ self", unit="%", kind="num", digits=1),
+        C(key="delta_us_per_sample", label="Δ self", unit="µs/sample", kind="num", digits=2),
+    ]
+
+
+DDP_ADDS_COLS = diff_columns(", single", ", DDP", digits=0, wrap=True)
+OPS_COLS = [
+    C(key="name", label="Operator", wrap=True),
+    C(key="kind", label="Kind"),
+    C(key="calls_per_step", label="Calls", unit="per step", kind="num", digits=1),
+    C(key="self_us_per_step", label="Self", unit="µs/step", kind="num", digits=0),
+    C(key="total_us_per_step", label="Total", unit="µs/step", kind="num", digits=0),
+    C(key="pct_of_step", label="Self", unit="% of step", kind="num", digits=1),
+]
+
 
 # --- the CLI's tables (python -m analysis traces | runs): the report's columns, less the run id
 CLI_RANK_COLS = [

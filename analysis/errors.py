@@ -7,15 +7,13 @@ keeps its traceback.
 
 from __future__ import annotations
 
+from profiler.records import InputError
+
 __all__ = ["AnalysisError", "unexpected"]
 
-
-class AnalysisError(Exception):
-    """Bad input: `str(err)` is one line naming the file/argument, the problem and the fix."""
-
-    def __init__(self, where: str, what: str, fix: str) -> None:
-        self.where, self.what, self.fix = str(where), what, fix
-        super().__init__(f"{self.where}: {what} — {fix}")
+# One bad-input type for the whole project: defined below both halves (profiler.records, whose
+# typed run-folder readers raise it too), so `except AnalysisError` catches an invalid record.
+AnalysisError = InputError
 
 
 def unexpected(err: BaseException) -> str:

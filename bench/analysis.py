@@ -22,12 +22,12 @@ from pathlib import Path
 
 import psutil
 
+from bench.common import TEST_DATA
+from workloads.launch.child import child_env
+
 __all__ = ["main"]
 
-REPO = Path(__file__).resolve().parents[1]
-SOURCE = (
-    REPO / "tests" / "data" / "hta" / "df_index_resolver" / "df_index_resolver.json.gz"
-)
+SOURCE = TEST_DATA / "hta" / "df_index_resolver" / "df_index_resolver.json.gz"
 
 # Each job prints one JSON line {"seconds": ...}: wall time of the analysis itself.
 DPSCOPE_JOB = """
@@ -69,7 +69,7 @@ def run_job(code: str, trace_dir: Path) -> dict:
     start = time.perf_counter()
     proc = subprocess.Popen(
         [sys.executable, "-c", code, str(trace_dir)],
-        cwd=REPO,
+        env=child_env(),
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,

@@ -18,9 +18,12 @@ from pathlib import Path
 
 import psutil
 
-__all__ = ["REPO", "bench_out", "interleaved", "median", "run_tree", "write_json"]
+from workloads.launch.child import PACKAGE_ROOT, child_env, user_path
 
-REPO = Path(__file__).resolve().parents[1]
+__all__ = ["TEST_DATA", "bench_out", "interleaved", "median", "run_tree", "write_json"]
+
+TEST_DATA = PACKAGE_ROOT / "tests" / "data"
+"""The reference traces in tests/data (HTA test traces the analysis benches copy)."""
 
 
 def interleaved(arms: dict[str, Callable[[], dict]], repeats: int) -> dict[str, list[dict]]:
@@ -44,10 +47,9 @@ def median(results: list[dict], key: str) -> float | None:
 
 def bench_out(name: str, given: str | None) -> Path:
     """Where a bench writes its JSON: BENCH_OUT when it names a .json file, `<BENCH_OUT>/<name>.json`
-    when it names a folder, else `reports/bench/<name>.json`."""
-    if not given:
-        return REPO / "reports" / "bench" / f"{name}.json"
-    path = Path(given)
+    when it names a folder, else `reports/bench/<name>.json`; relative to the folder the bench
+    was run in (for `make bench-*`: the repository)."""
+    path = user_path(given or Path("reports", "bench"))
     return path if path.suffix == ".json" else path / f"{name}.json"
 
 
@@ -60,7 +62,7 @@ def write_json(path: Path, obj: dict) -> None:
 
 
 def run_tree(args: list[str], *, env: dict | None = None, timeout: float = 1800) -> dict:
-    """Run `python ARGS` from the repo root (stdout comes back under `stdout`); sample RSS of it and all its children every 20 ms.
+    """Run `python ARGS` in this folder (stdout comes back under `stdout`); sample RSS of it and all its children every 20 ms.
 
     Returns `wall_s`, `stdout`, `rss_sum_of_peaks_mb` (each process's own peak RSS, summed over
     every process seen in the tree: what the job needs if all peaks coincide) and
@@ -69,8 +71,7 @@ def run_tree(args: list[str], *, env: dict | None = None, timeout: float = 1800)
     start = time.perf_counter()
     proc = subprocess.Popen(
         [sys.executable, *args],
-        cwd=REPO,
-        env={**os.environ, **(env or {})},
+        env=child_env(**(env or {})),
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,

@@ -34,9 +34,10 @@ from pathlib import Path
 
 import numpy as np
 
+from workloads.launch.child import child_env, user_path
+
 __all__ = ["compute_gaps_ms", "main"]
 
-REPO = Path(__file__).resolve().parents[1]
 GOAL_PCT = 10.0
 SIZES = " ".join(str(256 * 4**k) for k in range(7)) + f" {2 << 20} {4 << 20}"  # 256 B .. 4 MiB
 ARMS = (
@@ -54,7 +55,8 @@ def _cmd(module: str, args: list[str]) -> list[str]:
 
 def _run(*cmds: list[str]) -> None:
     """Run the commands at the same time; their output only when one failed."""
-    procs = [subprocess.Popen(c, cwd=REPO, stdout=subprocess.PIPE, text=True) for c in cmds]
+    env = child_env()
+    procs = [subprocess.Popen(c, env=env, stdout=subprocess.PIPE, text=True) for c in cmds]
     outs = [p.communicate()[0] for p in procs]
     for cmd, proc, out in zip(cmds, procs, outs, strict=True):
         if proc.returncode != 0:
@@ -108,7 +110,7 @@ def bench_model(model: str, args: argparse.Namespace, root: Path) -> dict:
             r[key] = p["measured"][0]
             r[f"{source}_step_time_s"] = p["inputs"]["measured_step_time_s"]
         r["replay"] = project(d, c, [2])["replay"]
-        both = [load_training(root / f"pair{k}-{i}", traces=False)["step_time_s"] for k in "ab"]
+        both = [load_training(root / f"pair{k}-{i}", traces=False).step_time_s for k in "ab"]
         r["contention_pct"] = 100 * (np.mean(both) / r["single_step_time_s"] - 1)
         rounds.append(r)
     out = {"model": model, "batch": args.batch, "gaps_ms": gaps, "rounds": rounds}
@@ -176,7 +178,7 @@ def main(argv: list[str] | None = None) -> int:
     stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%S")
     results = []
     for model in models:
-        root = Path(args.runs_dir) / stamp / model
+        root = user_path(args.runs_dir) / stamp / model
         try:
             out = bench_model(model, args, root)
         except AnalysisError as err:

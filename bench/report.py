@@ -19,9 +19,10 @@ import sys
 import tempfile
 from pathlib import Path
 
+from workloads.launch.child import child_env, user_path
+
 __all__ = ["make_demo", "make_sweep", "main"]
 
-REPO = Path(__file__).resolve().parents[1]
 NO_DP = "--mode dp needs at least one CUDA device (nn.DataParallel is GPU-only)"
 NO_NCCL = "--backend nccl needs CUDA GPUs and torch sees none; use --backend gloo (or auto)"
 TINY = "--model mlp --dataset synthetic --max-steps 8 --batch-size 64 --device cpu".split()
@@ -83,7 +84,7 @@ def _source_runs(work: Path) -> tuple[Path, Path]:
             subprocess.run(
                 [sys.executable, "-m", "workloads.launch", "--mode", mode, *extra,
                  "--run-id", rid, "--runs-dir", str(src), *TINY],
-                cwd=REPO, check=True, capture_output=True,
+                env=child_env(), check=True, capture_output=True,
             )  # fmt: skip
     return src / "single", src / "ddp"
 
@@ -92,7 +93,7 @@ def _build_seconds(runs: Path, out: Path) -> float:
     # A fresh process per build: nothing cached from the previous build (fonts, imports) helps.
     job = "import sys,time; from analysis.report import build_report as b; t=time.perf_counter(); "
     job += "b([sys.argv[1]], sys.argv[2], progress=False); print(time.perf_counter()-t)"
-    proc = subprocess.run([sys.executable, "-c", job, str(runs), str(out)], cwd=REPO,
+    proc = subprocess.run([sys.executable, "-c", job, str(runs), str(out)], env=child_env(),
                           check=True, capture_output=True, text=True)  # fmt: skip
     return float(proc.stdout.strip().splitlines()[-1])
 
@@ -104,6 +105,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.repeats < 1:
         parser.error(f"--repeats must be >= 1; got {args.repeats}")
+    out = user_path(args.out)  # before the work starts in a temp folder
     with tempfile.TemporaryDirectory(prefix="dpscope-bench-report-") as tmp:
         work = Path(tmp)
         single, ddp = _source_runs(work)
@@ -131,7 +133,6 @@ def main(argv: list[str] | None = None) -> int:
     print(f"  100-run sweep: {med['sweep_100']:6.2f} s   (goal <= {GOAL_S:.0f} s: "
           f"{'met' if result['goal_met'] else 'NOT met'}); page {size / 2**20:.2f} MB")  # fmt: skip
     print(f"  ratio sweep/demo: {result['sweep_over_demo_ratio']:.2f}x for 12.5x the runs")
-    out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=2) + "\n")
     print(f"wrote {out}")

@@ -22,13 +22,11 @@ from pathlib import Path
 import psutil
 
 from bench.analysis import DPSCOPE_JOB, build_trace_set
-from bench.common import REPO, bench_out, interleaved, median, run_tree, write_json
+from bench.common import TEST_DATA, bench_out, interleaved, median, run_tree, write_json
 
 __all__ = ["main"]
 
-DEFAULT_SOURCE = (
-    REPO / "tests" / "data" / "hta" / "trace_filter" / "sampled_rank-0.json.gz"
-)
+DEFAULT_SOURCE = TEST_DATA / "hta" / "trace_filter" / "sampled_rank-0.json.gz"
 
 
 def _sizes(text: str) -> list[int]:
@@ -51,31 +49,10 @@ def _job(trace_dir: Path) -> dict:
     return res
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m bench.scaling", description=__doc__.splitlines()[0])
-    p.add_argument("--source", type=Path, default=DEFAULT_SOURCE, help="the trace to copy")
-    p.add_argument("--sizes", type=_sizes, default=[8, 64, 256], help="rank counts (8,64,256)")
-    p.add_argument("--repeats", type=int, default=3, help="rounds over the sizes (>= 3)")
-    p.add_argument("--json", default=None, help="output (default reports/bench/analysis.json)")
-    args = p.parse_args(argv)
-    if args.repeats < 3:
-        p.error(f"--repeats must be >= 3 (medians of at least 3), got {args.repeats}")
-    if not args.source.is_file():
-        p.error(f"--source {args.source}: no such trace file; pass one from the reference traces")
-    with tempfile.TemporaryDirectory(prefix="dpscope-scaling-") as tmp:
-        dirs = {}
-        for n in args.sizes:
-            dirs[n] = Path(tmp) / f"ranks{n}"
-            dirs[n].mkdir()
-            print(f"building {n} ranks from {args.source.name} ...", flush=True)
-            build_trace_set(dirs[n], n, args.source)
-        results = interleaved(
-            {str(n): lambda d=dirs[n]: _job(d) for n in args.sizes},
-            args.repeats,
-        )
-    base = str(args.sizes[0])
+def _rows(results: dict[str, list[dict]], sizes: list[int]) -> dict[str, dict]:
+    """Medians per rank count, and ratios to the smallest count."""
     rows = {}
-    for n in args.sizes:
+    for n in sizes:
         rs = results[str(n)]
         rows[str(n)] = {
             "ranks": n,
@@ -86,22 +63,14 @@ def main(argv: list[str] | None = None) -> int:
             "rss_peak_of_sum_mb": median(rs, "rss_peak_of_sum_mb"),
             "repeats_wall_s": [r["wall_s"] for r in rs],
         }
+    base = rows[str(sizes[0])]
     for row in rows.values():
-        row["per_rank_time_ratio"] = row["analysis_s_per_rank"] / rows[base]["analysis_s_per_rank"]
-        row["rss_ratio"] = row["rss_sum_of_peaks_mb"] / rows[base]["rss_sum_of_peaks_mb"]
-    out = {
-        "source": args.source.name,
-        "repeats": args.repeats,
-        "machine": {
-            "cpu": platform.processor() or platform.machine(),
-            "cores": psutil.cpu_count(),
-            "os": platform.system(),
-        },  # fmt: skip
-        "sizes": rows,
-        "goals": {"per_rank_time_ratio_within": 0.20, "rss_sum_mb_max_at_256": 1000},
-    }
-    path = bench_out("analysis", args.json)
-    write_json(path, out)
+        row["per_rank_time_ratio"] = row["analysis_s_per_rank"] / base["analysis_s_per_rank"]
+        row["rss_ratio"] = row["rss_sum_of_peaks_mb"] / base["rss_sum_of_peaks_mb"]
+    return rows
+
+
+def _print(rows: dict[str, dict], args: argparse.Namespace) -> None:
     print(f"\n{args.source.name} copied to N ranks; {args.repeats} interleaved repeats, medians;"
           f" {psutil.cpu_count()} cores; RSS summed over every process of the job")  # fmt: skip
     print(
@@ -113,6 +82,45 @@ def main(argv: list[str] | None = None) -> int:
             f"{r['per_rank_time_ratio']:>7.2f}{r['rss_sum_of_peaks_mb']:>12.0f}{r['rss_ratio']:>7.2f}"
         )
     print("goals: s/rank ×base within 0.8-1.2; RSS sum < 1000 MB at 256 ranks and flat")
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m bench.scaling", description=__doc__.splitlines()[0])
+    p.add_argument("--source", type=Path, default=DEFAULT_SOURCE, help="the trace to copy")
+    p.add_argument("--sizes", type=_sizes, default=[8, 64, 256], help="rank counts (8,64,256)")
+    p.add_argument("--repeats", type=int, default=3, help="rounds over the sizes (>= 3)")
+    p.add_argument("--json", default=None, help="output (default reports/bench/analysis.json)")
+    args = p.parse_args(argv)
+    if args.repeats < 3:
+        p.error(f"--repeats must be >= 3 (medians of at least 3), got {args.repeats}")
+    if not args.source.is_file():
+        p.error(f"--source {args.source}: no such trace file; pass one from the reference traces")
+    path = bench_out("analysis", args.json)
+    with tempfile.TemporaryDirectory(prefix="dpscope-scaling-") as tmp:
+        dirs = {}
+        for n in args.sizes:
+            dirs[n] = Path(tmp) / f"ranks{n}"
+            dirs[n].mkdir()
+            print(f"building {n} ranks from {args.source.name} ...", flush=True)
+            build_trace_set(dirs[n], n, args.source)
+        results = interleaved(
+            {str(n): lambda d=dirs[n]: _job(d) for n in args.sizes},
+            args.repeats,
+        )
+    rows = _rows(results, args.sizes)
+    out = {
+        "source": args.source.name,
+        "repeats": args.repeats,
+        "machine": {
+            "cpu": platform.processor() or platform.machine(),
+            "cores": psutil.cpu_count(),
+            "os": platform.system(),
+        },  # fmt: skip
+        "sizes": rows,
+        "goals": {"per_rank_time_ratio_within": 0.20, "rss_sum_mb_max_at_256": 1000},
+    }
+    write_json(path, out)
+    _print(rows, args)
     print(f"wrote {path}")
     return 0
 

@@ -1,8 +1,6 @@
-"""The run record: the steps.csv columns and the `env` block of run.json.
+"""The `env` block of run.json: software versions and the machine (needs torch to ask).
 
-Field names follow docs/run-folder.md exactly; that document is the contract with `analysis/`.
-Records are written with profiler.atomic (temp file + fsync + os.replace, re-exported here), so a
-reader (or a crash) never sees a half-written record.
+Everything else a run folder holds (schema version, columns, writers) is profiler.runfolder's.
 """
 
 from __future__ import annotations
@@ -15,35 +13,7 @@ from pathlib import Path
 
 import torch
 
-from profiler.atomic import write_csv_atomic, write_json_atomic
-
-__all__ = [
-    "SCHEMA_VERSION",
-    "STEPS_COLUMNS",
-    "collect_env",
-    "write_csv_atomic",
-    "write_json_atomic",
-]
-
-SCHEMA_VERSION: int = 2
-
-# Exactly the steps.csv columns of docs/run-folder.md, in order.
-STEPS_COLUMNS: list[str] = [
-    "rank",
-    "epoch",
-    "step",
-    "warmup",
-    "profiled",
-    "step_time_s",
-    "data_s",
-    "forward_s",
-    "backward_s",
-    "optimizer_s",
-    "samples",
-    "loss",
-    "rss_bytes",
-    "cuda_allocated_bytes",
-]
+__all__ = ["collect_env"]
 
 
 def _cpu_model() -> str:

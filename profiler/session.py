@@ -2,7 +2,7 @@
 
 The training loop drives it with `start()`, `step()` once per optimizer step, and `stop()` (or
 uses it as a context manager). Traces are standard Kineto JSON exported by torch, named from
-one template, `<worker>.<time_ns>.pt.trace.json.gz` (TRACE_NAME): the name the TensorBoard
+one template, `<worker>.<time_ns>.pt.trace.json.gz` (profiler.runfolder.TRACE_NAME): the name the TensorBoard
 profiler plugin needs to find the file and to take the worker from it. torch adds
 `distributedInfo` (backend, rank, world_size) to the trace when a process group is initialised.
 
@@ -21,12 +21,9 @@ from types import TracebackType
 
 from torch.profiler import ProfilerAction, ProfilerActivity, profile, schedule
 
-__all__ = ["TRACE_GLOB", "TRACE_NAME", "ProfileConfig", "ProfilerSession"]
+from profiler.runfolder import TRACE_GLOB, TRACE_NAME, trace_name
 
-# The one template of trace file names: the TensorBoard plugin reads only `*.pt.trace.json(.gz)`
-# and takes the worker from the part before the first '.'; the time keeps cycles apart.
-TRACE_NAME = "{worker}.{time_ns}.pt.trace.json.gz"
-TRACE_GLOB = TRACE_NAME.format(worker="*", time_ns="*")
+__all__ = ["TRACE_GLOB", "TRACE_NAME", "ProfileConfig", "ProfilerSession"]
 
 
 @dataclass(kw_only=True)
@@ -110,7 +107,7 @@ class ProfilerSession:
     def _on_trace_ready(self, prof: profile) -> None:
         # What torch's tensorboard_trace_handler does, with the name taken from our template so
         # the session knows the file it wrote without looking at the folder.
-        path = self.trace_dir / TRACE_NAME.format(worker=self.worker_name, time_ns=time.time_ns())
+        path = self.trace_dir / trace_name(self.worker_name, time.time_ns())
         prof.export_chrome_trace(str(path))  # gzipped because the name ends in .gz
         self._written.append(path)
 

@@ -15,6 +15,9 @@ from pathlib import Path
 
 import pytest
 
+from profiler.records import read_comm_record, read_record, record_kind
+from profiler.runfolder import RUN_JSON
+
 REPO = Path(__file__).resolve().parents[1]
 # Reference traces from other public projects (origin, licence, their tools outputs: README.md).
 DATA = REPO / "tests" / "data"
@@ -48,7 +51,13 @@ def free_port() -> int:
 
 
 def read_run(run_dir: Path) -> dict:
-    return json.loads((run_dir / "run.json").read_text())
+    """run.json as written, once the typed reader (profiler.records) has accepted it: every test
+    that reads a real run folder also checks that its writer keeps the run-folder contract."""
+    path = run_dir / RUN_JSON
+    reader = read_comm_record if record_kind(path) == "comm" else read_record
+    _, raw = reader(path)
+    assert raw == json.loads(path.read_text()), "the typed reader must not change the record"
+    return raw
 
 
 # The tiny profiled workload both session runs use (a list of launcher arguments). On CPU even

@@ -1,7 +1,10 @@
-"""The analysis CLI prints its tables with the report's column spec (analysis/report/columns.py):
-the same headers, units and number formats, and one byte convention per table."""
+"""The analysis CLI prints its tables with the report's column spec (analysis/columns.py): the
+same headers, units and number formats, and one byte convention per table; it never loads the
+report package."""
 
 from __future__ import annotations
+
+import sys
 
 from analysis.cli.main import print_traces
 from analysis.columns import (
@@ -14,7 +17,7 @@ from analysis.columns import (
     SUMMARY_COLS,
 )
 from analysis.trace.folder import analyze_trace_dir
-from tests.conftest import DATA
+from tests.conftest import DATA, run_in_repo
 
 TB_NCCL = DATA / "tbplugin" / "test_distributed_nccl"
 
@@ -42,3 +45,16 @@ def test_one_byte_convention_per_table():
     assert units(COLLECTIVE_COLS) == {"MB"} and any(c.unit == "GB/s" for c in COLLECTIVE_COLS)
     assert units(MEMORY_COLS) == units(SUMMARY_COLS) == {"MiB"}
     assert set(BYTE_UNITS) == {"MB", "MiB"} and BYTE_UNITS["MB"] == 10**6
+
+
+def test_the_cli_never_imports_the_report_package():
+    """Every subcommand's module is imported by the CLI (`ops`/`diff` included); none of them may
+    pull in analysis.report, or its matplotlib and Jinja2, to print a table."""
+    code = (
+        "import sys, analysis.cli.main, analysis.cli.ops, analysis.cli.project\n"
+        "bad = [m for m in sys.modules if m.split('.')[0] in ('matplotlib', 'jinja2', 'seaborn')"
+        " or m.startswith('analysis.report')]\n"
+        "assert not bad, bad"
+    )
+    proc = run_in_repo([sys.executable, "-c", code], timeout=60)
+    assert proc.returncode == 0, proc.stderr

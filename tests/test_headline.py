@@ -15,6 +15,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
+from msgspec.structs import asdict
 
 from analysis.report.build import write_report
 from analysis.report.findings import findings
@@ -120,7 +121,7 @@ def test_fallback_warning_reaches_run_json_and_the_report(tmp_path):
     assert run["metrics"]["samples_per_s"] == pytest.approx(
         measured["samples"].sum() / measured["step_time_s"].sum()
     )
-    entry = load_run(tmp_path / "short")
+    entry = asdict(load_run(tmp_path / "short"))  # the RunEntry as its runs-JSON dict
     assert run["warnings"][0] in entry["warnings"]
     data = compare_runs([tmp_path], progress=False, traces=False)
     assert any(run["warnings"][0] in f.text for f in findings(data))
@@ -137,7 +138,7 @@ def test_schema_1_folder_is_read_with_a_warning(single_mlp_run, tmp_path):
     rec["metrics"].pop("profiler_overhead_pct")
     (old / "run.json").write_text(json.dumps(rec))
     _steps(old).drop(columns="profiled").to_csv(old / "steps.csv", index=False)
-    entry = load_run(old)
+    entry = asdict(load_run(old))
     assert entry["samples_per_s"] == rec["metrics"]["samples_per_s"]
     assert entry["profiler_overhead_pct"] is None
     assert any("no `profiled` column" in w for w in entry["warnings"])

@@ -9,6 +9,7 @@ import shutil
 import pytest
 
 from analysis.cli.main import main
+from analysis.runs.compare import compare_runs
 from analysis.runs.opdiff import diff_runs
 from analysis.trace.folder import analyze_trace_dir
 from analysis.trace.ops import kernel_key
@@ -75,6 +76,19 @@ def test_ddp_adds_one_gloo_all_reduce_per_bucket(single_mlp_run, ddp_mlp_run, tm
     assert coll["name"] == "gloo:all_reduce" and coll["status"] == "new"
     assert coll["calls_per_step_b"] == buckets
     assert {p["phase"] for p in result["phases"]} >= {"forward", "backward", "step_time"}
+
+
+def test_runs_json_carries_what_ddp_adds(single_mlp_run, ddp_mlp_run, tmp_path):
+    """The runs JSON's `ddp_adds` (what the report's "What DDP adds" renders) is the very diff
+    `analysis diff SINGLE DDP` computes on its own: one per DDP group, A = its single baseline."""
+    # Both runs sit in one folder, so the paths in the diff's sides match compare_runs' too.
+    shutil.copytree(single_mlp_run, tmp_path / "single-mlp")
+    shutil.copytree(ddp_mlp_run, tmp_path / "ddp-gloo-mlp")
+    result = compare_runs([tmp_path], progress=False)
+    (adds,) = result["ddp_adds"]
+    assert adds == diff_runs(tmp_path / "single-mlp", tmp_path / "ddp-gloo-mlp")
+    assert adds["a"]["run_id"] == "single-mlp" and adds["b"]["rank"] == 0
+    assert compare_runs([tmp_path], progress=False, traces=False)["ddp_adds"] == []
 
 
 def test_ops_cli_top_and_json(ddp_mlp_run, tmp_path, capsys):

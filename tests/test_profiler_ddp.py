@@ -13,7 +13,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from profiler.record import STEPS_COLUMNS
+from profiler.runfolder import STEPS_COLUMNS
 from profiler.session import ProfileConfig
 from tests.conftest import read_run
 

@@ -1,4 +1,4 @@
-"""Unit tests of profiler.record: atomic writers, the steps.csv columns, the env block."""
+"""Unit tests of profiler.record and profiler.runfolder: atomic writers, the steps.csv columns, the env block."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from profiler import atomic, record
+from profiler import atomic, record, runfolder
 from tests.conftest import REPO
 
 
@@ -19,13 +19,13 @@ def test_steps_columns_match_the_contract():
     doc = (REPO / "docs" / "run-folder.md").read_text()
     block = doc.split("Columns (fixed order):", 1)[1].split("\n\n", 1)[0]
     documented = [c.strip() for c in block.replace("`", "").replace("\n", " ").split(",")]
-    assert record.STEPS_COLUMNS == documented
+    assert runfolder.STEPS_COLUMNS == documented
 
 
 def test_write_json_atomic_replaces_and_leaves_no_temp(tmp_path: Path):
     target = tmp_path / "sub" / "run.json"
-    record.write_json_atomic(target, {"a": 1})
-    record.write_json_atomic(target, {"a": 2, "b": [1, None]})
+    atomic.write_json_atomic(target, {"a": 1})
+    atomic.write_json_atomic(target, {"a": 2, "b": [1, None]})
     assert json.loads(target.read_text()) == {"a": 2, "b": [1, None]}
     assert [p.name for p in target.parent.iterdir()] == ["run.json"]
 
@@ -37,8 +37,8 @@ def test_atomic_writes_get_the_umask_file_mode(tmp_path: Path, umask: int):
     folder or a report on a shared filesystem is as readable as the user's other files."""
     old = os.umask(umask)
     try:
-        record.write_json_atomic(tmp_path / "run.json", {"a": 1})
-        record.write_csv_atomic(tmp_path / "steps.csv", [], record.STEPS_COLUMNS)
+        atomic.write_json_atomic(tmp_path / "run.json", {"a": 1})
+        atomic.write_csv_atomic(tmp_path / "steps.csv", [], runfolder.STEPS_COLUMNS)
         atomic.write_text_atomic(tmp_path / "index.html", "<p>x</p>")
         with atomic.atomic_path(tmp_path / "checkpoint.pt") as tmp:
             tmp.write_bytes(b"x")
@@ -62,24 +62,24 @@ def test_atomic_path_keeps_the_old_file_when_the_writer_fails(tmp_path: Path):
 
 def test_write_json_atomic_keeps_old_file_on_failure(tmp_path: Path):
     target = tmp_path / "run.json"
-    record.write_json_atomic(target, {"ok": True})
+    atomic.write_json_atomic(target, {"ok": True})
     with pytest.raises(ValueError):
-        record.write_json_atomic(target, {"bad": float("nan")})
+        atomic.write_json_atomic(target, {"bad": float("nan")})
     assert json.loads(target.read_text()) == {"ok": True}
     assert [p.name for p in tmp_path.iterdir()] == ["run.json"]
 
 
 def test_write_csv_atomic_columns_and_none(tmp_path: Path):
     target = tmp_path / "steps.csv"
-    rows = [{c: i for i, c in enumerate(record.STEPS_COLUMNS)}]
+    rows = [{c: i for i, c in enumerate(runfolder.STEPS_COLUMNS)}]
     rows[0]["cuda_allocated_bytes"] = None
-    record.write_csv_atomic(target, rows, record.STEPS_COLUMNS)
+    atomic.write_csv_atomic(target, rows, runfolder.STEPS_COLUMNS)
     with target.open() as f:
         read = list(csv.DictReader(f))
-    assert list(read[0]) == record.STEPS_COLUMNS
+    assert list(read[0]) == runfolder.STEPS_COLUMNS
     assert read[0]["cuda_allocated_bytes"] == "" and read[0]["step"] == "2"
     with pytest.raises(ValueError):
-        record.write_csv_atomic(target, [{"nope": 1}], record.STEPS_COLUMNS)
+        atomic.write_csv_atomic(target, [{"nope": 1}], runfolder.STEPS_COLUMNS)
     assert len(target.read_text().splitlines()) == 2  # the earlier file survived
 
 

@@ -28,7 +28,9 @@ from analysis.project.comm import (
 from analysis.project.model import ddp_buckets, expected_max, simulate_step
 from analysis.project.projection import project, unprofiled_steps
 from analysis.runs.compare import compare_runs
+from analysis.runs.entry import load_run
 from analysis.trace.collectives import bus_factor
+from profiler.runfolder import NO_UNPROFILED_STEP_WARNING, RUN_FOLDER_SCHEMA_VERSION
 from tests.conftest import REPO, read_run
 
 COLLECTIVES = {
@@ -165,6 +167,22 @@ def test_expected_max_by_hand():
     assert expected_max(np.full(7, 3.0), 64) == pytest.approx(3.0)  # no spread, no wait
 
 
+def test_every_step_profiled_falls_back_with_the_one_warning(tmp_path, comm_run, single_mlp_run):
+    """The run-folder rule's fallback (profiler.runfolder.throughput_steps): no unprofiled
+    measured step, so the projection measures every measured step and says so, in the same words
+    run.json and the runs JSON use."""
+    profiled = tmp_path / "profiled"
+    shutil.copytree(single_mlp_run, profiled, ignore=shutil.ignore_patterns("traces"))
+    steps = pd.read_csv(profiled / "steps.csv").assign(profiled=1)
+    steps.to_csv(profiled / "steps.csv", index=False)
+    out = project(profiled, comm_run, [1, 2], traces=False)
+    assert NO_UNPROFILED_STEP_WARNING in out["warnings"]
+    measured = steps[steps["warmup"] == 0]
+    assert out["inputs"]["steps_used"] == measured["step"].nunique()
+    assert out["inputs"]["measured_step_time_s"] == pytest.approx(measured["step_time_s"].mean())
+    assert NO_UNPROFILED_STEP_WARNING in load_run(profiled)["warnings"]
+
+
 def test_unprofiled_steps_from_schedule_and_column():
     steps = pd.DataFrame({"step": range(8), "warmup": [1, 1, 0, 0, 0, 0, 0, 0]})
     config = {"profile": {"enabled": True, "wait": 1, "warmup": 1, "active": 3, "repeat": 1}}
@@ -195,6 +213,7 @@ def _fake_run(
             )
     pd.DataFrame(rows).to_csv(path / "steps.csv", index=False)
     rec = {
+        "schema_version": RUN_FOLDER_SCHEMA_VERSION,  # the projection reads it typed, as all do
         "run_id": path.name,
         "status": "ok",
         "config": {
@@ -332,12 +351,12 @@ def test_project_bad_input_is_one_line(tmp_path, comm_run, single_mlp_run, capsy
     assert "must be >= 1" in _error_line([*run, str(comm_run), "--ranks", "2,0"], capsys)
     line = _error_line(["project", str(comm_run), "--comm", str(comm_run)], capsys)
     assert "not a training run" in line
-    profiled = tmp_path / "profiled"
-    shutil.copytree(single_mlp_run, profiled, ignore=shutil.ignore_patterns("traces"))
-    steps = pd.read_csv(profiled / "steps.csv").assign(profiled=1)
-    steps.to_csv(profiled / "steps.csv", index=False)
-    line = _error_line(["project", str(profiled), "--comm", str(comm_run)], capsys)
-    assert "no unprofiled measured step" in line
+    warm = tmp_path / "warm"
+    shutil.copytree(single_mlp_run, warm, ignore=shutil.ignore_patterns("traces"))
+    steps = pd.read_csv(warm / "steps.csv").assign(warmup=1)
+    steps.to_csv(warm / "steps.csv", index=False)
+    line = _error_line(["project", str(warm), "--comm", str(comm_run)], capsys)
+    assert "has no measured step" in line
     one = _fake_comm(tmp_path / "one-rank", alpha_us=5, bus_gbps=50)
     rec = json.loads((one / "run.json").read_text())
     (one / "run.json").write_text(

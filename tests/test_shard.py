@@ -105,12 +105,17 @@ def test_mismatched_parts_are_refused_naming_the_files(tmp_path):
     stale.write_text(json.dumps(old))
     not_part = tmp_path / "traces.json"  # a traces JSON, not a part
     not_part.write_text(json.dumps({"schema_version": 1, "ranks": []}))
+    broken = json.loads(pa[1].read_text())
+    del broken["summaries"][0]["instances"]  # a hand-edited part: not a rank summary any more
+    cut = tmp_path / "cut.json"
+    cut.write_text(json.dumps(broken))
     cases = {
         "trace folder": [pa[0], pb[1]],
         "missing shards 1 of 2": [pa[0]],
         "overlapping parts: shard 0": [pa[0], pa[0], pa[1]],
         "schema version": [pa[0], stale],
         "is not a traces part": [pa[0], not_part],
+        "broken rank summary": [pa[0], cut],
     }
     for what, paths in cases.items():
         with pytest.raises(AnalysisError) as err:

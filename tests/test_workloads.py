@@ -15,8 +15,9 @@ import pytest
 import torch
 
 from tests.conftest import launch, read_run
-from workloads.config import TrainConfig, batch_split, config_record, to_argv
-from workloads.plan import Environment, plan
+from workloads.config import TrainConfig, to_argv
+from workloads.plan import Environment, batch_split, plan
+from workloads.record import config_record
 from workloads.train.checkpoint import load_checkpoint
 from workloads.train.context import AutocastForward, unwrap_model
 from workloads.train.data import GlobalBatchSampler

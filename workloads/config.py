@@ -1,4 +1,5 @@
-"""The training configuration: one keyword-only dataclass, its CLI, and its run.json record.
+"""The training configuration: one keyword-only dataclass and its CLI (its run.json record:
+workloads.record; its layout: workloads.plan).
 
 `TrainConfig` is the single source of truth for the flags of `python -m workloads.train`; the
 launcher builds its parser from the same fields (`add_config_arguments`) and hands the validated
@@ -11,11 +12,9 @@ import argparse
 import dataclasses
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any, NoReturn
+from typing import Any, NoReturn
 
-from profiler.record import SCHEMA_VERSION, collect_env
 from profiler.session import ProfileConfig
-from workloads.launch.runlog import utc_now
 from workloads.spec import (
     BUILTIN_DATASETS,
     BUILTIN_LOSSES,
@@ -26,19 +25,13 @@ from workloads.spec import (
     spec_slug,
 )
 
-if TYPE_CHECKING:  # plan.py imports this module
-    from workloads.plan import Plan
-
 __all__ = [
     "MODES",
     "OneLineParser",
     "TrainConfig",
     "add_config_arguments",
-    "batch_split",
     "config_from_namespace",
-    "config_record",
     "default_run_id",
-    "run_record",
     "to_argv",
 ]
 
@@ -284,33 +277,6 @@ def to_argv(cfg: TrainConfig) -> list[str]:
     return argv
 
 
-def batch_split(cfg: TrainConfig, replicas: int) -> tuple[int, int]:
-    """(global_batch, per_device_batch) for `replicas` model replicas (DDP ranks or DP GPUs).
-
-    Strong scaling keeps the global batch, so each device gets global / replicas; weak scaling
-    keeps the per-device batch, so the global batch grows with the replicas. Both are per
-    optimizer step: with --grad-accum-steps K each device's share is K micro-batches of
-    per_device_batch / K, which must divide evenly.
-    """
-    if cfg.scaling == "weak":
-        global_batch, per_device = cfg.batch_size * replicas, cfg.batch_size
-    elif cfg.batch_size % replicas:
-        raise ValueError(
-            f"--batch-size {cfg.batch_size} (global, --scaling strong) is not divisible by "
-            f"{replicas} devices; pick a multiple of {replicas} or use --scaling weak"
-        )
-    else:
-        global_batch, per_device = cfg.batch_size, cfg.batch_size // replicas
-    if per_device % cfg.grad_accum_steps:
-        multiple = cfg.grad_accum_steps * (1 if cfg.scaling == "weak" else replicas)
-        raise ValueError(
-            f"--grad-accum-steps {cfg.grad_accum_steps} does not divide the per-device batch "
-            f"{per_device} ({replicas} devices, --scaling {cfg.scaling}); pick a --batch-size "
-            f"that is a multiple of {multiple}"
-        )
-    return global_batch, per_device
-
-
 def default_run_id(cfg: TrainConfig, *, backend: str, world_size: int | None) -> str:
     """`<mode>-<backend>-<model>-<dataset>-n<world_size>-s<seed>-<YYYYmmddTHHMMSS>` (UTC); n0 for
     a skipped run whose device count is unknown (DP without GPUs)."""
@@ -318,75 +284,3 @@ def default_run_id(cfg: TrainConfig, *, backend: str, world_size: int | None) ->
     n = world_size or 0
     model, dataset = spec_slug(cfg.model), spec_slug(cfg.dataset)  # `a.b:f` -> `a.b-f`
     return f"{cfg.mode}-{backend}-{model}-{dataset}-n{n}-s{cfg.seed}-{stamp}"
-
-
-def run_record(
-    cfg: TrainConfig,
-    plan: Plan,
-    *,
-    status: str,
-    threads_per_rank: int | None,
-    error: dict | None = None,
-    created_at: str | None = None,
-    metrics: dict | None = None,
-    evals: dict | None = None,
-    traces: list[str] | None = None,
-) -> dict:
-    """The whole run.json object (docs/run-folder.md), as the launcher and rank 0 write it."""
-    now = utc_now()
-    return {
-        "schema_version": SCHEMA_VERSION,
-        "run_id": cfg.run_id,
-        "status": status,
-        "error": error,
-        "created_at": created_at or now,
-        "finished_at": None if status == "running" else now,
-        "config": config_record(cfg, plan),
-        "env": collect_env(threads_per_rank=threads_per_rank),
-        "metrics": metrics or {},
-        "eval": evals or {"epochs": [], "best": None},
-        "traces": traces or [],
-    }
-
-
-def config_record(cfg: TrainConfig, plan: Plan) -> dict:
-    """The run.json `config` object (docs/run-folder.md); layout fields come from the plan (null
-    where a skipped run's plan could not decide them)."""
-    return {
-        "mode": cfg.mode,
-        "backend": plan.backend,
-        "world_size": plan.replicas,
-        "nnodes": plan.nnodes,
-        "nproc_per_node": plan.nproc,
-        "devices": plan.devices,
-        "model": cfg.model,
-        "dataset": cfg.dataset,
-        "global_batch": plan.global_batch,
-        "per_device_batch": plan.per_device_batch,
-        "grad_accum_steps": cfg.grad_accum_steps,
-        "micro_batch": None
-        if plan.per_device_batch is None
-        else plan.per_device_batch // cfg.grad_accum_steps,
-        "scaling": cfg.scaling,
-        "amp": cfg.amp,
-        "seed": cfg.seed,
-        "epochs": cfg.epochs,
-        "max_steps": cfg.max_steps,
-        "lr": cfg.lr,
-        "momentum": cfg.momentum,
-        "weight_decay": cfg.weight_decay,
-        "sync_bn": cfg.sync_bn,
-        "num_workers": cfg.num_workers,
-        "pin_memory": cfg.pin_memory,
-        "warmup_steps": cfg.warmup_steps,
-        "rendezvous": cfg.rendezvous,
-        "ddp": {
-            "bucket_cap_mb": cfg.bucket_cap_mb,
-            "gradient_as_bucket_view": cfg.gradient_as_bucket_view,
-            "static_graph": cfg.static_graph,
-            "find_unused_parameters": cfg.find_unused_parameters,
-            "comm_hook": cfg.comm_hook,
-        },
-        "profile": ProfileConfig(**cfg.profile_kwargs()).to_dict(),
-        "sweep_id": cfg.sweep_id or None,
-    }

@@ -18,11 +18,12 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from workloads.config import TrainConfig, batch_split
+from workloads.config import TrainConfig
 
 __all__ = [
     "Environment",
     "Plan",
+    "batch_split",
     "cpu_cores",
     "plan",
     "resolve_backend",
@@ -36,6 +37,33 @@ def cpu_cores() -> int:
     if hasattr(os, "sched_getaffinity"):
         return len(os.sched_getaffinity(0))
     return os.cpu_count() or 1
+
+
+def batch_split(cfg: TrainConfig, replicas: int) -> tuple[int, int]:
+    """(global_batch, per_device_batch) for `replicas` model replicas (DDP ranks or DP GPUs).
+
+    Strong scaling keeps the global batch, so each device gets global / replicas; weak scaling
+    keeps the per-device batch, so the global batch grows with the replicas. Both are per
+    optimizer step: with --grad-accum-steps K each device's share is K micro-batches of
+    per_device_batch / K, which must divide evenly.
+    """
+    if cfg.scaling == "weak":
+        global_batch, per_device = cfg.batch_size * replicas, cfg.batch_size
+    elif cfg.batch_size % replicas:
+        raise ValueError(
+            f"--batch-size {cfg.batch_size} (global, --scaling strong) is not divisible by "
+            f"{replicas} devices; pick a multiple of {replicas} or use --scaling weak"
+        )
+    else:
+        global_batch, per_device = cfg.batch_size, cfg.batch_size // replicas
+    if per_device % cfg.grad_accum_steps:
+        multiple = cfg.grad_accum_steps * (1 if cfg.scaling == "weak" else replicas)
+        raise ValueError(
+            f"--grad-accum-steps {cfg.grad_accum_steps} does not divide the per-device batch "
+            f"{per_device} ({replicas} devices, --scaling {cfg.scaling}); pick a --batch-size "
+            f"that is a multiple of {multiple}"
+        )
+    return global_batch, per_device
 
 
 @dataclass(frozen=True, kw_only=True)

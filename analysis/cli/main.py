@@ -2,7 +2,7 @@
 and JSON.
 
 `traces DIR --shard K/N --json PART` and `merge PART... --json OUT` split the traces analysis
-over many jobs (analysis/shard.py).
+over many jobs (analysis/trace/shard.py).
 
 Bad input never shows a traceback: AnalysisError becomes one `error: ...` line on stderr and exit
 code 2; per-file problems are printed as one line each while the good files are still analysed.
@@ -16,8 +16,10 @@ import sys
 from pathlib import Path
 from typing import Any
 
-import pandas as pd
-
+from analysis.cli import ops as opscli  # `ops` and `diff`
+from analysis.cli.project import add_parser, print_projection
+from analysis.cli.project import run as run_projection
+from analysis.cli.table import table
 from analysis.columns import (
     CLI_COLLECTIVE_COLS,
     CLI_GROUP_COLS,
@@ -30,23 +32,14 @@ from analysis.columns import (
 from analysis.errors import AnalysisError
 from analysis.jsonsafe import clip, finite_json
 from analysis.outputs import check_json_out
+from analysis.runs.compare import compare_runs, find_run_dirs
+from analysis.trace.folder import analyze_trace_dir, find_trace_files
+from analysis.trace.shard import analyze_shard, merge_parts, parse_shard
 from profiler.atomic import write_json_atomic
 
 __all__ = ["main"]
 
 PHASES = ("data", "forward", "backward", "optimizer")
-
-
-def _table(rows: list[dict], columns: list[Column]) -> str:
-    """Render `rows` as a plain aligned table with the report's headers, units and formats."""
-    if not rows:
-        return "(none)"
-    frame = pd.DataFrame(
-        # Record strings can be megabytes long: clipped for display, whole in the JSON.
-        [{c.header: fmt(clip(r.get(c.key)), c, r) for c in columns} for r in rows],
-        columns=[c.header for c in columns],
-    )
-    return frame.to_string(index=False)
 
 
 def _write_json(result: dict, out: Path | None) -> None:
@@ -70,13 +63,13 @@ def print_traces(result: dict) -> None:
         f"traces: {result['trace_dir']}  kind={result['kind']}  world_size={result['world_size']}"
     )
     rows = [{**r, **{f"tb_{k}": v for k, v in r["tb_split"].items()}} for r in result["ranks"]]
-    print(_table(rows, CLI_RANK_COLS))
+    print(table(rows, CLI_RANK_COLS))
     if result["collectives"]:
         print("\ncollectives (per rank, mean over ranks; MB = 10⁶ bytes, GB = 10⁹ bytes)")
-        print(_table(result["collectives"], CLI_COLLECTIVE_COLS))
+        print(table(result["collectives"], CLI_COLLECTIVE_COLS))
     if len(result["stragglers"]) > 1:
         print("\nstragglers (start skew of matching collectives vs the earliest rank)")
-        print(_table(result["stragglers"], CLI_STRAGGLER_COLS))
+        print(table(result["stragglers"], CLI_STRAGGLER_COLS))
         spread = result["step_time_spread"]
         if spread:
             us = Column(key="us", label="", kind="num", digits=1)
@@ -108,7 +101,7 @@ def print_runs(result: dict) -> None:
         }
         for r in result["runs"]
     ]
-    print(_table(rows, CLI_RUN_COLS))
+    print(table(rows, CLI_RUN_COLS))
     for run in result["runs"]:
         if run["error"]:
             print(f"  {clip(run['run_id'])}: {run['status']}: {clip(run['error'].get('message'))}")
@@ -122,7 +115,7 @@ def print_runs(result: dict) -> None:
             print(f"  {clip(bad['reason'])}")
     if result["groups"]:
         print("\ngroups (mean ± sample std over seeds)")
-        print(_table(result["groups"], CLI_GROUP_COLS))
+        print(table(result["groups"], CLI_GROUP_COLS))
     for tune in result.get("tunes", []):  # make tune-ddp folders: their verdict, not their trials
         best = tune["best"]
         verdict = f"best {best['name']}" if best else "no knob beat the run-to-run noise"
@@ -147,9 +140,6 @@ def _parser() -> argparse.ArgumentParser:
     r = sub.add_parser("runs", help="compare run folders (speedup, memory, accuracy, comm)")
     r.add_argument("runs_dirs", type=Path, nargs="+", metavar="RUNS_DIR")
     r.add_argument("--no-traces", action="store_true", help="skip trace analysis")
-    from analysis.cli import ops as opscli  # `ops` and `diff`
-    from analysis.cli.project import add_parser
-
     for s in (t, r, m, *opscli.add_parsers(sub), add_parser(sub)):
         s.add_argument("--json", type=Path, default=None, metavar="OUT", help="write JSON here")
         s.add_argument("--no-progress", action="store_true", help="no progress bar")
@@ -158,8 +148,6 @@ def _parser() -> argparse.ArgumentParser:
 
 def _shard(args: argparse.Namespace, progress: bool) -> int:
     """`traces DIR --shard K/N --json PART`: write shard K's part; no tables (a part is half-done)."""
-    from analysis.trace.shard import analyze_shard, parse_shard
-
     parse_shard(args.shard)  # a bad K/N is one line before any file is read
     if args.json is None:
         raise AnalysisError(
@@ -182,16 +170,12 @@ def _check_out(args: argparse.Namespace) -> None:
     if args.json is None:
         return
     if args.command == "traces":
-        from analysis.trace.folder import find_trace_files
-
         files = find_trace_files(args.trace_dir)
         folders = [args.trace_dir] if args.trace_dir.is_dir() else []
         check_json_out(args.json, files, folders)
     elif args.command == "merge":  # never over one of the parts being merged
         check_json_out(args.json, args.parts)
     else:  # runs, ops, diff, project: never inside one of the run folders read
-        from analysis.runs.compare import find_run_dirs
-
         names = ("runs_dirs", "run", "run_a", "run_b", "comm", "measured", "batch_runs")
         inputs = [p for n in names for p in _as_list(getattr(args, n, None))]
         check_json_out(args.json, [], find_run_dirs(inputs)[0])
@@ -209,27 +193,17 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "traces" and args.shard is not None:
             return _shard(args, progress)
         if args.command == "project":
-            from analysis.cli.project import print_projection, run
-
-            result, show = run(args), print_projection
+            result, show = run_projection(args), print_projection
         elif args.command == "traces":
-            from analysis.trace.folder import analyze_trace_dir
-
             result = analyze_trace_dir(args.trace_dir, workers=args.workers, progress=progress)
             show = print_traces
         elif args.command == "merge":
-            from analysis.trace.shard import merge_parts
-
             result = merge_parts(args.parts)
             show = print_traces
         elif args.command == "runs":
-            from analysis.runs.compare import compare_runs
-
             result = compare_runs(args.runs_dirs, progress=progress, traces=not args.no_traces)
             show = print_runs
         else:
-            from analysis.cli import ops as opscli
-
             result, show = opscli.run(args)
         _write_json(result, args.json)  # before the tables: a closed pipe must not lose it
         show(result)

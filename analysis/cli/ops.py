@@ -5,9 +5,9 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from analysis.cli.main import _table
-from analysis.columns import C, fmt, without
-from analysis.report.ops import OPS_COLS, diff_columns
+from analysis.cli.table import table
+from analysis.columns import OPS_COLS, C, diff_columns, fmt, without
+from analysis.runs.opdiff import diff_runs, run_ops
 
 US = C(key="us", label="", kind="num", digits=1)
 # A/B columns of `analysis diff`, in the report's Column spec (headers carry the units).
@@ -46,8 +46,6 @@ def add_parsers(sub: argparse._SubParsersAction) -> list[argparse.ArgumentParser
 
 def run(args: argparse.Namespace) -> tuple[dict, callable]:
     """(result, printer) for an `ops` or `diff` command."""
-    from analysis.runs.opdiff import diff_runs, run_ops
-
     if args.command == "ops":
         return run_ops(args.run, top=args.top), print_ops
     result = diff_runs(args.run_a, args.run_b, rank=args.rank)
@@ -63,7 +61,7 @@ def print_ops(result: dict) -> None:
             f"self µs/step by timeline: training thread {fmt(t['training_thread'], US)},"
             f" other threads {fmt(t['other_threads'], US)}, GPU {fmt(t['gpu'], US)}"
         )
-        print(_table(r["ops"], OPS_COLS))  # the report's Operators columns
+        print(table(r["ops"], OPS_COLS))  # the report's Operators columns
     for w in result["warnings"]:
         print(f"warning: {w}")
 
@@ -78,12 +76,12 @@ def print_diff(result: dict, *, top: int = 30) -> None:
     print(f"step µs: A {fmt(st['a'], US)}, B {fmt(st['b'], US)}, delta {fmt(st['delta'], US)}")
     cols = DIFF_OP_COLS if result["per_sample"] else without(DIFF_OP_COLS, "delta_us_per_sample")
     print(f"\noperators (top {top} by |delta|)")
-    print(_table(result["ops"][:top], cols))
+    print(table(result["ops"][:top], cols))
     if result["phases"]:
         print("\nphases (steps.csv, per step)")
-        print(_table(result["phases"], DIFF_PHASE_COLS))
+        print(table(result["phases"], DIFF_PHASE_COLS))
     if result["collectives"]:
         print("\ncollectives (per step)")
-        print(_table(result["collectives"], DIFF_COLLECTIVE_COLS))
+        print(table(result["collectives"], DIFF_COLLECTIVE_COLS))
     for w in result["warnings"]:
         print(f"warning: {w}")

@@ -6,6 +6,7 @@ import argparse
 from pathlib import Path
 
 from analysis.errors import AnalysisError
+from analysis.project.projection import project
 
 __all__ = ["add_parser", "print_projection", "run"]
 
@@ -100,8 +101,6 @@ def print_projection(result: dict) -> None:
 
 def run(args: argparse.Namespace) -> dict:
     """Compute the projection for parsed `project` arguments."""
-    from analysis.project.projection import project
-
     return project(
         args.run,
         args.comm,

@@ -1,28 +1,30 @@
 """Collective benchmark results (`make bench-comm` run folders) and their latency–bandwidth model.
 
 A comm run folder holds `run.json` with `kind: "comm"` and `comm.csv` (one row per collective and
-message size). The α–β model of one collective over n ranks (ring algorithms, as NCCL uses for
-large messages and as nccl-tests' bus bandwidth assumes):
+message size; columns: profiler.runfolder.COMM_COLUMNS). The α–β model of one collective over n
+ranks (ring algorithms, as NCCL uses for large messages and as nccl-tests' bus bandwidth assumes):
 
     t(bytes, n) = steps(n) · α + bus_factor(n) · bytes / B
 
 with steps(n) = 2(n−1) for all_reduce and n−1 for the others, and bus_factor from
-`analysis.trace.collectives.bus_factor` (the factors the trace analysis uses). α (µs per step) and B
+`profiler.runfolder.bus_factor` (the factors the trace analysis uses). α (µs per step) and B
 (bus bandwidth, GB/s with GB = 1e9 B) are fitted to the measured medians by least squares on the
-relative error, so 4 B and 16 MiB messages weigh alike; the fit error is the mean and max of
-|model − measured| ÷ measured over the sizes.
+relative error (profiler.commfit, the fit the benchmark writes into run.json too), so 4 B and
+16 MiB messages weigh alike; the fit error is the mean and max of |model − measured| ÷ measured
+over the sizes.
 """
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
 from analysis.errors import AnalysisError
-from analysis.trace.collectives import bus_factor
+from profiler.commfit import fit_all, fit_alpha_beta
+from profiler.records import read_comm_record, record_kind
+from profiler.runfolder import COMM_COLUMNS, COMM_CSV, RUN_JSON, bus_factor, ring_steps
 
 __all__ = [
     "COMM_COLUMNS",
@@ -35,25 +37,6 @@ __all__ = [
     "load_comm_run",
     "ring_steps",
 ]
-
-COMM_COLUMNS = [
-    "collective",
-    "backend",
-    "world_size",
-    "bytes",
-    "iters",
-    "time_us_median",
-    "time_us_p95",
-    "algbw_gbps",
-    "busbw_gbps",
-]
-
-
-def ring_steps(collective: str, n: int) -> int:
-    """Latency steps of the ring algorithm: 2(n−1) for all_reduce, n−1 for the others."""
-    if n < 2:
-        return 0
-    return 2 * (n - 1) if "all_reduce" in collective else n - 1
 
 
 def collective_time_us(model: dict, nbytes: float, n: int) -> float:
@@ -104,61 +87,10 @@ def idle_penalty_us(model: dict, nbytes: float) -> float:
     return float(np.interp(np.log(max(nbytes, 1.0)), x, y))
 
 
-def fit_alpha_beta(collective: str, n: int, nbytes: np.ndarray, time_us: np.ndarray) -> dict:
-    """Fit α (µs/step) and B (GB/s) of `collective` at `n` ranks to measured (bytes, µs) points."""
-    x = np.asarray(nbytes, dtype=float)
-    t = np.asarray(time_us, dtype=float)
-    keep = (x > 0) & (t > 0) & np.isfinite(t)
-    x, t = x[keep], t[keep]
-    steps = max(1, ring_steps(collective, n))
-    factor = bus_factor(collective, n) or 1.0
-    if x.size < 2:
-        raise ValueError(f"{collective}: need at least two message sizes to fit α and B")
-    # t = a + c·x with a = steps·α and c = factor / B (µs per byte); relative residuals.
-    design = np.column_stack([1 / t, x / t])
-    (a, c), *_ = np.linalg.lstsq(design, np.ones_like(t), rcond=None)
-    if c <= 0:  # latency-bound everywhere: bandwidth from the largest message alone
-        c = float(t[-1] / x[-1])
-        a = 0.0
-    if a < 0:  # bandwidth-bound everywhere: refit the slope alone
-        a, c = 0.0, float(np.sum(x / t) / np.sum((x / t) ** 2))
-    err = np.abs(a + c * x - t) / t * 100
-    return {
-        "collective": collective,
-        "world_size": int(n),
-        "alpha_us": float(a / steps),
-        "bus_gbps": float(factor / c / 1e3),
-        "steps": steps,
-        "bus_factor": factor,
-        "fit_error_pct_mean": float(err.mean()),
-        "fit_error_pct_max": float(err.max()),
-        "bytes_min": int(x.min()),
-        "bytes_max": int(x.max()),
-        "points": int(x.size),
-    }
-
-
-def fit_all(rows: pd.DataFrame) -> dict[str, dict]:
-    """One α–β fit per collective of a comm.csv frame (collectives with < 2 sizes are left out)."""
-    out = {}
-    for name, g in rows.groupby("collective", sort=False):
-        g = g.sort_values("bytes")
-        try:
-            out[str(name)] = fit_alpha_beta(
-                str(name), int(g["world_size"].iloc[0]), g["bytes"], g["time_us_median"]
-            )
-        except ValueError:
-            continue
-    return out
-
-
 def is_comm_run(run_dir: Path) -> bool:
-    """True when `run_dir/run.json` says `kind: "comm"` (a collective benchmark, not a training)."""
-    try:
-        rec = json.loads((Path(run_dir) / "run.json").read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError):
-        return False  # not a comm run; load_run then says what is wrong with it
-    return isinstance(rec, dict) and rec.get("kind") == "comm"
+    """True when `run_dir/run.json` says `kind: "comm"` (a collective benchmark, not a training);
+    False for an unreadable one (load_run then says what is wrong with it)."""
+    return record_kind(Path(run_dir) / RUN_JSON) == "comm"
 
 
 def load_comm_run(run_dir: Path) -> dict:
@@ -167,16 +99,11 @@ def load_comm_run(run_dir: Path) -> dict:
     Raises AnalysisError (one line) when the folder is not a finished comm run.
     """
     run_dir = Path(run_dir)
-    run_json = run_dir / "run.json"
-    try:
-        rec = json.loads(run_json.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
-        raise AnalysisError(
-            run_json, f"unreadable ({err})", "pass a `make bench-comm` run folder"
-        ) from None
-    if not isinstance(rec, dict) or rec.get("kind") != "comm":
+    run_json = run_dir / RUN_JSON
+    if run_json.is_file() and record_kind(run_json) != "comm":
         raise AnalysisError(run_json, "is not a comm run", "pass a `make bench-comm` run folder")
-    csv = run_dir / "comm.csv"
+    rec, raw = read_comm_record(run_json)  # one line (InputError) when missing or invalid
+    csv = run_dir / COMM_CSV
     try:
         rows = pd.read_csv(csv)
     except (OSError, ValueError, pd.errors.ParserError) as err:
@@ -188,15 +115,15 @@ def load_comm_run(run_dir: Path) -> dict:
         rows[numeric] = rows[numeric].apply(pd.to_numeric)
     except (ValueError, TypeError):
         raise AnalysisError(csv, "has non-numeric values", "re-run `make bench-comm`") from None
-    config = rec.get("config") or {}
-    metrics = rec.get("metrics") or {}
+    config = raw.get("config") if isinstance(raw.get("config"), dict) else {}
+    metrics = raw.get("metrics") if isinstance(raw.get("metrics"), dict) else {}
     return {
-        "run_id": rec.get("run_id", run_dir.name),
+        "run_id": rec.run_id or run_dir.name,
         "path": str(run_dir),
-        "status": rec.get("status"),
-        "backend": config.get("backend"),
-        "world_size": config.get("world_size"),
-        "devices": config.get("devices") or [],
+        "status": rec.status,
+        "backend": rec.config.backend,
+        "world_size": rec.config.world_size,
+        "devices": rec.config.devices or [],
         "rows": rows.to_dict("records"),
         "models": fit_all(rows),
         "skipped": metrics.get("skipped") or [],

@@ -4,7 +4,6 @@ out of backward, so compute is compute). Definitions: docs/analysis.md §10."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import numpy as np
@@ -12,9 +11,19 @@ import pandas as pd
 
 from analysis.errors import AnalysisError
 from analysis.project.comm import is_comm_run
-from analysis.project.model import ddp_buckets
+from analysis.project.model import ProjectionInputs, ddp_buckets
+from analysis.trace.folder import analyze_trace_dir
+from profiler.records import RunRecord, read_record
+from profiler.runfolder import RUN_JSON, STEPS_CSV, throughput_steps
 
-__all__ = ["PHASES", "collective_gaps_ms", "load_training", "unprofiled_steps"]
+__all__ = [
+    "PHASES",
+    "ProjectionInputs",
+    "collective_gaps_ms",
+    "load_training",
+    "measured_steps",
+    "unprofiled_steps",
+]
 
 PHASES = ("data", "forward", "backward", "optimizer")
 
@@ -30,95 +39,119 @@ def _profiled_from_schedule(steps: pd.Series, profile: dict) -> pd.Series:
     return in_cycles & (steps % cycle >= wait)
 
 
-def unprofiled_steps(steps: pd.DataFrame, config: dict) -> pd.DataFrame:
-    """Non-warm-up steps the profiler did not record: steps.csv `profiled` when present, else
-    derived from config.profile's schedule (wait, warmup, active, repeat)."""
+def measured_steps(steps: pd.DataFrame, config: dict) -> tuple[pd.DataFrame, str | None]:
+    """The steps the projection measures on and the warning of the rule's fallback: the
+    run-folder rule (profiler.runfolder.throughput_steps: non-warm-up steps the profiler did not
+    record, else every non-warm-up step, with its warning), applied to steps.csv `profiled` when
+    present, else to the flags derived from config.profile's schedule (wait, warmup, active,
+    repeat)."""
     if "profiled" in steps.columns:
         profiled = steps["profiled"].fillna(0).astype(int) == 1
     else:
         profiled = _profiled_from_schedule(steps["step"], config.get("profile") or {})
-    return steps[(steps["warmup"] == 0) & ~profiled]
+    mask, warning = throughput_steps(steps["warmup"], profiled.astype(int))
+    return steps[mask], warning
 
 
-def load_training(run_dir: Path, *, traces: bool = True, trace: dict | None = None) -> dict:
+def unprofiled_steps(steps: pd.DataFrame, config: dict) -> pd.DataFrame:
+    """The rows of `measured_steps`, without its warning."""
+    return measured_steps(steps, config)[0]
+
+
+def _training_record(run_dir: Path) -> tuple[RunRecord, dict]:
+    """The run's validated run.json; AnalysisError unless it is a finished single/DDP training."""
+    if is_comm_run(run_dir):
+        raise AnalysisError(run_dir, "is a comm benchmark, not a training run", "pass it as --comm")
+    rec, raw = read_record(run_dir / RUN_JSON)  # one line when missing or invalid
+    if rec.config.mode not in ("single", "ddp"):
+        raise AnalysisError(
+            run_dir, "is not a single-device or DDP training run", "pass one made by make profile-*"
+        )
+    if rec.status != "ok":
+        raise AnalysisError(run_dir, f"status is {rec.status!r}", "pass a finished (ok) run")
+    return rec, raw
+
+
+def _measured_body(run_dir: Path, config: dict) -> tuple[pd.DataFrame, str | None]:
+    """steps.csv's rows the rule measures on, and its fallback warning; one line when none."""
+    try:
+        steps = pd.read_csv(run_dir / STEPS_CSV)
+        body, fallback = measured_steps(steps, config)
+    except (OSError, ValueError, KeyError, pd.errors.ParserError) as err:
+        raise AnalysisError(run_dir / STEPS_CSV, f"unreadable ({err})", "re-run it") from None
+    if body.empty:
+        raise AnalysisError(
+            run_dir / STEPS_CSV,
+            "has no measured step (every step was a warm-up step)",
+            "re-run with more --max-steps than --warmup-steps",
+        )
+    return body, fallback
+
+
+def _buckets(run_json: Path, config: dict, metrics: dict) -> tuple[list[int], str]:
+    """DDP's gradient buckets (bytes, gradient-ready order) and where they came from."""
+    ddp = metrics.get("ddp") or {}
+    if ddp.get("bucket_sizes_bytes"):
+        return list(ddp["bucket_sizes_bytes"]), "metrics.ddp"
+    if metrics.get("param_grad_bytes"):
+        cap = float((config.get("ddp") or {}).get("bucket_cap_mb", 25.0))
+        return (
+            ddp_buckets(metrics["param_grad_bytes"], cap),
+            f"computed from metrics.param_grad_bytes, bucket_cap_mb {cap:g}",
+        )
+    raise AnalysisError(
+        run_json,
+        "has neither metrics.ddp bucket sizes nor metrics.param_grad_bytes",
+        "re-run it with the current trainer",
+    )
+
+
+def load_training(
+    run_dir: Path, *, traces: bool = True, trace: dict | None = None
+) -> ProjectionInputs:
     """A training run's projection inputs; AnalysisError (one line) when it cannot be projected.
 
     A DDP run's traces are analysed for its exposed communication (`traces=False`: not read;
     `trace`: an already computed traces JSON of this run)."""
     run_dir = Path(run_dir)
-    run_json = run_dir / "run.json"
-    if is_comm_run(run_dir):
-        raise AnalysisError(run_dir, "is a comm benchmark, not a training run", "pass it as --comm")
-    try:
-        rec = json.loads(run_json.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError):
-        raise AnalysisError(
-            run_json, "missing or unreadable", "pass a training run folder"
-        ) from None
-    config = rec.get("config") if isinstance(rec, dict) else None
-    if not isinstance(config, dict) or config.get("mode") not in ("single", "ddp"):
-        raise AnalysisError(
-            run_dir, "is not a single-device or DDP training run", "pass one made by make profile-*"
-        )
-    if rec.get("status") != "ok":
-        raise AnalysisError(run_dir, f"status is {rec.get('status')!r}", "pass a finished (ok) run")
-    try:
-        steps = pd.read_csv(run_dir / "steps.csv")
-        body = unprofiled_steps(steps, config)
-    except (OSError, ValueError, KeyError, pd.errors.ParserError) as err:
-        raise AnalysisError(run_dir / "steps.csv", f"unreadable ({err})", "re-run it") from None
-    if body.empty:
-        raise AnalysisError(
-            run_dir / "steps.csv",
-            "has no unprofiled measured step (every non-warm-up step was profiled)",
-            "re-run with more --max-steps than warm-up + profiled steps, or --no-profile",
-        )
+    rec, raw = _training_record(run_dir)
+    config, metrics = raw["config"], raw.get("metrics") or {}
+    body, fallback = _measured_body(run_dir, config)
     phases = {p: float(body[f"{p}_s"].mean()) for p in PHASES}
     step = float(body["step_time_s"].mean())
-    metrics = rec.get("metrics") or {}
-    warnings: list[str] = []
-    run = {
-        "run_id": rec.get("run_id", run_dir.name),
-        "path": str(run_dir),
-        "mode": config["mode"],
-        "backend": config.get("backend"),
-        "world_size": int(config.get("world_size") or 1),
-        "model": config.get("model"),
-        "dataset": config.get("dataset"),
-        "scaling": config.get("scaling", "strong"),
-        "per_device_batch": int(config.get("per_device_batch") or 1),
-        "global_batch": int(config.get("global_batch") or 1),
-        "comm_hook": (config.get("ddp") or {}).get("comm_hook", "none"),
-        "threads_per_rank": (rec.get("env") or {}).get("threads_per_rank"),
-        "steps_used": int(body["step"].nunique()),
-        "step_time_s": step,
-        "phases_s": phases,
-        "other_s": max(0.0, step - sum(phases.values())),
-        "step_samples_s": body["step_time_s"].to_numpy(dtype=float),
-        "backward_compute_s": phases["backward"],
-        "traced_exposed_comm_s": None,
-        "warnings": warnings,
-    }
-    ddp = metrics.get("ddp") or {}
-    if ddp.get("bucket_sizes_bytes"):
-        run["buckets_bytes"], run["bucket_source"] = list(ddp["bucket_sizes_bytes"]), "metrics.ddp"
-    elif metrics.get("param_grad_bytes"):
-        cap = float((config.get("ddp") or {}).get("bucket_cap_mb", 25.0))
-        run["buckets_bytes"] = ddp_buckets(metrics["param_grad_bytes"], cap)
-        run["bucket_source"] = f"computed from metrics.param_grad_bytes, bucket_cap_mb {cap:g}"
-    else:
-        raise AnalysisError(
-            run_json,
-            "has neither metrics.ddp bucket sizes nor metrics.param_grad_bytes",
-            "re-run it with the current trainer",
-        )
-    run["buffer_groups_bytes"] = _buffer_groups(metrics)
-    if run["mode"] == "ddp" and run["world_size"] > 1:
+    buckets, source = _buckets(run_dir / RUN_JSON, config, metrics)
+    run = ProjectionInputs(
+        run_id=rec.run_id or run_dir.name,
+        path=str(run_dir),
+        mode=rec.config.mode,
+        backend=rec.config.backend,
+        world_size=int(rec.config.world_size or 1),
+        model=rec.config.model,
+        dataset=rec.config.dataset,
+        scaling=config.get("scaling", "strong"),
+        per_device_batch=int(rec.config.per_device_batch or 1),
+        global_batch=int(rec.config.global_batch or 1),
+        comm_hook=(config.get("ddp") or {}).get("comm_hook", "none"),
+        threads_per_rank=rec.env.threads_per_rank,
+        steps_used=int(body["step"].nunique()),
+        step_time_s=step,
+        phases_s=phases,
+        other_s=max(0.0, step - sum(phases.values())),
+        step_samples_s=body["step_time_s"].to_numpy(dtype=float),
+        buckets_bytes=buckets,
+        bucket_source=source,
+        buffer_groups_bytes=_buffer_groups(metrics),
+        backward_compute_s=phases["backward"],
+        warnings=[fallback] if fallback else [],
+    )
+    if run.mode == "ddp" and run.world_size > 1:
         if traces:
             _subtract_traced_comm(run, run_dir, trace)
         else:
-            warnings.append("traces not read: backward taken as all compute (incl. its comm wait)")
-    run["compute_s"] = step - phases["backward"] + run["backward_compute_s"]
+            run.warnings.append(
+                "traces not read: backward taken as all compute (incl. its comm wait)"
+            )
+    run.compute_s = step - phases["backward"] + run.backward_compute_s
     return run
 
 
@@ -140,15 +173,13 @@ def _buffer_groups(metrics: dict) -> list[int]:
     return [int(nbytes)] if isinstance(nbytes, int | float) and nbytes > 0 else []
 
 
-def _subtract_traced_comm(run: dict, run_dir: Path, trace: dict | None) -> None:
+def _subtract_traced_comm(run: ProjectionInputs, run_dir: Path, trace: dict | None) -> None:
     """A DDP run's backward includes waiting for its all-reduces; take out the exposed part the
     traces measured, so compute is compute (the replay then re-adds the *modelled* exposure)."""
-    from analysis.trace.folder import analyze_trace_dir
-
     try:
         trace = trace or analyze_trace_dir(run_dir / "traces", progress=False)
     except AnalysisError as err:
-        run["warnings"].append(f"{err} — backward taken as all compute")
+        run.warnings.append(f"{err} — backward taken as all compute")
         return
     # Profiled steps run slower than the unprofiled ones used here, so the traced exposed comm is
     # taken as a share of the traced step and scaled to the measured step (as the report does).
@@ -158,25 +189,25 @@ def _subtract_traced_comm(run: dict, run_dir: Path, trace: dict | None) -> None:
         if r.get("exposed_comm_us") is not None and r.get("step_time_us_mean")
     ]
     if not shares:
-        run["warnings"].append("traces have no comm — backward taken as all compute")
+        run.warnings.append("traces have no comm — backward taken as all compute")
         return
-    run["traced_exposed_comm_s"] = float(np.mean(shares)) * run["step_time_s"]
-    run["step_samples_s"] = run["step_samples_s"] * (1 - float(np.mean(shares)))
-    bwd = run["phases_s"]["backward"]
-    run["backward_compute_s"] = max(0.1 * bwd, bwd - run["traced_exposed_comm_s"])
-    if run["backward_compute_s"] == 0.1 * bwd:
-        run["warnings"].append(
+    run.traced_exposed_comm_s = float(np.mean(shares)) * run.step_time_s
+    run.step_samples_s = run.step_samples_s * (1 - float(np.mean(shares)))
+    bwd = run.phases_s["backward"]
+    run.backward_compute_s = max(0.1 * bwd, bwd - run.traced_exposed_comm_s)
+    if run.backward_compute_s == 0.1 * bwd:
+        run.warnings.append(
             "traced exposed comm exceeds 90% of backward: backward compute floored at 10%"
         )
 
 
-def collective_gaps_ms(run: dict) -> dict[str, float]:
-    """Compute (ms) a DDP step of `run` (a `load_training` dict) runs before each of its
+def collective_gaps_ms(run: ProjectionInputs) -> dict[str, float]:
+    """Compute (ms) a DDP step of `run` (`load_training`'s inputs) runs before each of its
     collectives: before the gradient all-reduce forward + backward compute when the model has
     buffers (their broadcast at the start of forward comes first) and the rest of the step before
     that broadcast; without buffers the all-reduce is the step's only collective and follows the
     step's whole compute. What `make bench-comm COMM_GAP_MS` should be for this workload."""
-    if not run["buffer_groups_bytes"]:
-        return {"all_reduce": 1e3 * run["compute_s"]}
-    fb = run["phases_s"]["forward"] + run["backward_compute_s"]
-    return {"all_reduce": 1e3 * fb, "broadcast": 1e3 * max(0.0, run["compute_s"] - fb)}
+    if not run.buffer_groups_bytes:
+        return {"all_reduce": 1e3 * run.compute_s}
+    fb = run.phases_s["forward"] + run.backward_compute_s
+    return {"all_reduce": 1e3 * fb, "broadcast": 1e3 * max(0.0, run.compute_s - fb)}

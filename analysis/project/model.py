@@ -1,10 +1,12 @@
 """The projection's arithmetic: DDP's bucket assignment, the hierarchical all-reduce time, the
 bucket/backward overlap and the straggler term (definitions: docs/analysis.md §10). Pure
-functions over numbers; analysis/project.py feeds them a run's measurements."""
+functions over numbers; analysis/project/inputs.py reads a run's measurements into the record
+they take (ProjectionInputs) and analysis/project/projection.py feeds it to them."""
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -14,6 +16,7 @@ from analysis.trace.collectives import bus_factor
 
 __all__ = [
     "FIRST_BUCKET_BYTES",
+    "ProjectionInputs",
     "INTER_NODE_ALPHA_US",
     "INTER_NODE_PRESETS",
     "hierarchical_us",
@@ -29,6 +32,44 @@ __all__ = [
 INTER_NODE_PRESETS = {"25": 25.0, "100": 100.0, "200": 200.0, "400": 400.0}  # Gb/s per node
 INTER_NODE_ALPHA_US = 10.0  # per ring step between nodes: NIC + switch + software, an assumption
 FIRST_BUCKET_BYTES = 1024 * 1024  # torch.distributed._DEFAULT_FIRST_BUCKET_BYTES
+
+
+@dataclass(kw_only=True)
+class ProjectionInputs:
+    """A training run as the projection reads it (`load_training`); times in seconds per step."""
+
+    run_id: str
+    path: str
+    mode: str
+    """single | ddp."""
+    backend: str | None
+    world_size: int
+    model: str | None
+    dataset: str | None
+    scaling: str
+    per_device_batch: int
+    global_batch: int
+    comm_hook: str
+    threads_per_rank: int | None
+    steps_used: int
+    """Distinct steps the means are taken over (the rule's measured steps)."""
+    step_time_s: float
+    """Mean step time over those steps of every rank."""
+    phases_s: dict[str, float]
+    """Mean of each of PHASES over those steps."""
+    other_s: float
+    """step − Σ phases (≥ 0): the loop's remainder."""
+    step_samples_s: np.ndarray
+    """Every rank's step times over those steps (minus the traced exposed share for DDP)."""
+    buckets_bytes: list[int]
+    bucket_source: str
+    buffer_groups_bytes: list[int]
+    backward_compute_s: float
+    """backward_s, minus a DDP run's traced exposed communication."""
+    traced_exposed_comm_s: float | None = None
+    compute_s: float = 0.0
+    """step − backward + backward compute."""
+    warnings: list[str] = field(default_factory=list)
 
 
 def ddp_buckets(param_bytes: list[int], bucket_cap_mb: float) -> list[int]:
@@ -100,7 +141,7 @@ def parse_inter_node(value: str) -> float:
 
 def assumptions(
     scaling: str,
-    run: dict,
+    run: ProjectionInputs,
     gpn: int,
     inter_gbps: float,
     by_batch: dict,
@@ -111,7 +152,7 @@ def assumptions(
     """The projection's assumptions in words (printed and stored with every projection)."""
     out = [
         f"{scaling} scaling: per-device batch "
-        + ("global ÷ n" if scaling == "strong" else f"stays {run['per_device_batch']}"),
+        + ("global ÷ n" if scaling == "strong" else f"stays {run.per_device_batch}"),
         "data, forward and backward time linear in the per-device batch; optimizer and loop "
         "remainder constant"
         + (
@@ -143,27 +184,29 @@ def assumptions(
     return out
 
 
-def straggler_s(run: dict, n: int) -> float:
+def straggler_s(run: ProjectionInputs, n: int) -> float:
     """Extra step time from waiting for the slowest of n ranks: E[max of n] − E[max of RUN's n]
     of RUN's per-step compute (a DDP run's samples already carry its own ranks' max)."""
-    x = run["step_samples_s"]
-    if x.size == 0 or n <= run["world_size"]:
+    x = run.step_samples_s
+    if x.size == 0 or n <= run.world_size:
         return 0.0
-    return max(0.0, expected_max(x, n) - expected_max(x, run["world_size"]))
+    return max(0.0, expected_max(x, n) - expected_max(x, run.world_size))
 
 
-def compute_phases(run: dict, batch: float, batch_runs: dict[int, dict]) -> tuple[dict, str]:
+def compute_phases(
+    run: ProjectionInputs, batch: float, batch_runs: dict[int, ProjectionInputs]
+) -> tuple[dict, str]:
     """Per-step compute phases at per-device `batch`: a measured run at that batch, else linear."""
     other = batch_runs.get(int(batch)) if float(batch).is_integer() else None
-    if other is not None and int(batch) != run["per_device_batch"]:
-        ph = dict(other["phases_s"], backward=other["backward_compute_s"], other=other["other_s"])
-        return ph, f"measured ({other['run_id']})"
-    k = batch / run["per_device_batch"]
+    if other is not None and int(batch) != run.per_device_batch:
+        ph = dict(other.phases_s, backward=other.backward_compute_s, other=other.other_s)
+        return ph, f"measured ({other.run_id})"
+    k = batch / run.per_device_batch
     ph = {
-        "data": run["phases_s"]["data"] * k,
-        "forward": run["phases_s"]["forward"] * k,
-        "backward": run["backward_compute_s"] * k,
-        "optimizer": run["phases_s"]["optimizer"],
-        "other": run["other_s"],
+        "data": run.phases_s["data"] * k,
+        "forward": run.phases_s["forward"] * k,
+        "backward": run.backward_compute_s * k,
+        "optimizer": run.phases_s["optimizer"],
+        "other": run.other_s,
     }
     return ph, "measured" if k == 1 else "linear in batch"

@@ -40,6 +40,7 @@ from analysis.project.comm import (
 from analysis.project.inputs import collective_gaps_ms, load_training, unprofiled_steps
 from analysis.project.model import (
     INTER_NODE_ALPHA_US,
+    ProjectionInputs,
     assumptions,
     compute_phases,
     hierarchical_us,
@@ -63,20 +64,20 @@ def _calls_s(sizes: list[float], n: int, gpn: int, model: dict, inter_gbps: floa
 
 
 def _predict(run, n, *, scaling, comm_model, gpn, inter_gbps, batch_runs, wire, bcast) -> dict:
-    batch = run["global_batch"] / n if scaling == "strong" else run["per_device_batch"]
+    batch = run.global_batch / n if scaling == "strong" else run.per_device_batch
     ph, source = compute_phases(run, batch, batch_runs)
     compute = sum(ph.values())
-    sizes = [b * wire for b in run["buckets_bytes"]]
+    sizes = [b * wire for b in run.buckets_bytes]
     total = sum(sizes)
     ready = list(np.cumsum(sizes) / total * ph["backward"]) if total else []
     comm = _calls_s(sizes, n, gpn, comm_model, inter_gbps)
     end = simulate_step(ready, comm, ph["backward"])
     exposed = max(0.0, end - ph["backward"]) if n > 1 else 0.0
     # DDP's buffer broadcast at the start of every forward: nothing overlaps it
-    groups = run["buffer_groups_bytes"]
+    groups = run.buffer_groups_bytes
     broadcast = sum(_calls_s(groups, n, gpn, bcast, inter_gbps)) if bcast else 0.0
     # the slowest rank's compute, scaled like the compute it stretches
-    wait = straggler_s(run, n) * compute / run["compute_s"] if n > 1 else 0.0
+    wait = straggler_s(run, n) * compute / run.compute_s if n > 1 else 0.0
     step = compute + wait + exposed + broadcast
     global_batch = batch * n
     return {
@@ -117,14 +118,65 @@ def project(
     used the fp16/bf16 comm hook, else 1), e.g. 0.5 to ask what the fp16 hook would give.
     `bandwidth`: `measured` = α from the fit, bus bandwidth per message size from the benchmark
     (analysis.project.comm.with_measured_curve); `fit` = the single fitted (α, B) pair."""
+    inter_gbps = _check_args(ranks, gpus_per_node, inter_node)
+    run = load_training(run_dir, traces=traces, trace=trace)
+    comm = load_comm_run(comm_dir)
+    asked = backend or (run.backend if run.mode == "ddp" else comm["backend"])
+    _check_comm(comm, comm_dir, asked, bandwidth)
+    model = _comm_model(comm, "all_reduce", bandwidth)
+    bcast = _comm_model(comm, "broadcast", bandwidth) if "broadcast" in comm["models"] else None
+    scaling = scaling or run.scaling
+    wire = wire_bytes_factor or (0.5 if run.comm_hook in ("fp16", "bf16") else 1.0)
+    warnings = _warnings(run, comm, model, bcast, wire, bandwidth, ranks, gpus_per_node)
+    others = (load_training(d, traces=traces) for d in batch_runs)
+    by_batch = {other.per_device_batch: other for other in others}
+    kw = dict(scaling=scaling, comm_model=model, gpn=gpus_per_node, inter_gbps=inter_gbps)
+    kw.update(batch_runs=by_batch, wire=wire, bcast=bcast)
+    base, preds = _predictions(run, ranks, kw)
+    checks = [_check(run, load_training(d, traces=False), kw, base) for d in measured]
+    idle = "idle_penalty" in model
+    return {
+        "schema_version": 1,
+        "run_id": run.run_id,
+        "run_path": run.path,
+        "comm_run_id": comm["run_id"],
+        "backend": asked,
+        "scaling": scaling,
+        "ranks": list(ranks),
+        "inputs": _inputs_json(run, comm, kw, bandwidth),
+        "assumptions": assumptions(
+            scaling, run, gpus_per_node, inter_gbps, by_batch, bandwidth, idle=idle
+        ),
+        "replay": _check(run, run, kw, base),
+        "measured": checks,
+        "predictions": preds,
+        "warnings": warnings,
+    }
+
+
+def _check_args(ranks: list[int], gpus_per_node: int, inter_node: str) -> float:
+    """One line (AnalysisError) for a bad argument; the inter-node link in Gb/s."""
     if not ranks or any(n < 1 for n in ranks):
         raise AnalysisError("--ranks", f"got {ranks}", "every world size must be >= 1")
     if gpus_per_node < 1:
         raise AnalysisError("--gpus-per-node", f"got {gpus_per_node}", "pass a count >= 1")
-    inter_gbps = parse_inter_node(inter_node)
-    run = load_training(run_dir, traces=traces, trace=trace)
-    comm = load_comm_run(comm_dir)
-    asked = backend or (run["backend"] if run["mode"] == "ddp" else comm["backend"])
+    return parse_inter_node(inter_node)
+
+
+def _predictions(run: ProjectionInputs, ranks: list[int], kw: dict) -> tuple[dict, list[dict]]:
+    """The one-rank projection (the speedup's base) and the projection at each n in `ranks`."""
+    base = _predict(run, 1, **kw)
+    preds = []
+    for n in ranks:
+        p = _predict(run, n, **kw)
+        p["speedup"] = p["samples_per_s"] / base["samples_per_s"]
+        p["scaling_efficiency"] = p["speedup"] / n
+        preds.append(p)
+    return base, preds
+
+
+def _check_comm(comm: dict, comm_dir: Path, asked: str | None, bandwidth: str) -> None:
+    """One line (AnalysisError) unless the comm run can model `asked`'s collectives."""
     if comm["backend"] != asked:
         raise AnalysisError(
             comm_dir,
@@ -142,17 +194,26 @@ def project(
         raise AnalysisError(comm_dir, "has no all_reduce fit", "re-run make bench-comm")
     if bandwidth not in ("measured", "fit"):
         raise AnalysisError("--bandwidth", f"got {bandwidth!r}", "use measured or fit")
-    model = _comm_model(comm, "all_reduce", bandwidth)
-    bcast = _comm_model(comm, "broadcast", bandwidth) if "broadcast" in comm["models"] else None
-    scaling = scaling or run["scaling"]
-    wire = wire_bytes_factor or (0.5 if run["comm_hook"] in ("fp16", "bf16") else 1.0)
-    warnings = list(run["warnings"])
-    if run["buffer_groups_bytes"] and bcast is None:
+
+
+def _warnings(
+    run: ProjectionInputs,
+    comm: dict,
+    model: dict,
+    bcast: dict | None,
+    wire: float,
+    bandwidth: str,
+    ranks: list[int],
+    gpus_per_node: int,
+) -> list[str]:
+    """The run's own warnings, then what the projection leaves out or extrapolates."""
+    warnings = list(run.warnings)
+    if run.buffer_groups_bytes and bcast is None:
         warnings.append(
             "the comm run has no broadcast: DDP's per-forward buffer broadcast is left out"
         )
     warnings += _gap_warnings(run, comm)
-    big = [b for b in run["buckets_bytes"] if b * wire > model["bytes_max"]]
+    big = [b for b in run.buckets_bytes if b * wire > model["bytes_max"]]
     if big:
         warnings.append(
             f"buckets of {', '.join(map(str, big))} B exceed the largest benchmarked size "
@@ -164,76 +225,38 @@ def project(
             "world sizes past one node that are not multiples of --gpus-per-node "
             "are modelled with a partly filled last node counted as full"
         )
-    by_batch = {}
-    for d in batch_runs:
-        other = load_training(d, traces=traces)
-        by_batch[other["per_device_batch"]] = other
-    kw = dict(
-        scaling=scaling,
-        comm_model=model,
-        gpn=gpus_per_node,
-        inter_gbps=inter_gbps,
-        batch_runs=by_batch,
-        wire=wire,
-        bcast=bcast,
-    )
-    base = _predict(run, 1, **kw)
-    preds = []
-    for n in ranks:
-        p = _predict(run, n, **kw)
-        p["speedup"] = p["samples_per_s"] / base["samples_per_s"]
-        p["scaling_efficiency"] = p["speedup"] / n
-        preds.append(p)
-    replay = _check(run, run, kw, base)
-    checks = [_check(run, load_training(d, traces=False), kw, base) for d in measured]
+    return warnings
+
+
+def _inputs_json(run: ProjectionInputs, comm: dict, kw: dict, bandwidth: str) -> dict:
+    """The projection JSON's `inputs`: what was measured and every setting the model used."""
+    model = kw["comm_model"]
     return {
-        "schema_version": 1,
-        "run_id": run["run_id"],
-        "run_path": run["path"],
-        "comm_run_id": comm["run_id"],
-        "backend": asked,
-        "scaling": scaling,
-        "ranks": list(ranks),
-        "inputs": {
-            "mode": run["mode"],
-            "world_size": run["world_size"],
-            "model": run["model"],
-            "dataset": run["dataset"],
-            "per_device_batch": run["per_device_batch"],
-            "global_batch": run["global_batch"],
-            "threads_per_rank": run["threads_per_rank"],
-            "steps_used": run["steps_used"],
-            "measured_step_time_s": run["step_time_s"],
-            "phases_s": run["phases_s"],
-            "other_s": run["other_s"],
-            "backward_compute_s": run["backward_compute_s"],
-            "traced_exposed_comm_s": run["traced_exposed_comm_s"],
-            "buckets_bytes": run["buckets_bytes"],
-            "buffer_broadcasts_bytes": run["buffer_groups_bytes"],
-            "bucket_source": run["bucket_source"],
-            "comm_hook": run["comm_hook"],
-            "wire_bytes_factor": wire,
-            "all_reduce_model": model,
-            "bandwidth_source": bandwidth,
-            "comm_time_statistic": model.get("time_statistic", "median"),
-            "comm_gap_ms": comm["gap_ms"],
-            "gpus_per_node": gpus_per_node,
-            "inter_node_gbps": inter_gbps,
-            "inter_node_alpha_us": INTER_NODE_ALPHA_US,
-        },
-        "assumptions": assumptions(
-            scaling,
-            run,
-            gpus_per_node,
-            inter_gbps,
-            by_batch,
-            bandwidth,
-            idle="idle_penalty" in model,
-        ),
-        "replay": replay,
-        "measured": checks,
-        "predictions": preds,
-        "warnings": warnings,
+        "mode": run.mode,
+        "world_size": run.world_size,
+        "model": run.model,
+        "dataset": run.dataset,
+        "per_device_batch": run.per_device_batch,
+        "global_batch": run.global_batch,
+        "threads_per_rank": run.threads_per_rank,
+        "steps_used": run.steps_used,
+        "measured_step_time_s": run.step_time_s,
+        "phases_s": run.phases_s,
+        "other_s": run.other_s,
+        "backward_compute_s": run.backward_compute_s,
+        "traced_exposed_comm_s": run.traced_exposed_comm_s,
+        "buckets_bytes": run.buckets_bytes,
+        "buffer_broadcasts_bytes": run.buffer_groups_bytes,
+        "bucket_source": run.bucket_source,
+        "comm_hook": run.comm_hook,
+        "wire_bytes_factor": kw["wire"],
+        "all_reduce_model": model,
+        "bandwidth_source": bandwidth,
+        "comm_time_statistic": model.get("time_statistic", "median"),
+        "comm_gap_ms": comm["gap_ms"],
+        "gpus_per_node": kw["gpn"],
+        "inter_node_gbps": kw["inter_gbps"],
+        "inter_node_alpha_us": INTER_NODE_ALPHA_US,
     }
 
 
@@ -265,7 +288,7 @@ def _comm_model(comm: dict, name: str, bandwidth: str) -> dict:
     return model if bandwidth == "fit" else with_measured_curve(model, means["bytes"], hot)
 
 
-def _gap_warnings(run: dict, comm: dict) -> list[str]:
+def _gap_warnings(run: ProjectionInputs, comm: dict) -> list[str]:
     """On CPU hosts a collective issued after compute is slower than a back-to-back one; warn when
     the comm run timed its all-reduce after a much other compute gap than this workload leaves
     (analysis.project.inputs.collective_gaps_ms)."""
@@ -282,26 +305,24 @@ def _gap_warnings(run: dict, comm: dict) -> list[str]:
     ]
 
 
-def _check(run: dict, target: dict, kw: dict, base: dict) -> dict:
+def _check(run: ProjectionInputs, target: ProjectionInputs, kw: dict, base: dict) -> dict:
     """Projection of `run` at `target`'s world size vs `target`'s measured unprofiled step time;
     `measured_scaling_efficiency` divides by the same projected n = 1 throughput as predictions."""
-    n = target["world_size"]
-    measured_sps = target["global_batch"] / target["step_time_s"]
+    n = target.world_size
+    measured_sps = target.global_batch / target.step_time_s
     p = _predict(run, n, **kw)
-    err = 100 * (p["step_time_s"] - target["step_time_s"]) / target["step_time_s"]
+    err = 100 * (p["step_time_s"] - target.step_time_s) / target.step_time_s
     note = None
     if target is run and n == 1:
         note = (
             "single-device run: no communication to model, so the replay is exact by construction"
         )
-    if abs(p["per_device_batch"] - target["per_device_batch"]) > 1e-9:
-        note = (
-            f"per-device batch differs ({p['per_device_batch']:g} vs {target['per_device_batch']})"
-        )
+    if abs(p["per_device_batch"] - target.per_device_batch) > 1e-9:
+        note = f"per-device batch differs ({p['per_device_batch']:g} vs {target.per_device_batch})"
     return {
-        "run_id": target["run_id"],
+        "run_id": target.run_id,
         "ranks": n,
-        "measured_step_time_s": target["step_time_s"],
+        "measured_step_time_s": target.step_time_s,
         "predicted_step_time_s": p["step_time_s"],
         "error_pct": err,
         "measured_samples_per_s": measured_sps,

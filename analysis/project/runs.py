@@ -14,6 +14,7 @@ from pathlib import Path
 
 from analysis.errors import AnalysisError
 from analysis.project.comm import load_comm_run
+from analysis.project.projection import project
 
 __all__ = ["REPORT_RANKS", "comm_and_projections"]
 
@@ -27,8 +28,6 @@ def _workload(run: dict) -> tuple:
 
 def _fp16_share(run_dir: Path, comm_dir: Path, result: dict) -> float | None:
     """Exposed share of the step at FINDING_RANKS if the gradients travelled as fp16."""
-    from analysis.project.projection import project
-
     if result["inputs"]["wire_bytes_factor"] != 1.0:
         return None
     half = project(
@@ -47,8 +46,6 @@ def comm_and_projections(comm_dirs: list[Path], runs: list[dict]) -> dict:
 
     Each projection also gets `replays`: every DDP run of the workload projected from itself at
     its own world size (the replay check), and `fp16_exposed_comm_pct` (see _fp16_share)."""
-    from analysis.project.projection import project
-
     comm, skipped, projections = [], [], []
     for d in comm_dirs:
         try:

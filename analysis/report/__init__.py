@@ -14,7 +14,9 @@ __all__ = ["ReportError", "ReportFiles", "build_report", "write_report"]
 
 
 def __getattr__(name: str) -> Any:
-    # Lazy: the analysis CLI imports analysis.columns without matplotlib and jinja2.
+    # Lazy, for a real reason: `from analysis.report import build_report` is the public entry, yet
+    # importing one submodule (report.tables for its CSV columns) must not load matplotlib and
+    # Jinja2 through build.
     if name in __all__:
         from analysis.report import build
 

@@ -41,7 +41,7 @@ from analysis.report.scaling import (
 )
 from analysis.report.tables import Table, all_tables, fmt, unique_labels
 from analysis.report.tune import tune_sections
-from analysis.runs.compare import WORKLOAD_KEY
+from analysis.runs.compare import WORKLOAD_KEY, compare_runs
 
 __all__ = ["ReportError", "ReportFiles", "build_report", "write_report"]
 
@@ -329,8 +329,6 @@ def write_report(data: dict[str, Any], out_dir: Path, *, progress: bool = True) 
 
 def build_report(paths: Sequence[Path], out_dir: Path, *, progress: bool = True) -> ReportFiles:
     """Analyse the run folders under `paths` with `compare_runs` and write the report."""
-    from analysis.runs.compare import compare_runs
-
     for p in paths:
         if not Path(p).is_dir():
             raise ReportError(f"{p} is not a folder; pass RUNS folders made by `make profile-all`")

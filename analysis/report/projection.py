@@ -2,7 +2,7 @@
 overlaid), bus bandwidth against message size from the comm benchmarks, and findings.
 
 Reads only the runs JSON (`comm`, `projections`, `projection_skipped`; see
-analysis/projection_runs.py). Every figure is an SVG data URI like the other sections'.
+analysis/project/runs.py). Every figure is an SVG data URI like the other sections'.
 """
 
 from __future__ import annotations

@@ -223,6 +223,8 @@ def scaling_figures(frame: pd.DataFrame) -> list[dict[str, str]]:
     """One 4-panel figure per (model, dataset, scaling): throughput, speedup with the ideal line,
     efficiency and peak memory per device against world size; one line per mode/backend, mean
     over seeds with ±1 std error bars. Strong and weak scaling never share a figure."""
+    # Lazy, for a real reason: report.tables imports this module for headline_rows, and a table
+    # (the CLI-free CSVs, tests) must not load matplotlib; only drawing a scaling figure does.
     import matplotlib.pyplot as plt
     import seaborn as sns
 

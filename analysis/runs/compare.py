@@ -10,6 +10,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from msgspec.structs import asdict
 from tqdm import tqdm
 
 from analysis.project.comm import is_comm_run
@@ -17,7 +18,8 @@ from analysis.errors import AnalysisError, unexpected
 from analysis.jsonsafe import finite_json
 from analysis.project.runs import comm_and_projections
 from analysis.runs.records import InvalidRecord
-from analysis.runs.entry import attach_trace, load_run, mean_std
+from analysis.runs.entry import RunEntry, attach_trace, load_run, mean_std
+from analysis.runs.opdiff import ddp_adds
 from analysis.runs.tune import is_tune_dir, load_tunes
 
 __all__ = [
@@ -104,41 +106,45 @@ def workload_key(run: dict) -> tuple:
     return tuple(run.get(k) for k in WORKLOAD_KEY)
 
 
-def _link_baselines(runs: list[dict]) -> None:
+def _workload(run: RunEntry) -> tuple:
+    return tuple(getattr(run, k) for k in WORKLOAD_KEY)
+
+
+def _link_baselines(runs: list[RunEntry]) -> None:
     """Fill baseline_run_id, speedup and scaling_efficiency of every ok run."""
-    singles = [
-        r for r in runs if r["mode"] == "single" and r["status"] == "ok" and r["samples_per_s"]
-    ]
+    singles = [r for r in runs if r.mode == "single" and r.status == "ok" and r.samples_per_s]
     for run in runs:
-        if run["status"] != "ok" or not run["samples_per_s"]:
+        if run.status != "ok" or not run.samples_per_s:
             continue
         # The baseline must have run the same problem on the same kind of machine for the ratio
         # to mean "what parallelism bought".
-        same = [s for s in singles if workload_key(s) == workload_key(run)]
-        seeded = [s for s in same if s["seed"] == run["seed"]]
+        same = [s for s in singles if _workload(s) == _workload(run)]
+        seeded = [s for s in same if s.seed == run.seed]
         base = (seeded or same or [None])[0]
         if base is None:
             continue
-        run["baseline_run_id"] = base["run_id"]
-        run["speedup"] = run["samples_per_s"] / base["samples_per_s"]
-        run["scaling_efficiency"] = run["speedup"] / run["num_devices"]
+        run.baseline_run_id = base.run_id
+        run.speedup = run.samples_per_s / base.samples_per_s
+        run.scaling_efficiency = run.speedup / run.num_devices
 
 
-def _groups(runs: list[dict]) -> list[dict]:
+def _groups(runs: list[RunEntry]) -> list[dict]:
     """Mean ± sample std (n−1) over the seeds of each configuration; only ok runs count."""
-    buckets: dict[tuple, list[dict]] = {}
+    buckets: dict[tuple, list[RunEntry]] = {}
     for run in runs:
-        if run["status"] == "ok":
-            buckets.setdefault(tuple(run[k] for k in GROUP_KEY), []).append(run)
+        if run.status == "ok":
+            buckets.setdefault(tuple(getattr(run, k) for k in GROUP_KEY), []).append(run)
     groups = []
     for key, members in buckets.items():
         group: dict[str, Any] = dict(zip(GROUP_KEY, key, strict=True))
-        group["n_seeds"] = len({m["seed"] for m in members})
+        group["n_seeds"] = len({m.seed for m in members})
         group["n_runs"] = len(members)
-        group["run_ids"] = [m["run_id"] for m in members]
+        group["run_ids"] = [m.run_id for m in members]
         for stat in GROUP_STATS:
-            group[f"{stat}_mean"], group[f"{stat}_std"] = mean_std(m[stat] for m in members)
-        group["comm_pct_mean"] = mean_std(m["comm_pct"] for m in members)[0]
+            group[f"{stat}_mean"], group[f"{stat}_std"] = mean_std(
+                getattr(m, stat) for m in members
+            )
+        group["comm_pct_mean"] = mean_std(m.comm_pct for m in members)[0]
         groups.append(group)
     order = {"single": 0, "dp": 1, "ddp": 2}
     return sorted(
@@ -152,18 +158,18 @@ def _groups(runs: list[dict]) -> list[dict]:
     )
 
 
-def _unique_id(entry: dict, run_dir: Path, taken: set[str]) -> None:
+def _unique_id(entry: RunEntry, run_dir: Path, taken: set[str]) -> None:
     """Run ids key baselines, groups and findings, so two folders with one id (the same
     `--run-id` on a Linux and a Windows machine, or a copied folder) must not merge: the later
     one becomes `<id>@<its parent folder>` (then `#2`, `#3`, ...) and says so in `warnings`."""
-    rid = str(entry["run_id"])
+    rid = str(entry.run_id)
     if rid not in taken:
         return
     new, n = f"{rid}@{run_dir.parent.name}", 2
     while new in taken:
         new, n = f"{rid}@{run_dir.parent.name}#{n}", n + 1
-    entry["run_id"] = new
-    entry["warnings"].append(
+    entry.run_id = new
+    entry.warnings.append(
         f"{run_dir}: run_id {rid!r} is already used by another folder — shown as {new!r}"
     )
 
@@ -185,7 +191,7 @@ def compare_runs(paths: Sequence[Path], *, progress: bool = True, traces: bool =
     for run_dir in bar:
         try:
             entry = load_run(run_dir)
-            if traces and entry["status"] == "ok":
+            if traces and entry.status == "ok":
                 attach_trace(entry, run_dir, progress=False)  # one bar, over the runs
         except InvalidRecord as err:
             invalid.append({"path": str(run_dir), **err.to_dict()})
@@ -197,7 +203,7 @@ def compare_runs(paths: Sequence[Path], *, progress: bool = True, traces: bool =
             # MemoryError) costs one line; the other runs are still compared.
             skipped.append({"path": str(run_dir), "reason": unexpected(err)})
             continue
-        _unique_id(entry, run_dir, {r["run_id"] for r in runs})
+        _unique_id(entry, run_dir, {r.run_id for r in runs})
         runs.append(entry)
     tunes, tune_skipped = load_tunes(paths)
     skipped += tune_skipped
@@ -207,15 +213,18 @@ def compare_runs(paths: Sequence[Path], *, progress: bool = True, traces: bool =
             where, "no readable run folders", "run `make profile-all` first or pass the runs folder"
         )
     order = {"single": 0, "dp": 1, "ddp": 2}
-    runs.sort(key=lambda r: (order.get(r["mode"], 9), str(r["run_id"])))
+    runs.sort(key=lambda r: (order.get(r.mode, 9), str(r.run_id)))
     _link_baselines(runs)
+    groups = _groups(runs)
+    rows = [asdict(r) for r in runs]  # the runs JSON's entries: dicts, in RunEntry's field order
     result = {
         "schema_version": SCHEMA_VERSION,
-        "runs": runs,
-        "groups": _groups(runs),
+        "runs": rows,
+        "groups": groups,
+        "ddp_adds": ddp_adds(rows, groups),
         "skipped": skipped,
         "tunes": tunes,
-        **comm_and_projections(comm_dirs, runs),
+        **comm_and_projections(comm_dirs, rows),
         "invalid": invalid,
         "warnings": [],
     }

@@ -14,9 +14,11 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import pandas as pd
 
 from analysis.errors import AnalysisError, unexpected
+from analysis.trace.folder import analyze_trace_dir
 from analysis.trace.memory import breakdown_entries, fill_dynamic
 from analysis.runs.records import (
     Config,
@@ -26,8 +28,9 @@ from analysis.runs.records import (
     read_record,
     read_steps,
 )
+from profiler.runfolder import throughput_steps
 
-__all__ = ["PHASES", "args_text", "attach_trace", "load_run", "mean_std"]
+__all__ = ["PHASES", "RunEntry", "args_text", "attach_trace", "load_run", "mean_std"]
 
 PHASES = ("data", "forward", "backward", "optimizer")
 # The config/env fields copied verbatim into each run entry.
@@ -59,17 +62,16 @@ ENV_FIELDS = (
 )
 
 
-def _phases(steps: pd.DataFrame) -> tuple[dict | None, list[dict]]:
+def _phases(steps: pd.DataFrame) -> tuple[dict | None, list[dict], str | None]:
     """Mean seconds per step of each phase, over all ranks and per rank, on the steps throughput
-    uses: neither warm-up nor profiled (schema 1 folders have no `profiled` column: every
-    non-warm-up step); falls back to the measured steps, then to every step, rather than nothing."""
-    body = steps[steps["warmup"] == 0]
-    if "profiled" in steps.columns and (body["profiled"] == 0).any():
-        body = body[body["profiled"] == 0]
-    if body.empty:  # a run shorter than its warm-up: fall back to every step rather than nothing
-        body = steps
+    uses (profiler.runfolder.throughput_steps: neither warm-up nor profiled, else every measured
+    step with its warning; schema 1 folders have no `profiled` column: every non-warm-up step),
+    and the rule's warning. (None, [], None) without a measured step."""
+    profiled = steps["profiled"] if "profiled" in steps.columns else None
+    mask, warning = throughput_steps(steps["warmup"], profiled)
+    body = steps[mask]
     if body.empty:
-        return None, []
+        return None, [], None
     cols = [f"{p}_s" for p in PHASES]
     overall = {p: float(body[f"{p}_s"].mean()) for p in PHASES}
     per_rank = body.groupby("rank")[[*cols, "step_time_s"]].mean().reset_index()
@@ -81,7 +83,7 @@ def _phases(steps: pd.DataFrame) -> tuple[dict | None, list[dict]]:
         }
         for r in per_rank.to_dict("records")
     ]
-    return overall, rows
+    return overall, rows, warning
 
 
 def _memory(entries: list[dict]) -> dict:
@@ -134,10 +136,82 @@ def _num_devices(config: Config) -> int | None:
     return config.world_size
 
 
-def load_run(run_dir: Path) -> dict:
+class RunEntry(msgspec.Struct, kw_only=True):
+    """One run entry of the runs JSON (docs/analysis.md "runs JSON"; definitions §7), in its
+    field order. `load_run` fills what one folder says; `attach_trace` the trace fields;
+    analysis.runs.compare the cross-run ones (baseline, speedup, scaling efficiency), then writes
+    it out as a dict (`msgspec.structs.asdict`)."""
+
+    run_id: str
+    path: str
+    status: str  # run.json status: ok | failed | skipped | running | interrupted
+    error: dict[str, Any] | None
+    mode: str | None
+    backend: str | None
+    world_size: int | None
+    model: str | None
+    dataset: str | None
+    scaling: str | None
+    global_batch: int | None
+    per_device_batch: int | None
+    seed: int | None
+    amp: bool | None
+    devices: list[str]
+    sweep_id: str | None
+    os: str | None
+    platform: str | None
+    hostname: str | None
+    python: str | None
+    torch: str | None
+    cuda: str | None
+    nccl: str | None
+    gpus: Any
+    cpu_model: str | None
+    threads_per_rank: int | None
+    # The rest of the same-workload key (WORKLOAD_KEY): the factories' arguments (args_text) and
+    # the loss spec; a record from before them counts as no arguments and cross_entropy.
+    model_args: str
+    dataset_args: str
+    loss: str
+    parameters: int | None  # config.workload.parameters: tied weights once
+    fixed_batch: int | None  # the batch the scaling mode holds fixed (WORKLOAD_KEY)
+    device_type: str | None
+    num_devices: int | None
+    samples_per_s: float | None
+    step_time_s_mean: float | None
+    step_time_s_p95: float | None
+    wall_time_s: float | None
+    profiler_overhead_pct: float | None
+    epoch_time_s: float | None  # wall time of each epoch's loop as run, mean over epochs
+    baseline_run_id: str | None = None
+    speedup: float | None = None
+    scaling_efficiency: float | None = None
+    phases_s: dict[str, float] | None = None
+    phases_per_rank_s: list[dict[str, float]] = []
+    comm_pct: float | None = None
+    exposed_comm_pct: float | None = None
+    overlap_pct: float | None = None
+    memory: list[dict[str, Any]]  # verbatim (validated): fields newer writers add pass through
+    memory_metric: str | None
+    peak_memory_bytes: int | None
+    memory_imbalance_pct: float | None
+    memory_imbalance_max_over_mean: float | None
+    memory_breakdown: list[dict[str, Any]]
+    test_loss: float | None
+    top1_pct: float | None
+    top5_pct: float | None
+    perplexity: float | None  # sequence outputs: exp(mean token cross-entropy)
+    eval_note: str | None  # run.json eval.note: why the run has no eval
+    trace_files: list[str]
+    logs: list[str]
+    trace: dict[str, Any] | None = None  # the traces JSON of traces/
+    warnings: list[str]
+
+
+def load_run(run_dir: Path) -> RunEntry:
     """One run entry of the runs JSON, without the cross-run fields (baseline, speedup, ...).
 
-    run.json and steps.csv are validated first (analysis/records.py). Raises AnalysisError when
+    run.json and steps.csv are validated first (analysis/runs/records.py). Raises AnalysisError when
     run.json is missing or unreadable and InvalidRecord when either file breaks the run-folder
     contract; a missing steps.csv (or a bad one in a run that did not finish ok) or bad traces
     only add a line to the entry's `warnings`.
@@ -147,109 +221,100 @@ def load_run(run_dir: Path) -> dict:
     step_time = metrics.step_time_s or StepTime()
     best = rec.eval.best or EvalEntry()
     memory = (raw.get("metrics") or {}).get("memory") or []
-    # The batch the scaling mode holds fixed: part of the same-workload key (WORKLOAD_KEY).
-    fixed_batch = config.global_batch if config.scaling == "strong" else config.per_device_batch
-    entry: dict[str, Any] = {
-        "run_id": rec.run_id or run_dir.name,
-        "path": str(run_dir),
-        "status": rec.status,
-        "error": raw.get("error"),
+    entry = RunEntry(
+        run_id=rec.run_id or run_dir.name,
+        path=str(run_dir),
+        status=rec.status,
+        error=raw.get("error"),
         **{k: getattr(config, k) for k in CONFIG_FIELDS},
         **{k: getattr(env, k) for k in ENV_FIELDS},
-        # Issue 22's part of the same-workload key; records from before it ran the built-in
-        # loss without arguments, so they pair with today's runs of the same built-ins.
-        "model_args": args_text(config.model_args),
-        "dataset_args": args_text(config.dataset_args),
-        "loss": config.loss or "cross_entropy",
-        "parameters": config.workload.parameters if config.workload else None,
-        "fixed_batch": fixed_batch,
-        "device_type": _device_type(config),
-        "num_devices": _num_devices(config),
-        "samples_per_s": metrics.samples_per_s,
-        "step_time_s_mean": step_time.mean,
-        "step_time_s_p95": step_time.p95,
-        "wall_time_s": metrics.wall_time_s,
-        "profiler_overhead_pct": metrics.profiler_overhead_pct,
-        # Wall time of each epoch's training loop as run (partial when --max-steps cut it).
-        "epoch_time_s": mean_std(metrics.epoch_time_s)[0],
-        "baseline_run_id": None,
-        "speedup": None,
-        "scaling_efficiency": None,
-        "phases_s": None,
-        "phases_per_rank_s": [],
-        "comm_pct": None,
-        "exposed_comm_pct": None,
-        "overlap_pct": None,
-        # Verbatim (validated) entries: fields newer writers add pass through to the report.
-        "memory": memory,
+        model_args=args_text(config.model_args),
+        dataset_args=args_text(config.dataset_args),
+        loss=config.loss or "cross_entropy",
+        parameters=config.workload.parameters if config.workload else None,
+        fixed_batch=config.global_batch if config.scaling == "strong" else config.per_device_batch,
+        device_type=_device_type(config),
+        num_devices=_num_devices(config),
+        samples_per_s=metrics.samples_per_s,
+        step_time_s_mean=step_time.mean,
+        step_time_s_p95=step_time.p95,
+        wall_time_s=metrics.wall_time_s,
+        profiler_overhead_pct=metrics.profiler_overhead_pct,
+        epoch_time_s=mean_std(metrics.epoch_time_s)[0],
+        memory=memory,
         **_memory(memory),
-        "memory_breakdown": breakdown_entries((raw.get("metrics") or {}).get("memory_breakdown")),
-        "test_loss": best.test_loss,
-        "top1_pct": best.top1_pct,
-        "top5_pct": best.top5_pct,
-        "perplexity": best.perplexity,
-        "eval_note": rec.eval.note,
-        "trace_files": list(rec.traces),
-        "logs": sorted(p.relative_to(run_dir).as_posix() for p in run_dir.glob("logs/*.log")),
-        "trace": None,
-        "warnings": [w for w in rec.warnings if w],  # the writer's own (e.g. no unprofiled step)
-    }
-    steps_csv = run_dir / "steps.csv"
-    if steps_csv.is_file():
-        try:
-            read_steps(steps_csv)
-        except InvalidRecord as err:
-            if rec.status == "ok":
-                raise
-            # A run that did not finish may have been cut off mid-row: its numbers are not used.
-            entry["warnings"].append(f"{err} — phases left empty")
-        else:  # every cell is now known to be valid: pandas reads the same file into columns
-            steps = pd.read_csv(steps_csv)
-            entry["phases_s"], entry["phases_per_rank_s"] = _phases(steps)
-            if "profiled" not in steps.columns and entry["status"] == "ok":
-                entry["warnings"].append(
-                    f"{steps_csv}: no `profiled` column (run-folder schema "
-                    f"{rec.schema_version}) — throughput and phases include the "
-                    "profiled steps; re-run with the current dpscope to exclude them"
-                )
-    elif entry["status"] == "ok":
-        entry["warnings"].append(f"{steps_csv}: missing — phases left empty")
+        memory_breakdown=breakdown_entries((raw.get("metrics") or {}).get("memory_breakdown")),
+        test_loss=best.test_loss,
+        top1_pct=best.top1_pct,
+        top5_pct=best.top5_pct,
+        perplexity=best.perplexity,
+        eval_note=rec.eval.note,
+        trace_files=list(rec.traces),
+        logs=sorted(p.relative_to(run_dir).as_posix() for p in run_dir.glob("logs/*.log")),
+        warnings=[w for w in rec.warnings if w],  # the writer's own (e.g. no unprofiled step)
+    )
+    _read_phases(entry, run_dir / "steps.csv", rec.schema_version)
     return entry
 
 
-def attach_trace(entry: dict, run_dir: Path, *, progress: bool) -> None:
+def _read_phases(entry: RunEntry, steps_csv: Path, schema_version: Any) -> None:
+    """Fill the entry's phases from steps.csv (validated first); a missing file, or a bad one in
+    a run that did not finish ok, is a warning; a bad one in an ok run raises InvalidRecord."""
+    if not steps_csv.is_file():
+        if entry.status == "ok":
+            entry.warnings.append(f"{steps_csv}: missing — phases left empty")
+        return
+    try:
+        read_steps(steps_csv)
+    except InvalidRecord as err:
+        if entry.status == "ok":
+            raise
+        # A run that did not finish may have been cut off mid-row: its numbers are not used.
+        entry.warnings.append(f"{err} — phases left empty")
+        return
+    steps = pd.read_csv(steps_csv)  # every cell is now known to be valid: pandas reads columns
+    entry.phases_s, entry.phases_per_rank_s, warning = _phases(steps)
+    if warning and warning not in entry.warnings:  # the writer's, said once
+        entry.warnings.append(warning)
+    if "profiled" not in steps.columns and entry.status == "ok":
+        entry.warnings.append(
+            f"{steps_csv}: no `profiled` column (run-folder schema "
+            f"{schema_version}) — throughput and phases include the "
+            "profiled steps; re-run with the current dpscope to exclude them"
+        )
+
+
+def attach_trace(entry: RunEntry, run_dir: Path, *, progress: bool) -> None:
     """Analyse the run's traces/ folder and copy the run-level trace metrics into `entry`."""
     trace_dir = run_dir / "traces"
     if not trace_dir.is_dir() or not any(trace_dir.iterdir()):
         return
-    from analysis.trace.folder import analyze_trace_dir  # only runs with traces need the trace engine
-
     try:
         trace = analyze_trace_dir(trace_dir, progress=progress)
     except AnalysisError as err:
-        entry["warnings"].append(str(err))
+        entry.warnings.append(str(err))
         return
     except Exception as err:  # noqa: BLE001 — the run's record stays; only its traces are lost
-        entry["warnings"].append(f"{trace_dir}: {unexpected(err)}")
+        entry.warnings.append(f"{trace_dir}: {unexpected(err)}")
         return
-    entry["trace"] = trace
-    entry["warnings"] += [f"{s['file']}: {s['reason']}" for s in trace["skipped"]]
-    entry["warnings"] += [
+    entry.trace = trace
+    entry.warnings += [f"{s['file']}: {s['reason']}" for s in trace["skipped"]]
+    entry.warnings += [
         f"{r['file']}: dropped {r['dropped_events']} event(s) with impossible times — not analysed"
         for r in trace["ranks"]
         if r.get("dropped_events")
     ]
-    entry["warnings"] += fill_dynamic(entry["memory_breakdown"], trace["ranks"])
+    entry.warnings += fill_dynamic(entry.memory_breakdown, trace["ranks"])
     ranks = [r for r in trace["ranks"] if r["step_time_us_mean"]]
     if ranks:
-        entry["comm_pct"] = statistics.fmean(
+        entry.comm_pct = statistics.fmean(
             100 * r["comm_us"] / r["step_time_us_mean"] for r in ranks
         )
-        entry["exposed_comm_pct"] = statistics.fmean(
+        entry.exposed_comm_pct = statistics.fmean(
             100 * r["exposed_comm_us"] / r["step_time_us_mean"] for r in ranks
         )
         overlaps = [r["overlap_pct"] for r in ranks if r["overlap_pct"] is not None]
-        entry["overlap_pct"] = statistics.fmean(overlaps) if overlaps else None
+        entry.overlap_pct = statistics.fmean(overlaps) if overlaps else None
 
 
 def mean_std(values: Iterable[Any]) -> tuple[float | None, float | None]:

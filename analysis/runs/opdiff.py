@@ -2,7 +2,7 @@
 goes by operator, and what changed between two runs (e.g. single vs DDP: what DDP adds).
 
 Both work on run entries of the runs JSON (`analysis.runs.entry.load_run` plus the run's analysed
-traces), whose per-rank `ops` rows were reduced in the trace workers (analysis/ops.py). Everything
+traces), whose per-rank `ops` rows were reduced in the trace workers (analysis/trace/ops.py). Everything
 is per analysed step; definitions in docs/analysis.md §9.
 """
 
@@ -11,10 +11,21 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from msgspec.structs import asdict
+
 from analysis.errors import AnalysisError
 from analysis.runs.entry import PHASES, load_run
+from analysis.trace.folder import analyze_trace_dir, find_trace_files
 
-__all__ = ["SCHEMA_VERSION", "diff_entries", "diff_runs", "load_run_with_traces", "run_ops"]
+__all__ = [
+    "SCHEMA_VERSION",
+    "ddp_adds",
+    "diff_entries",
+    "diff_runs",
+    "has_ops",
+    "load_run_with_traces",
+    "run_ops",
+]
 
 SCHEMA_VERSION = 1
 WORKLOAD_FIELDS = ("model", "dataset", "scaling", "amp")
@@ -23,11 +34,9 @@ WORKLOAD_FIELDS = ("model", "dataset", "scaling", "amp")
 def load_run_with_traces(run: Path) -> dict[str, Any]:
     """The run's runs-JSON entry with its `trace` analysed; one AnalysisError line when the run
     has no traces. RUN may also be a folder of trace files (no run.json)."""
-    from analysis.trace.folder import analyze_trace_dir, find_trace_files
-
     run = Path(run)
     if (run / "run.json").is_file():
-        entry = load_run(run)
+        entry = asdict(load_run(run))  # as in the runs JSON: what diff_entries reads
         trace_dir = run / "traces"
     elif run.is_dir() and any(run.glob("*/run.json")):
         raise AnalysisError(run, "is a folder of runs", "pass one run folder, e.g. RUNS/<run_id>")
@@ -232,3 +241,28 @@ def diff_entries(a: dict, b: dict, *, rank: int = 0) -> dict[str, Any]:
 def diff_runs(run_a: Path, run_b: Path, *, rank: int = 0) -> dict[str, Any]:
     """The diff JSON of two run folders (B relative to A)."""
     return diff_entries(load_run_with_traces(run_a), load_run_with_traces(run_b), rank=rank)
+
+
+def has_ops(run: dict[str, Any]) -> bool:
+    """An ok run whose analysed traces carry operator rows (what "What DDP adds" compares)."""
+    trace = run.get("trace") or {}
+    return run.get("status") == "ok" and any(r.get("ops") for r in trace.get("ranks") or [])
+
+
+def ddp_adds(runs: list[dict], groups: list[dict]) -> list[dict[str, Any]]:
+    """The runs JSON's `ddp_adds`: "what DDP adds", one diff JSON per group of DDP runs.
+
+    Per DDP group (in `groups` order), its first run that has operator rows and whose baseline
+    (`baseline_run_id`, §7: same workload, same seed where there is one) has them too, rank 0:
+    `diff_entries(baseline, ddp)` (A = the single-device run, B = DDP). Groups without such a
+    pair add nothing. Needs the baselines linked and the traces attached."""
+    by_id = {r["run_id"]: r for r in runs}
+    out = []
+    for group in (g for g in groups if g.get("mode") == "ddp"):
+        members = [by_id[rid] for rid in group.get("run_ids", []) if rid in by_id]
+        pairs = [(d, by_id.get(d.get("baseline_run_id"))) for d in members]
+        pairs = [(d, s) for d, s in pairs if s and has_ops(d) and has_ops(s)]
+        if pairs:
+            ddp, single = pairs[0]
+            out.append(diff_entries(single, ddp, rank=0))
+    return out

@@ -1,311 +1,41 @@
-"""run.json and steps.csv validated at the boundary, once: typed msgspec Structs with ranges.
+"""run.json and steps.csv validated at the boundary, once: the typed msgspec Structs.
 
-Everything after `read_record` / `read_steps` may trust types and ranges: counts ≥ 0, world size ≥ 1,
-finite non-negative times, known statuses and schema versions. A file that breaks a rule raises
-`InvalidRecord`, one line naming the file, the field and what is wrong; the run is then listed as
-`invalid` and never analysed. Unknown fields are ignored (newer writers add optional fields), and
-every field that older writers may lack is optional. The rules are listed in docs/run-folder.md.
+They live below both halves in profiler.records (the launcher and the tools read run folders
+too, and workloads/ must not import analysis); this module is analysis's name for them.
 """
 
 from __future__ import annotations
 
-import csv
-import io
-import re
-import sys
-from pathlib import Path
-from typing import Annotated, Any, Literal, get_args
-
-import msgspec
-
-from analysis.errors import AnalysisError
+from profiler.records import (
+    REQUIRED_STEP_COLUMNS,
+    STATUSES,
+    CommRecord,
+    Config,
+    Env,
+    EvalEntry,
+    InvalidRecord,
+    Metrics,
+    RunRecord,
+    StepRow,
+    StepTime,
+    read_comm_record,
+    read_record,
+    read_steps,
+)
 
 __all__ = [
-    "SCHEMA_VERSIONS",
+    "REQUIRED_STEP_COLUMNS",
     "STATUSES",
-    "STEP_COLUMNS",
+    "CommRecord",
+    "Config",
+    "Env",
+    "EvalEntry",
     "InvalidRecord",
+    "Metrics",
     "RunRecord",
     "StepRow",
+    "StepTime",
+    "read_comm_record",
     "read_record",
     "read_steps",
 ]
-
-SCHEMA_VERSIONS = (1, 2)  # run-folder schema versions this reader understands
-Status = Literal["running", "ok", "failed", "skipped", "interrupted"]
-STATUSES = get_args(Status)
-# JSON cannot hold inf/NaN, but steps.csv cells can ("inf", "nan"): NaN fails `ge`, inf fails `le`.
-_FINITE_MAX = sys.float_info.max
-Count = Annotated[int, msgspec.Meta(ge=0)]
-Seconds = Annotated[float, msgspec.Meta(ge=0, le=_FINITE_MAX)]
-Rate = Annotated[float, msgspec.Meta(ge=0, le=_FINITE_MAX)]
-Pct = Annotated[float, msgspec.Meta(ge=0, le=100)]
-Flag = Annotated[int, msgspec.Meta(ge=0, le=1)]
-PathText = Annotated[str, msgspec.Meta(max_length=4096)]
-
-
-class ErrorInfo(msgspec.Struct):
-    message: str | None = None
-    rank: int | None = None  # any integer: a writer may mark "no rank" its own way
-    exit_code: int | None = None
-    log_tail: list[str] = []
-
-
-class Workload(msgspec.Struct):
-    """config.workload (issue 22): what the model and one micro-batch are."""
-
-    parameters: Count | None = None
-    has_test_split: bool | None = None
-    input_shape: list[Count] | None = None
-    input_dtype: str | None = None
-    target_shape: list[Count] | None = None
-    target_dtype: str | None = None
-
-
-class Config(msgspec.Struct):
-    mode: Literal["single", "dp", "ddp"]
-    # Null only on a skipped run whose layout could not be decided (checked in read_record).
-    world_size: Annotated[int, msgspec.Meta(ge=1)] | None
-    backend: str | None = None
-    devices: list[str] | None = []
-    model: str | None = None
-    dataset: str | None = None
-    # The factories' keyword arguments (ints, floats, bools, strings) and the loss spec; null in
-    # records written before issue 22 (then: none, and cross_entropy, the only loss there was).
-    model_args: dict[str, Any] | None = None
-    dataset_args: dict[str, Any] | None = None
-    loss: str | None = None
-    workload: Workload | None = None
-    global_batch: Annotated[int, msgspec.Meta(ge=1)] | None = None
-    per_device_batch: Annotated[int, msgspec.Meta(ge=1)] | None = None
-    scaling: Literal["strong", "weak"] | None = None
-    amp: str | None = None
-    seed: int | None = None
-    warmup_steps: Count | None = None
-    sweep_id: str | None = None
-
-
-class Env(msgspec.Struct):
-    os: str | None = None
-    hostname: str | None = None
-    platform: str | None = None
-    python: str | None = None
-    torch: str | None = None
-    cuda: str | None = None
-    nccl: str | None = None
-    gpus: list[str] = []
-    cpu_model: str | None = None
-    cpu_cores: Count | None = None
-    threads_per_rank: Annotated[int, msgspec.Meta(ge=1)] | None = None
-
-
-class StepTime(msgspec.Struct):
-    mean: Seconds | None = None
-    p50: Seconds | None = None
-    p95: Seconds | None = None
-
-
-class MemoryEntry(msgspec.Struct):
-    rank: Count | None = None
-    device: str | None = None
-    peak_allocated_bytes: Count | None = None
-    peak_reserved_bytes: Count | None = None
-    nvml_used_bytes: Count | None = None
-    peak_rss_bytes: Count | None = None
-
-
-class PerRank(msgspec.Struct):
-    rank: Count
-    steps: Count | None = None
-    samples_per_s: Rate | None = None
-    step_time_s_mean: Seconds | None = None
-    step_time_s_p50: Seconds | None = None
-    step_time_s_p95: Seconds | None = None
-
-
-class Metrics(msgspec.Struct):
-    samples_per_s: Rate | None = None
-    step_time_s: StepTime | None = None
-    per_rank: list[PerRank] = []
-    epoch_time_s: list[Seconds] = []
-    wall_time_s: Seconds | None = None
-    memory: list[MemoryEntry] = []
-    memory_after_first_step: list[MemoryEntry] = []
-    # schema 2: (profiled ÷ unprofiled mean step time − 1) × 100 ≥ −100; may be negative (noise)
-    profiler_overhead_pct: Annotated[float, msgspec.Meta(ge=-100, le=_FINITE_MAX)] | None = None
-
-
-class EvalEntry(msgspec.Struct):
-    epoch: Count | None = None
-    test_loss: Annotated[float, msgspec.Meta(ge=0)] | None = None
-    top1_pct: Pct | None = None
-    top5_pct: Pct | None = None
-    samples: Count | None = None
-    # Sequence outputs (issue 22): exp(mean token cross-entropy), tokens evaluated; `output` is
-    # class_scores | sequence | other (what the eval could score).
-    perplexity: Annotated[float, msgspec.Meta(ge=1, le=_FINITE_MAX)] | None = None
-    tokens: Count | None = None
-    output: str | None = None
-
-
-class Eval(msgspec.Struct):
-    epochs: list[EvalEntry] = []
-    best: EvalEntry | None = None
-    note: str | None = None  # why there is no eval (a dataset without a test split)
-
-
-class RunRecord(msgspec.Struct):
-    """run.json (docs/run-folder.md): only the fields analysis reads are typed; others pass."""
-
-    schema_version: int
-    status: Status
-    config: Config
-    run_id: Annotated[str, msgspec.Meta(min_length=1)] | None = None
-    error: ErrorInfo | None = None
-    env: Env = msgspec.field(default_factory=Env)
-    metrics: Metrics = msgspec.field(default_factory=Metrics)
-    eval: Eval = msgspec.field(default_factory=Eval)
-    traces: list[PathText] = []
-    warnings: list[str] = []  # schema 2: the writer's own warnings (e.g. no unprofiled step)
-
-
-class StepRow(msgspec.Struct):
-    """One steps.csv row; `profiled` (schema_version 2) is optional."""
-
-    rank: Count
-    step: Count
-    warmup: Flag
-    step_time_s: Seconds
-    data_s: Seconds
-    forward_s: Seconds
-    backward_s: Seconds
-    optimizer_s: Seconds
-    epoch: Count | None = None
-    samples: Count | None = None
-    loss: float | None = None
-    rss_bytes: Count | None = None
-    cuda_allocated_bytes: Count | None = None
-    profiled: Flag | None = None
-
-
-# The columns every steps.csv must have (StepRow's required fields); the others may be empty.
-STEP_COLUMNS = StepRow.__struct_fields__[: -len(StepRow.__struct_defaults__)]
-
-
-class InvalidRecord(AnalysisError):
-    """A run.json or steps.csv that breaks the run-folder contract; `field` names the field."""
-
-    def __init__(
-        self,
-        path: Path,
-        field: str,
-        problem: str,
-        fix: str = "fix or remove this run folder (re-run it to get a valid record)",
-    ) -> None:
-        # msgspec quotes bad enum values: a 2 MB `status` must not become a 2 MB line.
-        problem = " ".join(problem.split())
-        problem = problem if len(problem) <= 300 else problem[:299] + "…"
-        self.file, self.field, self.problem = str(path), field, problem
-        super().__init__(
-            path, f"invalid `{field}`: {problem}" if field else f"invalid: {problem}", fix
-        )
-
-    def to_dict(self) -> dict[str, str]:
-        return {
-            "file": self.file,
-            "field": self.field,
-            "problem": self.problem,
-            "reason": str(self),
-        }
-
-
-_AT_RE = re.compile(r"^(?P<msg>.*?)(?: - at `\$(?P<at>[^`]*)`)?$", re.DOTALL)
-
-
-def _explain(err: msgspec.ValidationError) -> tuple[str, str]:
-    """(field path such as `config.world_size`, problem) from a msgspec error message."""
-    m = _AT_RE.match(str(err))
-    msg, at = (m["msg"], m["at"] or "") if m else (str(err), "")
-    msg = msg.replace(f"`float` <= {_FINITE_MAX!r}", "a finite `float`")
-    return at.lstrip("."), msg
-
-
-def _short(value: Any, limit: int = 60) -> str:
-    text = repr(value)
-    return text if len(text) <= limit else text[: limit - 1] + "…"
-
-
-def read_record(path: Path) -> tuple[RunRecord, dict]:
-    """Decode and validate run.json: (typed record, the raw object for verbatim copies).
-
-    Raises AnalysisError when the file is missing or not JSON, InvalidRecord when it breaks a rule.
-    """
-    try:
-        data = path.read_bytes()
-    except FileNotFoundError:
-        raise AnalysisError(path, "missing", "not a run folder") from None
-    except OSError as err:
-        raise AnalysisError(path, f"unreadable ({err.strerror})", "check permissions") from None
-    try:
-        raw = msgspec.json.decode(data)
-    except RecursionError:
-        raise InvalidRecord(path, "", "nested too deeply to be a run record") from None
-    except msgspec.DecodeError as err:
-        raise AnalysisError(
-            path, f"unreadable ({err})", "the run was interrupted while writing; re-run it"
-        ) from None
-    if not isinstance(raw, dict):
-        raise InvalidRecord(path, "", f"expected an object, got {type(raw).__name__}")
-    try:
-        rec = msgspec.convert(raw, RunRecord)
-    except msgspec.ValidationError as err:
-        field, problem = _explain(err)
-        raise InvalidRecord(path, field, problem) from None
-    if rec.status != "skipped":  # a run that started knows its layout
-        for name in ("world_size", "devices"):
-            if getattr(rec.config, name) is None:
-                raise InvalidRecord(path, f"config.{name}", f"null on a {rec.status} run")
-    if rec.schema_version not in SCHEMA_VERSIONS:
-        known = ", ".join(map(str, SCHEMA_VERSIONS))
-        raise InvalidRecord(
-            path,
-            "schema_version",
-            f"unknown version {rec.schema_version} (this dpscope reads {known})",
-            "analyse it with the dpscope version that wrote it",
-        )
-    return rec, raw
-
-
-def read_steps(path: Path) -> list[StepRow]:
-    """Decode and validate steps.csv (every row, every typed column); empty cells are absent.
-
-    Raises InvalidRecord naming the line and column of the first bad cell.
-    """
-    try:
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as err:
-        raise InvalidRecord(path, "", f"unreadable ({err})") from None
-    reader = csv.DictReader(io.StringIO(text))
-    missing = [f for f in STEP_COLUMNS if f not in (reader.fieldnames or [])]
-    if missing:
-        raise InvalidRecord(path, missing[0], "column missing from the header")
-    rows = []
-    for row in reader:
-        if None in row:  # DictReader's key for cells beyond the header
-            line = reader.line_num
-            raise InvalidRecord(path, f"line {line}", "more cells than the header has columns")
-        rows.append({k: v for k, v in row.items() if v not in ("", None)})
-    try:
-        return msgspec.convert(rows, list[StepRow], strict=False)
-    except msgspec.ValidationError as err:
-        at, problem = _explain(err)
-        m = re.match(r"\[(\d+)\]\.?(.*)", at)
-        if not m:
-            raise InvalidRecord(path, at, problem) from None
-        i, col = int(m[1]), m[2]
-        if not col:  # a whole row is wrong, e.g. cut off: msgspec names the missing field
-            col = (re.findall(r"`(\w+)`", problem) or [""])[-1]
-        cell = rows[i].get(col)
-        shown = f" (cell {_short(cell)})" if cell is not None else ""
-        # Line 1 is the header, so row i is on line i + 2.
-        raise InvalidRecord(path, f"{col}, line {i + 2}", f"{problem}{shown}") from None

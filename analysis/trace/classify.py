@@ -178,7 +178,25 @@ class _Accumulator:
 
     def add(self, events: list[Event]) -> None:
         self.memory.add(events)
-        kernels, runtime, steps, anchors, rpc, ops, issue, data, tb = ([] for _ in range(9))
+        b = self._bucket(events)
+        corr, tb_ext = self._kernel_ids(b.kernels)
+        self.kernel_corr.append(corr)
+        self.kernels.add(b.kernels)
+        self.runtime.add(b.runtime)
+        self.runtime_corr.append(
+            np.fromiter((decode_correlation(e) for e in b.runtime), np.int64, len(b.runtime))
+        )
+        self.steps.add(b.steps)
+        self.anchors.add(b.anchors)
+        self.rpc.add(b.rpc)
+        self.tb.add_kernels(b.kernels, tb_ext, [NO_ID if c == -2 else c for c in corr.tolist()])
+        self.tb.add_host([*b.steps, *b.anchors, *b.data, *b.rpc, *b.runtime, *b.tb])
+        self.data.add(b.data)
+        self._add_ops(b)
+
+    def _bucket(self, events: list[Event]) -> _Buckets:
+        """One Python pass over a chunk: each complete event into its class's bucket."""
+        b = _Buckets()
         for e in events:
             if e.ph != "X":
                 continue
@@ -189,29 +207,18 @@ class _Accumulator:
                 continue
             cat = e.cat
             if cat in _KERNEL_CATS or cat in _MEMORY_CATS or cat in _SYNC_CATS:
-                kernels.append(e)
+                b.kernels.append(e)
             elif cat in _RUNTIME_CATS:
-                runtime.append(e)
+                b.runtime.append(e)
             elif cat in _OP_CATS or cat in _ANNOTATION_CATS:
-                name = e.name
-                if name.startswith("ProfilerStep#"):
-                    steps.append(e)
-                elif COMM_OP_RE.match(name):
-                    anchors.append(e)
-                elif _is_data(name):
-                    data.append(e)
-                elif name == "record_param_comms":
-                    rpc.append(e)
-                elif cat not in _OP_CATS:
-                    if cat == "Python":  # tb-profiler counts these as CPU ops
-                        tb.append(e)
-                    continue  # user ranges (forward, backward, ...) are not operators
-                elif name.startswith(_ISSUE_OPS):
-                    issue.append(e)
-                else:
-                    ops.append(e)
+                _bucket_op(b, e, cat)
             else:
-                tb.append(e)  # other categories: only tb-profiler may keep some
+                b.tb.append(e)  # other categories: only tb-profiler may keep some
+        return b
+
+    def _kernel_ids(self, kernels: list[Event]) -> tuple[np.ndarray, list[int]]:
+        """Classify each kernel (once per distinct name) and keep the comm kernels' args;
+        returns (correlation ids, -2 for none; tb-profiler's external ids)."""
         corr = np.empty(len(kernels), np.int64)
         tb_ext: list[int] = []
         for i, e in enumerate(kernels):
@@ -226,41 +233,29 @@ class _Accumulator:
             tb_ext.append(NO_ID if ext is None else ext)  # tb-profiler's order of the two keys
             # Only comm kernels need their args later (linking, sizes); drop the rest now.
             self.kernels.args.append(args if cls == COMM else None)
-        self.kernel_corr.append(corr)
-        self.kernels.add(kernels)
-        self.runtime.add(runtime)
-        self.runtime_corr.append(
-            np.fromiter((decode_correlation(e) for e in runtime), np.int64, len(runtime))
-        )
-        self.steps.add(steps)
-        self.anchors.add(anchors)
-        self.rpc.add(rpc)
-        self.tb.add_kernels(kernels, tb_ext, [NO_ID if c == -2 else c for c in corr.tolist()])
-        self.tb.add_host([*steps, *anchors, *data, *rpc, *runtime, *tb])
-        self.data.add(data)
-        rest = [*anchors, *(e for e in (*rpc, *data) if e.cat in _OP_CATS)]
-        self.op_events.add([*ops, *issue, *rest])
+        return corr, tb_ext
+
+    def _add_ops(self, b: _Buckets) -> None:
+        """The per-op table's events with their roles, and the CPU span tb-profiler falls back to."""
+        rest = [*b.anchors, *(e for e in (*b.rpc, *b.data) if e.cat in _OP_CATS)]
+        self.op_events.add([*b.ops, *b.issue, *rest])
         self.op_role.append(
             np.repeat(
-                np.array([_OPS, _ISSUE, _OTHER_OP], np.int8), [len(ops), len(issue), len(rest)]
+                np.array([_OPS, _ISSUE, _OTHER_OP], np.int8),
+                [len(b.ops), len(b.issue), len(rest)],
             )
         )
         cpu_like = [
-            e for e in (*ops, *issue, *anchors, *rpc, *steps) if e.cat not in _ANNOTATION_CATS
+            e
+            for e in (*b.ops, *b.issue, *b.anchors, *b.rpc, *b.steps)
+            if e.cat not in _ANNOTATION_CATS
         ]
         if cpu_like:
             self.cpu_lo = min(self.cpu_lo, min(e.ts for e in cpu_like))
             self.cpu_hi = max(self.cpu_hi, max(e.ts + e.dur for e in cpu_like))
 
     def finish(self) -> Classified:
-        parts = (
-            self.kernels,
-            self.steps,
-            self.anchors,
-            self.rpc,
-            self.op_events,
-            self.data,
-        )
+        parts = (self.kernels, self.steps, self.anchors, self.rpc, self.op_events, self.data)
         origin = min(min(p.first() for p in parts), self.cpu_lo, self.tb.first)
         origin = 0.0 if not np.isfinite(origin) else float(origin)
         op_events = self.op_events.ranges(origin)
@@ -271,24 +266,7 @@ class _Accumulator:
         corr = np.concatenate(self.runtime_corr) if self.runtime_corr else np.empty(0, np.int64)
         k_corr = np.concatenate(self.kernel_corr) if self.kernel_corr else np.empty(0, np.int64)
         launch_us, launch_tid = _launches(k, k_corr, rt, corr)
-        steps = self.steps.ranges(origin)
-        order = np.argsort(steps.start, kind="stable")
-        steps = Ranges(
-            steps.start[order], steps.end[order], [steps.names[i] for i in order], steps.tids[order]
-        )
-        anchors = self.anchors.ranges(origin)
-        order = np.argsort(anchors.start, kind="stable")
-        anchors = Ranges(
-            anchors.start[order],
-            anchors.end[order],
-            [anchors.names[i] for i in order],
-            anchors.tids[order],
-            [anchors.args[i] for i in order],
-        )
-        step_numbers = [
-            int(m) if (m := n.split("#", 1)[1].split()[0]).isdigit() else i
-            for i, n in enumerate(steps.names)
-        ]
+        steps = _by_start(self.steps.ranges(origin))
         span = (
             (self.cpu_lo - origin, self.cpu_hi - origin) if np.isfinite(self.cpu_lo) else (0.0, 0.0)
         )
@@ -299,8 +277,8 @@ class _Accumulator:
             launch_us=launch_us,
             launch_tid=launch_tid,
             steps=steps,
-            step_numbers=step_numbers,
-            anchors=anchors,
+            step_numbers=_step_numbers(steps.names),
+            anchors=_by_start(self.anchors.ranges(origin), args=True),
             rpc=self.rpc.ranges(origin),
             compute_ops=Ranges(
                 op_events.start[is_op], op_events.end[is_op], tids=op_events.tids[is_op]
@@ -313,6 +291,56 @@ class _Accumulator:
             dropped_events=self.dropped,
             memory=self.memory.finish(origin),
         )
+
+
+@dataclass
+class _Buckets:
+    """One chunk's complete events by class, before they become columns."""
+
+    kernels: list[Event] = field(default_factory=list)
+    runtime: list[Event] = field(default_factory=list)
+    steps: list[Event] = field(default_factory=list)
+    anchors: list[Event] = field(default_factory=list)
+    rpc: list[Event] = field(default_factory=list)
+    ops: list[Event] = field(default_factory=list)
+    issue: list[Event] = field(default_factory=list)
+    data: list[Event] = field(default_factory=list)
+    tb: list[Event] = field(default_factory=list)
+
+
+def _bucket_op(b: _Buckets, e: Event, cat: str) -> None:
+    """A CPU op or annotation: ProfilerStep, collective call, data range, record_param_comms,
+    issue-only op or operator; other user ranges (forward, backward, ...) are not operators."""
+    name = e.name
+    if name.startswith("ProfilerStep#"):
+        b.steps.append(e)
+    elif COMM_OP_RE.match(name):
+        b.anchors.append(e)
+    elif _is_data(name):
+        b.data.append(e)
+    elif name == "record_param_comms":
+        b.rpc.append(e)
+    elif cat not in _OP_CATS:
+        if cat == "Python":  # tb-profiler counts these as CPU ops
+            b.tb.append(e)
+    elif name.startswith(_ISSUE_OPS):
+        b.issue.append(e)
+    else:
+        b.ops.append(e)
+
+
+def _by_start(r: Ranges, *, args: bool = False) -> Ranges:
+    """`r` sorted by start (stable), names and thread codes (and args) along."""
+    order = np.argsort(r.start, kind="stable")
+    kept = [r.args[i] for i in order] if args else []
+    return Ranges(r.start[order], r.end[order], [r.names[i] for i in order], r.tids[order], kept)
+
+
+def _step_numbers(names: list[str]) -> list[int]:
+    """N of each `ProfilerStep#N` (its position when N is not a number)."""
+    return [
+        int(m) if (m := n.split("#", 1)[1].split()[0]).isdigit() else i for i, n in enumerate(names)
+    ]
 
 
 def classify(passes: Iterator[Iterator[list[Event]]]) -> Classified:

@@ -17,6 +17,7 @@ import numpy as np
 
 from analysis.trace.classify import COMM, Classified
 from analysis.trace.intervals import merge, total_us
+from profiler.runfolder import bus_factor  # comm.csv's bus model: one set of factors
 
 __all__ = ["DTYPE_BYTES", "bus_factor", "combine_collectives", "rank_instances"]
 
@@ -53,20 +54,6 @@ DTYPE_BYTES = {
     "complexdouble": 16,
 }
 _KERNEL_OP_RE = re.compile(r"nccl(?:Dev)?Kernel_([A-Za-z]+)")
-
-
-def bus_factor(name: str, n: int) -> float | None:
-    """nccl-tests busbw factor for collective `name` over `n` ranks (None: no bus model)."""
-    key = name.split(":", 1)[-1].replace("_", "").lower()
-    if n < 2:  # one rank moves nothing over a bus
-        return None
-    if "allreduce" in key:
-        return 2 * (n - 1) / n
-    if any(s in key for s in ("reducescatter", "allgather", "alltoall")):
-        return (n - 1) / n
-    if any(s in key for s in ("broadcast", "reduce", "send", "recv", "gather", "scatter")):
-        return 1.0
-    return None
 
 
 def _nbytes_from_dims(dims: list | None, types: list | None) -> int | None:
@@ -202,12 +189,27 @@ def rank_instances(c: Classified, lo: float, hi: float) -> dict[str, dict[str, n
         if comm_idx.size and len(c.anchors)
         else np.full(comm_idx.size, -1, dtype=np.int64)
     )
-    nbytes, group = _anchor_sizes(c)
-    a = c.anchors
-    rows: list[_Call] = []
     by_anchor: dict[int, list[int]] = defaultdict(list)
     for j, anchor in enumerate(link.tolist()):
         by_anchor[anchor].append(int(comm_idx[j]))
+    rows = _anchor_calls(c, lo, hi, by_anchor)
+    rows += [_kernel_call(c, k) for k in by_anchor.get(-1, []) if lo <= c.launch_us[k] <= hi]
+    rows.sort(key=lambda r: r.start_us)
+    return {name: _instances([r for r in rows if r.name == name]) for name in _names(rows)}
+
+
+def _names(rows: list[_Call]) -> list[str]:
+    return list(dict.fromkeys(r.name for r in rows))
+
+
+def _anchor_calls(
+    c: Classified, lo: float, hi: float, by_anchor: dict[int, list[int]]
+) -> list[_Call]:
+    """One _Call per collective annotation starting in [lo, hi], with the comm kernels linked
+    to it (`by_anchor`: annotation index -> kernel indices)."""
+    nbytes, group = _anchor_sizes(c)
+    a = c.anchors
+    rows: list[_Call] = []
     for i in range(len(a)):
         if not lo <= a.start[i] <= hi:
             continue
@@ -237,40 +239,38 @@ def rank_instances(c: Classified, lo: float, hi: float) -> dict[str, dict[str, n
                 ends=e,
             )
         )
-    for k in by_anchor.get(-1, []):  # comm kernels no annotation claims
-        if lo <= c.launch_us[k] <= hi:
-            ks, ke = c.kernels.start[k], c.kernels.end[k]
-            ka = c.kernels.args[k]
-            name = _kernel_name(c.kernels.names[k])
-            rows.append(
-                _Call(
-                    name=name,
-                    start_us=float(ks),
-                    latency_us=ke - ks,
-                    device_us=ke - ks,
-                    nbytes=_nbytes_from_counts(ka, name) or 0,
-                    group_size=ka.group_size or 0,
-                    starts=np.array([ks]),
-                    ends=np.array([ke]),
-                )
-            )
-    rows.sort(key=lambda r: r.start_us)
-    out: dict[str, dict[str, np.ndarray]] = {}
-    for name in dict.fromkeys(r.name for r in rows):
-        mine = [r for r in rows if r.name == name]
-        out[name] = {
-            "start_us": np.array([r.start_us for r in mine]),
-            "latency_us": np.array([r.latency_us for r in mine]),
-            "device_us": np.array([r.device_us for r in mine]),
-            "bytes": np.array([r.nbytes for r in mine], dtype=np.int64),
-            "group_size": np.array([r.group_size for r in mine], dtype=np.int64),
-            "union_us": total_us(
-                merge(
-                    np.concatenate([r.starts for r in mine]), np.concatenate([r.ends for r in mine])
-                )
-            ),
-        }
-    return out
+    return rows
+
+
+def _kernel_call(c: Classified, k: int) -> _Call:
+    """A comm kernel no annotation claims: a call of its own, named from the kernel."""
+    ks, ke = c.kernels.start[k], c.kernels.end[k]
+    ka = c.kernels.args[k]
+    name = _kernel_name(c.kernels.names[k])
+    return _Call(
+        name=name,
+        start_us=float(ks),
+        latency_us=ke - ks,
+        device_us=ke - ks,
+        nbytes=_nbytes_from_counts(ka, name) or 0,
+        group_size=ka.group_size or 0,
+        starts=np.array([ks]),
+        ends=np.array([ke]),
+    )
+
+
+def _instances(mine: list[_Call]) -> dict[str, np.ndarray]:
+    """The columns `rank_instances` returns for one name's calls (in call order)."""
+    return {
+        "start_us": np.array([r.start_us for r in mine]),
+        "latency_us": np.array([r.latency_us for r in mine]),
+        "device_us": np.array([r.device_us for r in mine]),
+        "bytes": np.array([r.nbytes for r in mine], dtype=np.int64),
+        "group_size": np.array([r.group_size for r in mine], dtype=np.int64),
+        "union_us": total_us(
+            merge(np.concatenate([r.starts for r in mine]), np.concatenate([r.ends for r in mine]))
+        ),
+    }
 
 
 def _mean(values: list[float]) -> float:
@@ -304,67 +304,73 @@ def combine_collectives(per_rank: dict[int, dict[str, dict]], world_size: int) -
                 skews[r].append(skew[row])
                 last[r] += int(arrived_last[row])
             matched_total += m
-        rows = []
-        for r, x in zip(have, inst, strict=True):
-            # Per call: transfer = the matched calls' cross-rank minimum device time (a call
-            # beyond the shortest rank's count is its own transfer); sync = latency − transfer,
-            # never negative since a call's latency covers its own device time. Totals are sums
-            # over calls, so latency = transfer + sync holds per call and in total.
-            call_transfer = np.concatenate([transfer, x["device_us"][m:]])
-            call_sync = x["latency_us"] - call_transfer
-            rows.append(
-                {
-                    "rank": r,
-                    "name": name,
-                    "calls": int(x["device_us"].size),
-                    "bytes_total": int(x["bytes"].sum()),
-                    "latency_us_total": float(x["latency_us"].sum()),
-                    "transfer_us_total": float(call_transfer.sum()),
-                    "sync_us_total": float(call_sync.sum()),
-                    "latency_us_union": float(x["union_us"]),
-                }
-            )
+        rows = [_rank_row(r, name, x, transfer, m) for r, x in zip(have, inst, strict=True)]
         per_rank_rows += rows
-        sized = inst[0]["bytes"][:m] > 0
-        moved = float(inst[0]["bytes"][:m][sized].sum())
-        moved_us = float(transfer[sized].sum())
-        algbw = moved / moved_us / 1e3 if moved_us > 0 else None  # bytes/µs -> GB/s (1e9 B)
-        groups = np.concatenate([x["group_size"] for x in inst])
-        n = int(groups.max()) if groups.size and groups.max() > 0 else world_size
-        factor = bus_factor(name, n)
-        calls = _mean([x["calls"] for x in rows])
-        latency = _mean([x["latency_us_total"] for x in rows])
-        collectives.append(
-            {
-                "name": name,
-                "calls": round(calls),
-                "ranks": len(have),
-                "group_size": n,
-                "bytes_total": _mean([x["bytes_total"] for x in rows]),
-                "bytes_avg": _mean([x["bytes_total"] for x in rows]) / calls if calls else 0.0,
-                "latency_us_total": latency,
-                "latency_us_avg": latency / calls if calls else 0.0,
-                "transfer_us_total": _mean([x["transfer_us_total"] for x in rows]),
-                "sync_us_total": _mean([x["sync_us_total"] for x in rows]),
-                "latency_us_union": _mean([x["latency_us_union"] for x in rows]),
-                "algbw_gbps": algbw,
-                "busbw_gbps": algbw * factor if algbw is not None and factor is not None else None,
-            }
-        )
-    stragglers = []
-    for r in ranks:
-        s = np.concatenate(skews[r]) if skews[r] else np.empty(0)
-        stragglers.append(
-            {
-                "rank": r,
-                "matched_calls": int(s.size),
-                "start_skew_us_mean": float(s.mean()) if s.size else None,
-                "start_skew_us_max": float(s.max()) if s.size else None,
-                "straggler_score": last[r] / matched_total if matched_total else None,
-            }
-        )
+        collectives.append(_collective_row(name, inst, rows, transfer, m, world_size))
     return {
         "collectives": collectives,
         "collectives_per_rank": per_rank_rows,
-        "stragglers": stragglers,
+        "stragglers": [_straggler(r, skews[r], last[r], matched_total) for r in ranks],
+    }
+
+
+def _rank_row(r: int, name: str, x: dict, transfer: np.ndarray, m: int) -> dict:
+    """One rank's `collectives_per_rank` row for `name` (its instances `x`)."""
+    # Per call: transfer = the matched calls' cross-rank minimum device time (a call beyond the
+    # shortest rank's count is its own transfer); sync = latency − transfer, never negative since
+    # a call's latency covers its own device time. Totals are sums over calls, so latency =
+    # transfer + sync holds per call and in total.
+    call_transfer = np.concatenate([transfer, x["device_us"][m:]])
+    call_sync = x["latency_us"] - call_transfer
+    return {
+        "rank": r,
+        "name": name,
+        "calls": int(x["device_us"].size),
+        "bytes_total": int(x["bytes"].sum()),
+        "latency_us_total": float(x["latency_us"].sum()),
+        "transfer_us_total": float(call_transfer.sum()),
+        "sync_us_total": float(call_sync.sum()),
+        "latency_us_union": float(x["union_us"]),
+    }
+
+
+def _collective_row(
+    name: str, inst: list[dict], rows: list[dict], transfer: np.ndarray, m: int, world_size: int
+) -> dict:
+    """The `collectives` row of `name`: per-rank totals averaged, bandwidths over matched calls."""
+    sized = inst[0]["bytes"][:m] > 0
+    moved = float(inst[0]["bytes"][:m][sized].sum())
+    moved_us = float(transfer[sized].sum())
+    algbw = moved / moved_us / 1e3 if moved_us > 0 else None  # bytes/µs -> GB/s (1e9 B)
+    groups = np.concatenate([x["group_size"] for x in inst])
+    n = int(groups.max()) if groups.size and groups.max() > 0 else world_size
+    factor = bus_factor(name, n)
+    calls = _mean([x["calls"] for x in rows])
+    latency = _mean([x["latency_us_total"] for x in rows])
+    return {
+        "name": name,
+        "calls": round(calls),
+        "ranks": len(inst),
+        "group_size": n,
+        "bytes_total": _mean([x["bytes_total"] for x in rows]),
+        "bytes_avg": _mean([x["bytes_total"] for x in rows]) / calls if calls else 0.0,
+        "latency_us_total": latency,
+        "latency_us_avg": latency / calls if calls else 0.0,
+        "transfer_us_total": _mean([x["transfer_us_total"] for x in rows]),
+        "sync_us_total": _mean([x["sync_us_total"] for x in rows]),
+        "latency_us_union": _mean([x["latency_us_union"] for x in rows]),
+        "algbw_gbps": algbw,
+        "busbw_gbps": algbw * factor if algbw is not None and factor is not None else None,
+    }
+
+
+def _straggler(r: int, skews: list[np.ndarray], last: int, matched_total: int) -> dict:
+    """Rank `r`'s start skew over its matched calls and how often it arrived last."""
+    s = np.concatenate(skews) if skews else np.empty(0)
+    return {
+        "rank": r,
+        "matched_calls": int(s.size),
+        "start_skew_us_mean": float(s.mean()) if s.size else None,
+        "start_skew_us_max": float(s.max()) if s.size else None,
+        "straggler_score": last / matched_total if matched_total else None,
     }

@@ -18,7 +18,7 @@ from tqdm import tqdm
 from analysis.errors import AnalysisError, unexpected
 from analysis.jsonsafe import finite_json
 from analysis.trace.collectives import combine_collectives
-from analysis.trace.rank import summarize_file
+from analysis.trace.rank import RankSummary, summarize_file
 
 __all__ = [
     "SCHEMA_VERSION",
@@ -26,6 +26,7 @@ __all__ = [
     "combine_summaries",
     "find_trace_files",
     "reduce_files",
+    "traces_row",
 ]
 
 SCHEMA_VERSION = 2
@@ -79,7 +80,12 @@ def find_trace_files(path: Path) -> list[Path]:
     return files
 
 
-def _summarize(path: Path) -> tuple[dict | None, str | None]:
+def traces_row(summary: RankSummary) -> dict:
+    """The traces JSON's `ranks[]` row of a rank summary (its _RANK_FIELDS, in that order)."""
+    return {k: getattr(summary, k) for k in _RANK_FIELDS}
+
+
+def _summarize(path: Path) -> tuple[RankSummary | None, str | None]:
     try:
         return summarize_file(path), None
     except AnalysisError as err:
@@ -117,20 +123,20 @@ def _summaries(files: list[Path], workers: int, progress: bool) -> Iterable[tupl
 _ATTEMPT_RE = re.compile(r"_attempt(\d+)\.")
 
 
-def _one_attempt(summaries: list[dict], skipped: list[dict]) -> list[dict]:
+def _one_attempt(summaries: list[RankSummary], skipped: list[dict]) -> list[RankSummary]:
     """Keep the traces of one attempt of a restarted job (`rank<r>_attempt<k>.*`; no suffix is
     attempt 0): the attempt with the most ranks, the latest among equals. Two attempts may
     have traced the same steps, so mixing them would count a step twice."""
     attempts: dict[int, list[dict]] = {}
     for s in summaries:
-        m = _ATTEMPT_RE.search(Path(s["file"]).name)
+        m = _ATTEMPT_RE.search(Path(s.file).name)
         attempts.setdefault(int(m.group(1)) if m else 0, []).append(s)
     if len(attempts) < 2:
         return summaries
-    keep = max(attempts, key=lambda a: (len({s["rank"] for s in attempts[a]}), a))
+    keep = max(attempts, key=lambda a: (len({s.rank for s in attempts[a]}), a))
     skipped += [
         {
-            "file": s["file"],
+            "file": s.file,
             "reason": f"restart attempt {a} of the job — attempt {keep}'s traces are analysed "
             "(one attempt, so no step counts twice)",
         }
@@ -141,46 +147,48 @@ def _one_attempt(summaries: list[dict], skipped: list[dict]) -> list[dict]:
     return attempts[keep]
 
 
-def _assign_ranks(summaries: list[dict], skipped: list[dict], warnings: list[str]) -> list[dict]:
+def _assign_ranks(
+    summaries: list[RankSummary], skipped: list[dict], warnings: list[str]
+) -> list[RankSummary]:
     """Drop rank-less traces (unless alone) and later duplicates of a rank; never guess a rank."""
-    if len(summaries) == 1 and summaries[0]["rank"] is None:
-        summaries[0]["rank"], summaries[0]["rank_source"] = 0, "assumed (only trace)"
+    if len(summaries) == 1 and summaries[0].rank is None:
+        summaries[0].rank, summaries[0].rank_source = 0, "assumed (only trace)"
         warnings.append(
-            f"{summaries[0]['file']}: no rank in distributedInfo or file name — "
+            f"{summaries[0].file}: no rank in distributedInfo or file name — "
             "treated as rank 0 since it is the only trace"
         )
-    kept: dict[int, dict] = {}
-    for s in sorted(summaries, key=lambda s: s["file"]):
-        if s["rank"] is None:
-            warnings += s["warnings"]  # e.g. why its distributedInfo rank was not taken
+    kept: dict[int, RankSummary] = {}
+    for s in sorted(summaries, key=lambda s: s.file):
+        if s.rank is None:
+            warnings += s.warnings  # e.g. why its distributedInfo rank was not taken
             skipped.append(
                 {
-                    "file": s["file"],
+                    "file": s.file,
                     "reason": "no rank in distributedInfo or file name —"
                     " rename it rank<N>.pt.trace.json.gz or profile under a process group",
                 }
             )
-        elif s["rank"] in kept:
+        elif s.rank in kept:
             skipped.append(
                 {
-                    "file": s["file"],
-                    "reason": f"duplicate rank {s['rank']} (also in "
-                    f"{kept[s['rank']]['file']}) — keep one trace per rank in the folder",
+                    "file": s.file,
+                    "reason": f"duplicate rank {s.rank} (also in "
+                    f"{kept[s.rank].file}) — keep one trace per rank in the folder",
                 }
             )
         else:
-            kept[s["rank"]] = s
+            kept[s.rank] = s
     return [kept[r] for r in sorted(kept)]
 
 
-def _mixed_job_warnings(path: Path, ranks: list[dict], worlds: list[int]) -> list[str]:
+def _mixed_job_warnings(path: Path, ranks: list[RankSummary], worlds: list[int]) -> list[str]:
     """Signs that one folder holds traces of different jobs: cross-rank numbers (collective
     matching, stragglers, step-time spread) then compare unrelated processes."""
     out = [
-        f"{r['file']}: rank {r['rank']} is outside its world size {r['world_size']} — "
+        f"{r.file}: rank {r.rank} is outside its world size {r.world_size} — "
         "keep one job's traces per folder"
         for r in ranks
-        if r["world_size"] and r["rank"] >= r["world_size"]
+        if r.world_size and r.rank >= r.world_size
     ]
     if len(set(worlds)) > 1:
         out.append(
@@ -192,11 +200,11 @@ def _mixed_job_warnings(path: Path, ranks: list[dict], worlds: list[int]) -> lis
 
 def reduce_files(
     files: list[Path], *, workers: int | None = None, progress: bool = True
-) -> tuple[list[dict], list[dict]]:
+) -> tuple[list[RankSummary], list[dict]]:
     """Reduce each file to its rank summary (in worker processes): (summaries, skipped)."""
     workers = max(1, min(workers or os.cpu_count() or 1, len(files) or 1))
     skipped: list[dict] = []
-    good: list[dict] = []
+    good: list[RankSummary] = []
     for f, (summary, error) in _summaries(files, workers, progress):
         if error:
             skipped.append({"file": str(f), "reason": error})
@@ -215,7 +223,7 @@ def analyze_trace_dir(path: Path, *, workers: int | None = None, progress: bool 
     return combine_summaries(path, good, skipped)
 
 
-def combine_summaries(path: Path | str, good: list[dict], skipped: list[dict]) -> dict:
+def combine_summaries(path: Path | str, good: list[RankSummary], skipped: list[dict]) -> dict:
     """The traces JSON from every rank's summary: ranks assigned, clocks aligned, collectives
     matched across ranks. Depends only on the set of summaries, not their order, so a merge of
     shards gives exactly the unsharded result."""
@@ -226,23 +234,23 @@ def combine_summaries(path: Path | str, good: list[dict], skipped: list[dict]) -
     if not ranks:
         reasons = "; ".join(f"{Path(s['file']).name}: {s['reason']}" for s in skipped[:3])
         raise AnalysisError(path, f"no usable trace ({reasons})", "fix or re-profile the traces")
-    origin = min(r["origin_us"] for r in ranks)  # HTA's alignment: earliest event of all ranks = 0
+    origin = min(r.origin_us for r in ranks)  # HTA's alignment: earliest event of all ranks = 0
     for r in ranks:
-        for inst in r["instances"].values():
+        for inst in r.instances.values():
             inst["start_us"] = inst["start_us"] - origin
-        warnings += r["warnings"]
-    worlds = [r["world_size"] for r in ranks if r["world_size"]]
+        warnings += r.warnings
+    worlds = [r.world_size for r in ranks if r.world_size]
     world_size = max(worlds) if worlds else len(ranks)
     warnings += _mixed_job_warnings(path, ranks, worlds)
-    tables = combine_collectives({r["rank"]: r["instances"] for r in ranks}, world_size)
-    means = [r["step_time_us_mean"] for r in ranks]
+    tables = combine_collectives({r.rank: r.instances for r in ranks}, world_size)
+    means = [r.step_time_us_mean for r in ranks]
     lo, hi = min(means), max(means)
     result = {
         "schema_version": SCHEMA_VERSION,
         "trace_dir": str(path),
         "world_size": world_size if worlds else None,
-        "kind": "gpu" if any(r["kind"] == "gpu" for r in ranks) else "cpu",
-        "ranks": [{k: r[k] for k in _RANK_FIELDS} for r in ranks],
+        "kind": "gpu" if any(r.kind == "gpu" for r in ranks) else "cpu",
+        "ranks": [traces_row(r) for r in ranks],
         **tables,
         "step_time_spread": {
             "min_us": lo,

@@ -9,7 +9,9 @@ as one step spanning its CPU ops (tb-profiler's rule) and says so in `warnings`.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
+import msgspec
 import numpy as np
 
 from analysis.errors import AnalysisError
@@ -21,7 +23,7 @@ from analysis.trace.memory import memory_summary
 from analysis.trace.ops import rank_ops
 from analysis.trace.tbprofiler import tb_split
 
-__all__ = ["summarize_file"]
+__all__ = ["RankSummary", "summarize_file"]
 
 
 def _windows(c: Classified, path: Path, warnings: list[str]) -> tuple[np.ndarray, np.ndarray, list]:
@@ -150,7 +152,64 @@ def _mean(rows: list[dict], key: str) -> float:
     return float(np.mean([r[key] for r in rows])) if rows else 0.0
 
 
-def summarize_file(path: Path) -> dict:
+class RankSummary(msgspec.Struct, kw_only=True):
+    """One rank's trace reduced to what the traces JSON needs (docs/analysis.md §4, §9, §11): the
+    traces JSON's `ranks[]` row (`traces_row`), plus what only the cross-rank step uses
+    (`world_size`, `backend`, `origin_us` and the collective `instances`). Means are per
+    analysed step, in µs."""
+
+    rank: int | None
+    file: str
+    rank_source: str | None
+    world_size: int | None
+    backend: str | None
+    kind: str  # "gpu" | "cpu"
+    origin_us: float  # the rank's first event on its own clock (µs): the alignment origin
+    steps: int
+    dropped_events: int
+    step_numbers: list[int | None]
+    compute_us: float
+    comm_us: float
+    exposed_comm_us: float
+    data_wait_us: float
+    overlap_us: float
+    idle_us: float
+    step_time_us_mean: float
+    overlap_pct: float | None
+    idle_pct: float | None
+    hta: dict[str, Any] | None
+    tb_split: dict[str, Any]
+    ops: list[dict[str, Any]]
+    tb_split_steps: int  # tb-profiler averages over its own steps (all ProfilerSteps)
+    tb_split_step_time_us_mean: float | None
+    per_step: list[dict[str, Any]]
+    warnings: list[str]
+    # name -> column -> numpy array (rank_instances): never in the traces JSON; lists in a part
+    instances: dict[str, dict[str, Any]]
+    memory: dict[str, Any]
+    ops_self_us_per_step: dict[str, float]
+
+
+_STEP_MEANS = ("compute_us", "comm_us", "exposed_comm_us", "data_wait_us", "overlap_us", "idle_us")
+
+
+def _check_events(c: Classified, path: Path, warnings: list[str]) -> None:
+    """A trace with no events is one AnalysisError; dropped events are one warning."""
+    if not len(c.kernels) and not len(c.compute_ops) and not len(c.anchors) and not len(c.steps):
+        raise AnalysisError(
+            path,
+            "no profiler events (no ops, kernels or ProfilerSteps)",
+            "the profiler recorded nothing; check its schedule",
+        )
+    if c.dropped_events:
+        warnings.append(
+            f"{path}: dropped {c.dropped_events} event(s) with impossible times (missing ts/dur,"
+            f" negative, non-finite or over {MAX_DUR_US:.0e} µs, or a ts/dur/tid/name of the wrong"
+            " JSON type) — not analysed"
+        )
+
+
+def summarize_file(path: Path) -> RankSummary:
     """Load one trace and reduce it to its summary (events are dropped before returning).
 
     Raises AnalysisError with a one-line message when the file cannot be analysed.
@@ -158,70 +217,49 @@ def summarize_file(path: Path) -> dict:
     loaded = load_trace(path)
     c = classify(loaded.event_chunks())
     loaded.raw_events = memoryview(b"")  # the summary is all we keep; free the JSON now
-    if not len(c.kernels) and not len(c.compute_ops) and not len(c.anchors) and not len(c.steps):
-        raise AnalysisError(
-            path,
-            "no profiler events (no ops, kernels or ProfilerSteps)",
-            "the profiler recorded nothing; check its schedule",
-        )
     warnings: list[str] = list(loaded.warnings)
-    if c.dropped_events:
-        warnings.append(
-            f"{path}: dropped {c.dropped_events} event(s) with impossible times (missing ts/dur,"
-            f" negative, non-finite or over {MAX_DUR_US:.0e} µs, or a ts/dur/tid/name of the wrong"
-            " JSON type) — not analysed"
-        )
+    _check_events(c, path, warnings)
     lo, hi, numbers = _windows(c, loaded.path, warnings)
     per_step = _step_rows(c, lo, hi, numbers)
     gpu = len(c.kernels) > 0
     comm = sum(r["comm_us"] for r in per_step)
-    summary = {
-        "rank": loaded.rank,
-        "file": str(loaded.path),
-        "rank_source": loaded.rank_source,
-        "world_size": loaded.world_size,
-        "backend": loaded.backend,
-        "kind": "gpu" if gpu else "cpu",
-        "origin_us": c.origin_us + loaded.base_time_us,
-        "steps": len(per_step),
-        "dropped_events": c.dropped_events,
-        "step_numbers": numbers,
-        **{
-            k: _mean(per_step, k)
-            for k in (
-                "compute_us",
-                "comm_us",
-                "exposed_comm_us",
-                "data_wait_us",
-                "overlap_us",
-                "idle_us",
-            )
-        },
-        "step_time_us_mean": _mean(per_step, "step_time_us"),
-        "overlap_pct": 100 * sum(r["overlap_us"] for r in per_step) / comm if comm else None,
-        "idle_pct": 100
-        * sum(r["idle_us"] for r in per_step)
-        / max(1e-9, sum(r["step_time_us"] for r in per_step)),
-        "hta": _hta_breakdown(c, lo, hi) if gpu else None,
-        "tb_split": tb_split(c.tb),
-        "ops": [],  # filled below, once the mean step time is known
-        # tb-profiler averages over its own steps (all ProfilerSteps, device-adjusted on GPU).
-        "tb_split_steps": len(c.tb.steps),
-        "tb_split_step_time_us_mean": (
+    step_time = _mean(per_step, "step_time_us")
+    hta = _hta_breakdown(c, lo, hi) if gpu else None
+    memory = memory_summary(c.memory, str(loaded.path))
+    ops, timelines = rank_ops(c, lo, hi, numbers == [None], step_time)
+    origin = c.origin_us + loaded.base_time_us
+    instances = rank_instances(c, float(lo[0]), float(hi[-1]))
+    for inst in instances.values():  # to the rank's absolute clock for alignment
+        inst["start_us"] = inst["start_us"] + origin
+    step_total = max(1e-9, sum(r["step_time_us"] for r in per_step))
+    return RankSummary(
+        rank=loaded.rank,
+        file=str(loaded.path),
+        rank_source=loaded.rank_source,
+        world_size=loaded.world_size,
+        backend=loaded.backend,
+        kind="gpu" if gpu else "cpu",
+        origin_us=origin,
+        steps=len(per_step),
+        dropped_events=c.dropped_events,
+        step_numbers=numbers,
+        **{k: _mean(per_step, k) for k in _STEP_MEANS},
+        step_time_us_mean=step_time,
+        # On GPU traces the rank-level idle and overlap follow HTA's definitions exactly.
+        overlap_pct=hta["overlap_pct"]
+        if gpu
+        else (100 * sum(r["overlap_us"] for r in per_step) / comm if comm else None),
+        idle_pct=hta["idle_pct"] if gpu else 100 * sum(r["idle_us"] for r in per_step) / step_total,
+        hta=hta,
+        tb_split=tb_split(c.tb),
+        ops=ops,
+        tb_split_steps=len(c.tb.steps),
+        tb_split_step_time_us_mean=(
             float(np.mean([e - s for s, e in c.tb.steps])) if c.tb.steps else None
         ),
-        "per_step": per_step,
-        "warnings": warnings,
-        "instances": rank_instances(c, float(lo[0]), float(hi[-1])),
-        "memory": memory_summary(c.memory, str(loaded.path)),
-    }
-    summary["ops"], summary["ops_self_us_per_step"] = rank_ops(
-        c, lo, hi, numbers == [None], summary["step_time_us_mean"]
+        per_step=per_step,
+        warnings=[*warnings, *memory["warnings"]],
+        instances=instances,
+        memory=memory,
+        ops_self_us_per_step=timelines,
     )
-    warnings += summary["memory"]["warnings"]
-    if gpu:  # on GPU traces the rank-level idle and overlap follow HTA's definitions exactly
-        summary["idle_pct"] = summary["hta"]["idle_pct"]
-        summary["overlap_pct"] = summary["hta"]["overlap_pct"]
-    for inst in summary["instances"].values():  # to the rank's absolute clock for alignment
-        inst["start_us"] = inst["start_us"] + summary["origin_us"]
-    return summary

@@ -17,10 +17,12 @@ import re
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import numpy as np
 
 from analysis.errors import AnalysisError
 from analysis.trace.folder import SCHEMA_VERSION, combine_summaries, find_trace_files, reduce_files
+from analysis.trace.rank import RankSummary
 
 __all__ = ["PART_KIND", "analyze_shard", "merge_parts", "parse_shard"]
 
@@ -40,25 +42,33 @@ def parse_shard(text: str) -> tuple[int, int]:
     return int(m.group(1)), int(m.group(2))
 
 
-def _to_json(summary: dict) -> dict:
-    out = dict(summary)
+def _to_json(summary: RankSummary) -> dict:
+    """A rank summary as part JSON: every field, the instance arrays as lists."""
+    out = {k: getattr(summary, k) for k in summary.__struct_fields__}
     out["instances"] = {
         name: {k: v.tolist() if isinstance(v, np.ndarray) else v for k, v in inst.items()}
-        for name, inst in summary["instances"].items()
+        for name, inst in summary.instances.items()
     }
     return out
 
 
-def _from_json(summary: dict) -> dict:
-    out = dict(summary)
-    out["instances"] = {
+def _from_json(summary: dict, path: Path) -> RankSummary:
+    """The rank summary of a part's entry, the instance arrays back as numpy; a summary that is
+    not one (a hand-edited or foreign part) is one AnalysisError line naming the part."""
+    try:
+        out = msgspec.convert(summary, RankSummary)
+    except msgspec.ValidationError as err:
+        raise AnalysisError(
+            path, f"holds a broken rank summary ({err})", "re-run that shard"
+        ) from None
+    out.instances = {
         name: {
             k: np.asarray(v, dtype=np.int64 if k in _INT_ARRAYS else np.float64)
             if isinstance(v, list)
             else v
             for k, v in inst.items()
         }
-        for name, inst in summary["instances"].items()
+        for name, inst in out.instances.items()
     }
     return out
 
@@ -79,7 +89,7 @@ def analyze_shard(
         "shards": n,
         "files": [str(f) for f in files],
         "shard_files": [str(f) for f in mine],
-        "summaries": [_to_json(s) for s in sorted(good, key=lambda s: s["file"])],
+        "summaries": [_to_json(s) for s in sorted(good, key=lambda s: s.file)],
         "skipped": skipped,
     }
 
@@ -161,6 +171,6 @@ def merge_parts(paths: list[Path]) -> dict:
             f"missing shards {shown} of {n}",
             "run those shards (--shard K/N) and merge all N parts",
         )
-    summaries = [_from_json(s) for _, p in parts for s in p["summaries"]]
+    summaries = [_from_json(s, path) for path, p in parts for s in p["summaries"]]
     skipped = [s for _, p in parts for s in p["skipped"]]
     return combine_summaries(first["trace_dir"], summaries, skipped)

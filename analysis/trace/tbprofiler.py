@@ -201,11 +201,42 @@ def _device_steps(steps: list, linked: list) -> list[tuple[float, float]]:
     """event_parser.py `_find_device_steps` + `_update_steps_duration`: when runtimes launched
     device work inside the steps, each step ends at its last device event, starts no earlier than
     the previous step's end, and trailing steps with (almost) no device work are removed."""
-    runtimes: list[list] = []  # [start, end, device node indices]
+    runtimes, devices = _link_runtimes(linked)
+    if not runtimes or not steps:
+        return steps
+    runtimes.sort(key=lambda r: r[0])
+    dev_span, matched_n, matched = _match_steps(steps, runtimes, devices)
+    if not matched:
+        return steps
+    prev_end = steps[0][0]
+    if np.isfinite(dev_span[0][0]):
+        for i, (_, d_end) in enumerate(devices):
+            if i not in matched and d_end < dev_span[0][0]:
+                prev_end = max(prev_end, d_end)
+    out = []
+    for (s, e), (d_lo, d_hi) in zip(steps, dev_span, strict=True):
+        start = max(prev_end, s)
+        end = max(e, start) if not np.isfinite(d_lo) else max(max(e, d_hi), start)
+        out.append((start, end))
+        prev_end = end
+    if len(out) > 1:
+        last = max((i for i in range(len(steps)) if matched_n[i] > 0), default=-1)
+        if last >= 0:
+            keep = last + 1
+            if last > 0 and matched_n[last - 1] * 0.8 > matched_n[last]:
+                keep = last
+            out = out[:keep]
+    return out
+
+
+def _link_runtimes(linked: list) -> tuple[list[list], list[tuple[float, float]]]:
+    """(runtimes as [start, end, device node indices], device events), linked on correlation
+    ids in event order as tb-profiler does (a device event may come before its runtime)."""
+    runtimes: list[list] = []
     devices: list[tuple[float, float]] = []
     by_corr: dict[int, list] = {}
     pending: dict[int, list[int]] = {}
-    for is_rt, ts, end, corr in linked:  # tb-profiler links in event order
+    for is_rt, ts, end, corr in linked:
         if is_rt:
             rt = [ts, end, pending.pop(corr, [])]
             by_corr[corr] = rt
@@ -216,9 +247,14 @@ def _device_steps(steps: list, linked: list) -> list[tuple[float, float]]:
                 by_corr[corr][2].append(len(devices) - 1)
             else:
                 pending.setdefault(corr, []).append(len(devices) - 1)
-    if not runtimes or not steps:
-        return steps
-    runtimes.sort(key=lambda r: r[0])
+    return runtimes, devices
+
+
+def _match_steps(
+    steps: list, runtimes: list[list], devices: list[tuple[float, float]]
+) -> tuple[list[tuple[float, float]], list[int], set[int]]:
+    """Walk steps and start-sorted runtimes together: per step the span of the device events its
+    runtimes launched (inf, -inf when none) and how many; plus every matched device index."""
     n = len(steps)
     dev_span = [(np.inf, -np.inf)] * n
     matched_n = [0] * n
@@ -246,27 +282,7 @@ def _device_steps(steps: list, linked: list) -> list[tuple[float, float]]:
         dev_span[i_step] = (lo, hi)
         lo, hi = np.inf, -np.inf
         i_step += 1
-    if not matched:
-        return steps
-    prev_end = steps[0][0]
-    if np.isfinite(dev_span[0][0]):
-        for i, (_, d_end) in enumerate(devices):
-            if i not in matched and d_end < dev_span[0][0]:
-                prev_end = max(prev_end, d_end)
-    out = []
-    for (s, e), (d_lo, d_hi) in zip(steps, dev_span, strict=True):
-        start = max(prev_end, s)
-        end = max(e, start) if not np.isfinite(d_lo) else max(max(e, d_hi), start)
-        out.append((start, end))
-        prev_end = end
-    if len(out) > 1:
-        last = max((i for i in range(n) if matched_n[i] > 0), default=-1)
-        if last >= 0:
-            keep = last + 1
-            if last > 0 and matched_n[last - 1] * 0.8 > matched_n[last]:
-                keep = last
-            out = out[:keep]
-    return out
+    return dev_span, matched_n, matched
 
 
 def tb_split(roles: TbRoles) -> dict[str, float | None]:

@@ -1,5 +1,6 @@
 """The collectives `make bench-comm` times (workloads.comm.bench): their buffers, one call, the
-one-time correctness check on rank-valued tensors, and the timing of one message size."""
+one-time correctness check on rank-valued tensors (and the verdict every rank agrees on), and the
+timing of one message size."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-__all__ = ["COLLECTIVES", "check", "time_one"]
+__all__ = ["COLLECTIVES", "agreed_check", "check", "time_one"]
 
 COLLECTIVES = (
     "all_reduce",
@@ -63,6 +64,25 @@ def check(name: str, n: int, rank: int, dev: torch.device) -> bool:
         expect = (torch.arange(count, device=dev) // chunk) * n + rank * 1.0
     _call(name, inp, out)
     return bool(torch.equal(out, expect.float()))
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0] if text else ''}"[:300]
+
+
+def agreed_check(name: str, n: int, rank: int, dev: torch.device) -> tuple[str | None, str | None]:
+    """(run.json `checks` entry, why the collective is skipped) after `check` on every rank:
+    ("ok", None) when it passed on all of them, no entry when the backend cannot run it."""
+    try:
+        ok = check(name, n, rank, dev)
+    except (RuntimeError, NotImplementedError, ValueError) as exc:
+        return None, _first_line(exc)
+    flag = torch.tensor([1.0 if ok else 0.0], device=dev)
+    dist.all_reduce(flag, op=dist.ReduceOp.MIN)  # every rank agrees on the verdict
+    if flag.item() == 1.0:
+        return "ok", None
+    return "wrong result", "result check failed (wrong values)"
 
 
 def _sync(dev: torch.device) -> None:

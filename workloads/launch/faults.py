@@ -11,7 +11,8 @@ attempt of a job, so a restarted job runs clean):
 - `DPSCOPE_FAIL_RANK` / `DPSCOPE_FAIL_STEP` (default 0): that rank raises a RuntimeError at that
   optimizer step, in every attempt (the launcher's failed-rank record is tested with it).
 
-`classify` maps the exception a rank died of to run.json's `error.kind` and its details.
+`FaultInjection` applies the hooks and the non-finite-loss stop at the training loop's callback
+points (profiler.callbacks). `classify` maps the exception a rank died of to run.json's `error.kind` and its details.
 """
 
 from __future__ import annotations
@@ -29,11 +30,14 @@ from typing import NoReturn
 import torch
 
 from profiler.atomic import write_json_atomic
+from profiler.callbacks import Callback, StepState
+from profiler.runfolder import TRACE_GLOB, TRACES_DIR
 from workloads.config import TrainConfig
 from workloads.plan import Environment, plan, torchrun_layout
 
 __all__ = [
     "FaultHooks",
+    "FaultInjection",
     "NonFiniteLoss",
     "attempt",
     "check_loss",
@@ -141,6 +145,37 @@ def check_loss(value: float, *, rank: int, step: int, stop: bool) -> None:
         raise NonFiniteLoss(rank=rank, step=step, value=value)
 
 
+class FaultInjection(Callback):
+    """The test hooks and `--stop-on-nonfinite` at the loop's callback points: the injected
+    failure and the kill before the forward (`after_data`), the hang before the backward that
+    all-reduces (`after_forward`), the NaN loss after the backward (`after_backward`) and the
+    non-finite-loss check once the step's loss is read (`step_end`)."""
+
+    def __init__(self, hooks: FaultHooks, *, rank: int, fail_at: int | None, stop: bool) -> None:
+        self.hooks, self.rank, self.fail_at, self.stop = hooks, rank, fail_at, stop
+
+    @classmethod
+    def from_env(cls, *, rank: int, stop: bool) -> FaultInjection:
+        """The hooks as the environment sets them, read once."""
+        return cls(FaultHooks.from_env(), rank=rank, fail_at=injected_failure_step(rank), stop=stop)
+
+    def after_data(self, state: StepState) -> None:
+        if state.step == self.fail_at:
+            raise_injected_failure(self.rank, state.step)
+        self.hooks.before_forward(self.rank, state.step)
+
+    def after_forward(self, state: StepState) -> None:
+        self.hooks.before_backward(self.rank, state.step)
+
+    def after_backward(self, state: StepState) -> None:
+        if state.loss is not None:
+            state.loss = self.hooks.poison(state.loss, state.step)
+
+    def step_end(self, state: StepState) -> None:
+        if state.loss_value is not None:
+            check_loss(state.loss_value, rank=self.rank, step=state.step, stop=self.stop)
+
+
 def signal_name(code: int) -> str:
     """'SIGKILL' for -9 (a negative exit code is the signal that ended the process)."""
     try:
@@ -188,14 +223,15 @@ def error_details(exc: BaseException, cfg: TrainConfig) -> dict:
 
 
 def restart_record(run_dir: Path, restarts: int) -> dict:
-    """run.json `restarts` and `resumes` (docs/run-folder.md)."""
+    """run.json `restarts` and `resumes` (docs/run-folder.md), merged into rank 0's record (which
+    profiler.runfolder.write_run_json writes)."""
     return {"restarts": restarts, "resumes": read_attempts(run_dir)}
 
 
 def all_traces(run_dir: Path) -> list[str]:
-    """Every attempt's trace files, relative to the run folder."""
+    """Every attempt's trace files (profiler.runfolder.TRACE_GLOB), relative to the run folder."""
     return sorted(
-        p.relative_to(run_dir).as_posix() for p in run_dir.glob("traces/*.pt.trace.json.gz")
+        p.relative_to(run_dir).as_posix() for p in (run_dir / TRACES_DIR).glob(TRACE_GLOB)
     )
 
 

@@ -10,6 +10,9 @@ lost to a power cut costs nothing; file I/O per phase would cost tiny models a l
 their step time). `time` is when the state last changed, so a stuck rank's file stops changing
 even though its writer thread lives on.
 
+`HeartbeatCallback` beats at the training loop's callback points (profiler.callbacks): the
+phase it names is the one the rank is entering.
+
 The launcher's watchdog (workloads.launch.supervise) reads the files; when nothing has moved for the
 collective timeout it ends the job, and `diagnose_hang` turns the last beats into run.json's
 `error`: the rank(s) that stopped first and the collective the others were waiting in.
@@ -24,8 +27,16 @@ import time
 from pathlib import Path
 
 from profiler.atomic import write_text_atomic
+from profiler.callbacks import Callback, StepState
 
-__all__ = ["PHASES", "Heartbeat", "diagnose_hang", "latest_change", "read_heartbeats"]
+__all__ = [
+    "PHASES",
+    "Heartbeat",
+    "HeartbeatCallback",
+    "diagnose_hang",
+    "latest_change",
+    "read_heartbeats",
+]
 
 # Phase order within one step; a later phase is more progress.
 PHASES = ("init", "data", "forward", "backward", "optimizer", "checkpoint", "eval", "finish")
@@ -114,6 +125,39 @@ class Heartbeat:
             }
         write_text_atomic(self.path, json.dumps(beat), fsync=False)
         self.written = version
+
+
+class HeartbeatCallback(Callback):
+    """Beats at the loop's callback points: `data` at step start, `forward` once the batch is
+    there, `backward` before the backward that all-reduces, `optimizer` after it, `checkpoint`,
+    `eval` at the epoch's end (and a tick per eval batch), `finish` at the run's end."""
+
+    def __init__(self, beat: Heartbeat) -> None:
+        self.heartbeat = beat
+
+    def step_start(self, state: StepState) -> None:
+        self.heartbeat.beat(state.step, "data")
+
+    def after_data(self, state: StepState) -> None:
+        self.heartbeat.beat(state.step, "forward")
+
+    def after_forward(self, state: StepState) -> None:
+        self.heartbeat.beat(state.step, "backward")
+
+    def after_backward(self, state: StepState) -> None:
+        self.heartbeat.beat(state.step, "optimizer")
+
+    def checkpoint(self, state: StepState) -> None:
+        self.heartbeat.beat(state.step, "checkpoint")
+
+    def epoch_end(self, state: StepState) -> None:
+        self.heartbeat.beat(state.step, "eval")
+
+    def eval_batch(self, state: StepState) -> None:
+        self.heartbeat.tick()
+
+    def run_end(self, state: StepState) -> None:
+        self.heartbeat.beat(state.step, "finish")
 
 
 def read_heartbeats(logs: Path) -> dict[int, dict]:

@@ -13,30 +13,29 @@ process, and runlog.finalize gives each failed run its `error.kind` (never downg
 from __future__ import annotations
 
 import argparse
-import os
 import shlex
 import sys
 from pathlib import Path
 
-from profiler.record import write_json_atomic
+from profiler.runfolder import RUN_JSON, write_run_json
 from workloads.config import (
     OneLineParser,
     TrainConfig,
     add_config_arguments,
     config_from_namespace,
     default_run_id,
-    run_record,
     to_argv,
 )
+from workloads.launch.child import child_env, user_path
 from workloads.launch.runlog import finalize
 from workloads.launch.supervise import flight_recorder_env, run_supervised
 from workloads.plan import Environment, Plan
 from workloads.plan import plan as plan_run
+from workloads.record import run_record
 from workloads.train.workload import check_workload
 
 __all__ = ["LaunchError", "main"]
 
-REPO = Path(__file__).resolve().parents[2]
 ALL_MODES = (("single", "auto"), ("dp", "auto"), ("ddp", "nccl"), ("ddp", "gloo"))
 # The watchdog waits this much longer than --collective-timeout, so that a rank's own timeout
 # error (and NCCL's flight-recorder dump) comes first when a rank hangs in a collective.
@@ -79,14 +78,14 @@ def _execute(cfg: TrainConfig, plan: Plan, args: argparse.Namespace, extra: list
     """Run one planned training; return its final status."""
     run_dir = Path(cfg.runs_dir) / cfg.run_id
     is_record_node = args.node_rank == 0
-    if is_record_node and (run_dir / "run.json").exists():
+    if is_record_node and (run_dir / RUN_JSON).exists():
         raise LaunchError(
             f"run folder {run_dir} already holds a run; pick another --run-id or remove it"
         )
     (run_dir / "logs").mkdir(parents=True, exist_ok=True)
     if is_record_node:
-        write_json_atomic(run_dir / "run.json", _record(cfg, plan, status="running"))
-    env = dict(os.environ, PYTHONUNBUFFERED="1")
+        write_run_json(run_dir, _record(cfg, plan, status="running"))
+    env = child_env(PYTHONUNBUFFERED="1")
     if not plan.use_cuda:
         # What train sets anyway; it also silences torchrun's OMP_NUM_THREADS note.
         env["OMP_NUM_THREADS"] = str(plan.threads_per_rank)
@@ -99,7 +98,6 @@ def _execute(cfg: TrainConfig, plan: Plan, args: argparse.Namespace, extra: list
     launcher_log = run_dir / "logs" / log_name
     outcome = run_supervised(
         _command(cfg, plan, args, extra),
-        cwd=REPO,
         env=env,
         log_path=launcher_log,
         logs=run_dir / "logs",
@@ -108,7 +106,7 @@ def _execute(cfg: TrainConfig, plan: Plan, args: argparse.Namespace, extra: list
     returncode = outcome.returncode
     if not is_record_node:
         print(
-            f"node {args.node_rank} finished (exit code {returncode}); node 0 writes {run_dir / 'run.json'}"
+            f"node {args.node_rank} finished (exit code {returncode}); node 0 writes {run_dir / RUN_JSON}"
         )
         return "ok" if returncode == 0 else "failed"
     record = finalize(run_dir, outcome, launcher_log)
@@ -124,7 +122,7 @@ def _execute(cfg: TrainConfig, plan: Plan, args: argparse.Namespace, extra: list
 def _skip(cfg: TrainConfig, plan: Plan) -> None:
     run_dir = Path(cfg.runs_dir) / cfg.run_id
     error = {"message": plan.reason, "rank": None, "exit_code": None, "log_tail": []}
-    write_json_atomic(run_dir / "run.json", _record(cfg, plan, status="skipped", error=error))
+    write_run_json(run_dir, _record(cfg, plan, status="skipped", error=error))
     print(f"\nrun folder: {run_dir}  status: skipped ({plan.reason})")
 
 
@@ -159,15 +157,25 @@ def _check_arguments(args: argparse.Namespace) -> None:
         )
 
 
+def _absolute_paths(args: argparse.Namespace) -> None:
+    """--runs-dir, --data-dir and --rdzv-file against the folder the user ran the command in,
+    once, so that every child, record and message sees the same absolute path."""
+    args.runs_dir = str(user_path(args.runs_dir))
+    args.data_dir = str(user_path(args.data_dir))
+    if args.rdzv_file:
+        args.rdzv_file = str(user_path(args.rdzv_file))
+
+
 def run(args: argparse.Namespace, extra: list[str]) -> int:
     """Plan, validate and execute the requested run(s); return the process exit code."""
+    _absolute_paths(args)
     _check_arguments(args)
     # Every TrainConfig check (profiler schedule included) before anything is created, then the
     # workload's: each factory imported, called and its result checked (one line each, exit 2).
     check_workload(config_from_namespace(args, mode="single", backend=args.backend, init_method=""))
     init_method = ""
     if args.rdzv_file:
-        path = Path(args.rdzv_file).resolve()
+        path = Path(args.rdzv_file)
         if args.nnodes == 1:
             path.unlink(missing_ok=True)  # a file left by an earlier run would break the rendezvous
         path.parent.mkdir(parents=True, exist_ok=True)

@@ -15,23 +15,20 @@ import re
 import sys
 import time
 from collections.abc import Iterator
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from profiler.record import write_json_atomic
+from profiler.atomic import write_json_atomic
+from profiler.records import read_record
+from profiler.runfolder import RUN_JSON, utc_now, write_run_json
+from workloads.launch.faults import read_attempts, signal_name
 
 if TYPE_CHECKING:
     from workloads.launch.supervise import Outcome
 
-__all__ = ["diagnose", "finalize", "rank_log", "utc_now", "write_error_record"]
+__all__ = ["diagnose", "finalize", "rank_log", "write_error_record"]
 
 LOG_TAIL_LINES = 20
-
-
-def utc_now() -> str:
-    """Now, as ISO-8601 UTC with seconds (run.json created_at / finished_at)."""
-    return datetime.now(UTC).isoformat(timespec="seconds")
 
 
 class _Tee(io.TextIOBase):
@@ -99,8 +96,6 @@ def _torchrun_failures(text: str) -> tuple[dict[int, int], int | None]:
 
 
 def _killed_message(rank: int, code: int) -> str:
-    from workloads.launch.faults import signal_name
-
     message = f"rank {rank} was killed by {signal_name(code)} (exit code {code})"
     if code == -9:
         message += (
@@ -108,6 +103,59 @@ def _killed_message(rank: int, code: int) -> str:
             "(check `dmesg`, lower --batch-size or --num-workers)"
         )
     return message
+
+
+def _last_attempt(logs: Path) -> list[dict]:
+    """The ranks' error records of the last attempt (earlier attempts were restarted)."""
+    records = []
+    for p in sorted(logs.glob("rank*.error.json")):
+        try:
+            records.append(json.loads(p.read_text()))
+        except (OSError, ValueError):
+            continue
+    if not records:
+        return []
+    last = max(r.get("attempt", 0) for r in records)
+    return [r for r in records if r.get("attempt", 0) == last]
+
+
+def _from_record(
+    first: dict, codes: dict[int, int], logs: Path
+) -> tuple[int, int | None, str, str, dict]:
+    """(rank, exit code, kind, message, extra fields) from the first rank's error record; a
+    hang names the rank whose heartbeat stopped first instead."""
+    from workloads.launch.heartbeat import diagnose_hang, read_heartbeats
+
+    rank = first["rank"]
+    exit_code = codes.get(rank, first["exit_code"])
+    kind = first.get("kind", "crash")
+    message = f"rank {rank} failed: {first['message']}"
+    extra = {k: first[k] for k in ("step", "value", "per_device_batch") if k in first}
+    if kind == "hang":
+        hang = diagnose_hang(read_heartbeats(logs))
+        if hang.get("rank") is not None:
+            message = f"{hang.pop('message')} ({message})"
+            rank = hang.pop("rank")
+            extra = {k: v for k, v in hang.items() if k != "kind"}
+    return rank, exit_code, kind, message, extra
+
+
+def _without_record(
+    root: int | None, codes: dict[int, int], returncode: int, launcher_log: Path
+) -> tuple[int | None, int | None, str, str]:
+    """(rank, exit code, kind, message) when no rank wrote an error record: torchrun's root
+    cause if it named one, else the training's own exit code."""
+    if root is not None:
+        exit_code = codes.get(root)
+        if exit_code is not None and exit_code < 0:
+            return root, exit_code, "killed", _killed_message(root, exit_code)
+        message = f"rank {root} exited with code {exit_code} (see logs/rank{root}.log)"
+        return root, exit_code, "crash", message
+    message = (
+        f"training exited with code {returncode} without writing its record "
+        f"(see logs/{launcher_log.name})"
+    )
+    return None, returncode, "killed" if returncode < 0 else "crash", message
 
 
 def diagnose(run_dir: Path, returncode: int, launcher_log: Path) -> dict:
@@ -119,18 +167,8 @@ def diagnose(run_dir: Path, returncode: int, launcher_log: Path) -> dict:
     errors of its peers (a closed connection) are consequences. A rank that timed out in a
     collective means a hang: the heartbeats then name the rank that stopped first.
     """
-    from workloads.launch.heartbeat import diagnose_hang, read_heartbeats
-
     logs = run_dir / "logs"
-    records = []
-    for p in sorted(logs.glob("rank*.error.json")):
-        try:
-            records.append(json.loads(p.read_text()))
-        except (OSError, ValueError):
-            continue
-    if records:
-        last = max(r.get("attempt", 0) for r in records)
-        records = [r for r in records if r.get("attempt", 0) == last]
+    records = _last_attempt(logs)
     text = launcher_log.read_text(errors="replace") if launcher_log.is_file() else ""
     codes, root = _torchrun_failures(text)
     recorded = {r.get("rank") for r in records}
@@ -142,32 +180,9 @@ def diagnose(run_dir: Path, returncode: int, launcher_log: Path) -> dict:
         message = _killed_message(rank, exit_code)
     elif records:
         first = min(records, key=lambda r: r.get("time", float("inf")))
-        rank = first["rank"]
-        exit_code = codes.get(rank, first["exit_code"])
-        kind = first.get("kind", "crash")
-        message = f"rank {rank} failed: {first['message']}"
-        extra = {k: first[k] for k in ("step", "value", "per_device_batch") if k in first}
-        if kind == "hang":
-            hang = diagnose_hang(read_heartbeats(logs))
-            if hang.get("rank") is not None:
-                message = f"{hang.pop('message')} ({message})"
-                rank = hang.pop("rank")
-                extra = {k: v for k, v in hang.items() if k != "kind"}
-    elif root is not None:
-        rank, exit_code = root, codes.get(root)
-        kind = "killed" if exit_code is not None and exit_code < 0 else "crash"
-        message = (
-            _killed_message(rank, exit_code)
-            if kind == "killed"
-            else f"rank {rank} exited with code {exit_code} (see logs/rank{rank}.log)"
-        )
+        rank, exit_code, kind, message, extra = _from_record(first, codes, logs)
     else:
-        rank, exit_code = None, returncode
-        kind = "killed" if returncode < 0 else "crash"
-        message = (
-            f"training exited with code {returncode} without writing its record "
-            f"(see logs/{launcher_log.name})"
-        )
+        rank, exit_code, kind, message = _without_record(root, codes, returncode, launcher_log)
     rank_log = logs / f"rank{rank}.log"
     return {
         "kind": kind,
@@ -183,10 +198,8 @@ def finalize(run_dir: Path, outcome: Outcome, launcher_log: Path) -> dict:
     """After the training ended: turn a run.json that is not `ok` into `failed` with its error
     (and restarts); return the record. Never downgraded: once rank 0 wrote `ok`, whatever
     happens afterwards (a signal to the launcher, a rank failing in teardown) leaves it ok."""
-    from workloads.launch.faults import read_attempts
-
-    record = json.loads((run_dir / "run.json").read_text())
-    if record.get("status") != "ok":
+    rec, record = read_record(run_dir / RUN_JSON)  # rank 0's `ok` record, or the launcher's own
+    if rec.status != "ok":
         resumes = read_attempts(run_dir)
         record.update(
             status="failed",
@@ -195,7 +208,7 @@ def finalize(run_dir: Path, outcome: Outcome, launcher_log: Path) -> dict:
             restarts=max((a["attempt"] for a in resumes), default=0),
             resumes=resumes,
         )
-        write_json_atomic(run_dir / "run.json", record)
+        write_run_json(run_dir, record)
     return record
 
 

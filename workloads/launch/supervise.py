@@ -120,18 +120,17 @@ def _watch(
 
 
 def run_supervised(
-    cmd: list[str], *, cwd: Path, env: dict, log_path: Path, logs: Path, stall_s: float
+    cmd: list[str], *, env: dict, log_path: Path, logs: Path, stall_s: float
 ) -> Outcome:
-    """Run `cmd`, relaying its output to the console and `log_path`; see the module docstring."""
+    """Run `cmd` in this process's working folder, relaying its output to the console and
+    `log_path`; see the module docstring."""
     found: dict = {}
     done = threading.Event()
     interrupted = None
     with open(log_path, "ab") as log:
         log.write(("$ " + " ".join(cmd) + "\n").encode())
         log.flush()
-        proc = subprocess.Popen(
-            cmd, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT
-        )
+        proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
         assert proc.stdout is not None
         watcher = threading.Thread(
             target=_watch, args=(proc, logs, stall_s, done, found), daemon=True

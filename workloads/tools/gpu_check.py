@@ -21,7 +21,6 @@ forward peak within 10% of the hand count.
 from __future__ import annotations
 
 import argparse
-import csv
 import gzip
 import json
 import subprocess
@@ -32,9 +31,11 @@ from pathlib import Path
 import torch
 
 from analysis.runs.compare import compare_runs
+from profiler.records import RunRecord, read_record, read_steps
+from profiler.runfolder import RUN_JSON, STEPS_CSV
+from workloads.launch.child import child_env, user_path
 from workloads.train.models import build_model
 
-REPO = Path(__file__).resolve().parents[2]
 LOSS_ATOL = 1e-4  # GPU reductions differ in order between a 64-sample batch and N shards
 PROJECTION_TOL_PCT = 25.0  # the goal is 10%; the check fails only well beyond it
 # Bytes one MLP sample occupies on the device: a 3×32×32 fp32 image and an int64 label.
@@ -53,13 +54,13 @@ def _launch(runs_dir: Path, run_id: str, args: list[str]) -> int:
         *args,
     ]
     print(f"\n$ {' '.join(cmd)}", flush=True)
-    return subprocess.run(cmd, cwd=REPO).returncode
+    return subprocess.run(cmd, env=child_env()).returncode
 
 
-def _trace_names(run_dir: Path, run: dict) -> tuple[set[str], set[str]]:
+def _trace_names(run_dir: Path, run: RunRecord) -> tuple[set[str], set[str]]:
     """(names of GPU kernels, names of all other events) over the run's traces."""
     kernels, others = set(), set()
-    for rel in run.get("traces", []):
+    for rel in run.traces:
         with gzip.open(run_dir / rel, "rt", encoding="utf-8") as f:
             for ev in json.load(f).get("traceEvents", []):
                 name = str(ev.get("name", ""))
@@ -67,10 +68,10 @@ def _trace_names(run_dir: Path, run: dict) -> tuple[set[str], set[str]]:
     return kernels, others
 
 
-def _matmul_input_types(run_dir: Path, run: dict) -> set[str]:
+def _matmul_input_types(run_dir: Path, run: RunRecord) -> set[str]:
     """Input dtypes of the traced `aten::addmm` calls (the MLP's linear layers)."""
     types: set[str] = set()
-    for rel in run.get("traces", []):
+    for rel in run.traces:
         with gzip.open(run_dir / rel, "rt", encoding="utf-8") as f:
             for ev in json.load(f).get("traceEvents", []):
                 if ev.get("name") == "aten::addmm":
@@ -81,9 +82,8 @@ def _matmul_input_types(run_dir: Path, run: dict) -> set[str]:
 def _losses(run_dir: Path) -> dict[int, float]:
     """Per step: the mean over ranks of each rank's batch-mean loss (= the global-batch loss)."""
     per_step: dict[int, list[float]] = {}
-    with open(run_dir / "steps.csv", newline="") as f:
-        for row in csv.DictReader(f):
-            per_step.setdefault(int(row["step"]), []).append(float(row["loss"]))
+    for row in read_steps(run_dir / STEPS_CSV):
+        per_step.setdefault(row.step, []).append(float(row.loss))
     return {s: sum(v) / len(v) for s, v in per_step.items()}
 
 
@@ -120,16 +120,16 @@ def check_run(
     """Check one finished run folder; return whether it is usable for the parity check."""
     if not check(label, "launcher exit code 0", rc == 0, f"exit code {rc}, see {run_dir / 'logs'}"):
         return False
-    run = json.loads((run_dir / "run.json").read_text())
-    if not check(label, "status ok", run["status"] == "ok", str(run.get("error"))):
+    run, raw = read_record(run_dir / RUN_JSON)
+    if not check(label, "status ok", run.status == "ok", str(raw.get("error"))):
         return False
-    cfg, metrics = run["config"], run["metrics"]
+    cfg, metrics = run.config, run.metrics
     want_devices = [f"cuda:{i}" for i in range(gpus if mode == "dp" else ranks)]
-    check(label, f"devices {want_devices}", cfg["devices"] == want_devices, str(cfg["devices"]))
+    check(label, f"devices {want_devices}", cfg.devices == want_devices, str(cfg.devices))
     want_mem = (
         {(0, d) for d in want_devices} if mode == "dp" else {(r, f"cuda:{r}") for r in range(ranks)}
     )
-    got_mem = {(m["rank"], m["device"]) for m in metrics["memory"]}
+    got_mem = {(m.rank, m.device) for m in metrics.memory}
     check(
         label,
         "memory entry per rank and CUDA device",
@@ -139,18 +139,17 @@ def check_run(
     check(
         label,
         "non-zero allocator peaks",
-        all((m["peak_allocated_bytes"] or 0) > 0 for m in metrics["memory"]),
-        str(metrics["memory"]),
+        all((m.peak_allocated_bytes or 0) > 0 for m in metrics.memory),
+        str(raw["metrics"]["memory"]),
     )
-    with open(run_dir / "steps.csv", newline="") as f:
-        rows = list(csv.DictReader(f))
+    rows = read_steps(run_dir / STEPS_CSV)
     check(
         label,
         "cuda_allocated_bytes in steps.csv",
-        bool(rows) and all(r["cuda_allocated_bytes"] for r in rows),
+        bool(rows) and all(r.cuda_allocated_bytes for r in rows),
     )
     kernels, others = _trace_names(run_dir, run)
-    check(label, "GPU kernels in traces", bool(kernels), f"{len(run['traces'])} trace files")
+    check(label, "GPU kernels in traces", bool(kernels), f"{len(run.traces)} trace files")
     if mode == "ddp":
         names = kernels | others
         if backend == "nccl":
@@ -158,7 +157,7 @@ def check_run(
         else:
             found = any(n.startswith("gloo:") for n in names)
         check(label, f"{backend} collectives in traces", found, "no collective event names found")
-        ddp = metrics.get("ddp") or {}
+        ddp = raw["metrics"].get("ddp") or {}  # not typed: passes verbatim
         check(label, "DDP bucket info", ddp.get("num_buckets", 0) >= 1, str(ddp))
     return True
 
@@ -175,7 +174,8 @@ def _projection_check(
     cmd = [sys.executable, "-m", "workloads.comm.bench", "--backend", "nccl", "--nproc", str(gpus)]
     cmd += ["--runs-dir", str(runs_dir), "--run-id", comm.name, "--iters", "10"]
     print(f"\n$ {' '.join(cmd)}", flush=True)
-    if not check("projection", "bench-comm nccl", subprocess.run(cmd, cwd=REPO).returncode == 0):
+    rc = subprocess.run(cmd, env=child_env()).returncode
+    if not check("projection", "bench-comm nccl", rc == 0):
         return
     try:
         ranks = sorted({1, 2, gpus})
@@ -242,8 +242,7 @@ def check_memory(check: Checker, label: str, run_dir: Path, *, mode: str, batch:
 
 def _end_of_step_allocated(run_dir: Path) -> dict[int, int]:
     """Per rank, `torch.cuda.memory_allocated` after its last step (steps.csv)."""
-    with open(run_dir / "steps.csv", newline="") as f:
-        return {int(r["rank"]): int(r["cuda_allocated_bytes"]) for r in csv.DictReader(f)}
+    return {r.rank: int(r.cuda_allocated_bytes) for r in read_steps(run_dir / STEPS_CSV)}
 
 
 def check_ddp_vs_single(check: Checker, single: Path, ddp: Path, *, gpus: int) -> None:
@@ -256,6 +255,83 @@ def check_ddp_vs_single(check: Checker, single: Path, ddp: Path, *, gpus: int) -
     want = buckets + (32 - 32 * gpus) * BATCH_SAMPLE_BYTES
     ok = abs(delta - want) <= 0.05 * buckets
     check("ddp-nccl", "allocator: DDP − single = buckets (5%)", ok, f"{delta} vs {want}")
+
+
+def _check_plan(args: argparse.Namespace, gpus: int) -> list[tuple[str, str, str, int, list[str]]]:
+    """(label, mode, backend, ranks, launcher arguments) of every check run."""
+    # The global batch must split evenly over the GPUs (strong scaling).
+    common = [
+        *("--model", args.model, "--dataset", "synthetic", "--epochs", "1"),
+        *("--max-steps", str(args.max_steps), "--batch-size", str(32 * gpus), "--seed", "0"),
+    ]
+
+    def argv(mode: str, backend: str = "auto", *extra: str) -> list[str]:
+        """Launcher arguments for one check run; `extra` comes last, so it overrides `common`."""
+        ddp = ["--backend", backend, "--nproc", str(gpus)] if mode == "ddp" else []
+        dp = ["--nproc", str(gpus)] if mode == "dp" else []
+        return ["--mode", mode, *ddp, *dp, *common, *extra]
+
+    plan = [
+        ("single", "single", "none", 1, argv("single")),
+        ("dp", "dp", "none", 1, argv("dp")),
+        ("ddp-nccl", "ddp", "nccl", gpus, argv("ddp", "nccl")),
+        ("ddp-gloo", "ddp", "gloo", gpus, argv("ddp", "gloo")),
+        ("ddp-nccl-fp16", "ddp", "nccl", gpus,
+         argv("ddp", "nccl", *"--amp fp16 --comm-hook fp16".split())),
+        ("ddp-nccl-view", "ddp", "nccl", gpus, argv("ddp", "nccl", "--gradient-as-bucket-view")),
+        ("ddp-nccl-syncbn", "ddp", "nccl", gpus,
+         argv("ddp", "nccl", *"--model smallcnn --sync-bn".split())),
+    ]  # fmt: skip
+    if gpus > 1:  # compute at DDP's per-device batch, for the projection check (no linear guess)
+        plan.append(
+            ("single-b32", "single", "none", 1, argv("single", "auto", "--batch-size", "32"))
+        )
+    if torch.cuda.is_bf16_supported():  # what autocast itself requires for bf16 on CUDA
+        # DataParallel's replica threads must keep bf16 (autocast's dtype is thread-local).
+        plan.insert(2, ("dp-bf16", "dp", "none", 1, argv("dp", "auto", "--amp", "bf16")))
+    return plan
+
+
+def _run_checks(
+    check: Checker, args: argparse.Namespace, runs_dir: Path, stamp: str, gpus: int
+) -> dict[str, Path]:
+    """Launch and check every planned run; the run folders that passed, by label."""
+    usable: dict[str, Path] = {}
+    for label, mode, backend, ranks, launch_args in _check_plan(args, gpus):
+        run_dir = runs_dir / f"gpu-{label}-{stamp}"
+        rc = _launch(runs_dir, run_dir.name, launch_args)
+        if not check_run(
+            check, label, run_dir, rc, mode=mode, backend=backend, ranks=ranks, gpus=gpus
+        ):
+            continue
+        usable[label] = run_dir
+        if args.model == "mlp" and label in ("single", "dp", "ddp-nccl", "ddp-nccl-view"):
+            kind = "ddp-view" if label == "ddp-nccl-view" else mode
+            # Per-device batch: single takes the whole global batch, a DP replica or a
+            # DDP rank 32 (DP on cuda:0 runs its own replica's forward there).
+            batch = 32 * gpus if mode == "single" else 32
+            check_memory(check, label, run_dir, mode=kind, batch=batch)
+        if label == "dp-bf16" and args.model == "mlp":
+            types = _matmul_input_types(run_dir, read_record(run_dir / RUN_JSON)[0])
+            check(label, "matmuls run in bf16", types == {"c10::BFloat16"}, str(types))
+    return usable
+
+
+def _loss_parity(check: Checker, usable: dict[str, Path]) -> None:
+    """dp and ddp-nccl train the same model on the same global batches as single: same losses."""
+    reference = _losses(usable["single"])
+    for label in ("dp", "ddp-nccl"):
+        if label in usable:
+            other = _losses(usable[label])
+            worst = max(
+                (abs(other.get(s, float("inf")) - v) for s, v in reference.items()), default=0.0
+            )
+            check(
+                label,
+                f"per-step loss matches single (max diff {worst:.2e})",
+                worst <= LOSS_ATOL,
+                f"> {LOSS_ATOL}",
+            )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -279,96 +355,14 @@ def main(argv: list[str] | None = None) -> int:
     print(
         f"gpu-check: {gpus} GPU(s): {', '.join(torch.cuda.get_device_name(i) for i in range(gpus))}"
     )
-    runs_dir = Path(args.runs_dir)
+    runs_dir = user_path(args.runs_dir)
     stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%S")
-    # The global batch must split evenly over the GPUs (strong scaling).
-    common = [
-        "--model",
-        args.model,
-        "--dataset",
-        "synthetic",
-        "--epochs",
-        "1",
-        "--max-steps",
-        str(args.max_steps),
-        "--batch-size",
-        str(32 * gpus),
-        "--seed",
-        "0",
-    ]
-
-    def argv(mode: str, backend: str = "auto", *extra: str) -> list[str]:
-        """Launcher arguments for one check run; `extra` comes last, so it overrides `common`."""
-        ddp = ["--backend", backend, "--nproc", str(gpus)] if mode == "ddp" else []
-        dp = ["--nproc", str(gpus)] if mode == "dp" else []
-        return ["--mode", mode, *ddp, *dp, *common, *extra]
-
-    plan = [
-        ("single", "single", "none", 1, argv("single")),
-        ("dp", "dp", "none", 1, argv("dp")),
-        ("ddp-nccl", "ddp", "nccl", gpus, argv("ddp", "nccl")),
-        ("ddp-gloo", "ddp", "gloo", gpus, argv("ddp", "gloo")),
-        (
-            "ddp-nccl-fp16",
-            "ddp",
-            "nccl",
-            gpus,
-            argv("ddp", "nccl", *"--amp fp16 --comm-hook fp16".split()),
-        ),
-        (
-            "ddp-nccl-view",
-            "ddp",
-            "nccl",
-            gpus,
-            argv("ddp", "nccl", "--gradient-as-bucket-view"),
-        ),
-        (
-            "ddp-nccl-syncbn",
-            "ddp",
-            "nccl",
-            gpus,
-            argv("ddp", "nccl", *"--model smallcnn --sync-bn".split()),
-        ),
-    ]
-    if gpus > 1:  # compute at DDP's per-device batch, for the projection check (no linear guess)
-        plan.append(
-            ("single-b32", "single", "none", 1, argv("single", "auto", "--batch-size", "32"))
-        )
-    if torch.cuda.is_bf16_supported():  # what autocast itself requires for bf16 on CUDA
-        # DataParallel's replica threads must keep bf16 (autocast's dtype is thread-local).
-        plan.insert(2, ("dp-bf16", "dp", "none", 1, argv("dp", "auto", "--amp", "bf16")))
     check = Checker()
-    usable: dict[str, Path] = {}
-    for label, mode, backend, ranks, launch_args in plan:
-        run_dir = runs_dir / f"gpu-{label}-{stamp}"
-        rc = _launch(runs_dir, run_dir.name, launch_args)
-        if check_run(check, label, run_dir, rc, mode=mode, backend=backend, ranks=ranks, gpus=gpus):
-            usable[label] = run_dir
-            if args.model == "mlp" and label in ("single", "dp", "ddp-nccl", "ddp-nccl-view"):
-                kind = "ddp-view" if label == "ddp-nccl-view" else mode
-                # Per-device batch: single takes the whole global batch, a DP replica or a
-                # DDP rank 32 (DP on cuda:0 runs its own replica's forward there).
-                batch = 32 * gpus if mode == "single" else 32
-                check_memory(check, label, run_dir, mode=kind, batch=batch)
-            if label == "dp-bf16" and args.model == "mlp":
-                types = _matmul_input_types(run_dir, json.loads((run_dir / "run.json").read_text()))
-                check(label, "matmuls run in bf16", types == {"c10::BFloat16"}, str(types))
+    usable = _run_checks(check, args, runs_dir, stamp, gpus)
     if "single" in usable and "ddp-nccl" in usable and args.model == "mlp":
         check_ddp_vs_single(check, usable["single"], usable["ddp-nccl"], gpus=gpus)
     if "single" in usable and args.model == "mlp":
-        reference = _losses(usable["single"])
-        for label in ("dp", "ddp-nccl"):
-            if label in usable:
-                other = _losses(usable[label])
-                worst = max(
-                    (abs(other.get(s, float("inf")) - v) for s, v in reference.items()), default=0.0
-                )
-                check(
-                    label,
-                    f"per-step loss matches single (max diff {worst:.2e})",
-                    worst <= LOSS_ATOL,
-                    f"> {LOSS_ATOL}",
-                )
+        _loss_parity(check, usable)
     if gpus > 1 and {"single", "single-b32", "ddp-nccl"} <= usable.keys():
         _projection_check(check, runs_dir, stamp, gpus, usable)
     print(f"\ngpu-check: {check.passed} passed, {check.failed} failed; run folders in {runs_dir}")

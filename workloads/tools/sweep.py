@@ -21,8 +21,6 @@ on the world size, so there is one per seed.
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import re
 import shutil
 import subprocess
@@ -31,12 +29,16 @@ import time
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import TextIO
 
 from tqdm import tqdm
 
+from profiler.records import InputError, read_record
+from profiler.runfolder import RUN_JSON
+from workloads.launch.child import child_env, user_path
+
 __all__ = ["Combo", "SweepError", "combos", "main", "parse_ints"]
 
-REPO = Path(__file__).resolve().parents[2]
 MODES = ("single", "dp", "ddp")
 BACKENDS = ("nccl", "gloo")
 # A sweep name becomes part of folder names: keep it to one portable path component.
@@ -123,15 +125,16 @@ def combos(
 
 
 def _status(run_dir: Path) -> str | None:
-    """The recorded status of an earlier attempt, `unreadable` for a broken record, None if none."""
-    record = run_dir / "run.json"
+    """The recorded status of an earlier attempt, `unreadable` for a record the typed reader
+    refuses, None if none."""
+    record = run_dir / RUN_JSON
     if not record.is_file():
         return "incomplete" if run_dir.exists() else None
     try:
-        status = json.loads(record.read_text(encoding="utf-8")).get("status")
-    except (OSError, ValueError, AttributeError):
+        rec, _ = read_record(record)
+    except InputError:
         return "unreadable"
-    return status if isinstance(status, str) else "unreadable"
+    return rec.status
 
 
 def _set_aside(run_dir: Path, runs_dir: Path) -> Path:
@@ -174,8 +177,8 @@ def _one_line(text: str) -> str:
     return lines[-1] if lines else "(no output)"
 
 
-def run_sweep(args: argparse.Namespace, extra: list[str]) -> int:
-    """Run the sweep; return the exit code (1 if any run failed, 0 otherwise)."""
+def _plan(args: argparse.Namespace) -> tuple[str, list[Combo], Path]:
+    """The sweep's name, its runs and its (absolute) runs folder; every argument checked."""
     sweep = args.sweep or datetime.now(UTC).strftime("sweep-%Y%m%dT%H%M%S")
     if not SAFE_NAME.match(sweep):
         raise SweepError(
@@ -192,57 +195,66 @@ def run_sweep(args: argparse.Namespace, extra: list[str]) -> int:
         nprocs,
         parse_ints(args.seeds, "SEEDS", minimum=0),
     )
-    runs_dir = Path(args.runs_dir)
+    runs_dir = user_path(args.runs_dir)
     if runs_dir.exists() and not runs_dir.is_dir():
         raise SweepError(f"RUNS={runs_dir} is a file, not a folder; pass a folder for the runs")
+    return sweep, todo, runs_dir
+
+
+def _run_combo(combo: Combo, sweep: str, runs_dir: Path, extra: list[str], log: TextIO) -> str:
+    """One combination through the launcher (an earlier attempt set aside); its status."""
+    run_id = combo.run_id(sweep)
+    run_dir = runs_dir / run_id
+    earlier = _status(run_dir)
+    if earlier == "ok":
+        return "done earlier"
+    if earlier == "skipped":  # a reason only, no data: re-decided from scratch
+        shutil.rmtree(run_dir)
+    elif earlier is not None:
+        moved = _set_aside(run_dir, runs_dir)
+        tqdm.write(f"  {run_id}: earlier attempt ({earlier}) moved to {moved}")
+    cmd = [
+        sys.executable,
+        "-m",
+        "workloads.launch",
+        *combo.launcher_args(sweep),
+        "--runs-dir",
+        str(runs_dir),
+        *extra,
+    ]
+    log.write(f"$ {' '.join(cmd)}\n")
+    log.flush()
+    start = time.perf_counter()
+    proc = subprocess.run(
+        cmd,
+        env=child_env(PYTHONUNBUFFERED="1"),
+        stdout=log,
+        stderr=subprocess.PIPE,
+        text=True,
+        check=False,
+    )
+    log.write(proc.stderr)
+    if proc.returncode == 2:  # the launcher refused the arguments: every run would
+        raise SweepError(_one_line(proc.stderr))
+    status = _status(run_dir) or "failed"
+    tqdm.write(f"  {run_id}: {status} ({time.perf_counter() - start:.1f} s)")
+    return status
+
+
+def run_sweep(args: argparse.Namespace, extra: list[str]) -> int:
+    """Run the sweep; return the exit code (1 if any run failed, 0 otherwise)."""
+    sweep, todo, runs_dir = _plan(args)
     runs_dir.mkdir(parents=True, exist_ok=True)
     log_path = runs_dir / f".{sweep}.log"  # hidden: the report does not take it for a run
     print(f"sweep {sweep}: {len(todo)} runs into {runs_dir} (launcher output: {log_path})")
     counts: dict[str, int] = {}
-    env = dict(os.environ, PYTHONUNBUFFERED="1")
     with (
         open(log_path, "a", encoding="utf-8") as log,
         tqdm(total=len(todo), desc=f"sweep {sweep}", unit="run", file=sys.stderr) as bar,
     ):
         for combo in todo:
-            run_id = combo.run_id(sweep)
-            run_dir = runs_dir / run_id
-            bar.set_postfix_str(run_id, refresh=True)
-            earlier = _status(run_dir)
-            if earlier == "ok":
-                status = "done earlier"
-            else:
-                if earlier == "skipped":  # a reason only, no data: re-decided from scratch
-                    shutil.rmtree(run_dir)
-                elif earlier is not None:
-                    moved = _set_aside(run_dir, runs_dir)
-                    tqdm.write(f"  {run_id}: earlier attempt ({earlier}) moved to {moved}")
-                cmd = [
-                    sys.executable,
-                    "-m",
-                    "workloads.launch",
-                    *combo.launcher_args(sweep),
-                    "--runs-dir",
-                    str(runs_dir),
-                    *extra,
-                ]
-                log.write(f"$ {' '.join(cmd)}\n")
-                log.flush()
-                start = time.perf_counter()
-                proc = subprocess.run(
-                    cmd,
-                    cwd=REPO,
-                    env=env,
-                    stdout=log,
-                    stderr=subprocess.PIPE,
-                    text=True,
-                    check=False,
-                )
-                log.write(proc.stderr)
-                if proc.returncode == 2:  # the launcher refused the arguments: every run would
-                    raise SweepError(_one_line(proc.stderr))
-                status = _status(run_dir) or "failed"
-                tqdm.write(f"  {run_id}: {status} ({time.perf_counter() - start:.1f} s)")
+            bar.set_postfix_str(combo.run_id(sweep), refresh=True)
+            status = _run_combo(combo, sweep, runs_dir, extra, log)
             counts[status] = counts.get(status, 0) + 1
             bar.update(1)
     summary = ", ".join(f"{n} {s}" for s, n in sorted(counts.items()))

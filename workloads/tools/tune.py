@@ -14,8 +14,6 @@ every trial's run folder and `tune.json` (rewritten atomically after each trial)
 from __future__ import annotations
 
 import argparse
-import csv
-import json
 import os
 import random
 import signal
@@ -26,15 +24,16 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from profiler.record import write_json_atomic
-from workloads.launch.runlog import utc_now
+from profiler.atomic import write_json_atomic
+from profiler.records import InputError, read_record, read_steps
+from profiler.runfolder import RUN_JSON, STEPS_CSV, utc_now
+from workloads.launch.child import child_env, user_path
 from workloads.tools import tune_stats
 from workloads.tools.tune_output import command_lines, print_table
 from workloads.tools.tune_plan import Knob, TuneError, build_parser, prepare
 
 __all__ = ["Tuner", "main"]
 
-REPO = Path(__file__).resolve().parents[2]
 TUNE_SCHEMA_VERSION = 1
 WINDOWS = os.name == "nt"
 
@@ -51,11 +50,13 @@ def _losses(run_dir: Path) -> dict[int, float]:
     """Per-step global loss of a run: the mean over ranks of steps.csv `loss`."""
     per_step: dict[int, list[float]] = {}
     try:
-        with open(run_dir / "steps.csv", newline="") as f:
-            for row in csv.DictReader(f):
-                per_step.setdefault(int(row["step"]), []).append(float(row["loss"]))
-    except (OSError, ValueError, KeyError):
+        rows = read_steps(run_dir / STEPS_CSV)
+    except InputError:
         return {}
+    if any(r.loss is None for r in rows):
+        return {}  # a row without a loss: no loss comparison, as for an unreadable file
+    for r in rows:
+        per_step.setdefault(r.step, []).append(float(r.loss))
     return {s: sum(v) / len(v) for s, v in per_step.items()}
 
 
@@ -132,8 +133,7 @@ class Tuner:
         started = time.monotonic()
         proc = subprocess.Popen(
             [sys.executable, "-m", "workloads.launch", *argv],
-            cwd=REPO,
-            env=dict(os.environ, PYTHONUNBUFFERED="1"),
+            env=child_env(PYTHONUNBUFFERED="1"),
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             text=True,
@@ -163,17 +163,17 @@ class Tuner:
             "error": None,
         }
         try:
-            run = json.loads((self.dir / run_id / "run.json").read_text())
-        except (OSError, ValueError):
-            run = {}
-        sps = (run.get("metrics") or {}).get("samples_per_s")
-        if proc.returncode == 0 and run.get("status") == "ok" and isinstance(sps, int | float):
+            run, _ = read_record(self.dir / run_id / RUN_JSON)
+        except InputError:
+            run = None
+        sps = run.metrics.samples_per_s if run else None
+        if proc.returncode == 0 and run and run.status == "ok" and sps is not None:
             result.update(status="ok", samples_per_s=float(sps))
         elif timed_out:
             result["error"] = f"timed out after {self.opts.trial_timeout_s} s (--trial-timeout-s)"
         else:
             lines = [ln for ln in (output or "").splitlines() if ln.strip()]
-            error = (run.get("error") or {}).get("message")
+            error = run.error.message if run and run.error else None
             result["error"] = error or (lines[-1] if lines else f"exit code {proc.returncode}")
         arm["trials"].append(result)
         self.bar.update(1)
@@ -313,6 +313,7 @@ class Tuner:
 
 def main(argv: list[str] | None = None) -> int:
     opts, extra = build_parser().parse_known_args(argv)
+    opts.runs_dir = str(user_path(opts.runs_dir))  # the trials' launchers get it absolute
     try:
         workload, launcher_argv, knobs, skipped = prepare(opts, extra)
         tune_dir = Path(opts.runs_dir) / opts.tune_id

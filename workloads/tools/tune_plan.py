@@ -8,9 +8,14 @@ import argparse
 import dataclasses
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from typing import TYPE_CHECKING
 
-from workloads.config import TrainConfig, batch_split, config_from_namespace
+from workloads.config import TrainConfig, config_from_namespace
+from workloads.plan import batch_split
 from workloads.tools import tune_stats
+
+if TYPE_CHECKING:  # the planner imports torch; only prepare's call needs it
+    from workloads.plan import Plan
 
 __all__ = ["ACCUM_NOTE", "KNOBS", "Knob", "TuneError", "build_parser", "prepare", "skip_reason"]
 
@@ -110,15 +115,8 @@ def select(names: str, *, accum: bool) -> list[Knob]:
     return [by_name[n] for n in dict.fromkeys(wanted)]
 
 
-def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog="python -m workloads.tools.tune",
-        description="Measure DDP knobs (bucket size, gradient_as_bucket_view, static_graph, comm "
-        "hooks, optionally gradient accumulation) on one workload; every candidate runs --trials "
-        "times interleaved with the baseline, profiler off. Unknown arguments (ARGS) go to every "
-        "trial's launcher. Accumulation (--accum) " + ACCUM_NOTE + " (global batch = per-device "
-        "micro-batch x world x K stays the same).",
-    )
+def _add_workload_arguments(p: argparse.ArgumentParser) -> None:
+    """The workload every trial runs (the make variables MODEL, DATASET, BATCH, ...)."""
     p.add_argument("--model", default="resnet18", help="MODEL (see workloads.launch --help)")
     p.add_argument("--dataset", default="synthetic", help="DATASET")
     p.add_argument("--batch-size", type=int, default=64, help="global batch (BATCH)")
@@ -130,6 +128,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--epochs", type=int, default=1, help="EPOCHS (a trial ends at --max-steps)")
     p.add_argument("--max-steps", type=int, default=30, help="steps per trial (STEPS, default 30)")
     p.add_argument("--seed", type=int, default=0, help="one seed for every trial (same data, init)")
+
+
+def _add_tuning_arguments(p: argparse.ArgumentParser) -> None:
+    """How the candidates are tried and judged."""
     p.add_argument(
         "--trials", type=int, default=3, help="trials per candidate and per baseline arm (TRIALS)"
     )
@@ -169,7 +171,20 @@ def build_parser() -> argparse.ArgumentParser:
         default=1800.0,
         help="a trial running longer is ended and recorded as failed (0 = no limit)",
     )
-    p.add_argument("--runs-dir", default="runs")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m workloads.tools.tune",
+        description="Measure DDP knobs (bucket size, gradient_as_bucket_view, static_graph, comm "
+        "hooks, optionally gradient accumulation) on one workload; every candidate runs --trials "
+        "times interleaved with the baseline, profiler off. Unknown arguments (ARGS) go to every "
+        "trial's launcher. Accumulation (--accum) " + ACCUM_NOTE + " (global batch = per-device "
+        "micro-batch x world x K stays the same).",
+    )
+    _add_workload_arguments(p)
+    _add_tuning_arguments(p)
+    p.add_argument("--runs-dir", default="runs", help="relative to the folder you run it in")
     p.add_argument(
         "--tune-id",
         default="",
@@ -179,43 +194,27 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def prepare(
-    opts: argparse.Namespace, extra: list[str]
-) -> tuple[dict, list[str], list[Knob], dict[str, str]]:
-    """Validate everything before any folder exists; return (workload, launcher argv, knobs, skipped)."""
-    from workloads.launch.launcher import build_parser as launch_parser
-    from workloads.plan import Environment, runnable_plan
-    from workloads.train.data import DataError, check_available
-
-    if opts.trials < 1:
-        raise TuneError(f"TRIALS (--trials) must be >= 1; got {opts.trials}")
-    if opts.budget_s < 0 or opts.trial_timeout_s < 0:
-        raise TuneError("TUNE_BUDGET_S (--budget-s) and --trial-timeout-s must be >= 0")
-    knobs = select(opts.candidates, accum=opts.accum)
+def _launcher_argv(opts: argparse.Namespace, extra: list[str]) -> list[str]:
+    """The launcher arguments of the baseline: our flags, then ARGS, then `--no-profile`."""
     argv = [
-        "--mode",
-        "ddp",
-        "--backend",
-        opts.backend,
-        "--device",
-        opts.device,
-        "--model",
-        opts.model,
-        "--dataset",
-        opts.dataset,
-        "--batch-size",
-        str(opts.batch_size),
-        "--epochs",
-        str(opts.epochs),
-        "--max-steps",
-        str(opts.max_steps),
-        "--seed",
-        str(opts.seed),
+        *("--mode", "ddp", "--backend", opts.backend, "--device", opts.device),
+        *("--model", opts.model, "--dataset", opts.dataset),
+        *("--batch-size", str(opts.batch_size), "--epochs", str(opts.epochs)),
+        *("--max-steps", str(opts.max_steps), "--seed", str(opts.seed)),
     ]
     if opts.nproc is not None:
         argv += ["--nproc", str(opts.nproc)]
     # ARGS come after our flags and `--no-profile` after ARGS: tuning measures unprofiled steps.
-    argv += [*extra, "--no-profile"]
+    return [*argv, *extra, "--no-profile"]
+
+
+def _plan_baseline(argv: list[str]) -> tuple[TrainConfig, Plan]:
+    """The baseline's config and plan by the launcher's own parser and planner (devices, backend
+    and the batch split, accumulation included); one-line TuneError for anything wrong."""
+    from workloads.launch.launcher import build_parser as launch_parser
+    from workloads.plan import Environment, runnable_plan
+    from workloads.train.data import DataError, check_available
+
     ns, unknown = launch_parser().parse_known_args(argv)
     if unknown:
         raise TuneError(
@@ -223,7 +222,7 @@ def prepare(
         )
     if ns.nnodes != 1 or ns.mode != "ddp":
         raise TuneError("make tune-ddp tunes one-node DDP; drop --nnodes/--mode from ARGS")
-    try:  # the launcher's planner: devices, backend and the batch split (accumulation included)
+    try:
         cfg = config_from_namespace(ns, mode="ddp", backend=ns.backend)
         plan = runnable_plan(
             cfg, Environment.detect(), prog="workloads.tools.tune", error=TuneError, nproc=ns.nproc
@@ -232,15 +231,12 @@ def prepare(
     except (DataError, ValueError) as exc:
         raise TuneError(str(exc)) from None
     cfg.backend = plan.backend
-    skipped = {k.name: r for k in knobs if (r := skip_reason(k, cfg, plan.backend, plan.replicas))}
-    knobs = [dataclasses.replace(k, note=knob_note(k, cfg)) for k in knobs]
-    if len(skipped) == len(knobs):
-        reasons = "; ".join(f"{n}: {r}" for n, r in skipped.items())
-        raise TuneError(f"no candidate can run on this workload ({reasons})")
-    argv[argv.index("--backend") + 1] = plan.backend
-    if opts.nproc is None:
-        argv += ["--nproc", str(plan.nproc)]
-    workload = {
+    return cfg, plan
+
+
+def _workload(opts: argparse.Namespace, extra: list[str], cfg: TrainConfig, plan: Plan) -> dict:
+    """tune.json `workload`: what was tuned, as planned on this machine."""
+    return {
         "model": opts.model,
         "dataset": opts.dataset,
         "batch_size": opts.batch_size,
@@ -255,7 +251,28 @@ def prepare(
         "args": [*(["--device", opts.device] if opts.device != "auto" else []), *extra],
         "accum": opts.accum,
     }
+
+
+def prepare(
+    opts: argparse.Namespace, extra: list[str]
+) -> tuple[dict, list[str], list[Knob], dict[str, str]]:
+    """Validate everything before any folder exists; return (workload, launcher argv, knobs, skipped)."""
+    if opts.trials < 1:
+        raise TuneError(f"TRIALS (--trials) must be >= 1; got {opts.trials}")
+    if opts.budget_s < 0 or opts.trial_timeout_s < 0:
+        raise TuneError("TUNE_BUDGET_S (--budget-s) and --trial-timeout-s must be >= 0")
+    knobs = select(opts.candidates, accum=opts.accum)
+    argv = _launcher_argv(opts, extra)
+    cfg, plan = _plan_baseline(argv)
+    skipped = {k.name: r for k in knobs if (r := skip_reason(k, cfg, plan.backend, plan.replicas))}
+    knobs = [dataclasses.replace(k, note=knob_note(k, cfg)) for k in knobs]
+    if len(skipped) == len(knobs):
+        reasons = "; ".join(f"{n}: {r}" for n, r in skipped.items())
+        raise TuneError(f"no candidate can run on this workload ({reasons})")
+    argv[argv.index("--backend") + 1] = plan.backend
+    if opts.nproc is None:
+        argv += ["--nproc", str(plan.nproc)]
     if not opts.tune_id:
         stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%S")
         opts.tune_id = f"tune-{opts.model}-{plan.backend}-n{plan.nproc}-{stamp}"
-    return workload, argv, knobs, skipped
+    return _workload(opts, extra, cfg, plan), argv, knobs, skipped

@@ -19,10 +19,12 @@ import torch
 from torch import nn
 
 from profiler.atomic import atomic_path
+from profiler.callbacks import Callback, StepState
 from workloads.train.context import RunContext, unwrap_model
 
 __all__ = [
     "LoopState",
+    "SaveFinal",
     "capture_rng",
     "checkpoint_now",
     "load_checkpoint",
@@ -181,6 +183,17 @@ def resume(
 def save_final(path: Path, model: nn.Module) -> None:
     """final.pt: the unwrapped model's state_dict (atomic; loads with weights_only=True)."""
     _atomic_save(unwrap_model(model).state_dict(), path)
+
+
+class SaveFinal(Callback):
+    """`--save-final` on rank 0: final.pt at `run_end`, once the profiler and the memory
+    sampler have stopped (so the save is in no trace) and before the run record."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def run_end(self, state: StepState) -> None:
+        save_final(self.path, state.model)
 
 
 def load_checkpoint(path: Path) -> dict:

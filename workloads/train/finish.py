@@ -8,7 +8,6 @@ rebuilds its buckets in gradient-ready order during the first steps.
 
 from __future__ import annotations
 
-import json
 import re
 import time
 from pathlib import Path
@@ -17,10 +16,12 @@ from torch import nn
 
 from profiler.memory import MemoryTracker
 from profiler.memory_breakdown import StaticMemory
-from profiler.record import STEPS_COLUMNS, write_csv_atomic, write_json_atomic
+from profiler.records import InputError, read_record
+from profiler.runfolder import RUN_JSON, write_run_json, write_steps_csv
 from profiler.session import ProfilerSession
-from workloads.config import TrainConfig, run_record
+from workloads.config import TrainConfig
 from workloads.launch import faults
+from workloads.record import run_record
 from workloads.train.context import RunContext, unwrap_model
 from workloads.train.summary import best_epoch, step_metrics
 
@@ -54,6 +55,63 @@ def ddp_info(model: nn.Module) -> dict | None:
     }
 
 
+def _rank_part(
+    run_dir: Path,
+    ctx: RunContext,
+    *,
+    rows: list[dict],
+    active_steps: list[int],
+    memory: MemoryTracker,
+    static: StaticMemory,
+    profiler: ProfilerSession,
+) -> dict:
+    """What this rank hands to rank 0: its rows, traced steps, memory and trace files."""
+    return {
+        "rows": rows,
+        "rank": ctx.rank,
+        "active_steps": active_steps,
+        "memory": memory.summary(),
+        "memory_after_first_step": memory.summary_after_first_step(),
+        "memory_breakdown": static.entries(),
+        "traces": [p.relative_to(run_dir).as_posix() for p in profiler.trace_files()],
+    }
+
+
+def _model_metrics(model: nn.Module) -> dict:
+    """run.json metrics read from the model after training: DDP's buckets, gradient and buffer
+    bytes."""
+    return {
+        "ddp": ddp_info(model),
+        # Per-parameter gradient bytes in model.parameters() order: what DDP's reducer buckets
+        # (analysis project computes a single-device run's buckets from it).
+        "param_grad_bytes": [
+            p.numel() * p.element_size()
+            for p in unwrap_model(model).parameters()
+            if p.requires_grad
+        ],
+        # What DDP's buffer broadcast moves at every forward: one coalesced call per dtype.
+        "buffer_bytes_by_dtype": _buffer_bytes_by_dtype(unwrap_model(model)),
+    }
+
+
+def _run_metrics(
+    gathered: list[dict], rows: list[dict], *, model: dict, epoch_times: list[float], start: float
+) -> tuple[dict, list[str]]:
+    """run.json `metrics` from every rank's part (and the warnings of the step metrics)."""
+    metrics = step_metrics(rows, {(g["rank"], s) for g in gathered for s in g["active_steps"]})
+    warnings = metrics.pop("warnings")
+    metrics = {
+        **metrics,
+        "epoch_time_s": epoch_times,
+        "wall_time_s": time.perf_counter() - start,
+        "memory": [m for g in gathered for m in g["memory"]],
+        "memory_after_first_step": [m for g in gathered for m in g["memory_after_first_step"]],
+        "memory_breakdown": [m for g in gathered for m in g["memory_breakdown"]],
+        **model,
+    }
+    return metrics, warnings
+
+
 def finish(
     cfg: TrainConfig,
     ctx: RunContext,
@@ -72,48 +130,26 @@ def finish(
     start: float,
 ) -> None:
     """Gather every rank's rows and memory to rank 0, which writes steps.csv and run.json."""
-    mine = {
-        "rows": rows,
-        "rank": ctx.rank,
-        "active_steps": active_steps,
-        "memory": memory.summary(),
-        "memory_after_first_step": memory.summary_after_first_step(),
-        "memory_breakdown": static.entries(),
-        "traces": [p.relative_to(run_dir).as_posix() for p in profiler.trace_files()],
-    }
+    mine = _rank_part(
+        run_dir,
+        ctx,
+        rows=rows,
+        active_steps=active_steps,
+        memory=memory,
+        static=static,
+        profiler=profiler,
+    )
     gathered = ctx.gather_to_main(mine)
-    ddp = ddp_info(model)
     if gathered is None:  # not rank 0
         return
     all_rows = sorted(
         (r for g in gathered for r in g["rows"]), key=lambda r: (r["step"], r["rank"])
     )
-    write_csv_atomic(run_dir / "steps.csv", all_rows, STEPS_COLUMNS)
-    previous = run_dir / "run.json"
-    created = json.loads(previous.read_text()).get("created_at") if previous.is_file() else None
-    metrics = step_metrics(
-        all_rows,
-        {(g["rank"], s) for g in gathered for s in g["active_steps"]},
+    write_steps_csv(run_dir, all_rows)
+    created = _created_at(run_dir)
+    metrics, warnings = _run_metrics(
+        gathered, all_rows, model=_model_metrics(model), epoch_times=epoch_times, start=start
     )
-    warnings = metrics.pop("warnings")
-    metrics = {
-        **metrics,
-        "epoch_time_s": epoch_times,
-        "wall_time_s": time.perf_counter() - start,
-        "memory": [m for g in gathered for m in g["memory"]],
-        "memory_after_first_step": [m for g in gathered for m in g["memory_after_first_step"]],
-        "memory_breakdown": [m for g in gathered for m in g["memory_breakdown"]],
-        "ddp": ddp,
-        # Per-parameter gradient bytes in model.parameters() order: what DDP's reducer buckets
-        # (analysis project computes a single-device run's buckets from it).
-        "param_grad_bytes": [
-            p.numel() * p.element_size()
-            for p in unwrap_model(model).parameters()
-            if p.requires_grad
-        ],
-        # What DDP's buffer broadcast moves at every forward: one coalesced call per dtype.
-        "buffer_bytes_by_dtype": _buffer_bytes_by_dtype(unwrap_model(model)),
-    }
     record = run_record(
         cfg,
         ctx.plan,
@@ -127,5 +163,14 @@ def finish(
     record["warnings"] = warnings  # e.g. no unprofiled measured step: throughput fell back
     if restarts:  # earlier attempts' traces too (their names say which attempt)
         record.update(faults.restart_record(run_dir, restarts), traces=faults.all_traces(run_dir))
-    write_json_atomic(run_dir / "run.json", record)
-    print(f"[rank0] wrote {run_dir / 'run.json'}", flush=True)
+    print(f"[rank0] wrote {write_run_json(run_dir, record)}", flush=True)
+
+
+def _created_at(run_dir: Path) -> str | None:
+    """`created_at` of the launcher's `running` record, kept in rank 0's; None when the trainer
+    was started without the launcher (no record yet)."""
+    try:
+        rec, _ = read_record(run_dir / RUN_JSON)
+    except InputError:
+        return None
+    return rec.created_at

@@ -2,13 +2,29 @@
 
 One loop for single, DataParallel and DDP: the mode only changes the RunContext (decided once)
 and the wrapper (workloads.train.context.wrap_model). Each optimizer step is timed in four phases
-(data, forward, backward, optimizer), advances the profiler schedule and samples memory. At the
-end every rank's step rows and memory peaks are gathered to rank 0, which writes steps.csv
-and run.json atomically (workloads.train.finish). Each rank logs to `logs/rank<r>.log`; a rank that
-raises also writes `logs/rank<r>.error.json` (with its `kind`, workloads.launch.faults) and exits 1 so
-the launcher can name it. Every phase boundary rewrites `logs/rank<r>.heartbeat.json`
-(workloads.launch.heartbeat); `--checkpoint-every` and a torchrun restart resume through
-workloads.train.checkpoint.
+(data, forward, backward, optimizer). At the end every rank's step rows and memory peaks are
+gathered to rank 0, which writes steps.csv and run.json atomically (workloads.train.finish). Each
+rank logs to `logs/rank<r>.log`; a rank that raises also writes `logs/rank<r>.error.json` (with
+its `kind`, workloads.launch.faults) and exits 1 so the launcher can name it. `--checkpoint-every`
+and a torchrun restart resume through workloads.train.checkpoint.
+
+Everything else the loop does happens in callbacks (profiler.callbacks), fired at fixed points
+of every step, in this order:
+
+    run_start
+    per epoch:
+        per step:  step_start, [data], after_data, [forward], after_forward, [backward],
+                   after_backward, [optimizer], step_end, (checkpoint every N steps)
+        epoch_end, eval_batch per evaluation batch, (checkpoint with --checkpoint)
+    run_end
+
+([phase] is a timed phase; with gradient accumulation forward and backward alternate per
+micro-batch and after_forward fires once, before the last micro-batch's backward.) The
+callbacks, in list order: StepRecorder (phase timers, steps.csv rows), StaticMemoryCount,
+ProfilerStep, MemorySampler (profiler.callbacks), SaveFinal (workloads.train.checkpoint),
+FaultInjection (workloads.launch.faults), HeartbeatCallback (workloads.launch.heartbeat, which
+rewrites `logs/rank<r>.heartbeat.json`), the progress bar, then any passed to `train`; they are
+built in workloads.train.instruments, and docs/callbacks.md says what each does where.
 """
 
 from __future__ import annotations
@@ -19,7 +35,8 @@ import os
 import sys
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 
@@ -28,12 +45,8 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 from torch.utils.data import DataLoader
-from tqdm import tqdm
 
-from profiler.memory import MemoryTracker
-from profiler.memory_breakdown import StaticMemory
-from profiler.session import ProfileConfig, ProfilerSession
-from profiler.timers import StepTimer
+from profiler.callbacks import Callback, StepState
 from workloads.config import (
     OneLineParser,
     TrainConfig,
@@ -44,17 +57,11 @@ from workloads.config import (
 from workloads.launch import faults
 from workloads.launch.heartbeat import Heartbeat
 from workloads.launch.runlog import rank_log, write_error_record
-from workloads.train.checkpoint import LoopState, checkpoint_now, resume, save_final
-from workloads.train.context import (
-    RunContext,
-    init_context,
-    teardown,
-    unwrap_model,
-    wrap_model,
-)
-from workloads.train.data import GlobalBatchSampler, build_datasets, eval_loader, train_loader
+from workloads.train.checkpoint import LoopState, checkpoint_now, resume
+from workloads.train.context import RunContext, init_context, teardown, unwrap_model
 from workloads.train.finish import finish
-from workloads.train.models import build_model
+from workloads.train.instruments import Instruments, build_instruments
+from workloads.train.parts import Parts, build_parts, planned_steps
 
 __all__ = ["evaluate", "main", "train"]
 
@@ -108,10 +115,10 @@ def _forward_backward(
     y: torch.Tensor,
     *,
     accum: int,
-    timer: StepTimer,
+    phase: Callable[[str], contextlib.AbstractContextManager[None]],
     scaler: torch.amp.GradScaler,
     amp: torch.dtype | None,
-    on_backward: Callable[[], None] | None = None,
+    before_sync_backward: Callable[[], None],
 ) -> torch.Tensor:
     """Forward and backward of one optimizer step over `accum` micro-batches; returns the loss
     over the rank's whole share (the mean of the equal-sized micro-batch means).
@@ -121,206 +128,185 @@ def _forward_backward(
     global batch. Each micro-batch loss is scaled by 1/accum so the accumulated gradient is the
     share's mean gradient; under DDP all but the last micro-batch run under `no_sync()`, so the
     bucketed all-reduce happens once per optimizer step. Forward/backward time of every
-    micro-batch adds up in the step's `forward`/`backward` phases.
+    micro-batch adds up in the step's `forward`/`backward` phases; `before_sync_backward` runs
+    once, before the last micro-batch's backward (the one that all-reduces).
     """
     ddp = isinstance(model, nn.parallel.DistributedDataParallel)
     losses = []
     for k, (xm, ym) in enumerate(zip(x.chunk(accum), y.chunk(accum), strict=True)):
         skip_sync = ddp and k < accum - 1
         with model.no_sync() if skip_sync else contextlib.nullcontext():
-            with timer.phase("forward"):
+            with phase("forward"):
                 with torch.autocast(x.device.type, dtype=amp, enabled=amp is not None):
                     loss = F.cross_entropy(model(xm), ym)
-            if on_backward is not None and k == accum - 1:
-                on_backward()  # before the backward that all-reduces (fault hooks, heartbeat)
-            with timer.phase("backward"):
+            if k == accum - 1:
+                before_sync_backward()
+            with phase("backward"):
                 scaler.scale(loss / accum if accum > 1 else loss).backward()
         losses.append(loss.detach())
     return losses[0] if accum == 1 else torch.stack(losses).mean()
 
 
-def _backward_starts(hooks: faults.FaultHooks, beat: Heartbeat, rank: int, step: int) -> None:
-    hooks.before_backward(rank, step)  # the hang test hook
-    beat.beat(step, "backward")
+@dataclass(kw_only=True)
+class _Run:
+    """One rank's training: the parts, the loop's progress and the callbacks it fires."""
 
+    cfg: TrainConfig
+    ctx: RunContext
+    parts: Parts
+    loop: LoopState
+    state: StepState
+    inst: Instruments
+    checkpoint_path: Path
 
-def train(cfg: TrainConfig, ctx: RunContext, run_dir: Path) -> None:
-    """Train, evaluate each epoch, and (rank 0) write steps.csv and run.json."""
-    start = time.perf_counter()
-    hooks, attempt_no = faults.FaultHooks.from_env(), faults.attempt()  # read once, not per step
-    beat = Heartbeat.of_rank(run_dir, ctx.rank, attempt=attempt_no, collectives=ctx.mode == "ddp")
-    threads = _set_threads(ctx)
-    use_cuda = ctx.device.type == "cuda"
-    data = build_datasets(cfg.dataset, cfg.data_dir, download=cfg.download)
-    global_batch, per_device = ctx.plan.global_batch, ctx.plan.per_device_batch
-    assert global_batch is not None  # init_context refuses a plan that cannot run
-    fail_at = faults.injected_failure_step(ctx.rank)
-    # DP is one replica of the sampler (DataParallel splits the batch itself); DDP ranks take shares.
-    sampler = GlobalBatchSampler(
-        num_samples=len(data.train),
-        global_batch=global_batch,
-        rank=ctx.rank,
-        replicas=ctx.world_size,
-        seed=cfg.seed,
-    )
-    loader = train_loader(
-        data.train, sampler, num_workers=cfg.num_workers, pin_memory=cfg.pin_memory
-    )
-    test_loader = eval_loader(
-        data.test,
-        rank=ctx.rank,
-        world_size=ctx.world_size,
-        batch_size=256,
-        num_workers=cfg.num_workers,
-        pin_memory=cfg.pin_memory,
-    )
-    torch.manual_seed(cfg.seed)  # the same initial weights in every mode and on every rank
-    model = wrap_model(build_model(cfg.model, num_classes=data.num_classes), ctx, cfg)
-    optimizer = torch.optim.SGD(
-        model.parameters(), lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay
-    )
-    amp_dtype = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(cfg.amp)
-    scaler = torch.amp.GradScaler(ctx.device.type, enabled=use_cuda and cfg.amp == "fp16")
-    timer = StepTimer(device=ctx.device)
-    memory = MemoryTracker(rank=ctx.rank, devices=list(ctx.devices))
-    profiler = ProfilerSession(
-        ProfileConfig(**cfg.profile_kwargs()),
-        trace_dir=run_dir / "traces",
-        # A restarted attempt's traces get names of their own (rank<r>_attempt<k>.<ts>...).
-        worker_name=("dp" if ctx.mode == "dp" else f"rank{ctx.rank}")
-        + (f"_attempt{attempt_no}" if attempt_no else ""),
-        use_cuda=use_cuda,
-    )
-    state = LoopState()
-    ckpt = run_dir / "checkpoint.pt"
-    if attempt_no:  # torchrun restarted the job: continue from the last checkpoint, if any
-        resume(ckpt, ctx, model, optimizer, scaler, state, attempt_no=attempt_no)
-    first_step = state.step
-    rows: list[dict] = []  # this rank's rows since the last checkpoint (earlier: state.rows)
-    active_steps: list[int] = []  # steps the profiler recorded (profiler_overhead_pct)
-    planned = cfg.epochs * len(sampler)
-    planned = min(planned, cfg.max_steps) if cfg.max_steps else planned
-    print(
-        f"[rank{ctx.rank}] mode={ctx.mode} backend={ctx.backend} device={ctx.device} "
-        f"world={ctx.world_size} threads={threads} global_batch={global_batch} per_device={per_device} "
-        f"grad_accum={cfg.grad_accum_steps} "
-        f"steps={planned}"
-        + (f" attempt={attempt_no} resumed_from={first_step}" if attempt_no else ""),
-        flush=True,
-    )
-    static = StaticMemory(
-        rank=ctx.rank, devices=list(ctx.devices), planned_steps=max(1, planned - first_step)
-    )
-    bar = tqdm(
-        total=planned,
-        initial=first_step,
-        desc=f"{ctx.mode} train",
-        unit="step",
-        disable=not ctx.is_main,
-        file=sys.__stderr__,
-    )
-    memory.start()
-    profiler.start(step=state.step)
-    while state.epoch < cfg.epochs and state.step < planned:
-        sampler.set_epoch(state.epoch, start=state.epoch_step)
-        epoch_start = time.perf_counter()
-        batches = iter(loader)
-        while state.epoch_step < len(sampler) and state.step < planned:
-            timer.start_step()
-            beat.beat(state.step, "data")
-            with timer.phase("data"):
-                x, y = next(batches)
-                x = x.to(ctx.device, non_blocking=True)
-                y = y.to(ctx.device, non_blocking=True)
-            if state.step == fail_at:
-                faults.raise_injected_failure(ctx.rank, state.step)
-            hooks.before_forward(ctx.rank, state.step)
-            beat.beat(state.step, "forward")
-            loss = _forward_backward(
-                model,
-                x,
-                y,
-                accum=cfg.grad_accum_steps,
-                timer=timer,
-                scaler=scaler,
-                amp=amp_dtype,
-                on_backward=partial(_backward_starts, hooks, beat, ctx.rank, state.step),
-            )
-            loss = hooks.poison(loss, state.step)
-            beat.beat(state.step, "optimizer")
-            static.after_backward(model, state.step)  # between phases; counts once
-            with timer.phase("optimizer"):
-                scaler.step(optimizer)
-                scaler.update()
-                optimizer.zero_grad(set_to_none=True)
-            times = timer.end_step()
-            phase = profiler.phase()  # of this step, asked before step() moves the schedule on
-            if phase == "active":
-                active_steps.append(state.step)
-            static.after_optimizer(model, optimizer, state.step)  # once; outside step_time_s
-            profiler.step()
-            sample = memory.step_sample()
-            if state.step == first_step:
-                memory.mark_first_step()
-            loss_value = float(loss.item())
-            faults.check_loss(
-                loss_value, rank=ctx.rank, step=state.step, stop=cfg.stop_on_nonfinite
-            )
-            rows.append(
-                {
-                    "rank": ctx.rank,
-                    "epoch": state.epoch,
-                    "step": state.step,
-                    "warmup": int(state.step < cfg.warmup_steps),
-                    "profiled": int(phase != "none"),
-                    **times,
-                    "samples": len(y),
-                    "loss": loss_value,
-                    "rss_bytes": sample["rss_bytes"],
-                    "cuda_allocated_bytes": sample["cuda_allocated_bytes"],
-                }
-            )
-            state.step += 1
-            state.epoch_step += 1
-            if cfg.checkpoint_every and state.step % cfg.checkpoint_every == 0:
-                beat.beat(state.step, "checkpoint")
-                checkpoint_now(ckpt, ctx, model, optimizer, scaler, state, rows)
-            bar.update(1)
-            bar.set_postfix(loss=f"{loss_value:.4f}", refresh=False)
-        state.epoch_times.append(time.perf_counter() - epoch_start)
-        beat.beat(state.step, "eval")
-        result = evaluate(
-            unwrap_model(model), test_loader, ctx, epoch=state.epoch, on_batch=beat.tick
+    def fire(self, event: str) -> None:
+        self.state.epoch, self.state.step = self.loop.epoch, self.loop.step
+        self.inst.callbacks.fire(event, self.state)
+
+    def phase(self, name: str) -> contextlib.AbstractContextManager[None]:
+        return self.inst.callbacks.phase(self.state, name)
+
+    def step(self, batches: Iterator) -> None:
+        """One optimizer step, with its callbacks."""
+        p, device = self.parts, self.ctx.device
+        self.fire("step_start")
+        with self.phase("data"):
+            x, y = next(batches)
+            x = x.to(device, non_blocking=True)
+            y = y.to(device, non_blocking=True)
+        self.state.samples = len(y)
+        self.fire("after_data")
+        self.state.loss = _forward_backward(
+            p.model,
+            x,
+            y,
+            accum=self.cfg.grad_accum_steps,
+            phase=self.phase,
+            scaler=p.scaler,
+            amp=p.amp,
+            before_sync_backward=partial(self.fire, "after_forward"),
         )
-        state.evals.append(result)
+        self.fire("after_backward")
+        with self.phase("optimizer"):
+            p.scaler.step(p.optimizer)
+            p.scaler.update()
+            p.optimizer.zero_grad(set_to_none=True)
+        self.fire("step_end")
+
+    def checkpoint(self) -> None:
+        """Collective under DDP: the loop state and every rank's rows so far (rank 0 saves)."""
+        self.fire("checkpoint")
+        p = self.parts
+        checkpoint_now(
+            self.checkpoint_path,
+            self.ctx,
+            p.model,
+            p.optimizer,
+            p.scaler,
+            self.loop,
+            self.inst.recorder.rows,
+        )
+
+    def epoch(self, planned: int) -> None:
+        """The rest of the current epoch (from the sampler's position), then its evaluation."""
+        loop, cfg = self.loop, self.cfg
+        self.parts.sampler.set_epoch(loop.epoch, start=loop.epoch_step)
+        epoch_start = time.perf_counter()
+        batches = iter(self.parts.loader)
+        while loop.epoch_step < len(self.parts.sampler) and loop.step < planned:
+            self.step(batches)
+            loop.step += 1
+            loop.epoch_step += 1
+            if cfg.checkpoint_every and loop.step % cfg.checkpoint_every == 0:
+                self.checkpoint()
+        loop.epoch_times.append(time.perf_counter() - epoch_start)
+        self.fire("epoch_end")
+        result = evaluate(
+            unwrap_model(self.parts.model),
+            self.parts.test_loader,
+            self.ctx,
+            epoch=loop.epoch,
+            on_batch=partial(self.fire, "eval_batch"),
+        )
+        loop.evals.append(result)
         print(
-            f"[rank{ctx.rank}] epoch {state.epoch}: {state.epoch_step} steps, "
+            f"[rank{self.ctx.rank}] epoch {loop.epoch}: {loop.epoch_step} steps, "
             f"test_loss {result['test_loss']:.4f} top1 {result['top1_pct']:.2f}% top5 {result['top5_pct']:.2f}%",
             flush=True,
         )
-        state.epoch += 1
-        state.epoch_step = 0
+        loop.epoch += 1
+        loop.epoch_step = 0
         if cfg.checkpoint:
-            beat.beat(state.step, "checkpoint")
-            checkpoint_now(ckpt, ctx, model, optimizer, scaler, state, rows)
-    bar.close()
-    profiler.stop()
-    memory.stop()
-    if cfg.save_final and ctx.is_main:
-        save_final(run_dir / "final.pt", model)
-    beat.beat(state.step, "finish")
+            self.checkpoint()
+
+
+def _announce(
+    cfg: TrainConfig,
+    ctx: RunContext,
+    *,
+    threads: int,
+    planned: int,
+    loop: LoopState,
+    attempt_no: int,
+) -> None:
+    print(
+        f"[rank{ctx.rank}] mode={ctx.mode} backend={ctx.backend} device={ctx.device} "
+        f"world={ctx.world_size} threads={threads} global_batch={ctx.plan.global_batch} "
+        f"per_device={ctx.plan.per_device_batch} grad_accum={cfg.grad_accum_steps} "
+        f"steps={planned}"
+        + (f" attempt={attempt_no} resumed_from={loop.step}" if attempt_no else ""),
+        flush=True,
+    )
+
+
+def train(
+    cfg: TrainConfig, ctx: RunContext, run_dir: Path, *, callbacks: Sequence[Callback] = ()
+) -> None:
+    """Train, evaluate each epoch, and (rank 0) write steps.csv and run.json. `callbacks` run
+    after the loop's own, at the points of the module docstring."""
+    start = time.perf_counter()
+    attempt_no = faults.attempt()  # read once, not per step
+    # The first beat is on disk before the data and model are built (the launcher's watchdog).
+    beat = Heartbeat.of_rank(run_dir, ctx.rank, attempt=attempt_no, collectives=ctx.mode == "ddp")
+    threads = _set_threads(ctx)
+    parts = build_parts(cfg, ctx)
+    loop = LoopState()
+    ckpt = run_dir / "checkpoint.pt"
+    if attempt_no:  # torchrun restarted the job: continue from the last checkpoint, if any
+        resume(ckpt, ctx, parts.model, parts.optimizer, parts.scaler, loop, attempt_no=attempt_no)
+    planned = planned_steps(cfg, parts)
+    _announce(cfg, ctx, threads=threads, planned=planned, loop=loop, attempt_no=attempt_no)
+    inst = build_instruments(
+        cfg, ctx, run_dir, beat, planned=planned, first_step=loop.step, extra=callbacks
+    )
+    run = _Run(
+        cfg=cfg,
+        ctx=ctx,
+        parts=parts,
+        loop=loop,
+        state=StepState(
+            rank=ctx.rank, model=parts.model, optimizer=parts.optimizer, first_step=loop.step
+        ),
+        inst=inst,
+        checkpoint_path=ckpt,
+    )
+    run.fire("run_start")
+    while loop.epoch < cfg.epochs and loop.step < planned:
+        run.epoch(planned)
+    run.fire("run_end")
     finish(
         cfg,
         ctx,
         run_dir,
-        model=model,
-        rows=state.rows + rows,  # rank 0: every rank's rows up to the checkpoint, then its own
-        active_steps=active_steps,
-        memory=memory,
-        static=static,
-        profiler=profiler,
-        evals=state.evals,
-        epoch_times=state.epoch_times,
+        model=parts.model,
+        rows=loop.rows
+        + inst.recorder.rows,  # rank 0: every rank's rows to the checkpoint, then its own
+        active_steps=inst.profiler.active_steps,
+        memory=inst.memory.tracker,
+        static=inst.static.static,
+        profiler=inst.profiler.session,
+        evals=loop.evals,
+        epoch_times=loop.epoch_times,
         restarts=attempt_no,
         threads=threads,
         start=start,

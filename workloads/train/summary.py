@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from profiler.runfolder import throughput_steps
+
 __all__ = ["best_epoch", "step_metrics", "throughput_rows"]
 
 
@@ -21,17 +23,10 @@ def _stats(times: list[float]) -> dict:
 
 
 def throughput_rows(rows: list[dict]) -> tuple[list[dict], str | None]:
-    """The steps throughput is measured on: neither warm-up (`warmup` == 0) nor traced by the
-    profiler (`profiled` == 0), since traced steps carry the profiler's own cost. When no such step
-    exists, every measured (non-warm-up) step, and a warning saying so."""
-    measured = [r for r in rows if not r["warmup"]]
-    clean = [r for r in measured if not r.get("profiled")]
-    if clean or not measured:
-        return clean, None
-    return measured, (
-        "no measured step outside the profiler window: samples_per_s and step_time_s include "
-        "profiled steps (raise --max-steps or narrow the --profile-* schedule)"
-    )
+    """The steps throughput is measured on, and the fallback's warning: the run-folder rule
+    (profiler.runfolder.throughput_steps) applied to step rows."""
+    mask, warning = throughput_steps([r["warmup"] for r in rows], [r.get("profiled") for r in rows])
+    return [r for r, keep in zip(rows, mask, strict=True) if keep], warning
 
 
 def _overhead_pct(rows: list[dict], active: set[tuple[int, int]]) -> float | None:

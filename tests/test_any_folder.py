@@ -1,0 +1,182 @@
+"""Issue 21 item 1: dpscope's commands work from any folder. Run from a temp folder outside the
+repository with only PYTHONPATH pointing at it (as a pip or notebook user would), the launcher,
+the sweep and bench-comm write exactly where a relative path asks, and nothing into the repo.
+Real launcher, real torchrun (gloo) on CPU, tiny sizes."""
+
+from __future__ import annotations
+
+import ast
+import csv
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import REPO, read_run
+from workloads.launch import launcher
+from workloads.launch.child import PACKAGE_ROOT, child_env, user_path
+
+TINY = "--model mlp --dataset synthetic --max-steps 3 --batch-size 16 --no-profile --device cpu"
+
+
+def _from(
+    folder: Path, module: str, *args: str, timeout: float = 240
+) -> subprocess.CompletedProcess:
+    """`python -m MODULE ARGS` run in `folder` with only PYTHONPATH naming the repository."""
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    env.update(PYTHONPATH=str(REPO), PYTHONUNBUFFERED="1")
+    return subprocess.run(
+        [sys.executable, "-m", module, *args],
+        cwd=folder,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+def _nothing_in_repo(*names: str) -> None:
+    """No file or folder of these names appeared anywhere in the repository."""
+    for name in names:
+        found = [p for p in REPO.rglob(name) if ".git" not in p.parts]
+        assert not found, f"written into the repository: {found}"
+
+
+@pytest.fixture
+def elsewhere(tmp_path: Path) -> Path:
+    """A working folder outside the repository."""
+    folder = tmp_path / "user folder"  # a space, as users' folders have
+    folder.mkdir()
+    assert not folder.resolve().is_relative_to(REPO.resolve())
+    return folder
+
+
+@pytest.mark.parametrize(
+    ("rid", "mode"),
+    [
+        ("af-single", ["--mode", "single"]),
+        ("af-ddp", "--mode ddp --backend gloo --nproc 2".split()),
+    ],
+)
+def test_the_launcher_writes_an_ok_run_folder_where_a_relative_runs_dir_says(elsewhere, rid, mode):
+    proc = _from(elsewhere, "workloads.launch", *mode, "--runs-dir", "runs_x", "--run-id", rid,
+                 *TINY.split())  # fmt: skip
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    run_dir = elsewhere / "runs_x" / rid
+    run = read_run(run_dir)
+    assert run["status"] == "ok", run["error"]
+    assert run["config"]["world_size"] == (2 if "ddp" in mode else 1)
+    with open(run_dir / "steps.csv", newline="") as f:
+        ranks = {row["rank"] for row in csv.DictReader(f)}
+    assert len(ranks) == run["config"]["world_size"]  # every rank wrote its steps there
+    # The child was started with the absolute folder, so nothing depends on its cwd guess.
+    command = (run_dir / "logs" / "launcher.log").read_text().splitlines()[0]
+    assert f"--runs-dir {run_dir.parent}" in command
+    assert f"run folder: {run_dir}  status: ok" in proc.stdout
+    assert sorted(p.name for p in elsewhere.iterdir()) == ["runs_x"]
+    _nothing_in_repo("runs_x", rid)
+
+
+def test_sweep_from_another_folder_writes_its_runs_there(elsewhere):
+    args = ["--modes", "single", "--nprocs", "1", "--sweep", "afsweep", "--runs-dir", "out/sw"]
+    proc = _from(elsewhere, "workloads.tools.sweep", *args, *TINY.split(), timeout=300)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    runs = elsewhere / "out" / "sw"
+    assert read_run(runs / "afsweep-single-n1-s0")["status"] == "ok"
+    assert (runs / ".afsweep.log").is_file()
+    _nothing_in_repo("afsweep-single-n1-s0", ".afsweep.log")
+
+
+def test_bench_comm_from_another_folder_writes_its_run_there(elsewhere):
+    args = "--backend gloo --nproc 2 --sizes 1024 --iters 2 --warmup 1 --collectives all_reduce"
+    proc = _from(elsewhere, "workloads.comm.bench", *args.split(), "--runs-dir", "c",
+                 "--run-id", "af-comm")  # fmt: skip
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    run = read_run(elsewhere / "c" / "af-comm")
+    assert run["status"] == "ok" and run["metrics"]["checks"] == {"all_reduce": "ok"}
+    assert (elsewhere / "c" / "af-comm" / "comm.csv").is_file()
+    _nothing_in_repo("af-comm")
+
+
+def test_user_paths_are_resolved_against_the_users_folder_once(elsewhere, monkeypatch):
+    """--runs-dir, --data-dir and --rdzv-file reach the plan and the training absolute."""
+    monkeypatch.chdir(elsewhere)
+    seen = []
+    monkeypatch.setattr(launcher, "_execute", lambda cfg, *_: seen.append(cfg) or "ok")
+    argv = ["--mode", "ddp", "--backend", "gloo", "--nproc", "2", *TINY.split()]
+    argv += ["--runs-dir", "r", "--data-dir", "../d", "--rdzv-file", "rdzv/file"]
+    assert launcher.main(argv) == 0
+    (cfg,) = seen
+    assert cfg.runs_dir == str(elsewhere / "r")
+    assert cfg.data_dir == str(elsewhere.parent / "d")
+    assert cfg.init_method == (elsewhere / "rdzv" / "file").as_uri()
+    assert user_path("x/../y") == elsewhere / "y"
+
+
+def test_a_missing_dataset_names_the_folder_the_user_meant(elsewhere, monkeypatch, capsys):
+    monkeypatch.chdir(elsewhere)
+    argv = [*TINY.replace("synthetic", "cifar10").split(), "--data-dir", "mydata"]
+    assert launcher.main([*argv, "--runs-dir", "r"]) == 2
+    assert str(elsewhere / "mydata") in capsys.readouterr().err
+    assert not (elsewhere / "r").exists()
+
+
+def test_child_env_puts_dpscope_first_and_keeps_the_users_path(tmp_path):
+    theirs = os.pathsep.join(["/their/lib", str(PACKAGE_ROOT), "", "rel"])
+    env = child_env({"PYTHONPATH": theirs, "HOME": "/h"}, PYTHONUNBUFFERED="1")
+    assert env["PYTHONPATH"].split(os.pathsep) == [str(PACKAGE_ROOT), "/their/lib", "rel"]
+    assert (env["HOME"], env["PYTHONUNBUFFERED"]) == ("/h", "1")
+    assert child_env({})["PYTHONPATH"] == str(PACKAGE_ROOT)
+    assert PACKAGE_ROOT == REPO.resolve()
+
+
+def test_an_installed_dpscope_is_not_put_ahead_of_the_standard_library(monkeypatch):
+    """Installed into site-packages, dpscope imports without PYTHONPATH; prepending
+    site-packages would put it before the standard library, so the user's PYTHONPATH stays."""
+    import site
+
+    monkeypatch.setattr(site, "getsitepackages", lambda: [str(PACKAGE_ROOT)])
+    assert child_env({"PYTHONPATH": "/their/lib"})["PYTHONPATH"] == "/their/lib"
+    assert "PYTHONPATH" not in child_env({})
+
+
+def test_a_child_imports_dpscope_and_the_users_own_module_from_the_users_folder(tmp_path):
+    """What the launcher gives its children: the user's folder as cwd (first on sys.path under
+    `python -m`) and dpscope through PYTHONPATH, so a user's module can import both."""
+    (tmp_path / "my_model.py").write_text(
+        "import json, os, workloads.config as c\nprint(json.dumps([os.getcwd(), c.__file__]))\n"
+    )
+    clean = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    proc = subprocess.run(
+        [sys.executable, "-m", "my_model"],
+        cwd=tmp_path,
+        env=child_env(clean),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    )
+    cwd, config_file = json.loads(proc.stdout)
+    assert Path(cwd) == tmp_path
+    assert Path(config_file).resolve() == PACKAGE_ROOT / "workloads" / "config.py"
+
+
+def test_no_command_starts_its_children_in_the_repository():
+    """The rule, not case by case: outside the tests no call passes `cwd=` and no module keeps a
+    REPO path of its own (PACKAGE_ROOT in workloads.launch.child is the one place)."""
+    offenders = []
+    for path in sorted(REPO.glob("*/**/*.py")):
+        if path.relative_to(REPO).parts[0] in {"tests", ".venv"}:
+            continue
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        for node in ast.walk(tree):
+            cwd = isinstance(node, ast.Call) and any(k.arg == "cwd" for k in node.keywords)
+            repo = isinstance(node, ast.Assign) and any(
+                isinstance(t, ast.Name) and t.id == "REPO" for t in node.targets
+            )
+            if cwd or repo:
+                offenders.append(f"{path.relative_to(REPO)}:{node.lineno}")
+    assert not offenders, offenders

@@ -1,0 +1,97 @@
+"""The command line of `make bench-comm` (workloads.comm.bench): its parser, and the parsing of
+message sizes, collectives and gaps shared by the launching side and every rank (one-line
+LaunchError each)."""
+
+from __future__ import annotations
+
+import argparse
+
+from workloads.comm.ops import COLLECTIVES
+from workloads.launch.launcher import LaunchError
+
+__all__ = ["build_parser", "default_sizes", "parse_collectives", "parse_gaps", "parse_sizes"]
+
+DESCRIPTION = "`make bench-comm`: an nccl-tests-like collective benchmark as a torchrun job."
+
+
+def default_sizes(max_bytes: int) -> list[int]:
+    """Powers of 2 from 4 B (one float32) to `max_bytes`."""
+    sizes, s = [], 4
+    while s <= max_bytes:
+        sizes.append(s)
+        s *= 2
+    return sizes
+
+
+def parse_gaps(text: str, collectives: tuple[str, ...] = COLLECTIVES) -> dict[str, float]:
+    """`--gap-ms`: '' (none), one number for every collective, or 'all_reduce=40,broadcast=1'."""
+    text = str(text).strip()
+    if not text:
+        return {}
+    try:
+        if "=" not in text:
+            gaps = dict.fromkeys(collectives, float(text))
+        else:
+            gaps = {k.strip(): float(v) for k, v in (t.split("=", 1) for t in text.split(","))}
+    except ValueError:
+        gaps = None
+    if gaps is None or any(k not in COLLECTIVES or not 0 <= v <= 10_000 for k, v in gaps.items()):
+        raise LaunchError(
+            "--gap-ms must be milliseconds (0 to 10000), one number or "
+            f"'all_reduce=40,broadcast=1' with names from {', '.join(COLLECTIVES)}; got {text!r}"
+        )
+    return {k: v for k, v in gaps.items() if v > 0}
+
+
+def parse_collectives(text: str) -> tuple[str, ...]:
+    names = tuple(dict.fromkeys(t for t in text.replace(",", " ").split())) or COLLECTIVES
+    unknown = [t for t in names if t not in COLLECTIVES]
+    if unknown:
+        raise LaunchError(
+            f"--collectives must name some of {', '.join(COLLECTIVES)}; got {', '.join(unknown)}"
+        )
+    return names
+
+
+def parse_sizes(text: str) -> list[int]:
+    try:
+        sizes = sorted({int(t) for t in text.replace(",", " ").split()})
+    except ValueError:
+        raise LaunchError(
+            f"--sizes must be byte counts like '1024 1048576'; got {text!r}"
+        ) from None
+    if not sizes or sizes[0] < 4:
+        raise LaunchError(f"--sizes must be >= 4 bytes (one float32); got {text!r}")
+    return sizes
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m workloads.comm.bench", description=DESCRIPTION)
+    p.add_argument("--backend", choices=("auto", "nccl", "gloo"), default="auto")
+    p.add_argument("--nproc", type=int, default=None, help="ranks (default as profile-ddp)")
+    p.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto")
+    p.add_argument("--runs-dir", default="runs")
+    p.add_argument("--run-id", default="", help="default: comm-<backend>-n<world>-<time>")
+    p.add_argument("--sizes", default="", help="explicit byte sizes, e.g. '1024 1048576'")
+    p.add_argument(
+        "--max-bytes",
+        type=int,
+        default=0,
+        help="largest power-of-2 size (default 64 MiB GPU, 16 MiB CPU)",
+    )
+    p.add_argument("--iters", type=int, default=20, help="timed iterations per size")
+    p.add_argument("--warmup", type=int, default=5, help="untimed iterations per size")
+    p.add_argument(
+        "--threads", type=int, default=0, help="torch threads per rank (0 = cores ÷ ranks)"
+    )
+    p.add_argument(
+        "--collectives", default="", help=f"some of: {' '.join(COLLECTIVES)} (default: all)"
+    )
+    p.add_argument(
+        "--gap-ms",
+        default="",
+        help="compute (ms) before each timed call, as in training: one number or "
+        "'all_reduce=40,broadcast=1' (default 0: back-to-back, as nccl-tests)",
+    )
+    p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    return p

@@ -1,0 +1,58 @@
+"""How dpscope's commands start their Python children so that they work from any folder.
+
+Every command that starts a `python -m ...` child (the launcher, sweep, tune, bench-comm,
+gpu-check and the benches) runs it in the user's own working directory and with the environment
+from `child_env`:
+
+- the child inherits the folder the user ran the command in (no `cwd=`), so a relative path
+  means what it meant to the user, and `python -m` puts that folder first on the child's
+  `sys.path`: the user's own modules import there, as they would in a script of theirs;
+- dpscope's package root is prepended to PYTHONPATH (the user's entries kept after it), so the
+  child imports this dpscope from whichever folder it runs in. An installed dpscope (in
+  site-packages) is importable anyway and is not put ahead of the standard library.
+
+Paths the user gives (`--runs-dir`, `--data-dir`, `--rdzv-file`, output files) go through
+`user_path` once, before anything starts, so that every child and every message sees the same
+absolute path.
+"""
+
+from __future__ import annotations
+
+import os
+import site
+from collections.abc import Mapping
+from pathlib import Path
+
+__all__ = ["PACKAGE_ROOT", "child_env", "user_path"]
+
+PACKAGE_ROOT = Path(__file__).resolve().parents[2]
+"""The folder that holds dpscope's top-level packages (workloads/, analysis/, profiler/)."""
+
+
+def _on_default_path(root: Path) -> bool:
+    """Whether Python finds packages in `root` without PYTHONPATH (an installed dpscope)."""
+    dirs = [*site.getsitepackages(), site.getusersitepackages()]
+    return any(Path(d).resolve() == root for d in dirs if d)
+
+
+def child_env(env: Mapping[str, str] | None = None, **extra: str) -> dict[str, str]:
+    """`env` (default: this process's environment) plus `extra`, with dpscope's package root
+    first on PYTHONPATH and the user's own PYTHONPATH entries kept, in order, after it."""
+    out = dict(os.environ if env is None else env)
+    out.update(extra)
+    if _on_default_path(PACKAGE_ROOT):
+        return out
+    theirs = [p for p in out.get("PYTHONPATH", "").split(os.pathsep) if p]
+    # Empty entries (an unset PYTHONPATH, "a::b") add the working folder, which `python -m`
+    # puts first on sys.path anyway.
+    kept = [p for p in theirs if Path(p).resolve() != PACKAGE_ROOT]
+    out["PYTHONPATH"] = os.pathsep.join([str(PACKAGE_ROOT), *kept])
+    return out
+
+
+def user_path(path: str | os.PathLike[str]) -> Path:
+    """A path the user gave, made absolute against the folder the command was run in.
+
+    Symlinks are kept as given (only `.` and `..` are folded), so messages show the user's names.
+    """
+    return Path(os.path.abspath(path))

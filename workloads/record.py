@@ -1,0 +1,89 @@
+"""The run.json record of a training run (docs/run-folder.md): what the launcher writes before
+the training starts (`running`, or `skipped` with the reason) and rank 0 writes at its end (`ok`).
+
+Kept apart from the configuration (workloads.config) and the plan (workloads.plan), which it
+joins: both are inputs of the record, neither needs it. The file itself is written through the
+run-folder contract (profiler.runfolder.write_run_json), like every other run.json writer.
+"""
+
+from __future__ import annotations
+
+from profiler.record import collect_env
+from profiler.runfolder import RUN_FOLDER_SCHEMA_VERSION, utc_now
+from profiler.session import ProfileConfig
+from workloads.config import TrainConfig
+from workloads.plan import Plan
+
+__all__ = ["config_record", "run_record"]
+
+
+def run_record(
+    cfg: TrainConfig,
+    plan: Plan,
+    *,
+    status: str,
+    threads_per_rank: int | None,
+    error: dict | None = None,
+    created_at: str | None = None,
+    metrics: dict | None = None,
+    evals: dict | None = None,
+    traces: list[str] | None = None,
+) -> dict:
+    """The whole run.json object (docs/run-folder.md), as the launcher and rank 0 write it."""
+    now = utc_now()
+    return {
+        "schema_version": RUN_FOLDER_SCHEMA_VERSION,
+        "run_id": cfg.run_id,
+        "status": status,
+        "error": error,
+        "created_at": created_at or now,
+        "finished_at": None if status == "running" else now,
+        "config": config_record(cfg, plan),
+        "env": collect_env(threads_per_rank=threads_per_rank),
+        "metrics": metrics or {},
+        "eval": evals or {"epochs": [], "best": None},
+        "traces": traces or [],
+    }
+
+
+def config_record(cfg: TrainConfig, plan: Plan) -> dict:
+    """The run.json `config` object (docs/run-folder.md); layout fields come from the plan (null
+    where a skipped run's plan could not decide them)."""
+    return {
+        "mode": cfg.mode,
+        "backend": plan.backend,
+        "world_size": plan.replicas,
+        "nnodes": plan.nnodes,
+        "nproc_per_node": plan.nproc,
+        "devices": plan.devices,
+        "model": cfg.model,
+        "dataset": cfg.dataset,
+        "global_batch": plan.global_batch,
+        "per_device_batch": plan.per_device_batch,
+        "grad_accum_steps": cfg.grad_accum_steps,
+        "micro_batch": None
+        if plan.per_device_batch is None
+        else plan.per_device_batch // cfg.grad_accum_steps,
+        "scaling": cfg.scaling,
+        "amp": cfg.amp,
+        "seed": cfg.seed,
+        "epochs": cfg.epochs,
+        "max_steps": cfg.max_steps,
+        "lr": cfg.lr,
+        "momentum": cfg.momentum,
+        "weight_decay": cfg.weight_decay,
+        "sync_bn": cfg.sync_bn,
+        "num_workers": cfg.num_workers,
+        "pin_memory": cfg.pin_memory,
+        "warmup_steps": cfg.warmup_steps,
+        "rendezvous": cfg.rendezvous,
+        "ddp": {
+            "bucket_cap_mb": cfg.bucket_cap_mb,
+            "gradient_as_bucket_view": cfg.gradient_as_bucket_view,
+            "static_graph": cfg.static_graph,
+            "find_unused_parameters": cfg.find_unused_parameters,
+            "comm_hook": cfg.comm_hook,
+        },
+        "profile": ProfileConfig(**cfg.profile_kwargs()).to_dict(),
+        "sweep_id": cfg.sweep_id or None,
+    }
