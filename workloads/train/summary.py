@@ -90,5 +90,11 @@ def step_metrics(rows: list[dict], active: set[tuple[int, int]] | None = None) -
 
 
 def best_epoch(epochs: list[dict]) -> dict | None:
-    """The eval entry with the highest top-1 accuracy (earliest on ties); None without evals."""
-    return max(epochs, key=lambda e: (e["top1_pct"], -e["epoch"])) if epochs else None
+    """The eval entry with the highest top-1 accuracy (token top-1 for sequences), or, for an
+    output without one (e.g. regression), the lowest test loss; earliest on ties. None without
+    evals."""
+    if not epochs:
+        return None
+    if any(e.get("top1_pct") is None for e in epochs):
+        return min(epochs, key=lambda e: (e["test_loss"], e["epoch"]))
+    return max(epochs, key=lambda e: (e["top1_pct"], -e["epoch"]))
