@@ -30,6 +30,15 @@ def blobs(n=512, classes=3):
     return TensorDataset(x[:n], y[:n]), TensorDataset(x[n:], y[n:])
 
 
+def images(n=64, n_test=32):
+    """Small 3 x 32 x 32 image splits for the torchvision models (random, 10 classes)."""
+    g = torch.Generator().manual_seed(6)
+    x, y = torch.randn(n + n_test, 3, 32, 32, generator=g), torch.randint(10, (n + n_test,), generator=g)
+    train = TensorDataset(x[:n], y[:n])
+    train.num_classes = 10  # said, not inferred from the targets drawn
+    return train, TensorDataset(x[n:], y[n:])
+
+
 def blobs_no_test():
     train, _ = blobs()
     return train, None

@@ -53,9 +53,7 @@ def run_record(
     }
 
 
-def config_record(
-    cfg: TrainConfig, plan: Plan, *, workload: WorkloadFacts | None = None
-) -> dict:
+def config_record(cfg: TrainConfig, plan: Plan, *, workload: WorkloadFacts | None = None) -> dict:
     """The run.json `config` object (docs/run-folder.md); layout fields come from the plan (null
     where a skipped run's plan could not decide them), `workload` from the built model and data
     (null when not given)."""

@@ -129,6 +129,8 @@ def check_workload(cfg: TrainConfig) -> WorkloadFacts:
     loss_fn: LossFn = build_loss(cfg.loss_spec())
     x, y = sample_batch(data)
     model.eval()
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # two samples: extra threads only spin on a busy machine
     try:
         with torch.no_grad():
             output = model(x)
@@ -136,4 +138,6 @@ def check_workload(cfg: TrainConfig) -> WorkloadFacts:
         pass
     else:
         check_loss(cfg.loss_spec(), loss_fn, output, y)
+    finally:
+        torch.set_num_threads(threads)
     return describe(model, data)
