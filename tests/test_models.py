@@ -211,6 +211,7 @@ def test_train_cli_refuses_a_bad_spec_in_one_line(capsys):
     assert "--model 'resnet7' is not a built-in" in _one_line(capsys.readouterr().err)
 
 
+@pytest.mark.integration
 def test_a_real_launch_from_the_user_folder_refuses_in_one_line(tmp_path):
     """The launcher run where the user works, dpscope on PYTHONPATH: the user's module is found
     there (it imports, then fails on its own missing import) and the exit code is 2."""

@@ -32,6 +32,7 @@ GPT = [
     "vocab_size=512,seq_len=16,num_train=256,num_test=64",
 ]
 USER = ["--model", "userpkg.nets:tiny_net", "--dataset", "userpkg.nets:blobs"]
+pytestmark = pytest.mark.integration  # every test here starts the launcher
 DDP = ["--mode", "ddp", "--nproc", "2", "--backend", "gloo"]
 
 
