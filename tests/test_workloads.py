@@ -85,7 +85,7 @@ def test_batch_split_strong_and_weak():
 @pytest.mark.parametrize(
     ("kwargs", "match"),
     [
-        ({"model": "vgg"}, "--model must be one of"),
+        ({"model": "vgg"}, "--model 'vgg' is not a built-in"),
         ({"batch_size": 0}, "--batch-size must be >= 1"),
         ({"max_steps": 2, "warmup_steps": 2}, "raise --max-steps"),
         ({"comm_hook": "int8"}, "--comm-hook must be one of"),
