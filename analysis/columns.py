@@ -267,13 +267,22 @@ ACCURACY_COLS = [
     C(
         key="test_loss_mean",
         label="Test loss",
-        unit="nats, mean ± std",
+        unit="the --loss (nats for cross_entropy), mean ± std",
         kind="pm",
         digits=4,
         std_key="test_loss_std",
     ),
     C(key="top1_pct_mean", label="Top-1", unit="%, mean ± std", kind="pm", std_key="top1_pct_std"),
     C(key="top5_pct_mean", label="Top-5", unit="%, mean ± std", kind="pm", std_key="top5_pct_std"),
+    # Sequence outputs (gpt): exp(mean token cross-entropy); empty for class scores.
+    C(
+        key="perplexity_mean",
+        label="Perplexity",
+        unit="mean ± std",
+        kind="pm",
+        digits=2,
+        std_key="perplexity_std",
+    ),
     C(
         key="samples_per_s_mean",
         label="Throughput",

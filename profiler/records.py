@@ -59,6 +59,25 @@ class ErrorInfo(msgspec.Struct):
     log_tail: list[str] = []
 
 
+class ModelFacts(msgspec.Struct):
+    """config.model_facts: the model's size and one micro-batch's shapes (docs/reference/run-folder.md)."""
+
+    parameters: Count | None = None
+    trainable_parameters: Count | None = None
+    num_classes: Count | None = None
+    has_test_split: bool | None = None
+    input_shape: list[Count] | None = None
+    input_dtype: str | None = None
+    target_shape: list[Count] | None = None
+    target_dtype: str | None = None
+
+
+class DdpConfig(msgspec.Struct):
+    bucket_cap_mb: Annotated[float, msgspec.Meta(gt=0)] | None = None
+    # The first bucket's limit DDP used (written since its first-bucket rule changed with torch).
+    first_bucket_bytes: Annotated[int, msgspec.Meta(ge=1)] | None = None
+
+
 class Config(msgspec.Struct):
     mode: Literal["single", "dp", "ddp"]
     # Null only on a skipped run whose layout could not be decided (checked in read_record).
@@ -67,6 +86,13 @@ class Config(msgspec.Struct):
     devices: list[str] | None = []
     model: str | None = None
     dataset: str | None = None
+    # The factories' keyword arguments (ints, floats, bools, strings) and the loss spec; absent
+    # from records written before they existed (then: none, and cross_entropy, the only loss).
+    model_args: dict[str, Any] | None = None
+    dataset_args: dict[str, Any] | None = None
+    loss: str | None = None
+    model_facts: ModelFacts | None = None
+    ddp: DdpConfig | None = None
     global_batch: Annotated[int, msgspec.Meta(ge=1)] | None = None
     per_device_batch: Annotated[int, msgspec.Meta(ge=1)] | None = None
     scaling: Literal["strong", "weak"] | None = None
@@ -144,15 +170,22 @@ class Metrics(msgspec.Struct):
 
 class EvalEntry(msgspec.Struct):
     epoch: Count | None = None
-    test_loss: Annotated[float, msgspec.Meta(ge=0)] | None = None
+    # Finite; negative only from a user's --loss (a log-likelihood may be below 0).
+    test_loss: Annotated[float, msgspec.Meta(ge=-_FINITE_MAX, le=_FINITE_MAX)] | None = None
     top1_pct: Pct | None = None
     top5_pct: Pct | None = None
     samples: Count | None = None
+    # Sequence outputs: exp(mean token cross-entropy) and the tokens scored; `output` is what
+    # the eval could score (class_scores | sequence | other).
+    perplexity: Annotated[float, msgspec.Meta(ge=1, le=_FINITE_MAX)] | None = None
+    tokens: Count | None = None
+    output: Literal["class_scores", "sequence", "other"] | None = None
 
 
 class Eval(msgspec.Struct):
     epochs: list[EvalEntry] = []
     best: EvalEntry | None = None
+    note: str | None = None  # why the run has no eval (a dataset without a test split)
 
 
 class RunRecord(msgspec.Struct):

@@ -11,7 +11,7 @@ import pandas as pd
 
 from analysis.errors import AnalysisError
 from analysis.project.comm import is_comm_run
-from analysis.project.model import ProjectionInputs, ddp_buckets
+from analysis.project.model import FIRST_BUCKET_BYTES, ProjectionInputs, ddp_buckets
 from analysis.trace.folder import analyze_trace_dir
 from profiler.records import RunRecord, read_record
 from profiler.runfolder import RUN_JSON, STEPS_CSV, throughput_steps
@@ -94,10 +94,14 @@ def _buckets(run_json: Path, config: dict, metrics: dict) -> tuple[list[int], st
     if ddp.get("bucket_sizes_bytes"):
         return list(ddp["bucket_sizes_bytes"]), "metrics.ddp"
     if metrics.get("param_grad_bytes"):
-        cap = float((config.get("ddp") or {}).get("bucket_cap_mb", 25.0))
+        ddp_config = config.get("ddp") or {}
+        cap = float(ddp_config.get("bucket_cap_mb", 25.0))
+        # Records from before first_bucket_bytes existed ran a torch with the 1 MiB first bucket.
+        first = int(ddp_config.get("first_bucket_bytes") or FIRST_BUCKET_BYTES)
         return (
-            ddp_buckets(metrics["param_grad_bytes"], cap),
-            f"computed from metrics.param_grad_bytes, bucket_cap_mb {cap:g}",
+            ddp_buckets(metrics["param_grad_bytes"], cap, first),
+            f"computed from metrics.param_grad_bytes, bucket_cap_mb {cap:g}, first bucket "
+            f"{first / 2**20:g} MiB",
         )
     raise AnalysisError(
         run_json,

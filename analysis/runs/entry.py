@@ -32,7 +32,7 @@ from analysis.runs.records import (
 )
 from profiler.runfolder import throughput_steps
 
-__all__ = ["PHASES", "RunEntry", "attach_trace", "load_run", "mean_std"]
+__all__ = ["PHASES", "RunEntry", "args_text", "attach_trace", "load_run", "mean_std"]
 
 PHASES = ("data", "forward", "backward", "optimizer")
 # The config/env fields copied verbatim into each run entry.
@@ -125,6 +125,15 @@ def _fixed_batch(config: Config) -> int | None:
     return config.global_batch if config.scaling == "strong" else config.per_device_batch
 
 
+def args_text(args: dict[str, Any] | None) -> str:
+    """Factory keyword arguments as one comparable string, `k=v` sorted by key ("" for none):
+    the form the same-workload key and the report's tables use."""
+    text = {True: "true", False: "false"}
+    return ",".join(
+        f"{k}={text[v] if isinstance(v, bool) else v}" for k, v in sorted((args or {}).items())
+    )
+
+
 def _device_type(config: Config) -> str | None:
     """`cpu`, `cuda`, ... from the run's first device (`cuda:1` -> `cuda`); None when unknown."""
     return config.devices[0].split(":", 1)[0] if config.devices else None
@@ -172,6 +181,12 @@ class RunEntry(msgspec.Struct, kw_only=True):
     cpu_model: str | None
     threads_per_rank: int | None
     host_load: dict[str, Any] | None = None  # env.host_load as run.json has it (busy machine)
+    # The rest of the same-workload key (WORKLOAD_KEY): the factories' arguments (args_text) and
+    # the loss spec; a record from before them counts as no arguments and cross_entropy.
+    model_args: str
+    dataset_args: str
+    loss: str
+    parameters: int | None  # config.model_facts.parameters: tied weights once
     fixed_batch: int | None  # the batch the scaling mode holds fixed (WORKLOAD_KEY)
     device_type: str | None
     num_devices: int | None
@@ -202,6 +217,8 @@ class RunEntry(msgspec.Struct, kw_only=True):
     test_loss: float | None
     top1_pct: float | None
     top5_pct: float | None
+    perplexity: float | None  # sequence outputs: exp(mean token cross-entropy)
+    eval_note: str | None  # run.json eval.note: why the run has no eval
     trace_files: list[str]
     logs: list[str]
     trace: dict[str, Any] | None = None  # the traces JSON of traces/
@@ -233,6 +250,10 @@ def load_run(run_dir: Path) -> RunEntry:
         error=raw.get("error"),
         **{k: getattr(config, k) for k in CONFIG_FIELDS},
         **{k: getattr(env, k) for k in ENV_FIELDS},
+        model_args=args_text(config.model_args),
+        dataset_args=args_text(config.dataset_args),
+        loss=config.loss or "cross_entropy",
+        parameters=config.model_facts.parameters if config.model_facts else None,
         fixed_batch=_fixed_batch(config),
         device_type=_device_type(config),
         num_devices=_num_devices(config),
@@ -250,6 +271,8 @@ def load_run(run_dir: Path) -> RunEntry:
         test_loss=best.test_loss,
         top1_pct=best.top1_pct,
         top5_pct=best.top5_pct,
+        perplexity=best.perplexity,
+        eval_note=rec.eval.note,
         trace_files=list(rec.traces),
         logs=sorted(p.relative_to(run_dir).as_posix() for p in run_dir.glob("logs/*.log")),
         warnings=[w for w in rec.warnings if w],  # the writer's own (e.g. no unprofiled step)
