@@ -221,7 +221,7 @@ def test_the_gap_warning_goes_once_the_comm_run_matches(tmp_path):
 
 
 def test_the_trainer_records_buffer_bytes_by_dtype(single_mlp_run):
-    from workloads.train.finish import _buffer_bytes_by_dtype
+    from profiler.modelinfo import _buffer_bytes_by_dtype
     from workloads.train.models import build_model
 
     assert read_run(single_mlp_run)["metrics"]["buffer_bytes_by_dtype"] == {}  # no buffers

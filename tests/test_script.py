@@ -18,6 +18,8 @@ from analysis.runs.compare import compare_runs
 from tests.conftest import REPO, read_run
 from workloads.launch import launcher
 
+pytestmark = pytest.mark.integration  # every test here starts the launcher or a script
+
 SCRIPTS = REPO / "tests" / "scripts"
 
 
