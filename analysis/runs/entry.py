@@ -9,6 +9,7 @@ whoever asks.
 from __future__ import annotations
 
 import math
+import os
 import statistics
 from collections.abc import Iterable
 from pathlib import Path
@@ -18,16 +19,16 @@ import msgspec
 import pandas as pd
 
 from analysis.errors import AnalysisError, unexpected
-from analysis.trace.folder import analyze_trace_dir
-from analysis.trace.memory import breakdown_entries, fill_dynamic
 from analysis.runs.records import (
     Config,
     EvalEntry,
     InvalidRecord,
     StepTime,
     read_record,
-    read_steps,
+    read_steps_frame,
 )
+from analysis.trace.folder import analyze_trace_dir
+from analysis.trace.memory import breakdown_entries, fill_dynamic
 from profiler.runfolder import throughput_steps
 
 __all__ = ["PHASES", "RunEntry", "attach_trace", "load_run", "mean_std"]
@@ -235,21 +236,25 @@ def load_run(run_dir: Path) -> RunEntry:
 
 
 def _read_phases(entry: RunEntry, steps_csv: Path, schema_version: Any) -> None:
-    """Fill the entry's phases from steps.csv (validated first); a missing file, or a bad one in
-    a run that did not finish ok, is a warning; a bad one in an ok run raises InvalidRecord."""
-    if not steps_csv.is_file():
+    """Fill the entry's phases from steps.csv (decoded once and validated, ranks against
+    config.world_size); a missing file, or a bad one in a run that did not finish ok, is a
+    warning; a bad one in an ok run raises InvalidRecord."""
+    if not os.path.lexists(steps_csv):
         if entry.status == "ok":
             entry.warnings.append(f"{steps_csv}: missing — phases left empty")
         return
     try:
-        read_steps(steps_csv)
-    except InvalidRecord as err:
+        steps = read_steps_frame(steps_csv, world_size=entry.world_size)
+    except AnalysisError as err:
         if entry.status == "ok":
-            raise
+            raise (
+                err
+                if isinstance(err, InvalidRecord)
+                else InvalidRecord(steps_csv, "", err.what, err.fix)
+            ) from None
         # A run that did not finish may have been cut off mid-row: its numbers are not used.
         entry.warnings.append(f"{err} — phases left empty")
         return
-    steps = pd.read_csv(steps_csv)  # every cell is now known to be valid: pandas reads columns
     entry.phases_s, entry.phases_per_rank_s, warning = _phases(steps)
     if warning and warning not in entry.warnings:  # the writer's, said once
         entry.warnings.append(warning)
