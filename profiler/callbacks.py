@@ -37,7 +37,7 @@ import torch
 
 from profiler.memory import MemoryTracker
 from profiler.memory_breakdown import StaticMemory
-from profiler.record import STEPS_COLUMNS
+from profiler.runfolder import STEPS_COLUMNS
 from profiler.session import ProfilerSession
 from profiler.timers import StepTimer
 
