@@ -23,7 +23,6 @@ from profiler.records import (
     read_comm_record,
     read_record,
 )
-from profiler.steps import read_steps
 from profiler.runfolder import (
     NO_UNPROFILED_STEP_WARNING,
     RUN_FOLDER_SCHEMA_VERSION,
@@ -32,6 +31,7 @@ from profiler.runfolder import (
     write_run_json,
     write_steps_csv,
 )
+from profiler.steps import read_steps
 from tests.conftest import REPO
 from workloads.config import TrainConfig
 from workloads.plan import Environment, plan
