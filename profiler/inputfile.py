@@ -48,6 +48,7 @@ LIMITS: dict[str, int] = {
     "tune.json": 64 * MIB,
     "part": 256 * MIB,
     "manifest": 1 * MIB,
+    "report file": 1024 * MIB,  # a report file hashed against its manifest
 }
 MAX_DEPTH = 64  # levels of JSON nesting a record may have (dpscope writes at most 6)
 

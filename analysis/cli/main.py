@@ -218,6 +218,9 @@ def main(argv: list[str] | None = None) -> int:
     except AnalysisError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:  # Ctrl-C: one line, no traceback; --json is written atomically
+        print("interrupted (Ctrl-C) — nothing half-written was left", file=sys.stderr)
+        return 130
     except BrokenPipeError:  # `... | head`: the reader left; say nothing more
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 1

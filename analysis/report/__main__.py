@@ -30,6 +30,10 @@ def main(argv: list[str] | None = None) -> int:
     except ReportError as exc:
         print(f"report: {exc}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:  # Ctrl-C: one line; the folder swap undid itself first
+        print(f"report: interrupted (Ctrl-C) — the previous report in {args.out} is whole",
+              file=sys.stderr)  # fmt: skip
+        return 130
     print(f"report: {files.index_html}")
     print(f"open:   {files.index_html.resolve().as_uri()}")
     return 0

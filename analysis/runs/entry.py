@@ -29,6 +29,7 @@ from analysis.runs.records import (
 )
 from analysis.trace.folder import analyze_trace_dir
 from analysis.trace.memory import breakdown_entries, fill_dynamic
+from profiler.inputfile import safe_text
 from profiler.runfolder import throughput_steps
 
 __all__ = ["PHASES", "RunEntry", "attach_trace", "load_run", "mean_std"]
@@ -206,7 +207,7 @@ def load_run(run_dir: Path) -> RunEntry:
     best = rec.eval.best or EvalEntry()
     memory = (raw.get("metrics") or {}).get("memory") or []
     entry = RunEntry(
-        run_id=rec.run_id or run_dir.name,
+        run_id=safe_text(rec.run_id or run_dir.name),  # a non-UTF-8 folder name: U+FFFD
         path=str(run_dir),
         status=rec.status,
         error=raw.get("error"),
@@ -227,12 +228,32 @@ def load_run(run_dir: Path) -> RunEntry:
         test_loss=best.test_loss,
         top1_pct=best.top1_pct,
         top5_pct=best.top5_pct,
-        trace_files=list(rec.traces),
+        trace_files=[],
         logs=sorted(p.relative_to(run_dir).as_posix() for p in run_dir.glob("logs/*.log")),
         warnings=[w for w in rec.warnings if w],  # the writer's own (e.g. no unprofiled step)
     )
+    entry.trace_files = _inside_files(run_dir, rec.traces, entry.warnings)
     _read_phases(entry, run_dir / "steps.csv", rec.schema_version)
     return entry
+
+
+def _inside_files(run_dir: Path, names: list[str], warnings: list[str]) -> list[str]:
+    """run.json `traces` entries that name a file inside the run folder (links resolved): the
+    report links only those; any other (`/etc/passwd`, `../../x`, a NUL) is one warning."""
+    root, keep = run_dir.resolve(), []
+    for name in names:
+        try:
+            inside = "\0" not in name and root in (run_dir / name).resolve().parents
+        except (OSError, ValueError, RuntimeError):  # a link loop
+            inside = False
+        if inside:
+            keep.append(name)
+        else:
+            warnings.append(
+                f"{run_dir / 'run.json'}: `traces` entry {name[:200]!r} is not a file inside the "
+                "run folder — not linked"
+            )
+    return keep
 
 
 def _read_phases(entry: RunEntry, steps_csv: Path, schema_version: Any) -> None:
