@@ -2,6 +2,9 @@
 
 import sys
 
-from analysis.cli.main import main
+try:  # Ctrl-C while the libraries load is one line too
+    from analysis.cli.main import main
+except KeyboardInterrupt:
+    sys.exit("interrupted (Ctrl-C) — nothing was written")
 
 sys.exit(main())

@@ -10,8 +10,6 @@ import argparse
 import sys
 from pathlib import Path
 
-from analysis.report.build import ReportError, build_report
-
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
@@ -25,6 +23,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=Path("reports"), help="report folder")
     parser.add_argument("--no-progress", action="store_true", help="hide progress bars")
     args = parser.parse_args(argv)
+    try:
+        # Loaded here (matplotlib takes seconds) so that a Ctrl-C meanwhile is one line too.
+        from analysis.report.build import ReportError, build_report
+    except KeyboardInterrupt:
+        print("report: interrupted (Ctrl-C) — nothing was written", file=sys.stderr)
+        return 130
     try:
         files = build_report(args.runs, args.out, progress=not args.no_progress)
     except ReportError as exc:
