@@ -6,6 +6,7 @@ from __future__ import annotations
 import csv
 import gzip
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -87,6 +88,51 @@ def _dp_devices_string(rec: dict) -> None:
     rec["config"].update(mode="dp", backend="none", devices="cpu")
 
 
+def _nested(levels: int) -> dict:
+    node: dict = {"rank": 0}
+    for _ in range(levels):
+        node = {"x": node}
+    return {"rank": 0, "deep": node}
+
+
+def _memory_entries(n: int) -> Callable[[dict], None]:
+    def edit(rec: dict) -> None:
+        rec["metrics"]["memory"] = [dict(rec["metrics"]["memory"][0], rank=i) for i in range(n)]
+
+    return edit
+
+
+def _steps_duplicate_row(path: Path) -> None:
+    lines = path.read_text().splitlines()
+    lines.insert(5, lines[2])  # line 3's row again as line 6
+    path.write_text("\n".join(lines) + "\n")
+
+
+def _steps_duplicate_column(path: Path) -> None:
+    lines = path.read_text().splitlines()
+    lines = [f"{ln},{ln.split(',')[5]}" for ln in lines]  # step_time_s once more at the end
+    path.write_text("\n".join(lines) + "\n")
+
+
+def _steps_many_ranks(n: int) -> Callable[[Path], None]:
+    def edit(path: Path) -> None:
+        header, row = path.read_text().splitlines()[:2]
+        rest = row.split(",", 1)[1]
+        path.write_text("\n".join([header, *(f"{r},{rest}" for r in range(n))]) + "\n")
+
+    return edit
+
+
+def _fifo(path: Path) -> None:
+    path.unlink()
+    os.mkfifo(path)
+
+
+def _folder(path: Path) -> None:
+    path.unlink()
+    path.mkdir()
+
+
 # name -> (base run, run.json edit, steps.csv edit, field named in the line)
 RUN_CASES = {
     "metrics-list": ("ddp", _set("metrics", []), None, "`metrics`"),
@@ -136,6 +182,41 @@ RUN_CASES = {
         "`metrics.profiler_overhead_pct`",
     ),
     "steps-profiled-2": ("ddp", None, _steps_cell("profiled", "2"), "`profiled, line 4`"),
+    # issue 25 B.1: the sub-records the projection reads are typed too
+    "metrics-ddp-string": ("ddp", _set("metrics.ddp", "buckets"), None, "`metrics.ddp`"),
+    "metrics-ddp-buckets-text": (
+        "ddp",
+        _set("metrics.ddp", {"bucket_sizes_bytes": ["x"]}),
+        None,
+        "`metrics.ddp.bucket_sizes_bytes[0]`",
+    ),
+    "config-ddp-list": ("ddp", _set("config.ddp", [25]), None, "`config.ddp`"),
+    "config-ddp-cap-zero": ("ddp", _set("config.ddp.bucket_cap_mb", 0), None, "bucket_cap_mb"),
+    "config-profile-list": ("ddp", _set("config.profile", []), None, "`config.profile`"),
+    "config-profile-wait-text": ("ddp", _set("config.profile.wait", "1"), None, "profile.wait"),
+    "memory-deep": ("ddp", _set("metrics.memory", [_nested(960)]), None, "nested too deeply"),
+    "duplicate-key": ("ddp", None, None, "`run_id`: key `run_id` given twice"),
+    # issue 25 B.3 / B.6: run-folder numbers that would be silently wrong or unbounded
+    "param-grad-negative": (
+        "ddp",
+        _set("metrics.param_grad_bytes", [4096, -5]),
+        None,
+        "`metrics.param_grad_bytes[1]`",
+    ),
+    "memory-50000-entries": ("ddp", _memory_entries(50_000), None, "`metrics.memory`"),
+    "breakdown-50000-entries": (
+        "ddp",
+        _set("metrics.memory_breakdown", [{}] * 50_000),
+        None,
+        "`metrics.memory_breakdown`",
+    ),
+    "steps-duplicate-row": ("ddp", None, _steps_duplicate_row, "`rank, step, line 6`"),
+    "steps-duplicate-column": ("ddp", None, _steps_duplicate_column, "column given twice"),
+    "steps-rank-beyond-world": ("ddp", None, _steps_cell("rank", "7"), "`rank, line 4`"),
+    "steps-20000-ranks": ("ddp", None, _steps_many_ranks(20_000), "beyond run.json"),
+    "steps-huge-cell": ("ddp", None, _steps_cell("loss", "9" * 200_000), "`loss, line 4`"),
+    "steps-fifo": ("ddp", None, _fifo, "FIFO"),
+    "steps-folder": ("ddp", None, _folder, "a folder"),
 }
 
 
@@ -152,7 +233,10 @@ def make_bad_runs(root: Path, single: Path, ddp: Path) -> None:
         rec.update(run_id=name, traces=[])
         if edit_json:
             edit_json(rec)
-        (dst / "run.json").write_text(json.dumps(rec))
+        text = json.dumps(rec)
+        if name == "duplicate-key":  # `"run_id": ...` twice: msgspec alone keeps the last silently
+            text = text[:-1] + ', "run_id": "other"}'
+        (dst / "run.json").write_text(text)
         if edit_steps:
             edit_steps(dst / "steps.csv")
     deep = root / "nested-run-json"

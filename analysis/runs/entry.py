@@ -290,6 +290,9 @@ def _read_phases(entry: RunEntry, steps_csv: Path, schema_version: Any) -> None:
 def attach_trace(entry: RunEntry, run_dir: Path, *, progress: bool) -> None:
     """Analyse the run's traces/ folder and copy the run-level trace metrics into `entry`."""
     trace_dir = run_dir / "traces"
+    if os.path.lexists(trace_dir) and not trace_dir.is_dir():
+        entry.warnings.append(f"{trace_dir}: not a folder — its traces are not analysed")
+        return
     if not trace_dir.is_dir() or not any(trace_dir.iterdir()):
         return
     try:
