@@ -33,9 +33,18 @@ from tests.hostile_common import cli
 def comm_run(tmp_path_factory) -> Path:
     """A real 2-rank gloo comm benchmark (tiny sizes, few iterations)."""
     runs = tmp_path_factory.mktemp("comm")
-    args = "--backend gloo --nproc 2 --iters 3 --warmup 1 --run-id comm-gloo --sizes 4 4096"
+    args = [*"--backend gloo --nproc 2 --iters 3 --warmup 1 --run-id comm-gloo".split()]
     proc = subprocess.run(
-        [sys.executable, "-m", "workloads.comm.bench", *args.split(), "--runs-dir", str(runs)],
+        [
+            sys.executable,
+            "-m",
+            "workloads.comm.bench",
+            *args,
+            "--sizes",
+            "4 4096",
+            "--runs-dir",
+            str(runs),
+        ],
         cwd=REPO,
         capture_output=True,
         text=True,
@@ -66,10 +75,10 @@ def test_lone_surrogate_in_run_id_is_a_replacement_character(escape, tmp_path, s
     text = text.replace(json.dumps(rec["run_id"]), f'"run{escape}"', 1)  # the raw JSON escape
     (run / "run.json").write_text(text)
     (entry,) = compare_runs([tmp_path / "runs"], progress=False, traces=False)["runs"]
-    assert entry["run_id"].startswith("run\ufffd") and entry["samples_per_s"] > 0
+    assert "\ufffd" in entry["run_id"] and entry["samples_per_s"] > 0
     out = tmp_path / "report"
     assert report_main([str(tmp_path / "runs"), "--out", str(out), "--no-progress"]) == 0
-    assert "run\ufffd" in (out / "index.html").read_text(encoding="utf-8")  # figures drawn too
+    assert entry["run_id"] in (out / "index.html").read_text(encoding="utf-8")  # figures drawn too
 
 
 def test_non_utf8_folder_name_reaches_the_report(tmp_path, single_mlp_run):
