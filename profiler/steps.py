@@ -108,7 +108,10 @@ def _check(path: Path, col: str, values: pd.Series, required: bool) -> pd.Series
     if required:
         rules.append((np.isnan(v), "empty, but every row needs it"))
     present = ~np.isnan(v)
-    if col in _ANY_FLOAT:
+    if col in _ANY_FLOAT:  # nan (a diverged loss) is allowed, ±inf (or a 200 kB number) is not
+        if (bad := np.isinf(v)).any():
+            i = int(np.argmax(bad))
+            raise _bad(path, col, i, "not a finite number", values.iloc[i])
         return values
     with np.errstate(invalid="ignore"):
         rules.append((present & ~np.isfinite(v), "not a finite number"))

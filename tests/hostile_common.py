@@ -194,7 +194,7 @@ RUN_CASES = {
     "config-ddp-cap-zero": ("ddp", _set("config.ddp.bucket_cap_mb", 0), None, "bucket_cap_mb"),
     "config-profile-list": ("ddp", _set("config.profile", []), None, "`config.profile`"),
     "config-profile-wait-text": ("ddp", _set("config.profile.wait", "1"), None, "profile.wait"),
-    "memory-deep": ("ddp", _set("metrics.memory", [_nested(960)]), None, "nested too deeply"),
+    "memory-deep": ("ddp", _set("metrics.memory", [_nested(500)]), None, "nested too deeply"),
     "duplicate-key": ("ddp", None, None, "`run_id`: key `run_id` given twice"),
     # issue 25 B.3 / B.6: run-folder numbers that would be silently wrong or unbounded
     "param-grad-negative": (

@@ -192,7 +192,8 @@ COMM_CASES = {
     "csv-world-inf": (None, {"world_size": "inf"}, "`world_size, line 2`: not a finite"),
     "csv-world-64": (None, {"world_size": "64"}, "run.json config.world_size is 2"),
     "csv-bytes-negative": (None, {"bytes": "-4"}, "`bytes, line 2`: negative"),
-    "csv-300000-rows": (None, "many", "over 10,000 rows"),
+    "csv-300000-rows": (None, 300_000, "byte limit of a comm.csv"),  # refused before parsing
+    "csv-20000-rows": (None, 20_000, "over 10,000 rows"),
     "csv-duplicate-column": (None, "dupcol", "given twice"),
 }
 
@@ -204,10 +205,10 @@ def _make_comm_case(comm_run: Path, dst: Path, edit_json, edit_csv) -> None:
     if edit_json:
         edit_json(rec)
     (dst / "run.json").write_text(json.dumps(rec))
-    if edit_csv == "many":
+    if isinstance(edit_csv, int):
         lines = (dst / "comm.csv").read_text().splitlines()
         head, row = lines[0], lines[1].split(",")
-        body = (",".join([row[0], row[1], row[2], str(i), *row[4:]]) for i in range(300_000))
+        body = (",".join([row[0], row[1], row[2], str(i), *row[4:]]) for i in range(edit_csv))
         (dst / "comm.csv").write_text("\n".join([head, *body]) + "\n")
     elif edit_csv == "dupcol":
         lines = (dst / "comm.csv").read_text().splitlines()
