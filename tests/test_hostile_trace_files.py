@@ -18,7 +18,7 @@ import pytest
 
 from analysis.runs.compare import compare_runs
 from tests.conftest import REPO
-from tests.test_hostile import ddp_traces  # noqa: F401  (fixture)
+from tests.hostile_common import ddp_traces  # noqa: F401  (fixture)
 
 # --- class 6: decompression bombs and files that are not files -------------------------------
 

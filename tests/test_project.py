@@ -29,6 +29,7 @@ from analysis.project.model import ddp_buckets, expected_max, simulate_step
 from analysis.project.projection import project, unprofiled_steps
 from analysis.runs.entry import load_run
 from analysis.trace.collectives import bus_factor
+from profiler.records import Config, ProfileConfig
 from profiler.runfolder import NO_UNPROFILED_STEP_WARNING, RUN_FOLDER_SCHEMA_VERSION
 from tests.conftest import REPO, read_run
 
@@ -175,9 +176,10 @@ def test_every_step_profiled_falls_back_with_the_one_warning(tmp_path, comm_run,
 
 def test_unprofiled_steps_from_schedule_and_column():
     steps = pd.DataFrame({"step": range(8), "warmup": [1, 1, 0, 0, 0, 0, 0, 0]})
-    config = {"profile": {"enabled": True, "wait": 1, "warmup": 1, "active": 3, "repeat": 1}}
+    profile = ProfileConfig(enabled=True, wait=1, warmup=1, active=3, repeat=1)
+    config = Config(mode="single", world_size=1, profile=profile)
     assert list(unprofiled_steps(steps, config)["step"]) == [5, 6, 7]  # 1..4: profiler on
-    config["profile"]["repeat"] = 0  # cycles until the end: 6, 7 are the next cycle's on-steps
+    profile.repeat = 0  # cycles until the end: 6, 7 are the next cycle's on-steps
     assert list(unprofiled_steps(steps, config)["step"]) == [5]
     with_column = steps.assign(profiled=[0, 0, 1, 0, 0, 1, 1, 0])  # the column wins when present
     assert list(unprofiled_steps(with_column, config)["step"]) == [3, 4, 7]

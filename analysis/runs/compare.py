@@ -13,14 +13,14 @@ from typing import Any
 from msgspec.structs import asdict
 from tqdm import tqdm
 
-from analysis.project.comm import is_comm_run
 from analysis.errors import AnalysisError, unexpected
 from analysis.jsonsafe import finite_json
+from analysis.project.comm import is_comm_run
 from analysis.project.runs import comm_and_projections
 from analysis.runs.efficiency import attach_efficiency_loss
-from analysis.runs.records import InvalidRecord
 from analysis.runs.entry import RunEntry, attach_trace, load_run, mean_std
 from analysis.runs.opdiff import ddp_adds
+from analysis.runs.records import InvalidRecord
 from analysis.runs.tune import is_tune_dir, load_tunes
 
 __all__ = [
