@@ -17,13 +17,30 @@ and re-exported here.
 from __future__ import annotations
 
 import re
-import sys
 from pathlib import Path
 from typing import Annotated, Any, Literal, get_args
 
 import msgspec
 
 from profiler.inputfile import BadJSON, InputError, decode_json, read_regular
+from profiler.recordtypes import (
+    _FINITE_MAX,
+    MAX_ENTRIES,
+    MAX_RANKS,
+    Bytes,
+    Count,
+    DdpConfig,
+    DdpMetrics,
+    ErrorInfo,
+    Flag,
+    HostLoad,
+    ModelFacts,
+    PathText,
+    Pct,
+    ProfileConfig,
+    Rate,
+    Seconds,
+)
 from profiler.runfolder import READABLE_RUN_FOLDER_SCHEMAS
 
 __all__ = [
@@ -41,68 +58,6 @@ __all__ = [
 
 Status = Literal["running", "ok", "failed", "skipped", "interrupted"]
 STATUSES = get_args(Status)
-# JSON cannot hold inf/NaN, but steps.csv cells can ("inf", "nan"): NaN fails `ge`, inf fails `le`.
-_FINITE_MAX = sys.float_info.max
-Count = Annotated[int, msgspec.Meta(ge=0)]
-Seconds = Annotated[float, msgspec.Meta(ge=0, le=_FINITE_MAX)]
-Rate = Annotated[float, msgspec.Meta(ge=0, le=_FINITE_MAX)]
-Pct = Annotated[float, msgspec.Meta(ge=0, le=100)]
-Flag = Annotated[int, msgspec.Meta(ge=0, le=1)]
-PathText = Annotated[str, msgspec.Meta(max_length=4096)]
-# Bounds on per-rank lists (docs/reference/run-folder.md): one entry per rank and device, so far
-# more than any job has ranks; a longer list is refused instead of making the report's work
-# unbounded.
-MAX_RANKS = 16_384
-MAX_ENTRIES = 2 * MAX_RANKS
-Bytes = Annotated[int, msgspec.Meta(ge=0, le=2**63 - 1)]
-
-
-class DdpConfig(msgspec.Struct):
-    """run.json `config.ddp`: the DDP settings the projection reads."""
-
-    bucket_cap_mb: Annotated[float, msgspec.Meta(gt=0, le=1e6)] | None = None
-    comm_hook: str | None = None
-    # The first bucket's limit DDP used (written since its first-bucket rule changed with torch).
-    first_bucket_bytes: Annotated[int, msgspec.Meta(ge=1)] | None = None
-
-
-class ProfileConfig(msgspec.Struct):
-    """run.json `config.profile`: the profiler schedule (profiler.session.ProfileConfig)."""
-
-    enabled: bool = True
-    wait: Count = 0
-    warmup: Count = 0
-    active: Count = 0
-    repeat: Count = 0
-
-
-class DdpMetrics(msgspec.Struct):
-    """run.json `metrics.ddp` (null outside DDP): the reducer's bucket layout."""
-
-    num_buckets: Count | None = None
-    bucket_sizes_bytes: Annotated[list[Bytes], msgspec.Meta(max_length=1_000_000)] = []
-    grad_bytes_total: Bytes | None = None
-    param_count: Count | None = None
-
-
-class ErrorInfo(msgspec.Struct):
-    message: str | None = None
-    rank: int | None = None  # any integer: a writer may mark "no rank" its own way
-    exit_code: int | None = None
-    log_tail: list[str] = []
-
-
-class ModelFacts(msgspec.Struct):
-    """config.model_facts: the model's size and one micro-batch's shapes (docs/reference/run-folder.md)."""
-
-    parameters: Count | None = None
-    trainable_parameters: Count | None = None
-    num_classes: Count | None = None
-    has_test_split: bool | None = None
-    input_shape: list[Count] | None = None
-    input_dtype: str | None = None
-    target_shape: list[Count] | None = None
-    target_dtype: str | None = None
 
 
 class Config(msgspec.Struct):
@@ -131,18 +86,6 @@ class Config(msgspec.Struct):
     # A `--script` / RunRecorder run: what it ran (the same-workload key, docs/reference/metrics.md).
     workload: str | None = None
     script: str | None = None
-
-
-class HostLoad(msgspec.Struct):
-    """env.host_load (optional): how busy the machine was while the run measured its steps."""
-
-    load_avg_1m_start: Annotated[float, msgspec.Meta(ge=0)] | None = None
-    load_avg_1m_end: Annotated[float, msgspec.Meta(ge=0)] | None = None
-    # cores' worth of CPU used by other processes during the measured steps
-    other_cpu_cores_mean: Annotated[float, msgspec.Meta(ge=0)] | None = None
-    steal_pct: Pct | None = None
-    cores: Count | None = None
-    own_threads: Count | None = None
 
 
 class Env(msgspec.Struct):
