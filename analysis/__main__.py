@@ -2,6 +2,10 @@
 
 import sys
 
-from analysis.cli.main import main
+try:  # Ctrl-C while the libraries load is one line too
+    from analysis.cli.main import main
+except KeyboardInterrupt:
+    print("python -m analysis: interrupted (Ctrl-C) — nothing was written", file=sys.stderr)
+    sys.exit(130)
 
 sys.exit(main())

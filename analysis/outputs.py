@@ -4,6 +4,8 @@ line, not an overwritten trace or a report written over the run folders."""
 
 from __future__ import annotations
 
+import os
+import stat
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -37,6 +39,9 @@ def check_json_out(out: Path, inputs: Iterable[Path], input_dirs: Iterable[Path]
         raise refuse("empty or not a file name")
     if out.is_dir():
         raise refuse("it is a folder")
+    if os.path.lexists(out) and not stat.S_ISREG(os.stat(out).st_mode):
+        # a device (`/dev/null` as root), FIFO or socket would be replaced by a regular file
+        raise refuse("it exists and is not a regular file")
     if (blocker := _blocking_file(out)) is not None:
         raise refuse(f"{blocker} is a file, not a folder")
     target = out.resolve()

@@ -32,17 +32,25 @@ class OneLineParser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message}\n")
 
 
-def run_command(prog: str, body: Callable[[], int]) -> int:
+def run_command(prog: str, body: Callable[[], int], *, interrupted: str | None = None) -> int:
     """Run one command's `body`; a UserError becomes one `prog: error: ...` line and exit code 2.
 
     A reader that leaves early (`dpscope runs RUNS | head`) ends the output quietly with exit
-    code 1, instead of a BrokenPipeError traceback on the next print.
+    code 1, instead of a BrokenPipeError traceback on the next print. With `interrupted` (what
+    an interruption leaves, e.g. "nothing half-written was left"), Ctrl-C is one
+    `prog: interrupted (Ctrl-C) — ...` line and exit code 130; without it, KeyboardInterrupt
+    propagates (commands with their own shutdown, such as the launcher).
     """
     try:
         return body()
     except UserError as err:
         print(f"{prog}: error: {err}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        if interrupted is None:
+            raise
+        print(f"{prog}: interrupted (Ctrl-C) — {interrupted}", file=sys.stderr)
+        return 130
     except BrokenPipeError:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 1

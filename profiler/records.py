@@ -1,29 +1,46 @@
 """run.json, steps.csv and a comm run's run.json validated at the boundary, once: typed msgspec
 Structs with ranges, for every reader (analysis, the launcher, the tools).
 
-Everything after `read_record` / `read_steps` / `read_comm_record` may trust types and ranges:
-counts ≥ 0, world size ≥ 1, finite non-negative times, known statuses and schema versions. A file
-that breaks a rule raises `InvalidRecord`, one line naming the file, the field and what is wrong;
-analysis then lists the run as `invalid` and never analyses it. Unknown fields are ignored (newer
-writers add optional fields), and every field that older writers may lack is optional. The rules
-are listed in docs/reference/run-folder.md; the names of the files and columns are profiler.runfolder's.
+Everything after `read_record` / `read_comm_record` (and profiler.steps' `read_steps_frame`)
+may trust types and ranges: counts ≥ 0, world size ≥ 1, finite non-negative times, known
+statuses and schema versions. A file that breaks a rule raises `InvalidRecord`, one line naming
+the file, the field and what is wrong; analysis then lists the run as `invalid` and never analyses
+it. Unknown fields are ignored (newer writers add optional fields), and every field that older
+writers may lack is optional. The rules are listed in docs/reference/run-folder.md; the names of
+the files and columns are profiler.runfolder's.
 
-Torch-free and below both halves (analysis imports it; it imports neither workloads nor analysis),
-so the one bad-input error type lives here too: `InputError` (analysis.errors.InputError).
+Torch-free and below both halves (analysis imports it; it imports neither workloads nor analysis).
+The one bad-input error type, `InputError` (analysis.errors.InputError), is profiler.inputfile's
+and re-exported here.
 """
 
 from __future__ import annotations
 
-import csv
-import io
 import re
-import sys
 from pathlib import Path
 from typing import Annotated, Any, Literal, get_args
 
 import msgspec
 
-from profiler.errors import UserError
+from profiler.inputfile import BadJSON, InputError, decode_json, read_regular
+from profiler.recordtypes import (
+    _FINITE_MAX,
+    MAX_ENTRIES,
+    MAX_RANKS,
+    Bytes,
+    Count,
+    DdpConfig,
+    DdpMetrics,
+    ErrorInfo,
+    Flag,
+    HostLoad,
+    ModelFacts,
+    PathText,
+    Pct,
+    ProfileConfig,
+    Rate,
+    Seconds,
+)
 from profiler.runfolder import READABLE_RUN_FOLDER_SCHEMAS
 
 __all__ = [
@@ -37,26 +54,10 @@ __all__ = [
     "read_comm_record",
     "read_record",
     "record_kind",
-    "read_steps",
 ]
 
 Status = Literal["running", "ok", "failed", "skipped", "interrupted"]
 STATUSES = get_args(Status)
-# JSON cannot hold inf/NaN, but steps.csv cells can ("inf", "nan"): NaN fails `ge`, inf fails `le`.
-_FINITE_MAX = sys.float_info.max
-Count = Annotated[int, msgspec.Meta(ge=0)]
-Seconds = Annotated[float, msgspec.Meta(ge=0, le=_FINITE_MAX)]
-Rate = Annotated[float, msgspec.Meta(ge=0, le=_FINITE_MAX)]
-Pct = Annotated[float, msgspec.Meta(ge=0, le=100)]
-Flag = Annotated[int, msgspec.Meta(ge=0, le=1)]
-PathText = Annotated[str, msgspec.Meta(max_length=4096)]
-
-
-class ErrorInfo(msgspec.Struct):
-    message: str | None = None
-    rank: int | None = None  # any integer: a writer may mark "no rank" its own way
-    exit_code: int | None = None
-    log_tail: list[str] = []
 
 
 class Config(msgspec.Struct):
@@ -67,6 +68,14 @@ class Config(msgspec.Struct):
     devices: list[str] | None = []
     model: str | None = None
     dataset: str | None = None
+    # The factories' keyword arguments (ints, floats, bools, strings) and the loss spec; absent
+    # from records written before they existed (then: none, and cross_entropy, the only loss).
+    model_args: dict[str, Any] | None = None
+    dataset_args: dict[str, Any] | None = None
+    loss: str | None = None
+    model_facts: ModelFacts | None = None
+    ddp: DdpConfig | None = None
+    profile: ProfileConfig | None = None
     global_batch: Annotated[int, msgspec.Meta(ge=1)] | None = None
     per_device_batch: Annotated[int, msgspec.Meta(ge=1)] | None = None
     scaling: Literal["strong", "weak"] | None = None
@@ -77,18 +86,6 @@ class Config(msgspec.Struct):
     # A `--script` / RunRecorder run: what it ran (the same-workload key, docs/reference/metrics.md).
     workload: str | None = None
     script: str | None = None
-
-
-class HostLoad(msgspec.Struct):
-    """env.host_load (optional): how busy the machine was while the run measured its steps."""
-
-    load_avg_1m_start: Annotated[float, msgspec.Meta(ge=0)] | None = None
-    load_avg_1m_end: Annotated[float, msgspec.Meta(ge=0)] | None = None
-    # cores' worth of CPU used by other processes during the measured steps
-    other_cpu_cores_mean: Annotated[float, msgspec.Meta(ge=0)] | None = None
-    steal_pct: Pct | None = None
-    cores: Count | None = None
-    own_threads: Count | None = None
 
 
 class Env(msgspec.Struct):
@@ -133,26 +130,37 @@ class PerRank(msgspec.Struct):
 class Metrics(msgspec.Struct):
     samples_per_s: Rate | None = None
     step_time_s: StepTime | None = None
-    per_rank: list[PerRank] = []
+    per_rank: Annotated[list[PerRank], msgspec.Meta(max_length=MAX_ENTRIES)] = []
     epoch_time_s: list[Seconds] = []
     wall_time_s: Seconds | None = None
-    memory: list[MemoryEntry] = []
-    memory_after_first_step: list[MemoryEntry] = []
+    memory: Annotated[list[MemoryEntry], msgspec.Meta(max_length=MAX_ENTRIES)] = []
+    memory_after_first_step: Annotated[list[MemoryEntry], msgspec.Meta(max_length=MAX_ENTRIES)] = []
+    memory_breakdown: Annotated[list[dict[str, Any]], msgspec.Meta(max_length=MAX_ENTRIES)] = []
+    ddp: DdpMetrics | None = None
+    param_grad_bytes: Annotated[list[Bytes], msgspec.Meta(max_length=10_000_000)] | None = None
+    buffer_bytes_by_dtype: dict[str, Bytes] | None = None
     # schema 2: (profiled ÷ unprofiled mean step time − 1) × 100 ≥ −100; may be negative (noise)
     profiler_overhead_pct: Annotated[float, msgspec.Meta(ge=-100, le=_FINITE_MAX)] | None = None
 
 
 class EvalEntry(msgspec.Struct):
     epoch: Count | None = None
-    test_loss: Annotated[float, msgspec.Meta(ge=0)] | None = None
+    # Finite; negative only from a user's --loss (a log-likelihood may be below 0).
+    test_loss: Annotated[float, msgspec.Meta(ge=-_FINITE_MAX, le=_FINITE_MAX)] | None = None
     top1_pct: Pct | None = None
     top5_pct: Pct | None = None
     samples: Count | None = None
+    # Sequence outputs: exp(mean token cross-entropy) and the tokens scored; `output` is what
+    # the eval could score (class_scores | sequence | other).
+    perplexity: Annotated[float, msgspec.Meta(ge=1, le=_FINITE_MAX)] | None = None
+    tokens: Count | None = None
+    output: Literal["class_scores", "sequence", "other"] | None = None
 
 
 class Eval(msgspec.Struct):
     epochs: list[EvalEntry] = []
     best: EvalEntry | None = None
+    note: str | None = None  # why the run has no eval (a dataset without a test split)
 
 
 class RunRecord(msgspec.Struct):
@@ -197,30 +205,38 @@ REQUIRED_STEP_COLUMNS = StepRow.__struct_fields__[: -len(StepRow.__struct_defaul
 
 class CommConfig(msgspec.Struct):
     backend: str | None = None
-    world_size: Annotated[int, msgspec.Meta(ge=1)] | None = None
+    world_size: Annotated[int, msgspec.Meta(ge=1, le=MAX_RANKS)] | None = None
     devices: list[str] | None = []
+    gap_ms: dict[str, Annotated[float, msgspec.Meta(ge=0, le=_FINITE_MAX)]] | None = None
+
+
+class CommMean(msgspec.Struct):
+    """One `metrics.time_us_mean` item of a comm run."""
+
+    collective: str
+    bytes: Count
+    time_us_mean: Seconds | None = None
+    time_us_mean_back_to_back: Seconds | None = None
+
+
+class CommMetrics(msgspec.Struct):
+    """A comm run's `metrics`: what it skipped and its mean times (medians are in comm.csv)."""
+
+    skipped: list[Any] = []
+    time_us_mean: Annotated[list[CommMean], msgspec.Meta(max_length=100_000)] = []
 
 
 class CommRecord(msgspec.Struct):
-    """run.json of a `make bench-comm` run folder (`kind: "comm"`, docs/reference/metrics.md §10): the
-    fields readers decide on are typed; `config.gap_ms` and the metrics pass as written (their
-    readers read a damaged value as absent)."""
+    """run.json of a `make bench-comm` run folder (`kind: "comm"`, docs/reference/metrics.md §10):
+    the fields readers decide on are typed (config, metrics); others pass as written."""
 
     kind: Literal["comm"]
     status: Status
     schema_version: int | None = None  # hand-made comm folders may lack it: read as current
     config: CommConfig = msgspec.field(default_factory=CommConfig)
+    metrics: CommMetrics = msgspec.field(default_factory=CommMetrics)
     run_id: Annotated[str, msgspec.Meta(min_length=1)] | None = None
     error: ErrorInfo | None = None
-
-
-class InputError(UserError):
-    """Bad input: `str(err)` is one line naming the file/argument, the problem and the fix (a
-    UserError built from those three parts; the CLI prints it as one line, exit code 2)."""
-
-    def __init__(self, where: str, what: str, fix: str) -> None:
-        self.where, self.what, self.fix = str(where), what, fix
-        super().__init__(f"{self.where}: {what} — {fix}")
 
 
 class InvalidRecord(InputError):
@@ -267,21 +283,24 @@ def _short(value: Any, limit: int = 60) -> str:
 
 
 def _decode_json(path: Path) -> dict:
-    """The JSON object in `path`; InputError when missing or not JSON, InvalidRecord otherwise."""
+    """The JSON object in `path` (profiler.inputfile's reading rules: a regular file under the
+    size limit, BOM and lone surrogates accepted); InputError when missing, unreadable or not
+    JSON, InvalidRecord when nested too deeply, with a duplicate key or not an object."""
+    interrupted = "the run was interrupted while writing; re-run it"
     try:
-        data = Path(path).read_bytes()
-    except FileNotFoundError:
-        raise InputError(path, "missing", "not a run folder") from None
-    except OSError as err:
-        raise InputError(path, f"unreadable ({err.strerror})", "check permissions") from None
-    try:
-        raw = msgspec.json.decode(data)
-    except RecursionError:
-        raise InvalidRecord(path, "", "nested too deeply to be a run record") from None
-    except msgspec.DecodeError as err:
-        raise InputError(
-            path, f"unreadable ({err})", "the run was interrupted while writing; re-run it"
-        ) from None
+        raw = decode_json(path, "run.json", "fix or remove this run folder")
+    except BadJSON as err:
+        if err.reason == "malformed":
+            raise InputError(
+                path, err.what.replace("not JSON", "unreadable"), interrupted
+            ) from None
+        if err.reason == "deep":
+            raise InvalidRecord(path, "", "nested too deeply to be a run record") from None
+        raise InvalidRecord(path, err.field, err.what) from None
+    except InputError as err:
+        if err.what == "missing":
+            raise InputError(path, "missing", "not a run folder") from None
+        raise InvalidRecord(path, "", err.what, err.fix) from None
     if not isinstance(raw, dict):
         raise InvalidRecord(path, "", f"expected an object, got {type(raw).__name__}")
     return raw
@@ -327,8 +346,8 @@ def record_kind(path: Path) -> str | None:
     """run.json's `kind` (`comm` for a `make bench-comm` folder; absent, i.e. None, for a
     training run), or None when the file is missing or no JSON object: which reader applies."""
     try:
-        kind = msgspec.json.decode(Path(path).read_bytes(), type=_Kind).kind
-    except (OSError, RecursionError, msgspec.DecodeError):
+        kind = msgspec.json.decode(read_regular(path, "run.json"), type=_Kind).kind
+    except (InputError, RecursionError, msgspec.DecodeError):
         return None
     return kind if isinstance(kind, str) else None
 
@@ -340,38 +359,3 @@ def read_comm_record(path: Path) -> tuple[CommRecord, dict]:
     (a training run's run.json breaks `kind`)."""
     raw = _decode_json(path)
     return _convert(path, raw, CommRecord), raw
-
-
-def read_steps(path: Path) -> list[StepRow]:
-    """Decode and validate steps.csv (every row, every typed column); empty cells are absent.
-
-    Raises InvalidRecord naming the line and column of the first bad cell.
-    """
-    try:
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as err:
-        raise InvalidRecord(path, "", f"unreadable ({err})") from None
-    reader = csv.DictReader(io.StringIO(text))
-    missing = [f for f in REQUIRED_STEP_COLUMNS if f not in (reader.fieldnames or [])]
-    if missing:
-        raise InvalidRecord(path, missing[0], "column missing from the header")
-    rows = []
-    for row in reader:
-        if None in row:  # DictReader's key for cells beyond the header
-            line = reader.line_num
-            raise InvalidRecord(path, f"line {line}", "more cells than the header has columns")
-        rows.append({k: v for k, v in row.items() if v not in ("", None)})
-    try:
-        return msgspec.convert(rows, list[StepRow], strict=False)
-    except msgspec.ValidationError as err:
-        at, problem = _explain(err)
-        m = re.match(r"\[(\d+)\]\.?(.*)", at)
-        if not m:
-            raise InvalidRecord(path, at, problem) from None
-        i, col = int(m[1]), m[2]
-        if not col:  # a whole row is wrong, e.g. cut off: msgspec names the missing field
-            col = (re.findall(r"`(\w+)`", problem) or [""])[-1]
-        cell = rows[i].get(col)
-        shown = f" (cell {_short(cell)})" if cell is not None else ""
-        # Line 1 is the header, so row i is on line i + 2.
-        raise InvalidRecord(path, f"{col}, line {i + 2}", f"{problem}{shown}") from None

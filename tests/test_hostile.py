@@ -11,168 +11,29 @@ import csv
 import gzip
 import json
 import shutil
-import subprocess
-import sys
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
 from analysis.cli.main import main as analysis_main
+from analysis.report.__main__ import main as report_main
 from analysis.runs.compare import compare_runs
-from analysis.trace.folder import analyze_trace_dir
-from tests.conftest import REPO, read_run
-
-DEEP = 100_000  # levels of nesting: far past any recursion limit
-
-
-def _strict_json(text: str) -> dict:
-    """json.loads that refuses NaN/Infinity, as browsers' JSON.parse and jq do."""
-
-    def refuse(token: str):
-        raise ValueError(f"non-standard JSON token {token}")
-
-    return json.loads(text, parse_constant=refuse)
-
-
-def cli(*args: str, **kw) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, *args],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=180,
-        **kw,
-    )
-
-
-# ---------------------------------------------------------------------------------------------
-# Run folders: run.json and steps.csv validated at the boundary
-# ---------------------------------------------------------------------------------------------
-
-
-def _set(path: str, value) -> Callable[[dict], None]:
-    """An edit of run.json: set the dotted `path` to `value`."""
-
-    def edit(rec: dict) -> None:
-        *parents, last = path.split(".")
-        node = rec
-        for key in parents:
-            node = node[key]
-        node[last] = value
-
-    return edit
-
-
-def _steps_cell(column: str, value: str) -> Callable[[Path], None]:
-    """An edit of steps.csv: put `value` into `column` of the third data row."""
-
-    def edit(path: Path) -> None:
-        rows = list(csv.DictReader(path.open()))
-        rows[2][column] = value
-        with path.open("w", newline="") as f:
-            writer = csv.DictWriter(f, fieldnames=list(rows[0]))
-            writer.writeheader()
-            writer.writerows(rows)
-
-    return edit
-
-
-def _steps_extra_cell(path: Path) -> None:
-    lines = path.read_text().splitlines()
-    lines[3] += ",7"
-    path.write_text("\n".join(lines) + "\n")
-
-
-def _failed_with_string_error(rec: dict) -> None:
-    rec.update(status="failed", error="rank 1 died", metrics={})
-
-
-def _memory_rank_true(rec: dict) -> None:
-    rec["metrics"]["memory"][0]["rank"] = True
-
-
-def _dp_devices_string(rec: dict) -> None:
-    rec["config"].update(mode="dp", backend="none", devices="cpu")
-
-
-# name -> (base run, run.json edit, steps.csv edit, field named in the line)
-RUN_CASES = {
-    "metrics-list": ("ddp", _set("metrics", []), None, "`metrics`"),
-    "env-list": ("ddp", _set("env", ["Linux"]), None, "`env`"),
-    "error-string": ("ddp", _failed_with_string_error, None, "`error`"),
-    "run-id-list": ("ddp", _set("run_id", ["a", "b"]), None, "`run_id`"),
-    "mode-list": ("ddp", _set("config.mode", ["ddp"]), None, "`config.mode`"),
-    "world-size-abc": ("ddp", _set("config.world_size", "abc"), None, "`config.world_size`"),
-    "world-size-list": ("ddp", _set("config.world_size", [2]), None, "`config.world_size`"),
-    "world-size-negative": ("ddp", _set("config.world_size", -2), None, "`config.world_size`"),
-    "samples-per-s-string": (
-        "ddp",
-        _set("metrics.samples_per_s", "fast"),
-        None,
-        "`metrics.samples_per_s`",
-    ),
-    "memory-non-objects": ("ddp", _set("metrics.memory", [1, "x"]), None, "`metrics.memory[0]`"),
-    "traces-int": ("ddp", _set("traces", 5), None, "`traces`"),
-    "eval-best-list": ("ddp", _set("eval.best", [1]), None, "`eval.best`"),
-    "step-time-int": ("ddp", _set("metrics.step_time_s", 5), None, "`metrics.step_time_s`"),
-    "rank-true": ("ddp", _memory_rank_true, None, "`metrics.memory[0].rank`"),
-    "baseline-negative": (
-        "single",
-        _set("metrics.samples_per_s", -5),
-        None,
-        "`metrics.samples_per_s`",
-    ),
-    "dp-devices-string": ("ddp", _dp_devices_string, None, "`config.devices`"),
-    "schema-99": ("ddp", _set("schema_version", 99), None, "`schema_version`"),
-    "status-unknown": ("ddp", _set("status", "great"), None, "`status`"),
-    "steps-text-cell": ("ddp", None, _steps_cell("step_time_s", "abc"), "`step_time_s, line 4`"),
-    "steps-warmup-text": ("ddp", None, _steps_cell("warmup", "yes"), "`warmup, line 4`"),
-    "steps-inf": ("ddp", None, _steps_cell("data_s", "inf"), "`data_s, line 4`"),
-    "steps-extra-cell": ("ddp", None, _steps_extra_cell, "`line 4`: more cells"),
-    # schema 2 (issue 8) fields: typed too
-    "warnings-string": ("ddp", _set("warnings", "slow"), None, "`warnings`"),
-    "overhead-string": (
-        "ddp",
-        _set("metrics.profiler_overhead_pct", "high"),
-        None,
-        "`metrics.profiler_overhead_pct`",
-    ),
-    "overhead-below-minus-100": (
-        "ddp",
-        _set("metrics.profiler_overhead_pct", -150.0),
-        None,
-        "`metrics.profiler_overhead_pct`",
-    ),
-    "steps-profiled-2": ("ddp", None, _steps_cell("profiled", "2"), "`profiled, line 4`"),
-}
-
-
-def _make_bad_runs(root: Path, single: Path, ddp: Path) -> None:
-    """Good runs (full copies, traces included) plus one folder per bad case (no traces)."""
-    shutil.copytree(single, root / "good-single")
-    shutil.copytree(ddp, root / "good-ddp")
-    bases = {"single": single, "ddp": ddp}
-    for name, (base, edit_json, edit_steps, _) in RUN_CASES.items():
-        dst = root / name
-        dst.mkdir()
-        shutil.copy(bases[base] / "steps.csv", dst / "steps.csv")
-        rec = read_run(bases[base])
-        rec.update(run_id=name, traces=[])
-        if edit_json:
-            edit_json(rec)
-        (dst / "run.json").write_text(json.dumps(rec))
-        if edit_steps:
-            edit_steps(dst / "steps.csv")
-    deep = root / "nested-run-json"
-    deep.mkdir()
-    (deep / "run.json").write_text('{"schema_version": 1, "x": ' + "[" * DEEP + "]" * DEEP + "}")
+from tests.conftest import read_run
+from tests.hostile_common import (
+    EVENT_CASES,
+    RUN_CASES,
+    _deep_top,
+    _load,
+    _strict_json,
+    cli,
+    make_bad_runs,
+)
 
 
 @pytest.fixture(scope="module")
 def bad_runs(tmp_path_factory, single_mlp_run, ddp_mlp_run) -> Path:
     root = tmp_path_factory.mktemp("hostile-runs")
-    _make_bad_runs(root, single_mlp_run, ddp_mlp_run)
+    make_bad_runs(root, single_mlp_run, ddp_mlp_run)
     return root
 
 
@@ -278,61 +139,47 @@ def test_runs_cli_exits_2_when_every_run_is_invalid(bad_runs, tmp_path, capsys):
 
 
 # ---------------------------------------------------------------------------------------------
-# Traces: impossible events dropped and counted; any exception costs one file
+# Long strings; the report over every bad run at once
 # ---------------------------------------------------------------------------------------------
 
 
-def _load(path: Path) -> dict:
-    return json.loads(gzip.decompress(path.read_bytes()))
-
-
-def _first_step(trace: dict) -> dict:
-    return next(e for e in trace["traceEvents"] if e.get("name", "").startswith("ProfilerStep#"))
-
-
-def _extra_step(**fields) -> Callable[[dict], None]:
-    """Add one more ProfilerStep copy with `fields` changed (None deletes the field)."""
-
-    def edit(trace: dict) -> None:
-        ev = dict(_first_step(trace))
-        for k, v in fields.items():
-            if v is None:
-                ev.pop(k, None)
-            else:
-                ev[k] = v
-        trace["traceEvents"].append(ev)
-
-    return edit
-
-
-# name -> trace edit; each adds one impossible ProfilerStep the analysis must drop
-EVENT_CASES = {
-    "negative-dur": _extra_step(dur=-5000),
-    "no-ts": _extra_step(ts=None),
-    "no-dur": _extra_step(dur=None),
-    "huge-dur": _extra_step(dur=1e308),
-}
-
-
-@pytest.fixture(scope="module")
-def ddp_traces(ddp_mlp_run) -> tuple[Path, Path]:
-    r0, r1 = sorted((ddp_mlp_run / "traces").glob("rank*.pt.trace.json.gz"))
-    return r0, r1
-
-
-@pytest.fixture(scope="module")
-def clean_ranks(ddp_traces, tmp_path_factory) -> dict[int, dict]:
-    d = tmp_path_factory.mktemp("clean")
-    for f in ddp_traces:
-        shutil.copy(f, d / f.name)
-    return {r["rank"]: r for r in analyze_trace_dir(d, workers=1, progress=False)["ranks"]}
-
-
-def _with_bad_rank1(tmp: Path, ddp_traces, edit: Callable[[dict], None], text: str | None = None):
-    r0, r1 = ddp_traces
-    shutil.copy(r0, tmp / r0.name)
-    trace = _load(r1)
-    edit(trace)
-    data = (text or json.dumps(trace)).encode()
-    (tmp / r1.name).write_bytes(gzip.compress(data))
-    return tmp / r1.name
+def test_report_builds_from_good_and_every_bad_run(bad_runs, tmp_path, single_mlp_run, ddp_mlp_run):
+    """The whole mixed folder, traces included, plus a run with a 2 MB env.os and a run with bad
+    traces: the report lists every bad run as invalid, keeps the good numbers (the bad traces cost
+    one warning each), and the long string is clipped on the page but whole in summary.json."""
+    long_run = bad_runs.parent / f"{bad_runs.name}-long" / "long-os"
+    shutil.copytree(single_mlp_run, long_run)
+    rec = read_run(long_run)
+    rec.update(run_id="long-os", traces=[])
+    rec["env"]["os"] = "L" * 2_000_000
+    (long_run / "run.json").write_text(json.dumps(rec))
+    # A DDP run whose rank-0 trace holds impossible events and whose rank-1 trace is 100,000 deep.
+    traced = long_run.parent / "bad-traces"
+    shutil.copytree(ddp_mlp_run, traced)
+    rec = read_run(traced)
+    rec["run_id"] = "bad-traces"
+    (traced / "run.json").write_text(json.dumps(rec))
+    r0, r1 = sorted((traced / "traces").glob("rank*"))
+    trace = _load(r0)
+    for case in EVENT_CASES.values():
+        case(trace)
+    r0.write_bytes(gzip.compress(json.dumps(trace).encode()))
+    r1.write_bytes(gzip.compress(_deep_top(_load(r1)).encode()))
+    out = tmp_path / "report"
+    assert (
+        report_main([str(bad_runs), str(long_run.parent), "--out", str(out), "--no-progress"]) == 0
+    )
+    rows = {r["run_id"]: r for r in csv.DictReader((out / "summary.csv").open())}
+    for name in [*RUN_CASES, "nested-run-json"]:
+        assert rows[name]["status"] == "invalid" and rows[name]["reason"], name
+    good = [r for r in rows.values() if r["status"] == "ok" and r["run_id"] != "long-os"]
+    assert len(good) == 3 and all(float(r["samples_per_s"]) > 0 for r in good)
+    reason = rows["bad-traces"]["reason"]
+    assert f"{r0.name}: dropped {len(EVENT_CASES)} event(s)" in reason
+    assert f"{r1.name}: nested too deeply" in reason
+    html = (out / "index.html").read_text(encoding="utf-8")
+    assert "L" * 2_000_000 not in html and "L" * 200 + "…" in html
+    assert len(html) < 5_000_000
+    summary = json.loads((out / "summary.json").read_text())
+    (long,) = [r for r in summary["runs"] if r["run_id"] == "long-os"]
+    assert long["os"] == "L" * 2_000_000

@@ -18,7 +18,7 @@ import pytest
 
 from analysis.runs.compare import compare_runs
 from tests.conftest import REPO
-from tests.test_hostile import ddp_traces  # noqa: F401  (fixture)
+from tests.hostile_common import ddp_traces  # noqa: F401  (fixture)
 
 # --- class 6: decompression bombs and files that are not files -------------------------------
 
@@ -130,6 +130,16 @@ def _world(n: int):
     return edit
 
 
+def _world_1_rank_0_steps(run: Path) -> None:
+    """world_size 1 in run.json and steps.csv (rank 0's rows only; a steps.csv row of a rank
+    beyond world_size makes the run invalid, tests/hostile_common.py), 2 ranks in the traces."""
+    _world(1)(run)
+    lines = (run / "steps.csv").read_text().splitlines()
+    rank = lines[0].split(",").index("rank")
+    rows = [ln for ln in lines[1:] if ln.split(",")[rank] == "0"]
+    (run / "steps.csv").write_text("\n".join([lines[0], *rows]) + "\n")
+
+
 def _drop_rank1(run: Path) -> None:
     next((run / "traces").glob("rank1.*")).unlink()
 
@@ -149,7 +159,7 @@ def _symlink_rank1(run: Path) -> None:
 
 CONSISTENCY = {  # name -> (edit of the run folder, words every expected warning holds)
     "world-8": (_world(8), ["world_size 8", "distributedInfo says world_size 2", "rank(s) 2, 3"]),
-    "world-1": (_world(1), ["world_size 1", "distributedInfo says world_size 2"]),
+    "world-1": (_world_1_rank_0_steps, ["world_size 1", "distributedInfo says world_size 2"]),
     "missing-rank": (_drop_rank1, ["no trace for rank(s) 1"]),
     "another-runs-file": (_rename_rank1, ["rank1.123.pt.trace.json.gz: not among"]),
     "symlink-outside": (_symlink_rank1, ["a symbolic link to", "elsewhere"]),

@@ -2,7 +2,8 @@
 overlapping ProfilerSteps and odd single events are dropped and counted, never the rank, and the
 rank's numbers stay those of the clean trace.
 
-Each case edits the real DDP run's rank-1 trace (tests/conftest.py) as tests/test_hostile.py does.
+Each case edits the real DDP run's rank-1 trace (tests/conftest.py) as
+tests/test_hostile_trace_events.py does.
 """
 
 from __future__ import annotations
@@ -19,12 +20,12 @@ from analysis.report.__main__ import main as report_main
 from analysis.runs.compare import compare_runs
 from analysis.trace.folder import analyze_trace_dir
 from tests.conftest import REPO
-from tests.test_hostile import (  # noqa: F401  (fixtures)
+from tests.hostile_common import (  # noqa: F401  (fixtures)
     _first_step,
-    _with_bad_rank1,
     clean_ranks,
     ddp_traces,
 )
+from tests.hostile_common import with_bad_rank1 as _with_bad_rank1
 
 _NUMBERS = ("steps", "step_numbers", "step_time_us_mean", "comm_us", "compute_us", "idle_us")
 DAY_US = 86_400e6

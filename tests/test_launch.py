@@ -120,7 +120,6 @@ def test_runs_dir_that_is_a_file_is_one_line(tmp_path, capsys, where):
 @pytest.mark.parametrize(
     ("args", "match"),
     [
-        (["--model", "resnet7"], "argument --model: invalid choice: 'resnet7'"),  # MODEL=
         (["--backend", "mpi"], "argument --backend: invalid choice: 'mpi'"),  # BACKEND=
         (["--seed", "0,1"], "argument --seed: invalid int value: '0,1'"),  # SEEDS="0,1"
         (["--max-steps", "ten"], "argument --max-steps: invalid int value: 'ten'"),  # STEPS=

@@ -29,6 +29,7 @@ from analysis.project.model import ddp_buckets, expected_max, simulate_step
 from analysis.project.projection import project, unprofiled_steps
 from analysis.runs.entry import load_run
 from analysis.trace.collectives import bus_factor
+from profiler.records import Config, ProfileConfig
 from profiler.runfolder import NO_UNPROFILED_STEP_WARNING, RUN_FOLDER_SCHEMA_VERSION
 from tests.conftest import REPO, read_run
 
@@ -137,8 +138,10 @@ def test_ddp_buckets_match_torch_and_the_real_reducer(ddp_mlp_run):
             idx, _ = dist._compute_bucket_assignment_by_size(ready, limits, [False] * len(ready))
             want = [sum(ready[i].numel() * 4 for i in b) for b in idx]
             assert ddp_buckets([p.numel() * 4 for p in params], cap_mb) == want
-    metrics = read_run(ddp_mlp_run)["metrics"]
-    assert ddp_buckets(metrics["param_grad_bytes"], 25.0) == metrics["ddp"]["bucket_sizes_bytes"]
+    record = read_run(ddp_mlp_run)
+    metrics, first = record["metrics"], record["config"]["ddp"]["first_bucket_bytes"]
+    want = metrics["ddp"]["bucket_sizes_bytes"]
+    assert ddp_buckets(metrics["param_grad_bytes"], 25.0, first) == want
 
 
 def test_bucket_simulation_by_hand():
@@ -173,9 +176,10 @@ def test_every_step_profiled_falls_back_with_the_one_warning(tmp_path, comm_run,
 
 def test_unprofiled_steps_from_schedule_and_column():
     steps = pd.DataFrame({"step": range(8), "warmup": [1, 1, 0, 0, 0, 0, 0, 0]})
-    config = {"profile": {"enabled": True, "wait": 1, "warmup": 1, "active": 3, "repeat": 1}}
+    profile = ProfileConfig(enabled=True, wait=1, warmup=1, active=3, repeat=1)
+    config = Config(mode="single", world_size=1, profile=profile)
     assert list(unprofiled_steps(steps, config)["step"]) == [5, 6, 7]  # 1..4: profiler on
-    config["profile"]["repeat"] = 0  # cycles until the end: 6, 7 are the next cycle's on-steps
+    profile.repeat = 0  # cycles until the end: 6, 7 are the next cycle's on-steps
     assert list(unprofiled_steps(steps, config)["step"]) == [5]
     with_column = steps.assign(profiled=[0, 0, 1, 0, 0, 1, 1, 0])  # the column wins when present
     assert list(unprofiled_steps(with_column, config)["step"]) == [3, 4, 7]

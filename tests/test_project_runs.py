@@ -43,6 +43,9 @@ def test_project_bad_input_is_one_line(tmp_path, comm_run, single_mlp_run, capsy
     (one / "run.json").write_text(
         json.dumps({**rec, "config": {"backend": "gloo", "world_size": 1}})
     )
+    # run.json and comm.csv must agree on the world size (the reader checks it)
+    assert "but run.json config.world_size is 1" in _error_line([*run, str(one)], capsys)
+    pd.read_csv(one / "comm.csv").assign(world_size=1).to_csv(one / "comm.csv", index=False)
     assert "nothing was transferred" in _error_line([*run, str(one)], capsys)
     line = _error_line([*run, str(comm_run), "--inter-node", "fast"], capsys)
     assert "--inter-node" in line
@@ -102,7 +105,7 @@ def test_a_damaged_comm_run_is_one_skipped_line(tmp_path, comm_run, single_mlp_r
     data = compare_runs([tmp_path], progress=False, traces=False)
     assert [r["run_id"] for r in data["runs"]] == ["single-mlp"] and data["comm"] == []
     (skip,) = data["projection_skipped"]
-    assert "non-numeric values" in skip["reason"]
+    assert "`world_size, line 2`: not a number (cell 'two')" in skip["reason"]
 
 
 def test_strong_scaling_is_linear_in_batch_unless_a_run_at_that_batch_is_given(tmp_path):
@@ -229,42 +232,46 @@ def test_the_trainer_records_buffer_bytes_by_dtype(single_mlp_run):
     assert _buffer_bytes_by_dtype(cnn) == {"float32": 2 * 224 * 4, "int64": 3 * 8}
 
 
-@pytest.mark.parametrize(
-    ("gap_ms", "means", "buffers", "breakdown"),
-    [
-        ([3], "fast", "many", {"buffers_bytes": 10}),
-        ({"all_reduce": "soon"}, [1, None, {"collective": [1], "bytes": 1024}], {"x": "y"}, "?"),
-        (
-            {"all_reduce": -5},
-            [{"collective": "all_reduce", "bytes": {}, "time_us_mean": []}],
-            [],
-            [3],
-        ),
-    ],
-)
-def test_damaged_new_fields_fall_back_instead_of_failing(
-    tmp_path, gap_ms, means, buffers, breakdown
-):
+# (which run, field, damaged value, the field the line names): each a typed field since issue 25
+DAMAGED_FIELDS = [
+    ("comm", "gap_ms", [3], "`config.gap_ms`"),
+    ("comm", "gap_ms", {"all_reduce": "soon"}, "`config.gap_ms[...]`"),
+    ("comm", "gap_ms", {"all_reduce": -5}, "`config.gap_ms[...]`"),
+    ("comm", "means", "fast", "`metrics.time_us_mean`"),
+    ("comm", "means", [1, None], "`metrics.time_us_mean[0]`"),
+    ("comm", "means", [{"collective": [1], "bytes": 1024}], "`metrics.time_us_mean[0].collective`"),
+    ("run", "buffer_bytes_by_dtype", "many", "`metrics.buffer_bytes_by_dtype`"),
+    ("run", "buffer_bytes_by_dtype", {"x": "y"}, "`metrics.buffer_bytes_by_dtype[...]`"),
+    ("run", "memory_breakdown", {"buffers_bytes": 10}, "`metrics.memory_breakdown`"),
+    ("run", "memory_breakdown", [3], "`metrics.memory_breakdown[0]`"),
+]
+
+
+@pytest.mark.parametrize(("which", "field", "value", "named"), DAMAGED_FIELDS)
+def test_damaged_new_fields_are_one_invalid_line(tmp_path, capsys, which, field, value, named):
     """Wrong-typed comm `config.gap_ms` / `metrics.time_us_mean` and training
-    `metrics.buffer_bytes_by_dtype` / `memory_breakdown`: the projection still runs, on the
-    medians, with no gap and no buffer broadcast, exactly as for a run without those fields."""
+    `metrics.buffer_bytes_by_dtype` / `memory_breakdown` are read through the typed records:
+    `analysis project` refuses with one line naming the file and the field (never a traceback
+    or a silently different projection); the clean pair still projects."""
+    config = {"devices": ["cpu", "cpu"], "gap_ms": value if field == "gap_ms" else {}}
     comm = _fake_comm(
         tmp_path / "comm", alpha_us=50.0, bus_gbps=2.0, collectives=("all_reduce", "broadcast"),
-        config={"devices": ["cpu", "cpu"], "gap_ms": gap_ms},
+        config=config,
     )  # fmt: skip
-    rec = json.loads((comm / "run.json").read_text())
-    rec["metrics"] = {"time_us_mean": means}
-    (comm / "run.json").write_text(json.dumps(rec))
+    if field == "means":
+        rec = json.loads((comm / "run.json").read_text())
+        rec["metrics"] = {"time_us_mean": value}
+        (comm / "run.json").write_text(json.dumps(rec))
     phases = {"data": 0.001, "forward": 0.004, "backward": 0.008, "optimizer": 0.002}
-    metrics = {"buffer_bytes_by_dtype": buffers, "memory_breakdown": breakdown}
+    metrics = {field: value} if which == "run" else {}
     run = _fake_run(
         tmp_path / "s", mode="single", n=1, phases=phases, buckets=[1 << 20], metrics=metrics
     )
+    line = _error_line(["project", str(run), "--comm", str(comm)], capsys)
+    assert named in line and "run.json" in line and "Traceback" not in line
     clean = _fake_run(tmp_path / "c", mode="single", n=1, phases=phases, buckets=[1 << 20])
-    out, ref = project(run, comm, [2]), project(clean, comm, [2])
-    assert out["inputs"]["comm_time_statistic"] == "median" and out["inputs"]["comm_gap_ms"] == {}
-    assert out["predictions"] == ref["predictions"]
-    assert out["predictions"][0]["buffer_broadcast_s"] == 0
+    good = _fake_comm(tmp_path / "good", alpha_us=50.0, bus_gbps=2.0)
+    assert project(clean, good, [2])["predictions"][0]["buffer_broadcast_s"] == 0
 
 
 def test_bench_projection_gaps_follow_the_workloads_collectives(single_mlp_run, tmp_path):

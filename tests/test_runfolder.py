@@ -17,11 +17,11 @@ from analysis.project.inputs import measured_steps
 from analysis.runs.entry import _phases
 from profiler.records import (
     REQUIRED_STEP_COLUMNS,
+    Config,
     InvalidRecord,
     StepRow,
     read_comm_record,
     read_record,
-    read_steps,
 )
 from profiler.runfolder import (
     NO_UNPROFILED_STEP_WARNING,
@@ -31,6 +31,7 @@ from profiler.runfolder import (
     write_run_json,
     write_steps_csv,
 )
+from profiler.steps import read_steps
 from tests.conftest import REPO
 from workloads.config import TrainConfig
 from workloads.plan import Environment, plan
@@ -96,7 +97,7 @@ def test_trainer_run_entry_and_projection_measure_the_same_steps(profiled, steps
     overall, per_rank, w_entry = _phases(frame)
     assert overall["forward"] == pytest.approx(0.3 * expected_mean)
     assert [r["step_time"] for r in per_rank] == pytest.approx([expected_mean] * 2)
-    body, w_project = measured_steps(frame, {})
+    body, w_project = measured_steps(frame, Config(mode="single", world_size=1))
     assert sorted(set(body["step"])) == steps
     expected = NO_UNPROFILED_STEP_WARNING if warned else None
     assert w_summary == w_entry == w_project == expected

@@ -332,7 +332,7 @@ def test_hostile_and_damaged_tune_json_cost_one_line_not_the_report(tune_dir, tm
     assert [t["tune_id"] for t in data["tunes"]] == ["tune-t"]  # the copy keeps its tune_id
     assert data["tunes"][0]["candidates"][1]["speedup_vs_baseline"] is None
     [bad] = data["skipped"]
-    assert bad["path"].endswith("tune.json") and "unreadable" in bad["reason"]
+    assert bad["path"].endswith("tune.json") and "not JSON" in bad["reason"]
     html = write_report(data, tmp_path / "report", progress=False).index_html.read_text()
     assert "<script>alert(1)" not in html and "&lt;script&gt;alert(1)" in html
     assert "<b>x</b>" not in html and "&lt;b&gt;x&lt;/b&gt;" in html

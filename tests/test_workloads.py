@@ -30,7 +30,8 @@ RUN_KEYS = set(
     warnings""".split()
 )
 CONFIG_KEYS = set(
-    """mode backend world_size nnodes nproc_per_node devices model dataset global_batch
+    """mode backend world_size nnodes nproc_per_node devices model model_args dataset dataset_args
+    loss workload global_batch
     per_device_batch scaling amp seed epochs max_steps lr momentum weight_decay sync_bn num_workers
     pin_memory warmup_steps rendezvous ddp profile grad_accum_steps micro_batch sweep_id""".split()
 )
@@ -84,7 +85,7 @@ def test_batch_split_strong_and_weak():
 @pytest.mark.parametrize(
     ("kwargs", "match"),
     [
-        ({"model": "vgg"}, "--model must be one of"),
+        ({"model": "vgg"}, "--model 'vgg' is not a built-in"),
         ({"batch_size": 0}, "--batch-size must be >= 1"),
         ({"max_steps": 2, "warmup_steps": 2}, "raise --max-steps"),
         ({"comm_hook": "int8"}, "--comm-hook must be one of"),

@@ -16,6 +16,15 @@ from typing import Any
 
 from profiler.errors import OneLineParser  # re-exported: the launcher and train use it
 from profiler.session import ProfileConfig
+from workloads.spec import (
+    BUILTIN_DATASETS,
+    BUILTIN_LOSSES,
+    BUILTIN_MODELS,
+    Spec,
+    parse_kwargs,
+    parse_spec,
+    spec_slug,
+)
 
 __all__ = [
     "MODES",
@@ -28,8 +37,6 @@ __all__ = [
 ]
 
 MODES = ("single", "dp", "ddp")
-MODELS = ("resnet18", "resnet50", "smallcnn", "mlp")
-DATASETS = ("synthetic", "digits", "cifar10", "cifar100")
 COMM_HOOKS = ("none", "fp16", "bf16", "powersgd")
 
 
@@ -50,8 +57,24 @@ class TrainConfig:
     )
     device: str = _opt("auto", "auto (CUDA when present) | cpu | cuda", ("auto", "cpu", "cuda"))
     dp_gpus: int = _opt(0, "GPUs nn.DataParallel spreads over (0 = all visible)")
-    model: str = _opt("resnet18", "model architecture", MODELS)
-    dataset: str = _opt("synthetic", "dataset", DATASETS)
+    model: str = _opt(
+        "resnet18",
+        f"model: a built-in ({' | '.join(BUILTIN_MODELS)}), torchvision:NAME (a "
+        "torchvision.models classification builder) or MODULE:FUNCTION (your factory)",
+    )
+    model_args: str = _opt(
+        "", 'keyword arguments for the model factory, "k=v,..." (ints, floats, bools, strings)'
+    )
+    dataset: str = _opt(
+        "synthetic",
+        f"dataset: a built-in ({' | '.join(BUILTIN_DATASETS)}) or MODULE:FUNCTION returning "
+        "(train, test) datasets of (input, target) pairs",
+    )
+    dataset_args: str = _opt("", 'keyword arguments for the dataset factory, "k=v,..."')
+    loss: str = _opt(
+        "cross_entropy",
+        f"loss: {' | '.join(BUILTIN_LOSSES)} or MODULE:FUNCTION(output, target) -> scalar tensor",
+    )
     data_dir: str = _opt("data", "folder holding cifar10/cifar100 (torchvision layout)")
     download: bool = _opt(
         False, "download cifar10/cifar100 into --data-dir if absent (needs internet)"
@@ -125,8 +148,6 @@ class TrainConfig:
             "mode",
             "backend",
             "device",
-            "model",
-            "dataset",
             "scaling",
             "amp",
             "comm_hook",
@@ -136,6 +157,9 @@ class TrainConfig:
                 raise ValueError(
                     f"--{_flag(name)} must be one of {', '.join(choices)}; got {getattr(self, name)!r}"
                 )
+        # Spec syntax only (nothing imported): the launcher's check_workload calls the factories.
+        self.model_spec(), self.dataset_spec(), self.loss_spec()
+        self.model_kwargs(), self.dataset_kwargs()
         for name in ("epochs", "batch_size", "grad_accum_steps"):
             if getattr(self, name) < 1:
                 raise ValueError(f"--{_flag(name)} must be >= 1; got {getattr(self, name)}")
@@ -170,6 +194,23 @@ class TrainConfig:
             raise ValueError(
                 f"--run-id is a folder name, not a path; got {self.run_id!r} (use --runs-dir)"
             )
+
+    def model_spec(self) -> Spec:
+        return parse_spec("--model", self.model, BUILTIN_MODELS, torchvision=True)
+
+    def dataset_spec(self) -> Spec:
+        return parse_spec("--dataset", self.dataset, BUILTIN_DATASETS)
+
+    def loss_spec(self) -> Spec:
+        return parse_spec("--loss", self.loss, BUILTIN_LOSSES)
+
+    def model_kwargs(self) -> dict:
+        """--model-args as keyword arguments (workloads.spec.parse_kwargs)."""
+        return parse_kwargs("--model-args", self.model_args)
+
+    def dataset_kwargs(self) -> dict:
+        """--dataset-args as keyword arguments."""
+        return parse_kwargs("--dataset-args", self.dataset_args)
 
     @property
     def rendezvous(self) -> str:
@@ -234,4 +275,5 @@ def default_run_id(cfg: TrainConfig, *, backend: str, world_size: int | None) ->
     a skipped run whose device count is unknown (DP without GPUs)."""
     stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%S")
     n = world_size or 0
-    return f"{cfg.mode}-{backend}-{cfg.model}-{cfg.dataset}-n{n}-s{cfg.seed}-{stamp}"
+    model, dataset = spec_slug(cfg.model), spec_slug(cfg.dataset)  # `a.b:f` -> `a.b-f`
+    return f"{cfg.mode}-{backend}-{model}-{dataset}-n{n}-s{cfg.seed}-{stamp}"

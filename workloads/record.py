@@ -8,11 +8,17 @@ run-folder contract (profiler.runfolder.write_run_json), like every other run.js
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from profiler.record import collect_env
 from profiler.runfolder import RUN_FOLDER_SCHEMA_VERSION, utc_now
 from profiler.session import ProfileConfig
 from workloads.config import TrainConfig
 from workloads.plan import Plan
+from workloads.train.context import first_bucket_bytes
+
+if TYPE_CHECKING:  # the type only: the launcher and rank 0 pass what they measured
+    from workloads.train.workload import WorkloadFacts
 
 __all__ = ["config_record", "run_record"]
 
@@ -28,6 +34,7 @@ def run_record(
     metrics: dict | None = None,
     evals: dict | None = None,
     traces: list[str] | None = None,
+    workload: WorkloadFacts | None = None,
 ) -> dict:
     """The whole run.json object (docs/reference/run-folder.md), as the launcher and rank 0 write it."""
     now = utc_now()
@@ -38,7 +45,7 @@ def run_record(
         "error": error,
         "created_at": created_at or now,
         "finished_at": None if status == "running" else now,
-        "config": config_record(cfg, plan),
+        "config": config_record(cfg, plan, workload=workload),
         "env": collect_env(threads_per_rank=threads_per_rank),
         "metrics": metrics or {},
         "eval": evals or {"epochs": [], "best": None},
@@ -46,9 +53,11 @@ def run_record(
     }
 
 
-def config_record(cfg: TrainConfig, plan: Plan) -> dict:
+def config_record(cfg: TrainConfig, plan: Plan, *, workload: WorkloadFacts | None = None) -> dict:
     """The run.json `config` object (docs/reference/run-folder.md); layout fields come from the plan (null
-    where a skipped run's plan could not decide them)."""
+    where a skipped run's plan could not decide them), `workload` from the built model and data
+    (null when not given)."""
+    micro = None if plan.per_device_batch is None else plan.per_device_batch // cfg.grad_accum_steps
     return {
         "mode": cfg.mode,
         "backend": plan.backend,
@@ -57,13 +66,15 @@ def config_record(cfg: TrainConfig, plan: Plan) -> dict:
         "nproc_per_node": plan.nproc,
         "devices": plan.devices,
         "model": cfg.model,
+        "model_args": cfg.model_kwargs(),
         "dataset": cfg.dataset,
+        "dataset_args": cfg.dataset_kwargs(),
+        "loss": cfg.loss,
+        "model_facts": None if workload is None else workload.record(micro),
         "global_batch": plan.global_batch,
         "per_device_batch": plan.per_device_batch,
         "grad_accum_steps": cfg.grad_accum_steps,
-        "micro_batch": None
-        if plan.per_device_batch is None
-        else plan.per_device_batch // cfg.grad_accum_steps,
+        "micro_batch": micro,
         "scaling": cfg.scaling,
         "amp": cfg.amp,
         "seed": cfg.seed,
@@ -79,6 +90,7 @@ def config_record(cfg: TrainConfig, plan: Plan) -> dict:
         "rendezvous": cfg.rendezvous,
         "ddp": {
             "bucket_cap_mb": cfg.bucket_cap_mb,
+            "first_bucket_bytes": first_bucket_bytes(cfg.bucket_cap_mb),
             "gradient_as_bucket_view": cfg.gradient_as_bucket_view,
             "static_graph": cfg.static_graph,
             "find_unused_parameters": cfg.find_unused_parameters,

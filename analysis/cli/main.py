@@ -185,7 +185,10 @@ def _as_list(value: Any) -> list:
 def main(argv: list[str] | None = None, *, prog: str = "python -m analysis") -> int:
     """Run one subcommand; `prog` names the command in help and errors (`dpscope` passes its own)."""
     args = build_parser(prog).parse_args(argv)
-    return run_command(f"{prog} {args.command}", lambda: _run(args))
+    # Ctrl-C: one line; --json is written atomically, so nothing is left half-written.
+    return run_command(
+        f"{prog} {args.command}", lambda: _run(args), interrupted="nothing half-written was left"
+    )
 
 
 def _run(args: argparse.Namespace) -> int:

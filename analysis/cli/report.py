@@ -1,7 +1,8 @@
 """`dpscope report RUNS [RUNS ...] --out REPORT_DIR` (also `python -m analysis.report`).
 
 Bad input ends with one line naming the file or argument and what to do (exit code 2), never a
-traceback; tracebacks are left for bugs (profiler.errors.run_command).
+traceback; tracebacks are left for bugs (profiler.errors.run_command). Ctrl-C is one line too
+(exit code 130) and leaves the previous report whole (analysis/report/outfolder.py).
 """
 
 from __future__ import annotations
@@ -9,7 +10,6 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from analysis.report.build import build_report
 from profiler.errors import OneLineParser, run_command
 
 __all__ = ["build_parser", "main"]
@@ -33,9 +33,13 @@ def main(argv: list[str] | None = None, *, prog: str = "python -m analysis.repor
     args = build_parser(prog).parse_args(argv)
 
     def body() -> int:
+        # Loaded here (matplotlib takes seconds), so that a Ctrl-C meanwhile is one line too.
+        from analysis.report.build import build_report
+
         files = build_report(args.runs, args.out, progress=not args.no_progress)
         print(f"report: {files.index_html}")
         print(f"open:   {files.index_html.resolve().as_uri()}")
         return 0
 
-    return run_command(prog, body)
+    # The folder swap undoes itself on any interruption before this line is printed.
+    return run_command(prog, body, interrupted=f"the previous report in {args.out} is whole")

@@ -18,11 +18,14 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import msgspec
 import numpy as np
 import pandas as pd
 
 from analysis.errors import AnalysisError
+from profiler.commcsv import read_comm_csv
 from profiler.commfit import fit_all, fit_alpha_beta
+from profiler.inputfile import safe_text
 from profiler.records import read_comm_record, record_kind
 from profiler.runfolder import COMM_COLUMNS, COMM_CSV, RUN_JSON, bus_factor, ring_steps
 
@@ -102,23 +105,12 @@ def load_comm_run(run_dir: Path) -> dict:
     run_json = run_dir / RUN_JSON
     if run_json.is_file() and record_kind(run_json) != "comm":
         raise AnalysisError(run_json, "is not a comm run", "pass a `make bench-comm` run folder")
-    rec, raw = read_comm_record(run_json)  # one line (InputError) when missing or invalid
-    csv = run_dir / COMM_CSV
-    try:
-        rows = pd.read_csv(csv)
-    except (OSError, ValueError, pd.errors.ParserError) as err:
-        raise AnalysisError(csv, f"unreadable ({err})", "re-run `make bench-comm`") from None
-    if list(rows.columns) != COMM_COLUMNS:
-        raise AnalysisError(csv, "has other columns than comm.csv's", "re-run `make bench-comm`")
-    numeric = COMM_COLUMNS[2:]
-    try:
-        rows[numeric] = rows[numeric].apply(pd.to_numeric)
-    except (ValueError, TypeError):
-        raise AnalysisError(csv, "has non-numeric values", "re-run `make bench-comm`") from None
-    config = raw.get("config") if isinstance(raw.get("config"), dict) else {}
-    metrics = raw.get("metrics") if isinstance(raw.get("metrics"), dict) else {}
+    rec, _ = read_comm_record(run_json)  # one line (InputError) when missing or invalid
+    # comm.csv through its typed reader: its rows must be at run.json's world size.
+    rows = read_comm_csv(run_dir / COMM_CSV, world_size=rec.config.world_size)
+    metrics = rec.metrics
     return {
-        "run_id": rec.run_id or run_dir.name,
+        "run_id": safe_text(rec.run_id or run_dir.name),
         "path": str(run_dir),
         "status": rec.status,
         "backend": rec.config.backend,
@@ -126,20 +118,9 @@ def load_comm_run(run_dir: Path) -> dict:
         "devices": rec.config.devices or [],
         "rows": rows.to_dict("records"),
         "models": fit_all(rows),
-        "skipped": metrics.get("skipped") or [],
-        "means": _means(metrics.get("time_us_mean"), rows),
-        "gap_ms": _gaps(config.get("gap_ms")),
-    }
-
-
-def _gaps(value: object) -> dict[str, float]:
-    """run.json `config.gap_ms` ({collective: ms}); anything else reads as no gap ({})."""
-    if not isinstance(value, dict):
-        return {}
-    return {
-        str(k): float(v)
-        for k, v in value.items()
-        if isinstance(v, int | float) and not isinstance(v, bool) and np.isfinite(v) and v >= 0
+        "skipped": metrics.skipped,
+        "means": _means([msgspec.structs.asdict(m) for m in metrics.time_us_mean], rows),
+        "gap_ms": dict(rec.config.gap_ms or {}),
     }
 
 

@@ -11,10 +11,12 @@ import pandas as pd
 
 from analysis.errors import AnalysisError
 from analysis.project.comm import is_comm_run
-from analysis.project.model import ProjectionInputs, ddp_buckets
+from analysis.project.model import FIRST_BUCKET_BYTES, ProjectionInputs, ddp_buckets
 from analysis.trace.folder import analyze_trace_dir
-from profiler.records import RunRecord, read_record
+from profiler.inputfile import safe_text
+from profiler.records import Config, Metrics, ProfileConfig, RunRecord, read_record
 from profiler.runfolder import RUN_JSON, STEPS_CSV, throughput_steps
+from profiler.steps import read_steps_frame
 
 __all__ = [
     "PHASES",
@@ -28,18 +30,18 @@ __all__ = [
 PHASES = ("data", "forward", "backward", "optimizer")
 
 
-def _profiled_from_schedule(steps: pd.Series, profile: dict) -> pd.Series:
+def _profiled_from_schedule(steps: pd.Series, profile: ProfileConfig | None) -> pd.Series:
     """Steps the profiler was on for (its warm-up and active steps), from config.profile."""
-    if not profile or not profile.get("enabled", True):
+    if profile is None or not profile.enabled:
         return pd.Series(False, index=steps.index)
-    wait, warm, active = (int(profile.get(k, 0)) for k in ("wait", "warmup", "active"))
+    wait, warm, active = profile.wait, profile.warmup, profile.active
     cycle = max(1, wait + warm + active)
-    repeat = int(profile.get("repeat", 0))
+    repeat = profile.repeat
     in_cycles = (steps // cycle < repeat) if repeat > 0 else pd.Series(True, index=steps.index)
     return in_cycles & (steps % cycle >= wait)
 
 
-def measured_steps(steps: pd.DataFrame, config: dict) -> tuple[pd.DataFrame, str | None]:
+def measured_steps(steps: pd.DataFrame, config: Config) -> tuple[pd.DataFrame, str | None]:
     """The steps the projection measures on and the warning of the rule's fallback: the
     run-folder rule (profiler.runfolder.throughput_steps: non-warm-up steps the profiler did not
     record, else every non-warm-up step, with its warning), applied to steps.csv `profiled` when
@@ -48,12 +50,12 @@ def measured_steps(steps: pd.DataFrame, config: dict) -> tuple[pd.DataFrame, str
     if "profiled" in steps.columns:
         profiled = steps["profiled"].fillna(0).astype(int) == 1
     else:
-        profiled = _profiled_from_schedule(steps["step"], config.get("profile") or {})
+        profiled = _profiled_from_schedule(steps["step"], config.profile)
     mask, warning = throughput_steps(steps["warmup"], profiled.astype(int))
     return steps[mask], warning
 
 
-def unprofiled_steps(steps: pd.DataFrame, config: dict) -> pd.DataFrame:
+def unprofiled_steps(steps: pd.DataFrame, config: Config) -> pd.DataFrame:
     """The rows of `measured_steps`, without its warning."""
     return measured_steps(steps, config)[0]
 
@@ -72,13 +74,11 @@ def _training_record(run_dir: Path) -> tuple[RunRecord, dict]:
     return rec, raw
 
 
-def _measured_body(run_dir: Path, config: dict) -> tuple[pd.DataFrame, str | None]:
-    """steps.csv's rows the rule measures on, and its fallback warning; one line when none."""
-    try:
-        steps = pd.read_csv(run_dir / STEPS_CSV)
-        body, fallback = measured_steps(steps, config)
-    except (OSError, ValueError, KeyError, pd.errors.ParserError) as err:
-        raise AnalysisError(run_dir / STEPS_CSV, f"unreadable ({err})", "re-run it") from None
+def _measured_body(run_dir: Path, config: Config) -> tuple[pd.DataFrame, str | None]:
+    """steps.csv's rows the rule measures on (the typed reader's frame, ranks checked against
+    config.world_size), and its fallback warning; one line when none."""
+    steps = read_steps_frame(run_dir / STEPS_CSV, world_size=config.world_size)
+    body, fallback = measured_steps(steps, config)
     if body.empty:
         raise AnalysisError(
             run_dir / STEPS_CSV,
@@ -88,16 +88,18 @@ def _measured_body(run_dir: Path, config: dict) -> tuple[pd.DataFrame, str | Non
     return body, fallback
 
 
-def _buckets(run_json: Path, config: dict, metrics: dict) -> tuple[list[int], str]:
+def _buckets(run_json: Path, config: Config, metrics: Metrics) -> tuple[list[int], str]:
     """DDP's gradient buckets (bytes, gradient-ready order) and where they came from."""
-    ddp = metrics.get("ddp") or {}
-    if ddp.get("bucket_sizes_bytes"):
-        return list(ddp["bucket_sizes_bytes"]), "metrics.ddp"
-    if metrics.get("param_grad_bytes"):
-        cap = float((config.get("ddp") or {}).get("bucket_cap_mb", 25.0))
+    if metrics.ddp is not None and metrics.ddp.bucket_sizes_bytes:
+        return list(metrics.ddp.bucket_sizes_bytes), "metrics.ddp"
+    if metrics.param_grad_bytes:
+        cap = (config.ddp.bucket_cap_mb if config.ddp else None) or 25.0
+        # Records from before first_bucket_bytes existed ran a torch with the 1 MiB first bucket.
+        first = (config.ddp.first_bucket_bytes if config.ddp else None) or FIRST_BUCKET_BYTES
         return (
-            ddp_buckets(metrics["param_grad_bytes"], cap),
-            f"computed from metrics.param_grad_bytes, bucket_cap_mb {cap:g}",
+            ddp_buckets(metrics.param_grad_bytes, cap, first),
+            f"computed from metrics.param_grad_bytes, bucket_cap_mb {cap:g}, first bucket "
+            f"{first / 2**20:g} MiB",
         )
     raise AnalysisError(
         run_json,
@@ -114,24 +116,24 @@ def load_training(
     A DDP run's traces are analysed for its exposed communication (`traces=False`: not read;
     `trace`: an already computed traces JSON of this run)."""
     run_dir = Path(run_dir)
-    rec, raw = _training_record(run_dir)
-    config, metrics = raw["config"], raw.get("metrics") or {}
+    rec, _ = _training_record(run_dir)
+    config, metrics = rec.config, rec.metrics
     body, fallback = _measured_body(run_dir, config)
     phases = {p: float(body[f"{p}_s"].mean()) for p in PHASES}
     step = float(body["step_time_s"].mean())
     buckets, source = _buckets(run_dir / RUN_JSON, config, metrics)
     run = ProjectionInputs(
-        run_id=rec.run_id or run_dir.name,
+        run_id=safe_text(rec.run_id or run_dir.name),
         path=str(run_dir),
         mode=rec.config.mode,
         backend=rec.config.backend,
         world_size=int(rec.config.world_size or 1),
         model=rec.config.model,
         dataset=rec.config.dataset,
-        scaling=config.get("scaling", "strong"),
+        scaling=config.scaling or "strong",
         per_device_batch=int(rec.config.per_device_batch or 1),
         global_batch=int(rec.config.global_batch or 1),
-        comm_hook=(config.get("ddp") or {}).get("comm_hook", "none"),
+        comm_hook=(config.ddp.comm_hook if config.ddp else None) or "none",
         threads_per_rank=rec.env.threads_per_rank,
         steps_used=int(body["step"].nunique()),
         step_time_s=step,
@@ -155,22 +157,16 @@ def load_training(
     return run
 
 
-def _buffer_groups(metrics: dict) -> list[int]:
+def _buffer_groups(metrics: Metrics) -> list[int]:
     """Bytes of each buffer broadcast DDP makes per forward (broadcast_buffers, torch's default):
     one coalesced broadcast per dtype of the module's buffers (metrics.buffer_bytes_by_dtype);
     runs from before that field: the memory breakdown's buffers_bytes as one broadcast."""
-    by_dtype = metrics.get("buffer_bytes_by_dtype")
-    if isinstance(by_dtype, dict):
-        return [
-            int(b)
-            for b in by_dtype.values()
-            if isinstance(b, int | float) and not isinstance(b, bool) and 0 < b < float("inf")
-        ]
-    breakdown = metrics.get("memory_breakdown")
-    first = breakdown[0] if isinstance(breakdown, list) and breakdown else {}
-    first = first if isinstance(first, dict) else {}
+    if metrics.buffer_bytes_by_dtype is not None:
+        return [b for b in metrics.buffer_bytes_by_dtype.values() if b > 0]
+    first = metrics.memory_breakdown[0] if metrics.memory_breakdown else {}
     nbytes = first.get("buffers_bytes") or 0
-    return [int(nbytes)] if isinstance(nbytes, int | float) and nbytes > 0 else []
+    ok = isinstance(nbytes, int | float) and not isinstance(nbytes, bool)
+    return [int(nbytes)] if ok and 0 < nbytes < float("inf") else []
 
 
 def _subtract_traced_comm(run: ProjectionInputs, run_dir: Path, trace: dict | None) -> None:

@@ -72,15 +72,19 @@ class ProjectionInputs:
     warnings: list[str] = field(default_factory=list)
 
 
-def ddp_buckets(param_bytes: list[int], bucket_cap_mb: float) -> list[int]:
+def ddp_buckets(
+    param_bytes: list[int], bucket_cap_mb: float, first_bucket_bytes: int = FIRST_BUCKET_BYTES
+) -> list[int]:
     """Bucket sizes (bytes) in gradient-ready order, as DDP's reducer assigns them.
 
     Gradients become ready in reverse parameter order; a bucket closes once it holds at least its
-    limit (the parameter that crosses the limit stays in it); the first bucket's limit is 1 MiB,
-    later ones `bucket_cap_mb` MiB (torch.distributed._compute_bucket_assignment_by_size).
+    limit (the parameter that crosses the limit stays in it); the first bucket's limit is
+    `first_bucket_bytes` (run.json `config.ddp.first_bucket_bytes`: 1 MiB in older torch, and
+    `bucket_cap_mb` itself in a torch whose DDP was given bucket_cap_mb explicitly, as dpscope
+    does), later ones `bucket_cap_mb` MiB (torch.distributed._compute_bucket_assignment_by_size).
     """
     cap = int(bucket_cap_mb * 1024 * 1024)
-    limits = iter([FIRST_BUCKET_BYTES])
+    limits = iter([first_bucket_bytes])
     buckets, size = [], 0
     limit = next(limits, cap)
     for nbytes in reversed(param_bytes):

@@ -2,7 +2,11 @@
 
 import sys
 
-from analysis.cli.report import main
+try:  # Ctrl-C while the libraries load is one line too
+    from analysis.cli.report import main
+except KeyboardInterrupt:
+    print("python -m analysis.report: interrupted (Ctrl-C) — nothing was written", file=sys.stderr)
+    sys.exit(130)
 
 __all__ = ["main"]
 

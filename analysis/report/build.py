@@ -9,9 +9,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
-import shutil
-import tempfile
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -29,6 +26,7 @@ from analysis.report import figures, memory_section
 from analysis.report.findings import THRESHOLDS, findings
 from analysis.report.loss import loss_context
 from analysis.report.ops import ops_context
+from analysis.report.outfolder import ReportError, _replace_folder
 from analysis.report.projection import projection_context
 from analysis.report.scaling import (
     GROUP_FIGURES_ABOVE,
@@ -44,15 +42,10 @@ from analysis.report.tables import Table, all_tables, fmt, unique_labels
 from analysis.report.tune import tune_sections
 from analysis.report.verdict import verdict
 from analysis.runs.compare import WORKLOAD_KEY, compare_runs
-from profiler.errors import UserError
 
 __all__ = ["ReportError", "ReportFiles", "build_report", "write_report"]
 
 TEMPLATES = Path(__file__).parent / "templates"
-
-
-class ReportError(UserError):
-    """A one-line, user-facing problem (bad folder, unwritable output); the CLI prints it."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -80,70 +73,6 @@ def _display(obj: Any, limit: int = DISPLAY_CHARS, keep: frozenset = _PATH_KEYS)
     if isinstance(obj, list | tuple):
         return [_display(v, limit, keep) for v in obj]
     return obj
-
-
-MANIFEST = ".dpscope-report.json"  # the files the last report wrote into its folder
-
-
-def _replace_folder(files: dict[str, str], out_dir: Path) -> None:
-    """Put `files` into `out_dir` as one unit, leaving every other file there alone (the
-    folder's README, a `bench/` subfolder, the user's notes).
-
-    All files are first written into a hidden staging folder inside `out_dir` (same filesystem),
-    then swapped in by rename, index.html last; the previous report's files (and those it wrote
-    that this one does not, from its manifest) move to a hidden backup folder that is deleted at
-    the end. A failure part-way moves everything back, so the previous report stays whole; the
-    ReportError names the file that failed."""
-    stage: Path | None = None
-    backup: Path | None = None
-    swapped: list[str] = []
-    try:
-        out_dir.mkdir(parents=True, exist_ok=True)
-        stage = Path(tempfile.mkdtemp(prefix=".report-new-", dir=out_dir))
-        backup = Path(tempfile.mkdtemp(prefix=".report-old-", dir=out_dir))
-        names = [*sorted(n for n in files if n != "index.html"), MANIFEST, "index.html"]
-        texts = {**files, MANIFEST: json.dumps(sorted(files)) + "\n"}
-        for name in names:
-            try:
-                # A plain write is enough in the private staging folder; open() gives the file the
-                # umask's mode, which the rename keeps.
-                (stage / name).write_text(texts[name], encoding="utf-8", newline="")
-            except OSError as exc:  # name the report file, not the staging folder
-                raise OSError(exc.errno, exc.strerror, name) from exc
-        stale = [n for n in _previous_files(out_dir) if n not in texts and (out_dir / n).is_file()]
-        try:
-            for name in [*stale, *names]:
-                if (out_dir / name).exists():
-                    os.replace(out_dir / name, backup / name)
-                swapped.append(name)
-                if name in texts:
-                    os.replace(stage / name, out_dir / name)
-        except OSError:
-            for name in reversed(swapped):  # undo: the previous report's files go back
-                (out_dir / name).unlink(missing_ok=True)
-                if (backup / name).exists():
-                    os.replace(backup / name, out_dir / name)
-            raise
-    except OSError as exc:
-        where = f" ({exc.filename})" if exc.filename else ""
-        raise ReportError(
-            f"cannot write the report into {out_dir}{where}: {exc.strerror or exc};"
-            " pass another --out (the previous report is unchanged)"
-        ) from exc
-    finally:
-        for folder in (stage, backup):
-            if folder is not None:
-                shutil.rmtree(folder, ignore_errors=True)
-
-
-def _previous_files(out_dir: Path) -> list[str]:
-    """Plain file names the previous report listed in its manifest (nothing if unreadable)."""
-    try:
-        names = json.loads((out_dir / MANIFEST).read_text(encoding="utf-8"))
-    except (OSError, ValueError, RecursionError):
-        return []
-    ok = isinstance(names, list) and all(isinstance(n, str) for n in names)
-    return [n for n in names if Path(n).name == n and not n.startswith(".")] if ok else []
 
 
 def _json_safe(obj: Any) -> Any:

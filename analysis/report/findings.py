@@ -185,6 +185,24 @@ def _accuracy(groups: list[dict[str, Any]], multi: tuple[str, ...]) -> list[Find
     return out
 
 
+def _no_eval(runs: list[dict[str, Any]]) -> list[Finding]:
+    """Runs without an eval (a dataset without a test split) say so, rather than showing no
+    accuracy without a reason; one finding per reason."""
+    by_note: dict[str, list[str]] = {}
+    for run in runs:
+        if run.get("eval_note"):
+            by_note.setdefault(str(run["eval_note"]), []).append(str(run["run_id"]))
+    return [
+        Finding(
+            rule="no_eval",
+            severity="info",
+            text=f"No eval in {len(ids)} run(s), so no accuracy to compare: {note}.",
+            run_ids=ids,
+        )
+        for note, ids in by_note.items()
+    ]
+
+
 def _backends(groups: list[dict[str, Any]]) -> list[Finding]:
     out = []
     key = (*WORKLOAD_KEY, "world_size")
@@ -282,4 +300,5 @@ def findings(data: dict[str, Any]) -> list[Finding]:
     out += _dp_vs_ddp(list(runs.values()))
     out += [f for g in groups if (f := _memory(g, runs, multi))]
     out += _accuracy(groups, multi)
+    out += _no_eval(list(runs.values()))
     return out + _failures(data)

@@ -43,13 +43,25 @@ def group_label(group: dict[str, Any], *, show: tuple[str, ...] = ("workload", "
     parts.append(f"n{group.get('world_size') or '?'}")
     out = ["·".join(parts)]
     if "workload" in show:
-        out.append(f"{group.get('model')}/{group.get('dataset')}")
+        out.append(workload_name(group))
     if "os" in show:
         out.append(str(group.get("os")))
     # The rest of the same-workload key (analysis.runs.compare.WORKLOAD_KEY), where groups differ by it:
     # two groups must never share a label (bars with one label are pooled).
     out += [_VARIANT[k](group.get(k)) for k in _VARIANT if k in show]
     return " · ".join(out)
+
+
+def workload_name(run: dict[str, Any]) -> str:
+    """`model(args)/dataset(args)`, plus the loss when it is not cross_entropy: every part of the
+    same-workload key that names the problem (e.g. `gpt(n_layer=1)/tokens`)."""
+    model, dataset = str(run.get("model")), str(run.get("dataset"))
+    if run.get("model_args"):
+        model += f"({run['model_args']})"
+    if run.get("dataset_args"):
+        dataset += f"({run['dataset_args']})"
+    loss = run.get("loss")
+    return f"{model}/{dataset}" + (f" · {loss}" if loss not in (None, "cross_entropy") else "")
 
 
 _VARIANT = {
@@ -64,7 +76,8 @@ def group_labels(data: dict[str, Any]) -> dict[str, str]:
     """run_id -> its group's label, naming the workload and platform only when the report holds
     several: figure labels are drawn as glyph paths, so every character costs page weight."""
     groups = data.get("groups", [])
-    parts = (("workload", ("model", "dataset")), ("os", ("os",)), *((k, (k,)) for k in _VARIANT))
+    workload = ("model", "model_args", "dataset", "dataset_args", "loss")
+    parts = (("workload", workload), ("os", ("os",)), *((k, (k,)) for k in _VARIANT))
     show = tuple(
         part for part, keys in parts if len({tuple(g.get(k) for k in keys) for g in groups}) > 1
     )

@@ -121,7 +121,8 @@ def _trace_ranks(run: dict[str, Any]) -> dict[int, dict[str, Any]]:
 
 
 def _link(path: Path, out_dir: Path) -> dict[str, str]:
-    """Link relative to the report (it travels with the runs); absolute across Windows drives."""
+    """Link relative to the report (it travels with the runs); absolute across Windows drives.
+    Callers pass only files inside a run folder (analysis.runs.entry drops any other)."""
     try:
         href = quote(Path(os.path.relpath(path.resolve(), out_dir.resolve())).as_posix())
     except ValueError:  # different drive: no relative path exists

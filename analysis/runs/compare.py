@@ -13,14 +13,14 @@ from typing import Any
 from msgspec.structs import asdict
 from tqdm import tqdm
 
-from analysis.project.comm import is_comm_run
 from analysis.errors import AnalysisError, unexpected
 from analysis.jsonsafe import finite_json
+from analysis.project.comm import is_comm_run
 from analysis.project.runs import comm_and_projections
 from analysis.runs.efficiency import attach_efficiency_loss
-from analysis.runs.records import InvalidRecord
 from analysis.runs.entry import RunEntry, attach_trace, load_run, mean_std
 from analysis.runs.opdiff import ddp_adds
+from analysis.runs.records import InvalidRecord
 from analysis.runs.tune import is_tune_dir, load_tunes
 
 __all__ = [
@@ -34,14 +34,19 @@ __all__ = [
 
 SCHEMA_VERSION = 2
 # "Same workload": runs that agree on all of these ran the same problem on the same kind of machine,
-# so their throughput can be compared or pooled. `fixed_batch` is the batch the scaling mode holds
-# fixed (global for strong, per-device for weak); runs from different OSes or device types are
-# never pooled; a script run's `workload` (its script's hash and arguments, or --workload) stands
-# for the problem it ran. Baselines, groups and findings all use this one key.
+# so their throughput can be compared or pooled. `model`, `dataset` and `loss` are the spec strings
+# as given (a user's `mypkg.nets:build` pairs with itself), with the factories' arguments
+# (entry.args_text); `fixed_batch` is the batch the scaling mode holds fixed (global for strong,
+# per-device for weak); runs from different OSes or device types are never pooled; a script
+# run's `workload` (its script's hash and arguments, or --workload) stands for the problem it
+# ran. Baselines, groups and findings all use this one key.
 WORKLOAD_KEY = (
     "workload",
     "model",
+    "model_args",
     "dataset",
+    "dataset_args",
+    "loss",
     "scaling",
     "fixed_batch",
     "amp",
@@ -56,6 +61,7 @@ GROUP_STATS = (
     "test_loss",
     "top1_pct",
     "top5_pct",
+    "perplexity",
 )
 
 

@@ -9,6 +9,7 @@ whoever asks.
 from __future__ import annotations
 
 import math
+import os
 import statistics
 from collections.abc import Iterable
 from pathlib import Path
@@ -18,9 +19,6 @@ import msgspec
 import pandas as pd
 
 from analysis.errors import AnalysisError, unexpected
-from analysis.trace.consistency import run_trace_warnings
-from analysis.trace.folder import analyze_trace_dir
-from analysis.trace.memory import breakdown_entries, fill_dynamic
 from analysis.runs.records import (
     Config,
     EvalEntry,
@@ -28,11 +26,15 @@ from analysis.runs.records import (
     Metrics,
     StepTime,
     read_record,
-    read_steps,
+    read_steps_frame,
 )
+from analysis.trace.consistency import run_trace_warnings
+from analysis.trace.folder import analyze_trace_dir
+from analysis.trace.memory import breakdown_entries, fill_dynamic
+from profiler.inputfile import safe_text
 from profiler.runfolder import throughput_steps
 
-__all__ = ["PHASES", "RunEntry", "attach_trace", "load_run", "mean_std"]
+__all__ = ["PHASES", "RunEntry", "args_text", "attach_trace", "load_run", "mean_std"]
 
 PHASES = ("data", "forward", "backward", "optimizer")
 # The config/env fields copied verbatim into each run entry.
@@ -125,6 +127,15 @@ def _fixed_batch(config: Config) -> int | None:
     return config.global_batch if config.scaling == "strong" else config.per_device_batch
 
 
+def args_text(args: dict[str, Any] | None) -> str:
+    """Factory keyword arguments as one comparable string, `k=v` sorted by key ("" for none):
+    the form the same-workload key and the report's tables use."""
+    text = {True: "true", False: "false"}
+    return ",".join(
+        f"{k}={text[v] if isinstance(v, bool) else v}" for k, v in sorted((args or {}).items())
+    )
+
+
 def _device_type(config: Config) -> str | None:
     """`cpu`, `cuda`, ... from the run's first device (`cuda:1` -> `cuda`); None when unknown."""
     return config.devices[0].split(":", 1)[0] if config.devices else None
@@ -172,6 +183,12 @@ class RunEntry(msgspec.Struct, kw_only=True):
     cpu_model: str | None
     threads_per_rank: int | None
     host_load: dict[str, Any] | None = None  # env.host_load as run.json has it (busy machine)
+    # The rest of the same-workload key (WORKLOAD_KEY): the factories' arguments (args_text) and
+    # the loss spec; a record from before them counts as no arguments and cross_entropy.
+    model_args: str
+    dataset_args: str
+    loss: str
+    parameters: int | None  # config.model_facts.parameters: tied weights once
     fixed_batch: int | None  # the batch the scaling mode holds fixed (WORKLOAD_KEY)
     device_type: str | None
     num_devices: int | None
@@ -202,6 +219,8 @@ class RunEntry(msgspec.Struct, kw_only=True):
     test_loss: float | None
     top1_pct: float | None
     top5_pct: float | None
+    perplexity: float | None  # sequence outputs: exp(mean token cross-entropy)
+    eval_note: str | None  # run.json eval.note: why the run has no eval
     trace_files: list[str]
     logs: list[str]
     trace: dict[str, Any] | None = None  # the traces JSON of traces/
@@ -227,12 +246,16 @@ def load_run(run_dir: Path) -> RunEntry:
     best = rec.eval.best or EvalEntry()
     memory = (raw.get("metrics") or {}).get("memory") or []
     entry = RunEntry(
-        run_id=rec.run_id or run_dir.name,
+        run_id=safe_text(rec.run_id or run_dir.name),  # a non-UTF-8 folder name: U+FFFD
         path=str(run_dir),
         status=rec.status,
         error=raw.get("error"),
         **{k: getattr(config, k) for k in CONFIG_FIELDS},
         **{k: getattr(env, k) for k in ENV_FIELDS},
+        model_args=args_text(config.model_args),
+        dataset_args=args_text(config.dataset_args),
+        loss=config.loss or "cross_entropy",
+        parameters=config.model_facts.parameters if config.model_facts else None,
         fixed_batch=_fixed_batch(config),
         device_type=_device_type(config),
         num_devices=_num_devices(config),
@@ -250,30 +273,56 @@ def load_run(run_dir: Path) -> RunEntry:
         test_loss=best.test_loss,
         top1_pct=best.top1_pct,
         top5_pct=best.top5_pct,
-        trace_files=list(rec.traces),
+        perplexity=best.perplexity,
+        eval_note=rec.eval.note,
+        trace_files=[],
         logs=sorted(p.relative_to(run_dir).as_posix() for p in run_dir.glob("logs/*.log")),
         warnings=[w for w in rec.warnings if w],  # the writer's own (e.g. no unprofiled step)
     )
+    entry.trace_files = _inside_files(run_dir, rec.traces, entry.warnings)
     _read_phases(entry, run_dir / "steps.csv", rec.schema_version)
     return entry
 
 
+def _inside_files(run_dir: Path, names: list[str], warnings: list[str]) -> list[str]:
+    """run.json `traces` entries that name a file inside the run folder (links resolved): the
+    report links only those; any other (`/etc/passwd`, `../../x`, a NUL) is one warning."""
+    root, keep = run_dir.resolve(), []
+    for name in names:
+        try:
+            inside = "\0" not in name and root in (run_dir / name).resolve().parents
+        except (OSError, ValueError, RuntimeError):  # a link loop
+            inside = False
+        if inside:
+            keep.append(name)
+        else:
+            warnings.append(
+                f"{run_dir / 'run.json'}: `traces` entry {name[:200]!r} is not a file inside the "
+                "run folder — not linked"
+            )
+    return keep
+
+
 def _read_phases(entry: RunEntry, steps_csv: Path, schema_version: Any) -> None:
-    """Fill the entry's phases from steps.csv (validated first); a missing file, or a bad one in
-    a run that did not finish ok, is a warning; a bad one in an ok run raises InvalidRecord."""
-    if not steps_csv.is_file():
+    """Fill the entry's phases from steps.csv (decoded once and validated, ranks against
+    config.world_size); a missing file, or a bad one in a run that did not finish ok, is a
+    warning; a bad one in an ok run raises InvalidRecord."""
+    if not os.path.lexists(steps_csv):
         if entry.status == "ok":
             entry.warnings.append(f"{steps_csv}: missing — phases left empty")
         return
     try:
-        read_steps(steps_csv)
-    except InvalidRecord as err:
+        steps = read_steps_frame(steps_csv, world_size=entry.world_size)
+    except AnalysisError as err:
         if entry.status == "ok":
-            raise
+            raise (
+                err
+                if isinstance(err, InvalidRecord)
+                else InvalidRecord(steps_csv, "", err.what, err.fix)
+            ) from None
         # A run that did not finish may have been cut off mid-row: its numbers are not used.
         entry.warnings.append(f"{err} — phases left empty")
         return
-    steps = pd.read_csv(steps_csv)  # every cell is now known to be valid: pandas reads columns
     entry.phases_s, entry.phases_per_rank_s, warning = _phases(steps)
     if warning and warning not in entry.warnings:  # the writer's, said once
         entry.warnings.append(warning)
@@ -288,6 +337,9 @@ def _read_phases(entry: RunEntry, steps_csv: Path, schema_version: Any) -> None:
 def attach_trace(entry: RunEntry, run_dir: Path, *, progress: bool) -> None:
     """Analyse the run's traces/ folder and copy the run-level trace metrics into `entry`."""
     trace_dir = run_dir / "traces"
+    if os.path.lexists(trace_dir) and not trace_dir.is_dir():
+        entry.warnings.append(f"{trace_dir}: not a folder — its traces are not analysed")
+        return
     if not trace_dir.is_dir() or not any(trace_dir.iterdir()):
         return
     try:

@@ -1,4 +1,5 @@
-"""run.json and steps.csv validated at the boundary, once: the typed msgspec Structs.
+"""run.json and steps.csv validated at the boundary, once: the typed msgspec Structs and the
+columnar steps.csv reader (profiler.steps).
 
 They live below both halves in profiler.records (the launcher and the tools read run folders
 too, and workloads/ must not import analysis); this module is analysis's name for them.
@@ -21,8 +22,8 @@ from profiler.records import (
     StepTime,
     read_comm_record,
     read_record,
-    read_steps,
 )
+from profiler.steps import read_steps, read_steps_frame
 
 __all__ = [
     "REQUIRED_STEP_COLUMNS",
@@ -40,4 +41,5 @@ __all__ = [
     "read_comm_record",
     "read_record",
     "read_steps",
+    "read_steps_frame",
 ]

@@ -9,11 +9,13 @@ and type-checks them, so a damaged tune.json costs one `skipped` line, never the
 
 from __future__ import annotations
 
-import json
 import math
+import os
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
+
+from profiler.inputfile import InputError, decode_json
 
 __all__ = ["TUNE_FILE", "find_tune_dirs", "is_tune_dir", "load_tune", "load_tunes"]
 
@@ -34,7 +36,7 @@ _TEXT = ("name", "status", "reason", "note", "stage", "group")
 
 def is_tune_dir(path: Path) -> bool:
     """True when `path` holds a tune.json."""
-    return (Path(path) / TUNE_FILE).is_file()
+    return os.path.lexists(Path(path) / TUNE_FILE)  # a FIFO there gets its skipped line
 
 
 def find_tune_dirs(paths: Sequence[Path]) -> list[Path]:
@@ -80,13 +82,15 @@ def _arm(raw: Any) -> dict:
 def load_tune(tune_dir: Path) -> dict:
     """The runs-JSON entry of one tune folder; raises ValueError (one line) when unreadable."""
     path = Path(tune_dir) / TUNE_FILE
-    try:
-        raw = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
-        raise ValueError(f"unreadable ({err}) — re-run `make tune-ddp`") from None
+    try:  # the reading rules of every record (profiler.inputfile): regular file, size, depth
+        raw = decode_json(path, "tune.json", "re-run `make tune-ddp`")
+    except InputError as err:
+        raise ValueError(f"{err.what} — {err.fix}") from None
     if not isinstance(raw, dict) or not isinstance(raw.get("candidates"), list):
         raise ValueError("has no `candidates` list — not written by `make tune-ddp`")
-    workload = raw.get("workload") if isinstance(raw.get("workload"), dict) else {}
+    workload = raw.get("workload")
+    if not isinstance(workload, dict) or not isinstance(workload.get("model"), str):
+        raise ValueError("has no string `workload.model` — not written by `make tune-ddp`")
     best = raw.get("best") if isinstance(raw.get("best"), dict) else None
     rules = raw.get("rules") if isinstance(raw.get("rules"), dict) else {}
     return {

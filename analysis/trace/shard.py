@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 import re
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any, Literal
 
 import msgspec
 import numpy as np
@@ -23,6 +23,7 @@ import numpy as np
 from analysis.errors import AnalysisError
 from analysis.trace.folder import SCHEMA_VERSION, combine_summaries, find_trace_files, reduce_files
 from analysis.trace.rank import RankSummary
+from profiler.inputfile import BadJSON, decode_json
 
 __all__ = ["PART_KIND", "analyze_shard", "merge_parts", "parse_shard"]
 
@@ -57,19 +58,26 @@ def _from_json(summary: dict, path: Path) -> RankSummary:
     not one (a hand-edited or foreign part) is one AnalysisError line naming the part."""
     try:
         out = msgspec.convert(summary, RankSummary)
-    except msgspec.ValidationError as err:
-        raise AnalysisError(
-            path, f"holds a broken rank summary ({err})", "re-run that shard"
-        ) from None
-    out.instances = {
-        name: {
-            k: np.asarray(v, dtype=np.int64 if k in _INT_ARRAYS else np.float64)
-            if isinstance(v, list)
-            else v
-            for k, v in inst.items()
+        out.instances = {
+            name: {
+                k: np.asarray(v, dtype=np.int64 if k in _INT_ARRAYS else np.float64)
+                if isinstance(v, list)
+                else v
+                for k, v in inst.items()
+            }
+            for name, inst in out.instances.items()
         }
-        for name, inst in out.instances.items()
-    }
+    except (msgspec.ValidationError, ValueError, TypeError, OverflowError) as err:
+        problem = " ".join(str(err).split())[:200]
+        raise AnalysisError(
+            path, f"holds a broken rank summary ({problem})", "re-run that shard"
+        ) from None
+    for name, inst in out.instances.items():  # one call per index: every array as long
+        sizes = {k: v.shape for k, v in inst.items() if isinstance(v, np.ndarray)}
+        if len(set(sizes.values())) > 1 or any(len(s) != 1 for s in sizes.values()):
+            raise AnalysisError(
+                path, f"holds ragged call arrays for `{name}` ({sizes})", "re-run that shard"
+            )
     return out
 
 
@@ -94,25 +102,43 @@ def analyze_shard(
     }
 
 
+MAX_SHARDS = 1_000_000  # a part's `shards` (N): beyond any job array, far below a memory bomb
+
+
+class _Part(msgspec.Struct):
+    """A part JSON's fields merge decides on, typed (the rest passes)."""
+
+    kind: Literal["dpscope traces part"]
+    schema_version: int
+    trace_dir: str
+    shard: Annotated[int, msgspec.Meta(ge=0)]
+    shards: Annotated[int, msgspec.Meta(ge=1, le=MAX_SHARDS)]
+    files: list[str]
+    summaries: list[dict[str, Any]]
+    skipped: list[dict[str, Any]]
+
+
 def _read_part(path: Path) -> dict[str, Any]:
+    """A part JSON through the reading rules of every record (profiler.inputfile: a regular file
+    under the size limit, bounded nesting), its fields typed; one AnalysisError line otherwise."""
+    fix = "pass the part-K.json files written by `python -m analysis traces DIR --shard K/N`"
     try:
-        part = json.loads(Path(path).read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise AnalysisError(path, "does not exist", "pass the files `--shard` wrote") from None
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+        part = decode_json(path, "part", "re-run that shard", unique=False)
+    except BadJSON as err:
+        raise AnalysisError(path, f"unreadable ({err.what})", err.fix) from None
+    except AnalysisError as err:
+        if err.what == "missing":
+            raise AnalysisError(path, "does not exist", "pass the files `--shard` wrote") from None
+        raise
+    if not isinstance(part, dict) or part.get("kind") != PART_KIND:
+        raise AnalysisError(path, "is not a traces part", fix)
+    try:
+        typed = msgspec.convert(part, _Part)
+    except msgspec.ValidationError as err:
+        raise AnalysisError(path, f"is a broken traces part ({err})", "re-run that shard") from None
+    if typed.shard >= typed.shards:
         raise AnalysisError(
-            path, f"unreadable ({err})", "re-run that shard; its job may have been cut short"
-        ) from None
-    keys = ("schema_version", "trace_dir", "shard", "shards", "files", "summaries", "skipped")
-    if (
-        not isinstance(part, dict)
-        or part.get("kind") != PART_KIND
-        or any(k not in part for k in keys)
-    ):
-        raise AnalysisError(
-            path,
-            "is not a traces part",
-            "pass the part-K.json files written by `python -m analysis traces DIR --shard K/N`",
+            path, f"is shard {typed.shard} of only {typed.shards}", "re-run that shard"
         )
     return part
 

@@ -34,7 +34,7 @@ from workloads.launch.supervise import flight_recorder_env, run_supervised
 from workloads.plan import Environment, Plan
 from workloads.plan import plan as plan_run
 from workloads.record import run_record
-from workloads.train.data import check_available
+from workloads.train.workload import WorkloadFacts, check_workload
 
 __all__ = ["LaunchError", "main"]
 
@@ -48,8 +48,22 @@ class LaunchError(UserError):
     """What the user asked for cannot run here; the message is one line that says what to do."""
 
 
-def _record(cfg: TrainConfig, plan: Plan, *, status: str, error: dict | None = None) -> dict:
-    return run_record(cfg, plan, status=status, threads_per_rank=plan.threads_per_rank, error=error)
+def _record(
+    cfg: TrainConfig,
+    plan: Plan,
+    workload: WorkloadFacts,
+    *,
+    status: str,
+    error: dict | None = None,
+) -> dict:
+    return run_record(
+        cfg,
+        plan,
+        status=status,
+        threads_per_rank=plan.threads_per_rank,
+        error=error,
+        workload=workload,
+    )
 
 
 def _command(cfg: TrainConfig, plan: Plan, args: argparse.Namespace, extra: list[str]) -> list[str]:
@@ -76,7 +90,13 @@ def _command(cfg: TrainConfig, plan: Plan, args: argparse.Namespace, extra: list
     return [*cmd, *restarts, "-m", "workloads.train", *train_argv]
 
 
-def _execute(cfg: TrainConfig, plan: Plan, args: argparse.Namespace, extra: list[str]) -> str:
+def _execute(
+    cfg: TrainConfig,
+    plan: Plan,
+    args: argparse.Namespace,
+    extra: list[str],
+    workload: WorkloadFacts,
+) -> str:
     """Run one planned training; return its final status."""
     run_dir = Path(cfg.runs_dir) / cfg.run_id
     is_record_node = args.node_rank == 0
@@ -86,7 +106,7 @@ def _execute(cfg: TrainConfig, plan: Plan, args: argparse.Namespace, extra: list
         )
     (run_dir / "logs").mkdir(parents=True, exist_ok=True)
     if is_record_node:
-        write_run_json(run_dir, _record(cfg, plan, status="running"))
+        write_run_json(run_dir, _record(cfg, plan, workload, status="running"))
     env = child_env(PYTHONUNBUFFERED="1")
     if not plan.use_cuda:
         # What train sets anyway; it also silences torchrun's OMP_NUM_THREADS note.
@@ -121,10 +141,10 @@ def _execute(cfg: TrainConfig, plan: Plan, args: argparse.Namespace, extra: list
     return "interrupted" if outcome.interrupted and record["status"] != "ok" else record["status"]
 
 
-def _skip(cfg: TrainConfig, plan: Plan) -> None:
+def _skip(cfg: TrainConfig, plan: Plan, workload: WorkloadFacts) -> None:
     run_dir = Path(cfg.runs_dir) / cfg.run_id
     error = {"message": plan.reason, "rank": None, "exit_code": None, "log_tail": []}
-    write_run_json(run_dir, _record(cfg, plan, status="skipped", error=error))
+    write_run_json(run_dir, _record(cfg, plan, workload, status="skipped", error=error))
     print(f"\nrun folder: {run_dir}  status: skipped ({plan.reason})")
 
 
@@ -172,9 +192,11 @@ def run(args: argparse.Namespace, extra: list[str]) -> int:
     """Plan, validate and execute the requested run(s); return the process exit code."""
     _absolute_paths(args)
     _check_arguments(args)
-    # Every TrainConfig check (profiler schedule included) before anything is created.
-    config_from_namespace(args, mode="single", backend=args.backend, init_method="")
-    check_available(args.dataset, args.data_dir, download=args.download)
+    # Every TrainConfig check (profiler schedule included) before anything is created, then the
+    # workload's: each factory imported, called and its result checked (one line each, exit 2).
+    workload = check_workload(
+        config_from_namespace(args, mode="single", backend=args.backend, init_method="")
+    )
     init_method = ""
     if args.rdzv_file:
         path = Path(args.rdzv_file)
@@ -201,14 +223,14 @@ def run(args: argparse.Namespace, extra: list[str]) -> int:
         if plan.reason is not None:
             if args.mode != "all" and not args.skip_impossible:
                 raise LaunchError(plan.reason)
-            _skip(cfg, plan)  # impossible here (or with this batch): recorded as skipped
+            _skip(cfg, plan, workload)  # impossible here (or with this batch): recorded as skipped
             statuses.append("skipped")
             continue
         if plan.backend != "none":
             cfg.backend = plan.backend  # every rank uses what was planned, not "auto" again
         if mode == "dp":  # the planned GPUs must reach train, which otherwise takes every GPU
             cfg.dp_gpus = plan.replicas or 0
-        statuses.append(_execute(cfg, plan, args, extra))
+        statuses.append(_execute(cfg, plan, args, extra, workload))
         if statuses[-1] == "interrupted":
             break  # the user stopped the job: start no further mode
     if args.node_rank == 0:

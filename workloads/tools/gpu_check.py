@@ -31,8 +31,9 @@ from pathlib import Path
 import torch
 
 from analysis.runs.compare import compare_runs
-from profiler.records import RunRecord, read_record, read_steps
+from profiler.records import RunRecord, read_record
 from profiler.runfolder import RUN_JSON, STEPS_CSV
+from profiler.steps import read_steps
 from workloads.launch.child import child_env, user_path
 from workloads.train.models import build_model
 

@@ -26,8 +26,9 @@ from tqdm import tqdm
 
 from profiler.atomic import write_json_atomic
 from profiler.errors import run_command
-from profiler.records import InputError, read_record, read_steps
+from profiler.records import InputError, read_record
 from profiler.runfolder import RUN_JSON, STEPS_CSV, utc_now
+from profiler.steps import read_steps
 from workloads.launch.child import child_env, user_path
 from workloads.tools import tune_stats
 from workloads.tools.tune_output import command_lines, print_table

@@ -24,6 +24,7 @@ from workloads.plan import Environment, Plan, plan, torchrun_layout
 __all__ = [
     "AutocastForward",
     "RunContext",
+    "first_bucket_bytes",
     "init_context",
     "teardown",
     "unwrap_model",
@@ -180,6 +181,21 @@ class AutocastForward(nn.Module):
     def forward(self, *args, **kwargs):
         with torch.autocast(self.device_type, dtype=self.dtype):
             return self.module(*args, **kwargs)
+
+
+def first_bucket_bytes(bucket_cap_mb: float) -> int:
+    """The size limit of DDP's first bucket (the last gradients to become ready) when it is given
+    `bucket_cap_mb` explicitly, as `wrap_model` does: `bucket_cap_mb` itself since torch's
+    bucket-capacity config (an explicit cap turns off the 1 MiB first bucket), 1 MiB
+    (`_DEFAULT_FIRST_BUCKET_BYTES`) before it. run.json records it (config.ddp) so that the
+    projection assigns a single run's gradients to buckets as DDP would."""
+    from torch.nn.parallel import distributed as ddp_module
+
+    config = getattr(ddp_module, "_BucketCapacityConfig", None)
+    try:
+        return int(config.create(bucket_cap_mb, None, False).first_bucket_bytes_cap)
+    except (AttributeError, TypeError):  # an older torch (or a changed private API)
+        return int(dist._DEFAULT_FIRST_BUCKET_BYTES)
 
 
 def wrap_model(model: nn.Module, ctx: RunContext, cfg: TrainConfig) -> nn.Module:

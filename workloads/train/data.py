@@ -1,4 +1,9 @@
-"""Datasets (all delivered as 3x32x32) and the one sampler every mode draws its batches from.
+"""`--dataset`: the built-in datasets (a registry) or a factory from the user's code, and the one
+sampler every mode draws its batches from.
+
+The built-in image datasets are delivered as 3x32x32; `tokens` as (seq_len,) token ids. A user
+factory returns `(train, test)` map-style datasets of `(input, target)` pairs of any shape
+(`test` may be None: no eval); see docs/guides/own-model.md.
 
 Identical data order in every mode: each epoch has ONE global permutation seeded by
 `seed + epoch`; optimizer step s consumes positions [s*G, (s+1)*G) of it (G = global batch), and
@@ -9,16 +14,21 @@ DDP step sees exactly the samples the single-device step sees, only split across
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch.utils.data import DataLoader, Dataset, Sampler, Subset, TensorDataset
 
 from profiler.errors import UserError
+from workloads.spec import BUILTIN_DATASETS, Spec, SpecError, parse_spec
+from workloads.train.factory import call_factory, load_function
 
 __all__ = [
+    "DATASETS",
     "DataError",
     "Datasets",
     "GlobalBatchSampler",
@@ -44,8 +54,10 @@ class Datasets:
     """Train and test splits plus the number of classes."""
 
     train: Dataset
-    test: Dataset
-    num_classes: int
+    test: Dataset | None
+    """None: the dataset has no test split, so the run has no eval."""
+    num_classes: int | None
+    """Classes (token ids for `tokens`); None when a user dataset does not say."""
 
 
 def _synthetic(num_classes: int = 10) -> Datasets:
@@ -62,6 +74,34 @@ def _synthetic(num_classes: int = 10) -> Datasets:
         train=TensorDataset(images[:SYNTHETIC_TRAIN], labels[:SYNTHETIC_TRAIN]),
         test=TensorDataset(images[SYNTHETIC_TRAIN:], labels[SYNTHETIC_TRAIN:]),
         num_classes=num_classes,
+    )
+
+
+def _tokens(
+    *, vocab_size: int = 2048, seq_len: int = 64, num_train: int = 2048, num_test: int = 256
+) -> Datasets:
+    """Sequences sampled from a fixed random bigram teacher: each token has 4 possible successors
+    with fixed random probabilities, so a language model's loss falls from ln(vocab_size) towards
+    the teacher's entropy (under ln 4). Input: tokens [0, seq_len), target: tokens [1, seq_len]."""
+    if vocab_size < 2 or seq_len < 1 or num_train < 1 or num_test < 0:
+        raise ValueError(
+            "tokens needs vocab_size >= 2, seq_len >= 1, num_train >= 1 and num_test >= 0"
+        )
+    g = torch.Generator().manual_seed(_SYNTHETIC_SEED)
+    successors = torch.randint(vocab_size, (vocab_size, 4), generator=g)
+    weights = torch.rand(vocab_size, 4, generator=g) + 0.1
+    n = num_train + num_test
+    seq = torch.empty(n, seq_len + 1, dtype=torch.long)
+    seq[:, 0] = torch.randint(vocab_size, (n,), generator=g)
+    for t in range(seq_len):  # every sequence advances one token per iteration
+        cur = seq[:, t]
+        pick = torch.multinomial(weights[cur], 1, generator=g).squeeze(1)
+        seq[:, t + 1] = successors[cur, pick]
+    x, y = seq[:, :-1].contiguous(), seq[:, 1:].contiguous()  # (n, seq_len) each
+    return Datasets(
+        train=TensorDataset(x[:num_train], y[:num_train]),
+        test=TensorDataset(x[num_train:], y[num_train:]) if num_test else None,
+        num_classes=vocab_size,
     )
 
 
@@ -117,15 +157,84 @@ def _cifar(name: str, data_dir: str, *, download: bool) -> Datasets:
     return Datasets(train=train, test=test, num_classes=num_classes)
 
 
-def build_datasets(name: str, data_dir: str = "data", *, download: bool = False) -> Datasets:
-    """The train/test splits of `name` (synthetic | digits | cifar10 | cifar100)."""
-    if name == "synthetic":
-        return _synthetic()
-    if name == "digits":
-        return _digits()
-    if name in _CIFAR_FOLDERS:
-        return _cifar(name, data_dir, download=download)
-    raise DataError(f"--dataset must be one of synthetic, digits, cifar10, cifar100; got {name!r}")
+DATASETS: dict[str, Callable[..., Datasets]] = {
+    "synthetic": lambda: _synthetic(),
+    "digits": _digits,
+    "cifar10": lambda *, data_dir, download: _cifar("cifar10", data_dir, download=download),
+    "cifar100": lambda *, data_dir, download: _cifar("cifar100", data_dir, download=download),
+    "tokens": _tokens,
+}
+assert tuple(DATASETS) == BUILTIN_DATASETS  # the config validates names against BUILTIN_DATASETS
+
+
+def _is_pair(item: Any) -> bool:
+    return isinstance(item, tuple | list) and len(item) == 2
+
+
+def _num_classes(train: Dataset) -> int | None:
+    """`train.num_classes` when the dataset has it; else, for a TensorDataset whose targets are
+    integers, max + 1; else None (a factory that needs it then asks for it in --model-args)."""
+    declared = getattr(train, "num_classes", None)
+    if isinstance(declared, int):
+        return declared
+    if isinstance(train, TensorDataset) and not train.tensors[-1].is_floating_point():
+        return int(train.tensors[-1].max()) + 1
+    return None
+
+
+def _user_datasets(spec: Spec, result: Any) -> Datasets:
+    """Check what a user dataset factory returned: two map-style datasets of pairs."""
+    if not _is_pair(result):
+        raise SpecError(
+            f"--dataset {spec.text} returned {type(result).__name__}, not two datasets; "
+            "return (train, test) (test may be None)"
+        )
+    train, test = result
+    for split, ds in (("train", train), ("test", test)):
+        if ds is None and split == "test":
+            continue
+        if not (hasattr(ds, "__getitem__") and hasattr(ds, "__len__")):
+            raise SpecError(
+                f"--dataset {spec.text}: its {split} split ({type(ds).__name__}) is not a "
+                "map-style dataset; give it __len__ and __getitem__ (e.g. a TensorDataset)"
+            )
+        if len(ds) == 0:
+            raise SpecError(f"--dataset {spec.text}: its {split} split is empty")
+        if not _is_pair(ds[0]):
+            raise SpecError(
+                f"--dataset {spec.text}: {split}[0] is {type(ds[0]).__name__}, not an "
+                "(input, target) pair; make __getitem__ return (input, target)"
+            )
+    return Datasets(train=train, test=test, num_classes=_num_classes(train))
+
+
+def build_datasets(
+    spec: str | Spec,
+    data_dir: str = "data",
+    *,
+    download: bool = False,
+    dataset_args: Mapping[str, Any] | None = None,
+) -> Datasets:
+    """The splits of `spec`: a built-in (synthetic | digits | cifar10 | cifar100 | tokens) or a
+    user factory, called with `dataset_args` (and `data_dir` / `download` when it has parameters
+    of those names). Raises DataError or SpecError, one line each."""
+    if isinstance(spec, str):
+        spec = parse_spec("--dataset", spec, BUILTIN_DATASETS)
+    fn = DATASETS[spec.name] if spec.kind == "builtin" else load_function("--dataset", spec)
+    try:
+        result = call_factory(
+            fn,
+            flag="--dataset",
+            spec=spec,
+            args_flag="--dataset-args",
+            kwargs=dataset_args or {},
+            provided={"data_dir": data_dir, "download": download},
+        )
+    except SpecError as exc:
+        if isinstance(exc.__cause__, DataError):  # a built-in's own message says what to do
+            raise exc.__cause__ from None
+        raise
+    return result if spec.kind == "builtin" else _user_datasets(spec, result)
 
 
 class GlobalBatchSampler(Sampler[list[int]]):

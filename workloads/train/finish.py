@@ -24,6 +24,7 @@ from workloads.launch import faults
 from workloads.record import run_record
 from workloads.train.context import RunContext, unwrap_model
 from workloads.train.summary import best_epoch, step_metrics
+from workloads.train.workload import WorkloadFacts
 
 __all__ = ["ddp_info", "finish"]
 
@@ -80,6 +81,8 @@ def finish(
     static: StaticMemory,
     profiler: ProfilerSession,
     evals: list[dict],
+    eval_note: str | None,
+    workload: WorkloadFacts,
     epoch_times: list[float],
     restarts: int,
     threads: int,
@@ -117,7 +120,8 @@ def finish(
         threads_per_rank=threads,
         created_at=created,
         metrics=metrics,
-        evals={"epochs": evals, "best": best_epoch(evals)},
+        evals={"epochs": evals, "best": best_epoch(evals), "note": eval_note},
+        workload=workload,
         traces=sorted(t for g in gathered for t in g["traces"]),
     )
     record["warnings"] = warnings  # e.g. no unprofiled measured step: throughput fell back

@@ -42,7 +42,6 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 from torch import nn
 from torch.utils.data import DataLoader
 
@@ -61,6 +60,7 @@ from workloads.train.checkpoint import LoopState, checkpoint_now, resume
 from workloads.train.context import RunContext, init_context, teardown, unwrap_model
 from workloads.train.finish import finish
 from workloads.train.instruments import Instruments, build_instruments
+from workloads.train.losses import LossFn, eval_record, eval_sums, output_kind
 from workloads.train.parts import Parts, build_parts, planned_steps
 
 __all__ = ["evaluate", "main", "train"]
@@ -75,38 +75,45 @@ def _set_threads(ctx: RunContext) -> int:
 
 @torch.no_grad()
 def evaluate(
-    model: nn.Module, loader: DataLoader, ctx: RunContext, *, epoch: int, on_batch=None
+    model: nn.Module,
+    loader: DataLoader,
+    ctx: RunContext,
+    *,
+    loss_fn: LossFn,
+    epoch: int,
+    on_batch: Callable[[], None] | None = None,
 ) -> dict:
-    """Test loss / top-1 / top-5 over the whole test split. Each rank evaluates its shard with
+    """The eval entry over the whole test split: the loss, and top-1/top-5 or token top-1 and
+    perplexity as the output allows (workloads.train.losses). Each rank evaluates its shard with
     the unwrapped module (no collectives per batch) and the sums are all-reduced, so every mode
     reports the same numbers."""
     model.eval()
-    sums = torch.zeros(4, dtype=torch.float64, device=ctx.device)  # loss, top1, top5, samples
+    sums = torch.zeros(6, dtype=torch.float64, device=ctx.device)  # losses.eval_sums' layout
+    kind = "other"
     for x, y in loader:
         if on_batch:  # a long eval still shows progress to the launcher's hang watchdog
             on_batch()
         x, y = x.to(ctx.device), y.to(ctx.device)
-        out = model(x).float()
-        top = out.topk(min(5, out.shape[1]), dim=1).indices
-        sums += torch.stack(
-            [
-                F.cross_entropy(out, y, reduction="sum").double(),
-                (top[:, 0] == y).sum().double(),
-                (top == y[:, None]).any(dim=1).sum().double(),
-                torch.tensor(float(len(y)), dtype=torch.float64, device=ctx.device),
-            ]
-        )
+        out = model(x)
+        kind = output_kind(out, y)
+        sums += eval_sums(out, y, loss_fn)
     if ctx.mode == "ddp":
         dist.all_reduce(sums)
     model.train()
-    loss, top1, top5, n = sums.tolist()
-    return {
-        "epoch": epoch,
-        "test_loss": loss / n,
-        "top1_pct": 100.0 * top1 / n,
-        "top5_pct": 100.0 * top5 / n,
-        "samples": int(n),
-    }
+    return eval_record(kind, sums.tolist(), epoch=epoch)
+
+
+def _eval_line(result: dict) -> str:
+    """`test_loss 0.6931 top1 51.20% top5 100.00% perplexity 2.00` with what the eval has."""
+    parts = [f"test_loss {result['test_loss']:.4f}"]
+    for key, label, fmt in (
+        ("top1_pct", "top1", "{:.2f}%"),
+        ("top5_pct", "top5", "{:.2f}%"),
+        ("perplexity", "perplexity", "{:.2f}"),
+    ):
+        if result.get(key) is not None:
+            parts.append(f"{label} {fmt.format(result[key])}")
+    return " ".join(parts)
 
 
 def _forward_backward(
@@ -118,6 +125,7 @@ def _forward_backward(
     phase: Callable[[str], contextlib.AbstractContextManager[None]],
     scaler: torch.amp.GradScaler,
     amp: torch.dtype | None,
+    loss_fn: LossFn,
     before_sync_backward: Callable[[], None],
 ) -> torch.Tensor:
     """Forward and backward of one optimizer step over `accum` micro-batches; returns the loss
@@ -138,7 +146,7 @@ def _forward_backward(
         with model.no_sync() if skip_sync else contextlib.nullcontext():
             with phase("forward"):
                 with torch.autocast(x.device.type, dtype=amp, enabled=amp is not None):
-                    loss = F.cross_entropy(model(xm), ym)
+                    loss = loss_fn(model(xm), ym)
             if k == accum - 1:
                 before_sync_backward()
             with phase("backward"):
@@ -184,6 +192,7 @@ class _Run:
             phase=self.phase,
             scaler=p.scaler,
             amp=p.amp,
+            loss_fn=p.loss_fn,
             before_sync_backward=partial(self.fire, "after_forward"),
         )
         self.fire("after_backward")
@@ -221,19 +230,20 @@ class _Run:
                 self.checkpoint()
         loop.epoch_times.append(time.perf_counter() - epoch_start)
         self.fire("epoch_end")
-        result = evaluate(
-            unwrap_model(self.parts.model),
-            self.parts.test_loader,
-            self.ctx,
-            epoch=loop.epoch,
-            on_batch=partial(self.fire, "eval_batch"),
-        )
-        loop.evals.append(result)
-        print(
-            f"[rank{self.ctx.rank}] epoch {loop.epoch}: {loop.epoch_step} steps, "
-            f"test_loss {result['test_loss']:.4f} top1 {result['top1_pct']:.2f}% top5 {result['top5_pct']:.2f}%",
-            flush=True,
-        )
+        done = f"[rank{self.ctx.rank}] epoch {loop.epoch}: {loop.epoch_step} steps"
+        if self.parts.test_loader is None:  # no test split: nothing to evaluate (run.json says so)
+            print(f"{done}, no eval (the dataset has no test split)", flush=True)
+        else:
+            result = evaluate(
+                unwrap_model(self.parts.model),
+                self.parts.test_loader,
+                self.ctx,
+                loss_fn=self.parts.loss_fn,
+                epoch=loop.epoch,
+                on_batch=partial(self.fire, "eval_batch"),
+            )
+            loop.evals.append(result)
+            print(f"{done}, {_eval_line(result)}", flush=True)
         loop.epoch += 1
         loop.epoch_step = 0
         if cfg.checkpoint:
@@ -306,6 +316,8 @@ def train(
         static=inst.static.static,
         profiler=inst.profiler.session,
         evals=loop.evals,
+        eval_note=None if parts.test_loader else f"--dataset {cfg.dataset} has no test split",
+        workload=parts.facts,
         epoch_times=loop.epoch_times,
         restarts=attempt_no,
         threads=threads,

@@ -1,7 +1,8 @@
-"""What one training run trains with: data, sampler, loaders, model, optimizer, GradScaler.
+"""What one training run trains with: data, sampler, loaders, model, loss, optimizer, GradScaler.
 
-Built once per rank by `build_parts`, with the seed set before the model so every mode and every
-rank starts from the same weights.
+Built once per rank by `build_parts` from the config's specs (workloads.train.workload), with the
+seed set before the dataset and the model factories so every mode and every rank starts from the
+same data and the same weights.
 """
 
 from __future__ import annotations
@@ -14,8 +15,9 @@ from torch.utils.data import DataLoader
 
 from workloads.config import TrainConfig
 from workloads.train.context import RunContext, wrap_model
-from workloads.train.data import GlobalBatchSampler, build_datasets, eval_loader, train_loader
-from workloads.train.models import build_model
+from workloads.train.data import GlobalBatchSampler, eval_loader, train_loader
+from workloads.train.losses import LossFn, build_loss
+from workloads.train.workload import WorkloadFacts, build_data, build_network, describe
 
 __all__ = ["Parts", "build_parts", "planned_steps"]
 
@@ -26,16 +28,20 @@ class Parts:
 
     sampler: GlobalBatchSampler
     loader: DataLoader
-    test_loader: DataLoader
+    test_loader: DataLoader | None
+    """None: the dataset has no test split, so the run has no eval."""
     model: nn.Module
+    loss_fn: LossFn
+    facts: WorkloadFacts
+    """What run.json records of the model and one batch (config.model_facts)."""
     optimizer: torch.optim.Optimizer
     scaler: torch.amp.GradScaler
     amp: torch.dtype | None
 
 
 def build_parts(cfg: TrainConfig, ctx: RunContext) -> Parts:
-    """Data, sampler, model (seeded, wrapped for the mode), optimizer and GradScaler."""
-    data = build_datasets(cfg.dataset, cfg.data_dir, download=cfg.download)
+    """Data, sampler, model (seeded, wrapped for the mode), loss, optimizer and GradScaler."""
+    data = build_data(cfg)
     assert ctx.plan.global_batch is not None  # init_context refuses a plan that cannot run
     # DP is one replica of the sampler (DataParallel splits the batch itself); DDP ranks take shares.
     sampler = GlobalBatchSampler(
@@ -46,15 +52,19 @@ def build_parts(cfg: TrainConfig, ctx: RunContext) -> Parts:
         seed=cfg.seed,
     )
     loaders = {"num_workers": cfg.num_workers, "pin_memory": cfg.pin_memory}
-    torch.manual_seed(cfg.seed)  # the same initial weights in every mode and on every rank
-    model = wrap_model(build_model(cfg.model, num_classes=data.num_classes), ctx, cfg)
+    net = build_network(cfg, data)  # seeded: the same initial weights in every mode and rank
+    facts = describe(net, data)
+    model = wrap_model(net, ctx, cfg)
+    test = data.test
     return Parts(
         sampler=sampler,
         loader=train_loader(data.train, sampler, **loaders),
-        test_loader=eval_loader(
-            data.test, rank=ctx.rank, world_size=ctx.world_size, batch_size=256, **loaders
-        ),
+        test_loader=None
+        if test is None
+        else eval_loader(test, rank=ctx.rank, world_size=ctx.world_size, batch_size=256, **loaders),
         model=model,
+        loss_fn=build_loss(cfg.loss_spec()),
+        facts=facts,
         optimizer=torch.optim.SGD(
             model.parameters(), lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay
         ),
