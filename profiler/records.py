@@ -29,6 +29,7 @@ __all__ = [
     "REQUIRED_STEP_COLUMNS",
     "STATUSES",
     "CommRecord",
+    "HostLoad",
     "InputError",
     "InvalidRecord",
     "RunRecord",
@@ -75,6 +76,19 @@ class Config(msgspec.Struct):
     sweep_id: str | None = None
 
 
+class HostLoad(msgspec.Struct):
+    """env.host_load (optional): how busy the machine was while the run measured its steps
+    (profiler.hostload)."""
+
+    load_avg_1m_start: Annotated[float, msgspec.Meta(ge=0)] | None = None
+    load_avg_1m_end: Annotated[float, msgspec.Meta(ge=0)] | None = None
+    other_cpu_cores_mean: Annotated[float, msgspec.Meta(ge=0)] | None = None
+    """Cores' worth of CPU used by other processes during the measured steps."""
+    steal_pct: Annotated[float, msgspec.Meta(ge=0, le=100)] | None = None
+    cores: Count | None = None
+    own_threads: Count | None = None
+
+
 class Env(msgspec.Struct):
     os: str | None = None
     hostname: str | None = None
@@ -87,6 +101,7 @@ class Env(msgspec.Struct):
     cpu_model: str | None = None
     cpu_cores: Count | None = None
     threads_per_rank: Annotated[int, msgspec.Meta(ge=1)] | None = None
+    host_load: HostLoad | None = None
 
 
 class StepTime(msgspec.Struct):

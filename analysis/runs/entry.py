@@ -159,6 +159,7 @@ class RunEntry(msgspec.Struct, kw_only=True):
     gpus: Any
     cpu_model: str | None
     threads_per_rank: int | None
+    host_load: dict[str, Any] | None  # env.host_load (profiler.hostload), None for older runs
     fixed_batch: int | None  # the batch the scaling mode holds fixed (WORKLOAD_KEY)
     device_type: str | None
     num_devices: int | None
@@ -211,6 +212,7 @@ def load_run(run_dir: Path) -> RunEntry:
         error=raw.get("error"),
         **{k: getattr(config, k) for k in CONFIG_FIELDS},
         **{k: getattr(env, k) for k in ENV_FIELDS},
+        host_load=msgspec.to_builtins(env.host_load) if env.host_load else None,
         fixed_batch=config.global_batch if config.scaling == "strong" else config.per_device_batch,
         device_type=_device_type(config),
         num_devices=_num_devices(config),

@@ -123,6 +123,7 @@ def finish(
     memory: MemoryTracker,
     static: StaticMemory,
     profiler: ProfilerSession,
+    host_load: dict | None,
     evals: list[dict],
     epoch_times: list[float],
     restarts: int,
@@ -161,6 +162,7 @@ def finish(
         traces=sorted(t for g in gathered for t in g["traces"]),
     )
     record["warnings"] = warnings  # e.g. no unprofiled measured step: throughput fell back
+    record["env"]["host_load"] = host_load  # rank 0's host (profiler.hostload)
     if restarts:  # earlier attempts' traces too (their names say which attempt)
         record.update(faults.restart_record(run_dir, restarts), traces=faults.all_traces(run_dir))
     print(f"[rank0] wrote {write_run_json(run_dir, record)}", flush=True)

@@ -17,6 +17,7 @@ from tqdm import tqdm
 from profiler.callbacks import (
     Callback,
     Callbacks,
+    HostLoad,
     MemorySampler,
     ProfilerStep,
     StaticMemoryCount,
@@ -65,6 +66,7 @@ class Instruments:
     static: StaticMemoryCount
     profiler: ProfilerStep
     memory: MemorySampler
+    host: HostLoad
     callbacks: Callbacks
 
 
@@ -96,6 +98,7 @@ def build_instruments(
         static=StaticMemoryCount(static),
         profiler=ProfilerStep(session),
         memory=MemorySampler(MemoryTracker(rank=ctx.rank, devices=list(ctx.devices))),
+        host=HostLoad(warmup_steps=cfg.warmup_steps, enabled=ctx.is_main),
         callbacks=Callbacks([]),
     )
     final = [SaveFinal(run_dir / "final.pt")] if cfg.save_final and ctx.is_main else []
@@ -105,6 +108,7 @@ def build_instruments(
             inst.static,
             inst.profiler,
             inst.memory,
+            inst.host,
             *final,
             faults.FaultInjection.from_env(rank=ctx.rank, stop=cfg.stop_on_nonfinite),
             HeartbeatCallback(beat),

@@ -305,6 +305,7 @@ def train(
         memory=inst.memory.tracker,
         static=inst.static.static,
         profiler=inst.profiler.session,
+        host_load=inst.host.result,
         evals=loop.evals,
         epoch_times=loop.epoch_times,
         restarts=attempt_no,
