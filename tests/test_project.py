@@ -26,8 +26,8 @@ from analysis.project.comm import (
     with_measured_curve,
 )
 from analysis.project.model import ddp_buckets, expected_max
-from analysis.project.step import bucket_timeline
 from analysis.project.projection import project, unprofiled_steps
+from analysis.project.step import bucket_timeline
 from analysis.runs.compare import compare_runs
 from analysis.runs.entry import load_run
 from analysis.trace.collectives import bus_factor
@@ -578,28 +578,6 @@ def test_damaged_new_fields_fall_back_instead_of_failing(
     assert out["inputs"]["comm_time_statistic"] == "median" and out["inputs"]["comm_gap_ms"] == {}
     assert out["predictions"] == ref["predictions"]
     assert out["predictions"][0]["buffer_broadcast_s"] == 0
-
-
-def test_bench_projection_gaps_follow_the_workloads_collectives(single_mlp_run, tmp_path):
-    """The compute bench-projection asks the comm run to leave before each collective: the whole
-    step for a model without buffers (the all-reduce is the step's only collective), else forward
-    + backward before the all-reduce and the rest of the step before the buffer broadcast."""
-    from bench.projection import compute_gaps_ms
-
-    steps = pd.read_csv(single_mlp_run / "steps.csv")
-    body = steps[(steps["warmup"] == 0) & (steps["profiled"] == 0)]  # the projection's steps
-    assert len(body) < len(steps[steps["warmup"] == 0])  # the fixture is profiled: some left out
-    gaps = compute_gaps_ms(single_mlp_run)
-    assert gaps == {"all_reduce": pytest.approx(1e3 * body["step_time_s"].mean())}
-    phases = {"data": 0.001, "forward": 0.004, "backward": 0.008, "optimizer": 0.002}
-    cnn = _fake_run(
-        tmp_path / "cnn", mode="single", n=1, phases=phases, buckets=[1000],
-        metrics={"buffer_bytes_by_dtype": {"float32": 1792, "int64": 24}},
-    )  # fmt: skip
-    assert compute_gaps_ms(cnn) == {
-        "all_reduce": pytest.approx(12.0),
-        "broadcast": pytest.approx(3.0),
-    }
 
 
 def test_idle_penalty_is_paid_once_per_call_whatever_n(tmp_path):
