@@ -154,7 +154,13 @@ def run_rounds(names: list[str], args: argparse.Namespace, root: Path) -> list[d
         load0 = os.getloadavg()[0]
         comm = _comm_run(i, args, root)
         host = load_comm_run(comm)["host_contention"]
-        per = {w: _workload_round(w, i, comm, args, root) for w in names}
+        per = {}
+        for w in names:  # each line as soon as it is measured
+            per[w] = _workload_round(w, i, comm, args, root)
+            _print_workload(w, per[w])
+            sys.stdout.flush()
+            partial = {"rounds": rounds, "round_in_progress": per}  # kept if the bench stops
+            (root / "bench-projection.partial.json").write_text(json.dumps(partial, default=float))
         rnd = {"round": i, "load_avg_1m": [load0, os.getloadavg()[0]], "workloads": per}
         rnd["comm_contention"] = host.get("slowdown")
         rnd["comm_idle_sweep_s"] = json.loads((comm / "run.json").read_text())["metrics"].get(
@@ -172,21 +178,23 @@ def _pct(a: float, b: float) -> str:
 def _print_round(rnd: dict) -> None:
     la, lb = rnd["load_avg_1m"]
     slow = rnd["comm_contention"] or []
-    print(f"\nround {rnd['round']}: load average (1 min) {la:.2f} -> {lb:.2f}; comm run: host "
+    print(f"round {rnd['round']} done: load average (1 min) {la:.2f} -> {lb:.2f}; comm run: host "
           f"contention ×{slow[-1] if slow else 1:.3f} at 2 ranks, idle sweep "
-          f"{rnd['comm_idle_sweep_s'] or 0:.1f} s")  # fmt: skip
-    for name, r in rnd["workloads"].items():
-        other = r["other_cpu_cores"]
-        errs = "  ".join(f"{k} {r[k]['error_pct']:+.1f}%" for k, _ in ARMS)
-        t = r["weak_terms"]
-        exposed = r["ddp_exposed_comm_s"]
-        terms = (f"compute {1e3 * t['compute_s']:.2f} vs {1e3 * r['ddp_compute_s']:.2f} ms "
-                 f"({_pct(t['compute_s'], r['ddp_compute_s'])}), exposed comm "
-                 f"{1e3 * t['exposed_comm_s']:.2f} vs "
-                 + (f"{1e3 * exposed:.2f} ms traced" if exposed is not None else "- (no traces)"))  # fmt: skip
-        print(f"  {name:>12}: DDP step {1e3 * r['replay']['measured_step_time_s']:.2f} ms  {errs}"
-              f"  | weak terms: {terms} | 2 singles at once {r['pair_contention_pct']:+.1f}%"
-              f" | other processes {'-' if other is None else f'{other:.2f}'} cores")  # fmt: skip
+          f"{rnd['comm_idle_sweep_s'] or 0:.1f} s", flush=True)  # fmt: skip
+
+
+def _print_workload(name: str, r: dict) -> None:
+    other = r["other_cpu_cores"]
+    errs = "  ".join(f"{k} {r[k]['error_pct']:+.1f}%" for k, _ in ARMS)
+    t = r["weak_terms"]
+    exposed = r["ddp_exposed_comm_s"]
+    terms = (f"compute {1e3 * t['compute_s']:.2f} vs {1e3 * r['ddp_compute_s']:.2f} ms "
+             f"({_pct(t['compute_s'], r['ddp_compute_s'])}), exposed comm "
+             f"{1e3 * t['exposed_comm_s']:.2f} vs "
+             + (f"{1e3 * exposed:.2f} ms traced" if exposed is not None else "- (no traces)"))  # fmt: skip
+    print(f"  {name:>12}: DDP step {1e3 * r['replay']['measured_step_time_s']:.2f} ms  {errs}"
+          f"  | weak terms: {terms} | 2 singles at once {r['pair_contention_pct']:+.1f}%"
+          f" | other processes {'-' if other is None else f'{other:.2f}'} cores")  # fmt: skip
 
 
 def summary(rounds: list[dict], names: list[str]) -> dict:
