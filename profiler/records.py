@@ -210,6 +210,7 @@ class CommRecord(msgspec.Struct):
     config: CommConfig = msgspec.field(default_factory=CommConfig)
     run_id: Annotated[str, msgspec.Meta(min_length=1)] | None = None
     error: ErrorInfo | None = None
+    env: Env = msgspec.field(default_factory=Env)  # newer runs: env.host_load during the timing
 
 
 class InputError(Exception):

@@ -147,3 +147,16 @@ def test_gpu_comm_run_means_a_contention_factor_of_one(tmp_path):
     out = project(single, comm, [2])
     assert out["predictions"][0]["contention_factor"] == 1.0
     assert "GPU: not measured, factor 1" in out["assumptions"]
+
+
+def test_a_comm_run_measured_on_a_busy_host_is_warned_about(tmp_path):
+    comm = _fake_comm(tmp_path / "comm", alpha_us=50.0, bus_gbps=2.0)
+    rec = json.loads((comm / "run.json").read_text())
+    rec["env"] = {"host_load": {"other_cpu_cores_mean": 1.6, "cores": 2}}
+    (comm / "run.json").write_text(json.dumps(rec))
+    single = _fake_run(tmp_path / "s", mode="single", n=1, phases=PHASES, buckets=[65536])
+    (w,) = [w for w in project(single, comm, [2])["warnings"] if "comm run was measured" in w]
+    assert "1.6 of 2 cores" in w
+    rec["env"]["host_load"]["other_cpu_cores_mean"] = 1.0  # exactly half: not busy
+    (comm / "run.json").write_text(json.dumps(rec))
+    assert not [w for w in project(single, comm, [2])["warnings"] if "comm run was measured" in w]

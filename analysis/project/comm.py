@@ -207,6 +207,7 @@ def load_comm_run(run_dir: Path) -> dict:
         "means": _means(metrics.get("time_us_mean"), rows),
         "gap_ms": _gaps(config.get("gap_ms")),
         "host_contention": host_contention(metrics.get("host_contention")),
+        "host_load": rec.env.host_load,
     }
     out["idle"] = idle_table(metrics.get("idle_penalty"), out["gap_ms"], out["means"])
     return out

@@ -45,6 +45,10 @@ from analysis.project.model import (
 )
 from analysis.project.step import predict_step
 
+# The report's busy-run rule (analysis/report/findings.py THRESHOLDS["busy_other_cores_frac"]),
+# repeated here because analysis/project sits below the report layer.
+BUSY_OTHER_CORES_FRAC = 0.5
+
 __all__ = ["load_training", "project", "unprofiled_steps"]  # the inputs re-exported
 
 
@@ -161,6 +165,14 @@ def _warnings(
 ) -> list[str]:
     """The run's own warnings, then what the projection leaves out or extrapolates."""
     warnings = list(run.warnings)
+    load = comm["host_load"]
+    if load is not None and load.other_cpu_cores_mean is not None and load.cores:
+        if load.other_cpu_cores_mean > BUSY_OTHER_CORES_FRAC * load.cores:
+            warnings.append(
+                f"the comm run was measured while other processes used "
+                f"{load.other_cpu_cores_mean:.1f} of {load.cores} cores: its idle penalties and "
+                "host contention are unreliable; re-run make bench-comm on an idle machine"
+            )
     if run.buffer_groups_bytes and bcast is None:
         warnings.append(
             "the comm run has no broadcast: DDP's per-forward buffer broadcast is left out"

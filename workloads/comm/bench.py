@@ -46,6 +46,7 @@ import torch.distributed as dist
 from tqdm import tqdm
 
 from profiler.commfit import fit_all
+from profiler.hostload import HostLoadMeter
 from profiler.record import collect_env
 from profiler.records import read_comm_record
 from profiler.runfolder import (
@@ -146,6 +147,9 @@ def worker(args: argparse.Namespace) -> int:
     sizes = parse_sizes(args.sizes)
     names = parse_collectives(args.collectives)
     rows, skipped, checks, means = [], [], {}, []
+    meter = HostLoadMeter() if rank == 0 else None  # env.host_load: how busy the host was
+    if meter is not None:
+        meter.start()
     bar = tqdm(total=len(names) * len(sizes), desc="bench-comm", disable=rank != 0)
     for name in names:
         verdict, reason = agreed_check(name, n, rank, dev)
@@ -169,6 +173,8 @@ def worker(args: argparse.Namespace) -> int:
     idle = idle_sweep(swept, sizes, n, dev, args) if gaps else []
     extra = {"idle_penalty": idle, "idle_sweep_s": time.perf_counter() - t0}
     extra["host_contention"] = measure_contention(n, rank, dev, threads=max(1, args.threads))
+    if meter is not None:
+        extra["host_load"] = meter.stop()
     if rank == 0:
         run_dir = Path(args.runs_dir) / args.run_id
         _write_results(run_dir, rows, skipped, checks, args.backend, n, means=means, extra=extra)
@@ -207,6 +213,7 @@ def _write_results(
     (run_dir / "logs").mkdir(parents=True, exist_ok=True)
     (run_dir / "logs" / "table.txt").write_text(text + "\n", encoding="utf-8")
     _, record = read_comm_record(run_dir / RUN_JSON)  # the launcher's `running` record
+    record["env"]["host_load"] = extra.pop("host_load", None)
     record.update(
         status="ok",
         finished_at=utc_now(),
