@@ -38,11 +38,11 @@ NPROC_FLAG = $(if $(strip $(NPROC)),--nproc $(NPROC))
 RUN_FLAGS = --model $(MODEL) --dataset $(DATASET) --epochs $(EPOCHS) --max-steps $(STEPS) \
             --batch-size $(BATCH) --runs-dir "$(RUNS)" $(PROFILE_FLAGS)
 
-.PHONY: help setup profile-single profile-dp profile-ddp profile-all report demo tensorboard \
+.PHONY: help setup profile-single profile-dp profile-ddp profile-all profile-script report demo tensorboard \
         bench-analysis gpu-check test lint format clean
 
 help:
-	@echo "dpscope targets: setup profile-single profile-dp profile-ddp profile-all profile-sweep"
+	@echo "dpscope targets: setup profile-single profile-dp profile-ddp profile-all profile-script profile-sweep"
 	@echo "                 report demo tensorboard tune-ddp bench-comm bench-projection"
 	@echo "                 bench bench-overhead bench-analysis bench-report gpu-check test lint format clean"
 	@echo "see README.md for every variable (NPROC BACKEND MODEL DATASET EPOCHS STEPS BATCH SEEDS RUNS ARGS ...)"
@@ -67,6 +67,16 @@ profile-ddp: setup
 
 profile-all: setup
 	@for s in $(SEEDS); do $(PY) -m workloads.launch --mode all $(NPROC_FLAG) --seed $$s $(RUN_FLAGS) $(ARGS) || exit $$?; done
+
+# Your own script, unchanged (docs/guides/own-script.md):
+#   make profile-script SCRIPT=train.py SCRIPT_ARGS="--epochs 1" MODE=ddp NPROC=2
+SCRIPT      ?=
+SCRIPT_ARGS ?=
+MODE        ?= single
+profile-script: setup
+	@if [ -z "$(SCRIPT)" ]; then echo "make profile-script: set SCRIPT=path/to/train.py (and SCRIPT_ARGS=\"...\")" >&2; exit 2; fi
+	$(PY) -m workloads.launch --script "$(SCRIPT)" --mode $(MODE) $(NPROC_FLAG) --runs-dir "$(RUNS)" \
+	    $(PROFILE_FLAGS) $(ARGS) -- $(SCRIPT_ARGS)
 
 # RUNS is one folder (spaces allowed) or, when no such folder exists, several separated by spaces.
 report: setup

@@ -74,6 +74,9 @@ class Config(msgspec.Struct):
     seed: int | None = None
     warmup_steps: Count | None = None
     sweep_id: str | None = None
+    # A `--script` / RunRecorder run: what it ran (the same-workload key, docs/analysis.md).
+    workload: str | None = None
+    script: str | None = None
 
 
 class HostLoad(msgspec.Struct):

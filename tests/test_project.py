@@ -185,7 +185,7 @@ def test_every_step_profiled_falls_back_with_the_one_warning(tmp_path, comm_run,
     measured = steps[steps["warmup"] == 0]
     assert out["inputs"]["steps_used"] == measured["step"].nunique()
     assert out["inputs"]["measured_step_time_s"] == pytest.approx(measured["step_time_s"].mean())
-    assert NO_UNPROFILED_STEP_WARNING in load_run(profiled)["warnings"]
+    assert NO_UNPROFILED_STEP_WARNING in load_run(profiled).warnings
 
 
 def test_unprofiled_steps_from_schedule_and_column():

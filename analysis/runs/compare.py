@@ -36,8 +36,18 @@ SCHEMA_VERSION = 2
 # "Same workload": runs that agree on all of these ran the same problem on the same kind of machine,
 # so their throughput can be compared or pooled. `fixed_batch` is the batch the scaling mode holds
 # fixed (global for strong, per-device for weak); runs from different OSes or device types are
-# never pooled. Baselines, groups and findings all use this one key.
-WORKLOAD_KEY = ("model", "dataset", "scaling", "fixed_batch", "amp", "device_type", "os")
+# never pooled; a script run's `workload` (its script's hash and arguments, or --workload) stands
+# for the problem it ran. Baselines, groups and findings all use this one key.
+WORKLOAD_KEY = (
+    "workload",
+    "model",
+    "dataset",
+    "scaling",
+    "fixed_batch",
+    "amp",
+    "device_type",
+    "os",
+)
 GROUP_KEY = (*WORKLOAD_KEY, "mode", "backend", "world_size")
 GROUP_STATS = (
     "samples_per_s",

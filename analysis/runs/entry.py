@@ -47,6 +47,7 @@ CONFIG_FIELDS = (
     "amp",
     "devices",
     "sweep_id",
+    "workload",
 )
 ENV_FIELDS = (
     "os",
@@ -114,6 +115,14 @@ def _memory(entries: list[dict]) -> dict:
     return out
 
 
+def _fixed_batch(config: Config) -> int | None:
+    """The batch the scaling mode holds fixed; None for a script run, whose `workload` (script
+    and arguments) already says what problem it ran, whatever batch split the script chose."""
+    if config.workload is not None:
+        return None
+    return config.global_batch if config.scaling == "strong" else config.per_device_batch
+
+
 def _device_type(config: Config) -> str | None:
     """`cpu`, `cuda`, ... from the run's first device (`cuda:1` -> `cuda`); None when unknown."""
     return config.devices[0].split(":", 1)[0] if config.devices else None
@@ -149,6 +158,7 @@ class RunEntry(msgspec.Struct, kw_only=True):
     amp: bool | None
     devices: list[str]
     sweep_id: str | None
+    workload: str | None  # a script run's problem (its hash and arguments, or --workload)
     os: str | None
     platform: str | None
     hostname: str | None
@@ -213,7 +223,7 @@ def load_run(run_dir: Path) -> RunEntry:
         **{k: getattr(config, k) for k in CONFIG_FIELDS},
         **{k: getattr(env, k) for k in ENV_FIELDS},
         host_load=msgspec.to_builtins(env.host_load) if env.host_load else None,
-        fixed_batch=config.global_batch if config.scaling == "strong" else config.per_device_batch,
+        fixed_batch=_fixed_batch(config),
         device_type=_device_type(config),
         num_devices=_num_devices(config),
         samples_per_s=metrics.samples_per_s,

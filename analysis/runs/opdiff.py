@@ -28,7 +28,7 @@ __all__ = [
 ]
 
 SCHEMA_VERSION = 1
-WORKLOAD_FIELDS = ("model", "dataset", "scaling", "amp")
+WORKLOAD_FIELDS = ("workload", "model", "dataset", "scaling", "amp")
 
 
 def load_run_with_traces(run: Path) -> dict[str, Any]:
@@ -99,7 +99,10 @@ def workload_differences(a: dict, b: dict) -> list[str]:
     """What differs between the workloads of two runs (model, dataset, scaling, AMP, and the
     batch that scaling keeps: global for strong, per-device for weak), as `field A vs B`."""
     out = [f"{k} {a.get(k)} vs {b.get(k)}" for k in WORKLOAD_FIELDS if a.get(k) != b.get(k)]
-    if a.get("scaling") == b.get("scaling") and _batch(a) != _batch(b):
+    # A script run's workload (script and arguments) already fixes its problem, whatever batch
+    # split it chose per mode.
+    scripted = a.get("workload") is not None
+    if not scripted and a.get("scaling") == b.get("scaling") and _batch(a) != _batch(b):
         which = "global" if a.get("scaling") == "strong" else "per-device"
         out.append(f"{which} batch {_batch(a)} vs {_batch(b)}")
     return out

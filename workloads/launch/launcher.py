@@ -28,6 +28,7 @@ from workloads.config import (
 )
 from workloads.launch.child import child_env, user_path
 from workloads.launch.runlog import finalize
+from workloads.launch.script import ScriptError, reject_builtin_options, run_script
 from workloads.launch.supervise import flight_recorder_env, run_supervised
 from workloads.plan import Environment, Plan
 from workloads.plan import plan as plan_run
@@ -275,13 +276,52 @@ def build_parser() -> argparse.ArgumentParser:
         help="ddp: torchrun restarts the job this many times after a rank fails; each restart "
         "resumes from the last checkpoint.pt (see --checkpoint-every)",
     )
+    script = parser.add_argument_group("your own training script (docs/guides/own-script.md)")
+    script.add_argument(
+        "--script",
+        default="",
+        help="profile this unedited training script instead of dpscope's own training; its "
+        "arguments go after `--` (only --mode single|ddp, no --model/--dataset)",
+    )
+    script.add_argument(
+        "--samples-per-step",
+        type=int,
+        default=None,
+        help="--script: samples per optimizer step and rank (default: the leading dimension of "
+        "the model's first input, summed over the step's forwards)",
+    )
+    script.add_argument(
+        "--workload",
+        default="",
+        help="--script: the name that pairs runs for speedup (default: the script's hash and "
+        "arguments)",
+    )
     add_config_arguments(parser, exclude=("mode", "backend", "init_method"))
     return parser
 
 
+def _script_main(parser: argparse.ArgumentParser, argv: list[str]) -> int:
+    """`--script PATH ... -- SCRIPT_ARGS`: everything after the first `--` is the script's."""
+    cut = argv.index("--") if "--" in argv else len(argv)
+    ours, script_args = argv[:cut], argv[cut + 1 :]
+    try:
+        reject_builtin_options(ours)
+        args = parser.parse_args(ours)
+        return run_script(args, script_args)
+    except (ScriptError, ValueError) as exc:
+        print(f"workloads.launch: error: {exc}", file=sys.stderr)
+        return 2
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
+    argv = sys.argv[1:] if argv is None else list(argv)
+    cut = argv.index("--") if "--" in argv else len(argv)
+    if any(a == "--script" or a.startswith("--script=") for a in argv[:cut]):
+        return _script_main(parser, argv)
     args, extra = parser.parse_known_args(argv)
+    if args.samples_per_step is not None or args.workload:
+        parser.error("--samples-per-step and --workload need --script")
     try:
         return run(args, extra)
     except (LaunchError, ValueError) as exc:  # DataError and config ValueErrors are user errors too

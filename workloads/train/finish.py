@@ -8,7 +8,6 @@ rebuilds its buckets in gradient-ready order during the first steps.
 
 from __future__ import annotations
 
-import re
 import time
 from pathlib import Path
 
@@ -16,6 +15,7 @@ from torch import nn
 
 from profiler.memory import MemoryTracker
 from profiler.memory_breakdown import StaticMemory
+from profiler.modelinfo import ddp_info, model_metrics
 from profiler.records import InputError, read_record
 from profiler.runfolder import RUN_JSON, write_run_json, write_steps_csv
 from profiler.session import ProfilerSession
@@ -26,33 +26,6 @@ from workloads.train.context import RunContext, unwrap_model
 from workloads.train.summary import best_epoch, step_metrics
 
 __all__ = ["ddp_info", "finish"]
-
-
-def _buffer_bytes_by_dtype(module: nn.Module) -> dict[str, int]:
-    out: dict[str, int] = {}
-    for b in module.buffers():
-        key = str(b.dtype).removeprefix("torch.")
-        out[key] = out.get(key, 0) + b.numel() * b.element_size()
-    return out
-
-
-def ddp_info(model: nn.Module) -> dict | None:
-    """Bucket layout and gradient volume of a DDP model (None for other modes)."""
-    if not isinstance(model, nn.parallel.DistributedDataParallel):
-        return None
-    params = [p for p in model.module.parameters() if p.requires_grad]
-    # Bucket sizes as the DDP reducer reports them: after the first steps the reducer rebuilds its
-    # buckets in gradient-ready order (`rebuilt_bucket_sizes`); before that, or with static
-    # bucketing, its initial reverse-parameter-order assignment (`bucket_sizes`).
-    info = model._get_ddp_logging_data()
-    sizes = info.get("rebuilt_bucket_sizes") or info.get("bucket_sizes") or ""
-    bucket_sizes = [int(s) for s in re.findall(r"\d+", str(sizes))]
-    return {
-        "num_buckets": len(bucket_sizes),
-        "bucket_sizes_bytes": bucket_sizes,
-        "grad_bytes_total": sum(p.numel() * p.element_size() for p in params),
-        "param_count": sum(p.numel() for p in params),
-    }
 
 
 def _rank_part(
@@ -74,23 +47,6 @@ def _rank_part(
         "memory_after_first_step": memory.summary_after_first_step(),
         "memory_breakdown": static.entries(),
         "traces": [p.relative_to(run_dir).as_posix() for p in profiler.trace_files()],
-    }
-
-
-def _model_metrics(model: nn.Module) -> dict:
-    """run.json metrics read from the model after training: DDP's buckets, gradient and buffer
-    bytes."""
-    return {
-        "ddp": ddp_info(model),
-        # Per-parameter gradient bytes in model.parameters() order: what DDP's reducer buckets
-        # (analysis project computes a single-device run's buckets from it).
-        "param_grad_bytes": [
-            p.numel() * p.element_size()
-            for p in unwrap_model(model).parameters()
-            if p.requires_grad
-        ],
-        # What DDP's buffer broadcast moves at every forward: one coalesced call per dtype.
-        "buffer_bytes_by_dtype": _buffer_bytes_by_dtype(unwrap_model(model)),
     }
 
 
@@ -149,7 +105,11 @@ def finish(
     write_steps_csv(run_dir, all_rows)
     created = _created_at(run_dir)
     metrics, warnings = _run_metrics(
-        gathered, all_rows, model=_model_metrics(model), epoch_times=epoch_times, start=start
+        gathered,
+        all_rows,
+        model=model_metrics(model, inner=unwrap_model(model)),
+        epoch_times=epoch_times,
+        start=start,
     )
     record = run_record(
         cfg,

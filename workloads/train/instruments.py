@@ -1,6 +1,7 @@
 """The callbacks of dpscope's training loop (workloads.train.loop), built once per rank.
 
-The torch-level ones come from profiler.callbacks; the launcher's (fault injection, heartbeat)
+The torch-level ones come from profiler.callbacks, built by profiler.recorder.recording, as a
+RunRecorder (and so the `--script` bootstrap) builds them: one writer of step rows; the launcher's (fault injection, heartbeat)
 from workloads.launch; `--save-final` from workloads.train.checkpoint. The order of the list is
 the order of the loop module's docstring.
 """
@@ -24,10 +25,8 @@ from profiler.callbacks import (
     StepRecorder,
     StepState,
 )
-from profiler.memory import MemoryTracker
-from profiler.memory_breakdown import StaticMemory
-from profiler.session import ProfileConfig, ProfilerSession
-from profiler.timers import StepTimer
+from profiler.recorder import recording
+from profiler.session import ProfileConfig
 from workloads.config import TrainConfig
 from workloads.launch import faults
 from workloads.launch.heartbeat import Heartbeat, HeartbeatCallback
@@ -82,22 +81,22 @@ def build_instruments(
 ) -> Instruments:
     """Every callback of the loop, in the order of the module docstring."""
     attempt_no = beat.attempt
-    session = ProfilerSession(
-        ProfileConfig(**cfg.profile_kwargs()),
+    rec = recording(
+        rank=ctx.rank,
+        devices=list(ctx.devices),
+        profile=ProfileConfig(**cfg.profile_kwargs()),
         trace_dir=run_dir / "traces",
         # A restarted attempt's traces get names of their own (rank<r>_attempt<k>.<ts>...).
         worker_name=("dp" if ctx.mode == "dp" else f"rank{ctx.rank}")
         + (f"_attempt{attempt_no}" if attempt_no else ""),
-        use_cuda=ctx.device.type == "cuda",
-    )
-    static = StaticMemory(
-        rank=ctx.rank, devices=list(ctx.devices), planned_steps=max(1, planned - first_step)
+        warmup_steps=cfg.warmup_steps,
+        planned_steps=planned - first_step,
     )
     inst = Instruments(
-        recorder=StepRecorder(StepTimer(device=ctx.device), warmup_steps=cfg.warmup_steps),
-        static=StaticMemoryCount(static),
-        profiler=ProfilerStep(session),
-        memory=MemorySampler(MemoryTracker(rank=ctx.rank, devices=list(ctx.devices))),
+        recorder=rec.recorder,
+        static=rec.static,
+        profiler=rec.profiler,
+        memory=rec.memory,
         host=HostLoad(warmup_steps=cfg.warmup_steps, enabled=ctx.is_main),
         callbacks=Callbacks([]),
     )

@@ -1,0 +1,244 @@
+"""`--script`: real training scripts written as users write them (tests/scripts/), copied to a
+folder outside the repository and profiled unedited in single and DDP (gloo, 2 ranks) mode; and
+RunRecorder driven in-process by hand (docs/guides/own-script.md)."""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from analysis.runs.compare import compare_runs
+from tests.conftest import REPO, read_run
+from workloads.launch import launcher
+
+SCRIPTS = REPO / "tests" / "scripts"
+
+
+def _profile(folder: Path, *args: str, timeout: float = 300) -> subprocess.CompletedProcess:
+    """`python -m workloads.launch ARGS` in the user's folder, only PYTHONPATH naming dpscope."""
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    env.update(PYTHONPATH=str(REPO), PYTHONUNBUFFERED="1")
+    return subprocess.run(
+        [sys.executable, "-m", "workloads.launch", "--runs-dir", "runs", *args],
+        cwd=folder,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+
+
+def _ok(proc: subprocess.CompletedProcess) -> None:
+    assert proc.returncode == 0, f"launcher failed\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+
+
+def _steps(run_dir: Path) -> list[dict]:
+    with open(run_dir / "steps.csv", newline="") as f:
+        return list(csv.DictReader(f))
+
+
+@pytest.fixture(scope="module")
+def user(tmp_path_factory) -> Path:
+    """The user's folder, outside the repository, holding their scripts."""
+    folder = tmp_path_factory.mktemp("user project")
+    assert not folder.resolve().is_relative_to(REPO.resolve())
+    for script in SCRIPTS.glob("*.py"):
+        shutil.copy(script, folder / script.name)
+    return folder
+
+
+@pytest.fixture(scope="module")
+def cnn_runs(user) -> Path:
+    """The CNN trainer profiled as single and as 2-rank DDP, with the same arguments."""
+    for mode in ("single", "ddp"):
+        _ok(_profile(user, "--script", "cnn_trainer.py", "--mode", mode, "--run-id", f"cnn-{mode}",
+                     "--", "--steps", "8", "--batch", "8"))  # fmt: skip
+    return user / "runs"
+
+
+@pytest.mark.parametrize("mode", ["single", "ddp"])
+def test_the_cnn_trainer_gets_steps_phases_samples_and_traces(cnn_runs, mode):
+    run_dir = cnn_runs / f"cnn-{mode}"
+    rec = read_run(run_dir)
+    world = 2 if mode == "ddp" else 1
+    cfg = rec["config"]
+    assert rec["status"] == "ok", rec["error"]
+    assert (cfg["mode"], cfg["world_size"]) == (mode, world)
+    assert cfg["backend"] == ("gloo" if mode == "ddp" else "none")
+    assert cfg["model"] == "Sequential" and cfg["param_count"] == 4 * 9 + 4 + 144 * 4 + 4
+    assert cfg["script"] == str(run_dir.parents[1] / "cnn_trainer.py")
+    assert cfg["script_args"] == ["--steps", "8", "--batch", "8"]
+    assert len(cfg["script_sha256"]) == 64
+    rows = _steps(run_dir)
+    assert sorted((int(r["step"]), int(r["rank"])) for r in rows) == [
+        (s, r) for s in range(8) for r in range(world)
+    ]
+    for r in rows:  # 8 samples per rank and step; the phases lie inside the step
+        assert int(r["samples"]) == 8
+        phases = [float(r[f"{p}_s"]) for p in ("data", "forward", "backward", "optimizer")]
+        assert float(r["forward_s"]) > 0 and float(r["backward_s"]) > 0
+        assert float(r["optimizer_s"]) > 0
+        assert sum(phases) <= float(r["step_time_s"]) * 1.001
+    assert cfg["global_batch"] == 8 * world and cfg["per_device_batch"] == 8
+    assert [int(r["profiled"]) for r in rows if r["rank"] == "0"] == [0, 1, 1, 1, 1, 0, 0, 0]
+    traces = sorted(rec["traces"])
+    assert [t.split(".")[0] for t in traces] == [f"traces/rank{r}" for r in range(world)]
+    assert rec["metrics"]["memory_breakdown"][0]["counted_at_step"] == 1
+    assert rec["eval"] == {"epochs": [], "best": None}
+    assert (run_dir.parents[1] / "cnn_done.txt").read_text() == "done\n"  # the script's own file
+    log = (run_dir / "logs" / "rank0.log").read_text()
+    assert "step 7 loss" in log
+
+
+def test_single_and_ddp_runs_of_one_script_pair_up_with_collectives_in_the_traces(cnn_runs):
+    result = compare_runs([cnn_runs / "cnn-single", cnn_runs / "cnn-ddp"], progress=False)
+    runs = {r["run_id"]: r for r in result["runs"]}
+    ddp, single = runs["cnn-ddp"], runs["cnn-single"]
+    assert ddp["baseline_run_id"] == "cnn-single"
+    assert ddp["speedup"] == pytest.approx(ddp["samples_per_s"] / single["samples_per_s"])
+    assert ddp["workload"] == single["workload"]
+    assert ddp["workload"].startswith("script:") and ddp["workload"].endswith("--steps 8 --batch 8")
+    assert ddp["comm_pct"] > 0  # the gloo all-reduces of DDP, the barrier and the logging loss
+    names = {c["name"] for c in ddp["trace"]["collectives"]}
+    assert any("allreduce" in n.replace("_", "").lower() for n in names), names
+    assert {r["rank"] for r in ddp["trace"]["ranks"]} == {0, 1}
+    # the default active window (3 steps), its last left out as analysis §3 says
+    assert all(r["step_numbers"] == [2, 3] for r in ddp["trace"]["ranks"])
+    assert ddp["top1_pct"] is None and ddp["test_loss"] is None  # accuracy unknown: absent
+
+
+def test_a_transformer_with_dict_batches_adamw_and_clipping(user):
+    _ok(_profile(user, "--script", "tiny_transformer.py", "--run-id", "tf", "--no-profile",
+                 "--", "5"))  # fmt: skip
+    rec = read_run(user / "runs" / "tf")
+    rows = _steps(user / "runs" / "tf")
+    assert rec["status"] == "ok" and rec["config"]["model"] == "TinyLM"
+    assert [int(r["step"]) for r in rows] == list(range(5))
+    assert {int(r["samples"]) for r in rows} == {4}  # from the keyword input_ids
+    # zero_grad at the loop's end is the next step's data; clipping is backward
+    assert all(float(r["data_s"]) > 0 for r in rows[1:])
+    assert rec["traces"] == []  # --no-profile
+
+
+def test_gradient_accumulation_counts_one_step_per_optimizer_step(user):
+    _ok(
+        _profile(
+            user, "--script", "accumulate.py", "--mode", "ddp", "--run-id", "acc", "--no-profile"
+        )
+    )
+    rec = read_run(user / "runs" / "acc")
+    rows = _steps(user / "runs" / "acc")
+    assert rec["config"]["mode"] == "ddp" and rec["config"]["grad_accum_steps"] == 2
+    assert len(rows) == 6 * 2 and {int(r["samples"]) for r in rows} == {2 * 4}
+    assert rec["config"]["global_batch"] == 16
+
+
+def test_a_crashing_rank_fails_the_run_with_its_rank_code_and_log(user):
+    proc = _profile(
+        user, "--script", "crash_rank.py", "--mode", "ddp", "--run-id", "crash", "--no-profile"
+    )
+    assert proc.returncode == 1
+    rec = read_run(user / "runs" / "crash")
+    err = rec["error"]
+    assert rec["status"] == "failed"
+    assert (err["rank"], err["exit_code"], err["kind"]) == (1, 1, "crash")
+    assert "out of patience at step 3" in err["message"]
+    assert any("out of patience" in line for line in err["log_tail"])
+    steps = {int(r["step"]) for r in _steps(user / "runs" / "crash") if r["rank"] == "1"}
+    assert steps == {0, 1, 2}  # what rank 1 recorded before it raised is kept
+
+
+def test_a_script_that_never_steps_is_ok_with_a_warning(user):
+    _ok(_profile(user, "--script", "no_step.py", "--run-id", "nostep", "--no-profile"))
+    rec = read_run(user / "runs" / "nostep")
+    assert rec["status"] == "ok" and _steps(user / "runs" / "nostep") == []
+    assert any("no optimizer step was seen" in w for w in rec["warnings"])
+
+
+def test_a_script_that_ignores_world_size_is_recorded_as_what_it_was(user):
+    proc = _profile(
+        user, "--script", "no_group.py", "--mode", "ddp", "--run-id", "nogroup", "--no-profile"
+    )
+    _ok(proc)
+    rec = read_run(user / "runs" / "nogroup")
+    assert (rec["config"]["mode"], rec["config"]["world_size"]) == ("single", 1)
+    assert {r["rank"] for r in _steps(user / "runs" / "nogroup")} == {"0"}
+    assert any("none joined a process group" in w for w in rec["warnings"])
+    assert "none joined a process group" in proc.stdout
+
+
+def test_a_script_with_its_own_profiler_keeps_it(user):
+    _ok(_profile(user, "--script", "own_profiler.py", "--run-id", "ownprof"))
+    rec = read_run(user / "runs" / "ownprof")
+    assert any("its own torch.profiler" in w for w in rec["warnings"])
+    assert len(_steps(user / "runs" / "ownprof")) == 5
+    assert json.loads((user / "my_trace.json").read_text())["traceEvents"]
+
+
+@pytest.mark.parametrize(
+    ("argv", "says"),
+    [
+        (["--script", "missing.py"], "--script missing.py: no such file"),
+        (["--script", "cnn_trainer.py", "--model", "mlp"], "--model picks dpscope's built-in"),
+        (["--script", "cnn_trainer.py", "--dataset=cifar10"], "--dataset picks dpscope's"),
+        (["--script", "cnn_trainer.py", "--mode", "dp"], "--mode single or ddp, not dp"),
+    ],
+)
+def test_bad_script_arguments_get_one_line_and_nothing_written(
+    user, capsys, argv, says, monkeypatch
+):
+    monkeypatch.chdir(user)
+    assert launcher.main([*argv, "--runs-dir", "bad-runs"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and says in err[0], err
+    assert not (user / "bad-runs").exists()
+
+
+def test_run_recorder_in_process_writes_the_standard_run_folder(tmp_path):
+    import torch
+    from torch import nn
+
+    from profiler import RunRecorder
+    from profiler.session import ProfileConfig
+
+    model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 2))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    profile = ProfileConfig(wait=1, warmup=1, active=2)
+    with RunRecorder(runs_dir=tmp_path, run_id="rr", model=model, profile=profile) as rec:
+        for _ in range(7):
+            with rec.step():  # samples from the model's first input
+                with rec.phase("data"):
+                    x, y = torch.randn(6, 8), torch.randint(0, 2, (6,))
+                with rec.phase("forward"):
+                    loss = nn.functional.cross_entropy(model(x), y)
+                with rec.phase("backward"):
+                    loss.backward()
+                with rec.phase("optimizer"):
+                    optimizer.step()
+                    optimizer.zero_grad()
+    run = read_run(tmp_path / "rr")
+    rows = _steps(tmp_path / "rr")
+    assert run["status"] == "ok" and run["config"]["mode"] == "single"
+    assert [int(r["step"]) for r in rows] == list(range(7))
+    assert {int(r["samples"]) for r in rows} == {6}
+    assert [int(r["profiled"]) for r in rows] == [0, 1, 1, 1, 0, 0, 0]
+    assert len(run["traces"]) == 1 and (tmp_path / "rr" / run["traces"][0]).is_file()
+    breakdown = run["metrics"]["memory_breakdown"][0]
+    assert breakdown["optimizer_state_bytes"] == breakdown["parameters_bytes"]  # SGD momentum
+    assert run["metrics"]["samples_per_s"] > 0
+
+
+def test_run_recorder_phase_outside_a_step_names_the_fix(tmp_path):
+    from profiler import RunRecorder
+
+    rec = RunRecorder(runs_dir=tmp_path, run_id="bad")
+    with pytest.raises(ValueError, match="inside `with rec.step"):
+        with rec.phase("forward"):
+            pass

@@ -1,0 +1,181 @@
+"""`python -m workloads.launch --script PATH --mode single|ddp [--nproc N] [...] -- SCRIPT_ARGS`:
+profile an unedited training script (docs/guides/own-script.md).
+
+The launcher checks the arguments (one line each, nothing written), writes run.json `running`,
+starts workloads.launch.bootstrap (under torchrun for `--mode ddp`, which sets RANK, WORLD_SIZE,
+LOCAL_RANK and MASTER_* as any torchrun script expects) under the same supervision as built-in
+runs, then assembles the ranks' parts (profiler.parts) into steps.csv and run.json. A failed
+script becomes `status: failed` through runlog.finalize, as a built-in run does.
+
+run.json `config` adds `script` (absolute path), `script_args`, `script_sha256` and `workload`:
+`--workload NAME`, else `script:<first 16 hex of the sha256>` plus the arguments, the
+same-workload key analysis pairs single and DDP runs of one script with.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import shlex
+import sys
+from datetime import UTC, datetime
+from pathlib import Path
+
+from profiler.parts import assemble, read_parts
+from profiler.record import collect_env
+from profiler.runfolder import RUN_FOLDER_SCHEMA_VERSION, RUN_JSON, utc_now, write_run_json
+from profiler.session import ProfileConfig
+from workloads.config import TrainConfig, config_from_namespace
+from workloads.launch.bootstrap import SETTINGS_ENV
+from workloads.launch.child import child_env, user_path
+from workloads.launch.runlog import finalize
+from workloads.launch.supervise import run_supervised
+
+__all__ = ["ScriptError", "reject_builtin_options", "run_script"]
+
+BUILTIN_ONLY = ("--model", "--dataset")
+SCRIPT_STALL_S = 24 * 3600.0
+"""A script writes no heartbeat: the watchdog only ends a run that shows no sign for a day."""
+
+
+class ScriptError(Exception):
+    """A `--script` argument that cannot work; the message is one line that says what to do."""
+
+
+def reject_builtin_options(argv: list[str]) -> None:
+    """--model / --dataset choose dpscope's built-in training, which --script replaces."""
+    for token in argv:
+        name = token.split("=", 1)[0]
+        if name in BUILTIN_ONLY:
+            raise ScriptError(
+                f"{name} picks dpscope's built-in training, but --script runs your own; drop "
+                f"{name} (the script builds its model and data)"
+            )
+
+
+def workload_name(sha256: str, args: list[str], given: str) -> str:
+    """The same-workload key of a script run (see the module docstring)."""
+    return given or " ".join([f"script:{sha256[:16]}", *map(shlex.quote, args)])
+
+
+def _config_extra(script: Path, args: list[str], sha: str, workload: str) -> dict:
+    return {
+        "script": str(script),
+        "script_args": args,
+        "script_sha256": sha,
+        "workload": workload,
+    }
+
+
+def _check(args: argparse.Namespace) -> Path:
+    script = user_path(args.script)
+    if not script.is_file():
+        raise ScriptError(
+            f"--script {args.script}: no such file; pass the path of your training script"
+        )
+    if args.mode not in ("single", "ddp"):
+        raise ScriptError(
+            f"--script runs with --mode single or ddp, not {args.mode}; a script that builds "
+            "nn.DataParallel itself is recorded as dp under --mode single"
+        )
+    if args.nproc is not None and args.nproc < 1:
+        raise ScriptError(f"--nproc must be >= 1; got {args.nproc}")
+    if args.samples_per_step is not None and args.samples_per_step < 1:
+        raise ScriptError(f"--samples-per-step must be >= 1; got {args.samples_per_step}")
+    return script
+
+
+def _command(script: Path, script_args: list[str], mode: str, nproc: int) -> list[str]:
+    boot = ["-m", "workloads.launch.bootstrap", str(script), *script_args]
+    if mode == "single":
+        return [sys.executable, *boot]
+    return [sys.executable, "-m", "torch.distributed.run", "--standalone",
+            "--nproc-per-node", str(nproc), *boot]  # fmt: skip
+
+
+def _env(cfg: TrainConfig, run_dir: Path, args: argparse.Namespace, nproc: int) -> dict:
+    settings = {
+        "run_dir": str(run_dir),
+        "profile": ProfileConfig(**cfg.profile_kwargs()).to_dict(),
+        "warmup_steps": cfg.warmup_steps,
+        "samples_per_step": args.samples_per_step,
+        "workload": args.workload_name,
+    }
+    env = child_env(PYTHONUNBUFFERED="1", **{SETTINGS_ENV: json.dumps(settings)})
+    env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // nproc)))
+    env.setdefault("KINETO_LOG_LEVEL", "5")
+    return env
+
+
+def _running_record(cfg: TrainConfig, mode: str, nproc: int, extra: dict) -> dict:
+    config = {
+        "mode": mode,
+        "world_size": nproc if mode == "ddp" else 1,
+        "profile": ProfileConfig(**cfg.profile_kwargs()).to_dict(),
+        "warmup_steps": cfg.warmup_steps,
+        **extra,
+    }
+    return {
+        "schema_version": RUN_FOLDER_SCHEMA_VERSION,
+        "run_id": cfg.run_id,
+        "status": "running",
+        "error": None,
+        "created_at": utc_now(),
+        "finished_at": None,
+        "config": config,
+        "env": collect_env(threads_per_rank=None),
+        "metrics": {},
+        "eval": {"epochs": [], "best": None},
+        "traces": [],
+    }
+
+
+def run_script(args: argparse.Namespace, script_args: list[str]) -> int:
+    """Profile the script once; return the launcher's exit code (0 ok, 1 failed)."""
+    script = _check(args)
+    args.runs_dir = str(user_path(args.runs_dir))
+    cfg = config_from_namespace(args, mode="single", backend="auto", init_method="")
+    mode = args.mode
+    nproc = (args.nproc or 2) if mode == "ddp" else 1
+    sha = hashlib.sha256(script.read_bytes()).hexdigest()
+    args.workload_name = workload_name(sha, script_args, args.workload)
+    stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%S")
+    cfg.run_id = cfg.run_id or f"script-{script.stem}-{mode}-n{nproc}-{stamp}"
+    run_dir = Path(cfg.runs_dir) / cfg.run_id
+    if (run_dir / RUN_JSON).exists():
+        raise ScriptError(
+            f"run folder {run_dir} already holds a run; pick another --run-id or remove it"
+        )
+    (run_dir / "logs").mkdir(parents=True, exist_ok=True)
+    extra = _config_extra(script, script_args, sha, args.workload_name)
+    record = _running_record(cfg, mode, nproc, extra)
+    write_run_json(run_dir, record)
+    launcher_log = run_dir / "logs" / "launcher.log"
+    outcome = run_supervised(
+        _command(script, script_args, mode, nproc),
+        env=_env(cfg, run_dir, args, nproc),
+        log_path=launcher_log,
+        logs=run_dir / "logs",
+        stall_s=SCRIPT_STALL_S,
+    )
+    if parts := read_parts(run_dir):  # what the ranks recorded, also of a failed run
+        assemble(
+            run_dir,
+            parts,
+            run_id=cfg.run_id,
+            status="ok" if outcome.returncode == 0 else "running",  # finalize: failed
+            profile=record["config"]["profile"],
+            warmup_steps=cfg.warmup_steps,
+            config_extra=extra,
+            created_at=record["created_at"],
+        )
+    final = finalize(run_dir, outcome, launcher_log)
+    print(f"\nrun folder: {run_dir}  status: {final['status']}")
+    for warning in final.get("warnings", []):
+        print(f"  warning: {warning}")
+    if final["status"] == "failed":
+        print(f"  error ({final['error']['kind']}): {final['error']['message']}")
+    print(f"\nnext: make report RUNS={shlex.quote(str(args.runs_dir))}")
+    return 0 if final["status"] == "ok" else 1
