@@ -231,6 +231,8 @@ SPEEDUP_COLS = [
         digits=1,
         std_key="samples_per_s_std",
     ),
+    C(key="samples_per_s_min", label="Throughput min", unit="samples/s", kind="num", digits=1),
+    C(key="samples_per_s_max", label="Throughput max", unit="samples/s", kind="num", digits=1),
     C(
         key="speedup_mean",
         label="Speedup vs single",

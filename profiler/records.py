@@ -30,6 +30,7 @@ __all__ = [
     "REQUIRED_STEP_COLUMNS",
     "STATUSES",
     "CommRecord",
+    "HostLoad",
     "InputError",
     "InvalidRecord",
     "RunRecord",
@@ -106,7 +107,8 @@ class Config(msgspec.Struct):
 
 
 class HostLoad(msgspec.Struct):
-    """env.host_load (optional): how busy the machine was while the run measured its steps."""
+    """env.host_load (optional): how busy the machine was while the run measured its steps
+    (profiler.hostload)."""
 
     load_avg_1m_start: Annotated[float, msgspec.Meta(ge=0)] | None = None
     load_avg_1m_end: Annotated[float, msgspec.Meta(ge=0)] | None = None
@@ -245,6 +247,7 @@ class CommRecord(msgspec.Struct):
     config: CommConfig = msgspec.field(default_factory=CommConfig)
     run_id: Annotated[str, msgspec.Meta(min_length=1)] | None = None
     error: ErrorInfo | None = None
+    env: Env = msgspec.field(default_factory=Env)  # newer runs: env.host_load during the timing
 
 
 class InputError(UserError):

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from analysis.report.findings import NAMES, THRESHOLDS
+from analysis.report.findings import NAMES, THRESHOLDS, is_busy
 from analysis.report.loss import PART_NAMES, largest_part
 from analysis.report.memory_section import static_difference
 from analysis.runs.compare import workload_key
@@ -127,7 +127,7 @@ def _paragraph(g: dict[str, Any], data: dict[str, Any], runs: dict) -> list[dict
 def _caveats(groups: list[dict[str, Any]], runs: dict[str, dict]) -> list[str]:
     members = [runs[r] for g in groups for r in g.get("run_ids") or [] if r in runs]
     out = []
-    busy = [r for r in members if _busy(r.get("host_load"))]
+    busy = [r for r in members if is_busy(r.get("host_load"))]
     if busy:
         frac = THRESHOLDS["busy_other_cores_frac"]
         out.append(f"busy machine: other processes used more than {frac:.0%} of the cores "
@@ -142,12 +142,6 @@ def _caveats(groups: list[dict[str, Any]], runs: dict[str, dict]) -> list[str]:
                    "usually a slowed single-device baseline (oversubscribed threads, a busy "
                    "machine), not a real gain; re-measure")  # fmt: skip
     return out
-
-
-def _busy(load: dict[str, Any] | None) -> bool:
-    if not load or load.get("other_cpu_cores_mean") is None or not load.get("cores"):
-        return False
-    return load["other_cpu_cores_mean"] > THRESHOLDS["busy_other_cores_frac"] * load["cores"]
 
 
 def verdict(data: dict[str, Any]) -> list[dict[str, Any]]:

@@ -80,6 +80,7 @@ def finish(
     memory: MemoryTracker,
     static: StaticMemory,
     profiler: ProfilerSession,
+    host_load: dict | None,
     evals: list[dict],
     eval_note: str | None,
     workload: WorkloadFacts,
@@ -125,6 +126,7 @@ def finish(
         traces=sorted(t for g in gathered for t in g["traces"]),
     )
     record["warnings"] = warnings  # e.g. no unprofiled measured step: throughput fell back
+    record["env"]["host_load"] = host_load  # rank 0's host (profiler.hostload)
     if restarts:  # earlier attempts' traces too (their names say which attempt)
         record.update(faults.restart_record(run_dir, restarts), traces=faults.all_traces(run_dir))
     print(f"[rank0] wrote {write_run_json(run_dir, record)}", flush=True)

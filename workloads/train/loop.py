@@ -315,6 +315,7 @@ def train(
         memory=inst.memory.tracker,
         static=inst.static.static,
         profiler=inst.profiler.session,
+        host_load=inst.host.result,
         evals=loop.evals,
         eval_note=None if parts.test_loader else f"--dataset {cfg.dataset} has no test split",
         workload=parts.facts,
