@@ -24,6 +24,7 @@ def _spinners(n: int) -> list[subprocess.Popen]:
     return [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(n)]
 
 
+@pytest.mark.integration
 def test_a_run_beside_busy_processes_records_and_flags_the_load(tmp_path):
     cores = psutil.cpu_count() or 1
     spin = _spinners(cores)

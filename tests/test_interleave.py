@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import sys
 
+import pytest
+
 from profiler.records import read_record
 from tests.conftest import run_in_repo
 from workloads.tools import sweep
@@ -17,6 +19,7 @@ def test_sweep_interleaves_world_sizes_and_modes_within_each_seed():
     ]  # fmt: skip
 
 
+@pytest.mark.integration
 def test_make_profile_all_with_several_seeds_runs_the_modes_in_turn(tmp_path):
     """Real `make profile-all SEEDS="0 1"` (DP and NCCL skipped on CPU): the runs, in the order
     they were created, alternate single and DDP seed by seed."""
