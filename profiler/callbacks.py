@@ -46,7 +46,7 @@ __all__ = [
     "EVENTS",
     "Callback",
     "Callbacks",
-    "HostLoad",
+    "HostLoadSampler",
     "MemorySampler",
     "ProfilerStep",
     "StaticMemoryCount",
@@ -244,7 +244,7 @@ class MemorySampler(Callback):
         self.tracker.stop()
 
 
-class HostLoad(Callback):
+class HostLoadSampler(Callback):
     """Measures how busy the machine is (profiler.hostload) from the start of the first measured
     (non-warm-up) step to `run_end`, on rank 0 only (one host); `meter.result` is env.host_load,
     None on other ranks and when every step was a warm-up step."""

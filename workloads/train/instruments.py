@@ -18,7 +18,7 @@ from tqdm import tqdm
 from profiler.callbacks import (
     Callback,
     Callbacks,
-    HostLoad,
+    HostLoadSampler,
     MemorySampler,
     ProfilerStep,
     StaticMemoryCount,
@@ -65,7 +65,7 @@ class Instruments:
     static: StaticMemoryCount
     profiler: ProfilerStep
     memory: MemorySampler
-    host: HostLoad
+    host: HostLoadSampler
     callbacks: Callbacks
 
 
@@ -97,7 +97,7 @@ def build_instruments(
         static=rec.static,
         profiler=rec.profiler,
         memory=rec.memory,
-        host=HostLoad(warmup_steps=cfg.warmup_steps, enabled=ctx.is_main),
+        host=HostLoadSampler(warmup_steps=cfg.warmup_steps, enabled=ctx.is_main),
         callbacks=Callbacks([]),
     )
     final = [SaveFinal(run_dir / "final.pt")] if cfg.save_final and ctx.is_main else []
