@@ -17,11 +17,20 @@ import sys
 from collections.abc import Callable
 from typing import NoReturn
 
-__all__ = ["OneLineParser", "UserError", "run_command"]
+__all__ = ["InputError", "OneLineParser", "UserError", "run_command"]
 
 
 class UserError(Exception):
     """Bad input: `str(err)` is one line naming the file or argument, the problem and the fix."""
+
+
+class InputError(UserError):
+    """Bad input: `str(err)` is one line naming the file/argument, the problem and the fix (a
+    UserError built from those three parts; the CLI prints it as one line, exit code 2)."""
+
+    def __init__(self, where: str, what: str, fix: str) -> None:
+        self.where, self.what, self.fix = str(where), what, fix
+        super().__init__(f"{self.where}: {what} — {fix}")
 
 
 class OneLineParser(argparse.ArgumentParser):

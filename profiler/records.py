@@ -8,8 +8,8 @@ analysis then lists the run as `invalid` and never analyses it. Unknown fields a
 writers add optional fields), and every field that older writers may lack is optional. The rules
 are listed in docs/reference/run-folder.md; the names of the files and columns are profiler.runfolder's.
 
-Torch-free and below both halves (analysis imports it; it imports neither workloads nor analysis),
-so the one bad-input error type lives here too: `InputError` (analysis.errors.InputError).
+Torch-free and below both halves (analysis imports it; it imports neither workloads nor analysis).
+Its readers raise `InputError` (profiler.errors, re-exported here and as analysis.errors.InputError).
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from typing import Annotated, Any, Literal, get_args
 
 import msgspec
 
-from profiler.errors import UserError
+from profiler.errors import InputError
 from profiler.runfolder import READABLE_RUN_FOLDER_SCHEMAS
 
 __all__ = [
@@ -250,15 +250,6 @@ class CommRecord(msgspec.Struct):
     env: Env = msgspec.field(default_factory=Env)  # newer runs: env.host_load during the timing
 
 
-class InputError(UserError):
-    """Bad input: `str(err)` is one line naming the file/argument, the problem and the fix (a
-    UserError built from those three parts; the CLI prints it as one line, exit code 2)."""
-
-    def __init__(self, where: str, what: str, fix: str) -> None:
-        self.where, self.what, self.fix = str(where), what, fix
-        super().__init__(f"{self.where}: {what} — {fix}")
-
-
 class InvalidRecord(InputError):
     """A run.json or steps.csv that breaks the run-folder contract; `field` names the field."""
 
@@ -278,12 +269,7 @@ class InvalidRecord(InputError):
         )
 
     def to_dict(self) -> dict[str, str]:
-        return {
-            "file": self.file,
-            "field": self.field,
-            "problem": self.problem,
-            "reason": str(self),
-        }
+        return {k: getattr(self, k) for k in ("file", "field", "problem")} | {"reason": str(self)}
 
 
 _AT_RE = re.compile(r"^(?P<msg>.*?)(?: - at `\$(?P<at>[^`]*)`)?$", re.DOTALL)
