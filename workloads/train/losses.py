@@ -108,7 +108,7 @@ def eval_sums(output: torch.Tensor, target: torch.Tensor, loss_fn: LossFn) -> to
 
 
 def eval_record(kind: str, sums: list[float], *, epoch: int) -> dict:
-    """The run.json eval entry from the summed `eval_sums` (docs/run-folder.md)."""
+    """The run.json eval entry from the summed `eval_sums` (docs/reference/run-folder.md)."""
     loss, top1, top5, ce, units, samples = sums
     units = max(units, 1.0)
     scored = kind != "other"
