@@ -97,7 +97,7 @@ def build_instruments(
         static=rec.static,
         profiler=rec.profiler,
         memory=rec.memory,
-        host=HostLoadSampler(warmup_steps=cfg.warmup_steps, enabled=ctx.is_main),
+        host=rec.host,
         callbacks=Callbacks([]),
     )
     final = [SaveFinal(run_dir / "final.pt")] if cfg.save_final and ctx.is_main else []
