@@ -156,9 +156,10 @@ tune-ddp: setup
 # --- collective benchmark and scaling projection (issue 9) ----------------------------------
 # COMM_SIZES: explicit byte sizes ("1024 1048576"); else powers of 2 from 4 B to COMM_MAX bytes
 # (empty: 64 MiB on GPU, 16 MiB on CPU). COMM_ITERS timed iterations per size after COMM_WARMUP.
-# COMM_GAP_MS: ms of compute before each timed call, as in training (CPU hosts; "all_reduce=40,
-# broadcast=1" per collective); COMM_COLLECTIVES: some of the five (default all).
-COMM_GAP_MS ?=
+# COMM_GAPS_MS: the idle-penalty sweep's compute gaps (ms; empty: 0 1 3 10 30 100; none: no sweep),
+# COMM_GAP_ITERS timed iterations per size and gap; COMM_COLLECTIVES: some of the five (default all).
+COMM_GAPS_MS ?=
+COMM_GAP_ITERS ?= 5
 COMM_COLLECTIVES ?=
 COMM_SIZES  ?=
 COMM_MAX    ?=
@@ -169,7 +170,7 @@ bench-comm: setup
 	$(DPSCOPE) bench-comm $(NPROC_FLAG) --backend $(BACKEND) --runs-dir "$(RUNS)" \
 	    --iters $(COMM_ITERS) --warmup $(COMM_WARMUP) $(if $(strip $(COMM_MAX)),--max-bytes $(COMM_MAX)) \
 	    $(if $(strip $(COMM_SIZES)),--sizes "$(COMM_SIZES)") \
-	    $(if $(strip $(COMM_GAP_MS)),--gap-ms "$(COMM_GAP_MS)") \
+	    $(if $(strip $(COMM_GAPS_MS)),--gaps-ms "$(COMM_GAPS_MS)") --gap-iters $(COMM_GAP_ITERS) \
 	    $(if $(strip $(COMM_COLLECTIVES)),--collectives "$(COMM_COLLECTIVES)") $(ARGS)
 bench-projection: setup
 	$(PY) -m bench.projection --runs-dir "$(RUNS)/bench-projection" $(ARGS)

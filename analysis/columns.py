@@ -106,6 +106,11 @@ def pm(key: str, label: str, unit: str, **kw: Any) -> Column:
     return Column(key=f"{key}_mean", label=label, unit=unit, kind="pm", std_key=f"{key}_std", **kw)
 
 
+def num1(*, key: str, label: str, unit: str, scale: float = 1.0) -> Column:
+    """A number shown with 1 digit (shares in %, times scaled to ms)."""
+    return Column(key=key, label=label, unit=unit, kind="num", digits=1, scale=scale)
+
+
 def mib(*, key: str, label: str) -> Column:
     """A byte count shown in MiB."""
     return Column(key=key, label=label, unit="MiB", kind="bytes")
@@ -123,20 +128,8 @@ SUMMARY_COLS = [
     C(key="comm_pct", label="Comm share", unit="% of step", kind="num", digits=1),
     C(key="exposed_comm_pct", label="Exposed comm", unit="% of step", kind="num", digits=1),
     mib(key="peak_memory_bytes", label="Peak memory"),
-    C(
-        key="memory_imbalance_pct",
-        label="Memory imbalance",
-        unit="% more, fullest vs emptiest",
-        kind="num",
-        digits=1,
-    ),
-    C(
-        key="profiler_overhead_pct",
-        label="Profiler overhead",
-        unit="% per traced step",
-        kind="num",
-        digits=1,
-    ),
+    num1(key="memory_imbalance_pct", label="Memory imbalance", unit="% more, fullest vs emptiest"),
+    num1(key="profiler_overhead_pct", label="Profiler overhead", unit="% per traced step"),
     C(key="top1_pct", label="Top-1", unit="%", kind="num"),
     C(key="os", label="Platform"),
     C(key="label", label="Label"),
@@ -147,13 +140,8 @@ PHASE_COLS = [
     C(key="rank", label="Rank", kind="int"),
     C(key="data_s", label="Data wait", unit="ms/step", kind="num", digits=1, scale=1e3),
     C(key="forward_s", label="Forward", unit="ms/step", kind="num", digits=1, scale=1e3),
-    C(
-        key="backward_compute_s",
-        label="Backward (excl. exposed comm)",
-        unit="ms/step",
-        kind="num",
-        digits=1,
-        scale=1e3,
+    num1(
+        key="backward_compute_s", label="Backward (excl. exposed comm)", unit="ms/step", scale=1e3
     ),
     C(key="exposed_comm_s", label="Exposed comm", unit="ms/step", kind="num", digits=1, scale=1e3),
     C(key="optimizer_s", label="Optimizer", unit="ms/step", kind="num", digits=1, scale=1e3),
@@ -207,13 +195,7 @@ MEMORY_COLS = [
     mib(key="peak_reserved_bytes", label="Peak reserved"),
     mib(key="nvml_used_bytes", label="NVML used"),
     mib(key="peak_rss_bytes", label="Peak RSS"),
-    C(
-        key="memory_imbalance_pct",
-        label="Run imbalance",
-        unit="% more, fullest vs emptiest",
-        kind="num",
-        digits=1,
-    ),
+    num1(key="memory_imbalance_pct", label="Run imbalance", unit="% more, fullest vs emptiest"),
     C(
         key="memory_imbalance_max_over_mean",
         label="Run imbalance (extra: fullest ÷ mean)",
@@ -236,6 +218,8 @@ SPEEDUP_COLS = [
         digits=1,
         std_key="samples_per_s_std",
     ),
+    C(key="samples_per_s_min", label="Throughput min", unit="samples/s", kind="num", digits=1),
+    C(key="samples_per_s_max", label="Throughput max", unit="samples/s", kind="num", digits=1),
     C(
         key="speedup_mean",
         label="Speedup vs single",

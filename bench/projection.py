@@ -1,32 +1,38 @@
 """`make bench-projection`: how close `analysis project` comes on this machine, in one run.
 
-For each workload in `--models` (default: the small CNN, whose step is mostly compute as in real
-training, and the MLP, whose 3–4 ms step is mostly per-step overhead and memory traffic), all with
-`--threads 1` per rank, weak scaling at per-device batch B, `--repeats` rounds of:
-- a single-device run without the profiler (every step counts); the first one's phases give the
-  compute the workload runs between its collectives;
-- a gloo comm benchmark over 2 ranks of all_reduce and broadcast (what DDP calls), 256 B – 4 MiB,
-  each call timed after that much compute (`bench_comm --gap-ms`): on a CPU host a collective
-  issued after compute is slower than a back-to-back one (docs/reference/metrics.md §10);
+Workloads (`--workloads`, default all of WORKLOADS), all `--threads 1` per rank, gloo, weak scaling
+at each workload's per-device batch:
+- `smallcnn` (b64): a step mostly compute, with BatchNorm buffers (a broadcast per forward);
+- `mlp` (b64) and `mlp128` (the same MLP at per-rank batch 128): steps of a few ms, mostly per-step
+  overhead and memory traffic;
+- `resnet18-b2` (b16, `--bucket-cap-mb 2`): 9 gradient buckets, most of them all-reduced while
+  backward still runs;
+- `gpt` (`--model gpt --dataset tokens`, b8): a large embedding/head bucket, ready last.
+`--repeats` rounds, interleaved: each round makes ONE comm run (all_reduce and broadcast, 256 B –
+16 MiB, the default idle-penalty sweep over compute gaps and the host contention measurement),
+then for every workload in turn:
+- a single-device run without the profiler (every step counts);
 - a 1-rank gloo DDP run without the profiler (DDP's own per-step cost, no communication);
-- a 2-rank gloo DDP run (10 profiled steps, whose traces give the exposed communication the
-  replay takes out of backward);
-- two single-device runs at once (host contention: what sharing this host's caches and memory
-  bandwidth costs each rank, with no communication at all; the model leaves it out, since it
-  targets one device per rank).
-A round's runs are a minute or two apart at most, so the machine's drift (other jobs, the host)
-stays out of each comparison. Printed per round and as the median over rounds, each projection
-made with that round's comm run:
-- single device -> 2 ranks: the single-device run projected to 2 ranks vs the DDP run's step;
-- DDP at 1 rank -> 2 ranks: the same from the 1-rank DDP run (what DDP's own cost adds);
-- replay: the DDP run projected from itself at its own 2 ranks vs its measured step time.
-Goal ≤ 10% (the issue's target). Writes `bench-projection.json` beside the run folders.
+- a 2-rank gloo DDP run (profiled steps, whose traces give the exposed communication the replay
+  takes out of backward);
+- two single-device runs at once (host contention as the user sees it, next to the comm run's
+  measured factor that the projection applies).
+Printed per round, with the machine's load during it (1-minute load average at its start and end,
+and the mean of env.host_load.other_cpu_cores_mean over its runs), and as medians over rounds:
+- single device -> 2 ranks (weak): the single-device run projected to 2 ranks vs the DDP step;
+- DDP at 1 rank -> 2 ranks: the same from the 1-rank DDP run;
+- replay: the DDP run projected from itself at its own 2 ranks vs its measured step time;
+- the terms of the weak projection vs the DDP run's own: compute (its step minus the traced
+  exposed communication) and exposed communication (traced), so a miss names its term.
+Goals (issue 26, on a quiet machine): |weak| ≤ 10%, |replay| ≤ 5%. Writes
+`bench-projection.json` beside the run folders.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 from datetime import UTC, datetime
@@ -36,10 +42,18 @@ import numpy as np
 
 from workloads.launch.child import child_env, user_path
 
-__all__ = ["compute_gaps_ms", "main"]
+__all__ = ["WORKLOADS", "main"]
 
-GOAL_PCT = 10.0
-SIZES = " ".join(str(256 * 4**k) for k in range(7)) + f" {2 << 20} {4 << 20}"  # 256 B .. 4 MiB
+GOALS_PCT = {"weak": 10.0, "weak_ddp1": 10.0, "replay": 5.0}
+SIZES = " ".join(str(256 * 4**k) for k in range(9))  # 256 B .. 16 MiB
+# name: (model, per-device batch, steps, extra trainer arguments)
+WORKLOADS = {
+    "smallcnn": ("smallcnn", 64, 60, []),
+    "mlp": ("mlp", 64, 100, []),
+    "mlp128": ("mlp", 128, 100, []),
+    "resnet18-b2": ("resnet18", 16, 24, ["--bucket-cap-mb", "2"]),
+    "gpt": ("gpt", 8, 40, ["--dataset", "tokens"]),
+}
 ARMS = (
     ("weak", "single device -> 2 DDP ranks (weak scaling)"),
     ("weak_ddp1", "DDP at 1 rank -> 2 ranks (weak scaling)"),
@@ -64,133 +78,168 @@ def _run(*cmds: list[str]) -> None:
             raise SystemExit(f"bench-projection: {cmd[2]} failed (exit code {proc.returncode})")
 
 
-def compute_gaps_ms(run_dir: Path) -> dict[str, float]:
-    """The compute a DDP step of this workload runs before each of its collectives, from a
-    single-device run (analysis.project.inputs.collective_gaps_ms, the projection's own rule)."""
-    from analysis.project.inputs import collective_gaps_ms
-    from analysis.project.projection import load_training
+def _trainer_args(name: str, args: argparse.Namespace, root: Path) -> list[str]:
+    model, batch, steps, extra = WORKLOADS[name]
+    extra = extra if "--dataset" in extra else ["--dataset", "synthetic", *extra]
+    return [
+        *("--model", model, *extra, "--device", "cpu", "--scaling", "weak"),
+        *("--batch-size", str(batch), "--epochs", "1000", "--max-steps", str(steps)),
+        *("--threads", str(args.threads), "--runs-dir", str(root)),
+    ]
 
-    return collective_gaps_ms(load_training(run_dir, traces=False))
 
-
-def bench_model(model: str, args: argparse.Namespace, root: Path) -> dict:
-    """Every round of one workload; the projections and the host contention per round."""
+def _workload_round(name: str, i: int, comm: Path, args: argparse.Namespace, root: Path) -> dict:
+    """One round of one workload: its runs, then the projections against this round's comm run."""
     from analysis.project.projection import load_training, project
 
-    common = [
-        *("--model", model, "--dataset", "synthetic", "--device", "cpu"),
-        *("--scaling", "weak", "--batch-size", str(args.batch), "--epochs", "1000"),
-        *("--max-steps", str(args.steps), "--threads", str(args.threads), "--runs-dir", str(root)),
-    ]
+    common = _trainer_args(name, args, root)
     single = ["--mode", "single", "--no-profile", *common]
     ddp1 = ["--mode", "ddp", "--backend", "gloo", "--nproc", "1", "--no-profile", *common]
-    # 10 profiled steps: the replay's exposed-comm share rests on them (steps vary a lot on CPU)
-    ddp = ["--mode", "ddp", "--backend", "gloo", "--nproc", "2", "--profile-active", "10", *common]
+    active = str(min(10, WORKLOADS[name][2] // 3))  # the replay's exposed-comm share rests on them
+    ddp = ["--mode", "ddp", "--backend", "gloo", "--nproc", "2", "--profile-active", active]
+    for kind, argv in (("single", single), ("ddp1", ddp1), ("ddp", [*ddp, *common])):
+        _run(_cmd("workloads.launch", [*argv, "--run-id", f"{name}-{kind}-{i}"]))
+    _run(*[_cmd("workloads.launch", [*single, "--run-id", f"{name}-pair{k}-{i}"]) for k in "ab"])
+    run = {k: root / f"{name}-{k}-{i}" for k in ("single", "ddp1", "ddp")}
+    r: dict = {"round": i, "workload": name}
+    for key, source in (("weak", "single"), ("weak_ddp1", "ddp1")):
+        p = project(run[source], comm, [2], measured=[run["ddp"]], traces=False)
+        r[key] = p["measured"][0]
+        r[f"{source}_step_time_s"] = p["inputs"]["measured_step_time_s"]
+        r[f"{key}_terms"] = p["predictions"][0]
+    r["replay"] = project(run["ddp"], comm, [2])["replay"]
+    d = load_training(run["ddp"])
+    r["ddp_compute_s"], r["ddp_exposed_comm_s"] = d.compute_s, d.traced_exposed_comm_s
+    pair = [load_training(root / f"{name}-pair{k}-{i}", traces=False).step_time_s for k in "ab"]
+    r["pair_contention_pct"] = 100 * (np.mean(pair) / r["single_step_time_s"] - 1)
+    r["other_cpu_cores"] = _other_cores([*run.values()])
+    return r
+
+
+def _other_cores(run_dirs: list[Path]) -> float | None:
+    """Mean env.host_load.other_cpu_cores_mean over the runs that recorded it."""
+    vals = []
+    for d in run_dirs:
+        load = (json.loads((d / "run.json").read_text()).get("env") or {}).get("host_load") or {}
+        if load.get("other_cpu_cores_mean") is not None:
+            vals.append(load["other_cpu_cores_mean"])
+    return float(np.mean(vals)) if vals else None
+
+
+def _comm_run(i: int, args: argparse.Namespace, root: Path) -> Path:
     comm = [
         *("--backend", "gloo", "--nproc", "2", "--threads", str(args.threads)),
         *("--collectives", "all_reduce broadcast", "--sizes", SIZES),
         *("--iters", str(args.iters), "--warmup", "3", "--runs-dir", str(root)),
     ]
-    gaps: dict[str, float] = {}
-    rounds, warnings = [], []
+    _run(_cmd("workloads.comm.bench", [*comm, "--run-id", f"comm-{i}"]))
+    return root / f"comm-{i}"
+
+
+def run_rounds(names: list[str], args: argparse.Namespace, root: Path) -> list[dict]:
+    """Every round: one comm run, then each workload in turn (drift hits them alike)."""
+    from analysis.project.comm import load_comm_run
+
+    rounds = []
     for i in range(1, args.repeats + 1):
-        _run(_cmd("workloads.launch", [*single, "--run-id", f"single-{i}"]))
-        gaps = gaps or compute_gaps_ms(root / "single-1")
-        spec = ",".join(f"{k}={v:.2f}" for k, v in gaps.items())
-        _run(_cmd("workloads.comm.bench", [*comm, "--gap-ms", spec, "--run-id", f"comm-{i}"]))
-        _run(_cmd("workloads.launch", [*ddp1, "--run-id", f"ddp1-{i}"]))
-        _run(_cmd("workloads.launch", [*ddp, "--run-id", f"ddp-{i}"]))
-        pair = [_cmd("workloads.launch", [*single, "--run-id", f"pair{k}-{i}"]) for k in "ab"]
-        _run(*pair)
-        d, c = root / f"ddp-{i}", root / f"comm-{i}"
-        r: dict = {"round": i}
-        for key, source in (("weak", "single"), ("weak_ddp1", "ddp1")):
-            p = project(root / f"{source}-{i}", c, [2], measured=[d], traces=False)
-            warnings += p["warnings"] if (i, source) == (1, "single") else []
-            r[key] = p["measured"][0]
-            r[f"{source}_step_time_s"] = p["inputs"]["measured_step_time_s"]
-        r["replay"] = project(d, c, [2])["replay"]
-        both = [load_training(root / f"pair{k}-{i}", traces=False).step_time_s for k in "ab"]
-        r["contention_pct"] = 100 * (np.mean(both) / r["single_step_time_s"] - 1)
-        rounds.append(r)
-    out = {"model": model, "batch": args.batch, "gaps_ms": gaps, "rounds": rounds}
-    out |= {key: _median(rounds, key) for key, _ in ARMS}
-    out["contention_pct_median"] = float(np.median([r["contention_pct"] for r in rounds]))
-    out["warnings"] = list(dict.fromkeys(warnings))
+        load0 = os.getloadavg()[0]
+        comm = _comm_run(i, args, root)
+        host = load_comm_run(comm)["host_contention"]
+        per = {}
+        for w in names:  # each line as soon as it is measured
+            per[w] = _workload_round(w, i, comm, args, root)
+            _print_workload(w, per[w])
+            sys.stdout.flush()
+            partial = {"rounds": rounds, "round_in_progress": per}  # kept if the bench stops
+            (root / "bench-projection.partial.json").write_text(json.dumps(partial, default=float))
+        rnd = {"round": i, "load_avg_1m": [load0, os.getloadavg()[0]], "workloads": per}
+        rnd["comm_contention"] = host.get("slowdown")
+        rnd["comm_idle_sweep_s"] = json.loads((comm / "run.json").read_text())["metrics"].get(
+            "idle_sweep_s"
+        )
+        _print_round(rnd)
+        rounds.append(rnd)
+    return rounds
+
+
+def _pct(a: float, b: float) -> str:
+    return f"{100 * (a - b) / b:+.1f}%" if b else "-"
+
+
+def _print_round(rnd: dict) -> None:
+    la, lb = rnd["load_avg_1m"]
+    slow = rnd["comm_contention"] or []
+    print(f"round {rnd['round']} done: load average (1 min) {la:.2f} -> {lb:.2f}; comm run: host "
+          f"contention ×{slow[-1] if slow else 1:.3f} at 2 ranks, idle sweep "
+          f"{rnd['comm_idle_sweep_s'] or 0:.1f} s", flush=True)  # fmt: skip
+
+
+def _print_workload(name: str, r: dict) -> None:
+    other = r["other_cpu_cores"]
+    errs = "  ".join(f"{k} {r[k]['error_pct']:+.1f}%" for k, _ in ARMS)
+    t = r["weak_terms"]
+    exposed = r["ddp_exposed_comm_s"]
+    terms = (f"compute {1e3 * t['compute_s']:.2f} vs {1e3 * r['ddp_compute_s']:.2f} ms "
+             f"({_pct(t['compute_s'], r['ddp_compute_s'])}), exposed comm "
+             f"{1e3 * t['exposed_comm_s']:.2f} vs "
+             + (f"{1e3 * exposed:.2f} ms traced" if exposed is not None else "- (no traces)"))  # fmt: skip
+    print(f"  {name:>12}: DDP step {1e3 * r['replay']['measured_step_time_s']:.2f} ms  {errs}"
+          f"  | weak terms: {terms} | 2 singles at once {r['pair_contention_pct']:+.1f}%"
+          f" | other processes {'-' if other is None else f'{other:.2f}'} cores")  # fmt: skip
+
+
+def summary(rounds: list[dict], names: list[str]) -> dict:
+    """Per workload and arm: median error over rounds, min and max, goal met."""
+    out = {}
+    for name in names:
+        rows = [rnd["workloads"][name] for rnd in rounds]
+        arms = {}
+        for key, _ in ARMS:
+            errs = [r[key]["error_pct"] for r in rows]
+            med = float(np.median(errs))
+            arms[key] = {"median_error_pct": med, "errors_pct": errs,
+                         "goal_pct": GOALS_PCT[key], "met": abs(med) <= GOALS_PCT[key]}  # fmt: skip
+        arms["pair_contention_pct_median"] = float(np.median([r["pair_contention_pct"] for r in rows]))  # fmt: skip
+        out[name] = arms
     return out
 
 
-def _median(rounds: list[dict], key: str) -> dict:
-    errs = np.array([r[key]["error_pct"] for r in rounds])
-    return {"median_error_pct": float(np.median(errs)), "errors_pct": errs.tolist()}
-
-
-def _print(out: dict, args: argparse.Namespace, root: Path) -> None:
-    print(
-        f"\n{out['model']}: batch {args.batch}/rank, --threads {args.threads}, gloo, 2 ranks, "
-        f"{args.repeats} rounds (run folders in {root})"
-    )
-    gaps = ", ".join(f"{k} {v:.1f} ms" for k, v in out["gaps_ms"].items())
-    print(f"  compute before each collective: {gaps}")
-    head = f"  {'round':>5} {'single':>9} {'DDP 1':>9} {'DDP 2':>9} {'2 singles':>10}"
-    print(head + "".join(f" {k + ' proj':>15} {'error':>7}" for k, _ in ARMS))
-    for r in out["rounds"]:
-        line = f"  {r['round']:>5}"
-        for t in (r["single_step_time_s"], r["ddp1_step_time_s"]):
-            line += f" {1e3 * t:>6.2f} ms"
-        line += f" {1e3 * r['replay']['measured_step_time_s']:>6.2f} ms"
-        line += f" {r['contention_pct']:>+9.1f}%"
-        for key, _ in ARMS:
-            line += (
-                f" {1e3 * r[key]['predicted_step_time_s']:>12.2f} ms {r[key]['error_pct']:>+6.1f}%"
-            )
-        print(line)
-    for key, label in ARMS:
-        m, errs = out[key]["median_error_pct"], out[key]["errors_pct"]
-        verdict = "met" if abs(m) <= GOAL_PCT else "missed"
-        print(
-            f"  {label}: median error {m:+.1f}% (rounds {min(errs):+.1f}% to {max(errs):+.1f}%; "
-            f"goal ≤ {GOAL_PCT:g}%: {verdict})"
-        )
-    print(
-        f"  host contention (not modelled): each of 2 single-device runs at once took "
-        f"{out['contention_pct_median']:+.1f}% longer per step than one alone (median)"
-    )
-    for w in out["warnings"]:
-        print(f"  warning: {w}")
+def _print_summary(summ: dict, args: argparse.Namespace, root: Path) -> None:
+    print(f"\nbench-projection: medians of {args.repeats} interleaved rounds, gloo, 2 ranks, "
+          f"--threads {args.threads} (error = (projected − measured) ÷ measured; {root})")  # fmt: skip
+    for name, arms in summ.items():
+        print(f"  {name}:")
+        for key, label in ARMS:
+            a = arms[key]
+            print(f"    {label}: {a['median_error_pct']:+.1f}% (rounds "
+                  f"{min(a['errors_pct']):+.1f}% to {max(a['errors_pct']):+.1f}%; goal ≤ "
+                  f"{a['goal_pct']:g}%: {'met' if a['met'] else 'missed'})")  # fmt: skip
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.projection")
     parser.add_argument("--runs-dir", default="runs/bench-projection")
-    parser.add_argument("--models", default="smallcnn,mlp", help="comma-separated workloads")
-    parser.add_argument("--batch", type=int, default=64, help="per-device batch B")
-    parser.add_argument("--steps", type=int, default=100, help="steps per training run")
+    parser.add_argument("--workloads", default=",".join(WORKLOADS), help=f"some of {', '.join(WORKLOADS)}")  # fmt: skip
     parser.add_argument("--threads", type=int, default=1)
-    parser.add_argument("--repeats", type=int, default=3, help="rounds per workload")
+    parser.add_argument("--repeats", type=int, default=3, help="interleaved rounds")
     parser.add_argument("--iters", type=int, default=30, help="comm bench timed iterations")
     args = parser.parse_args(argv)
-    models = [m for m in args.models.replace(",", " ").split()]
-    if args.repeats < 1 or args.steps < 20 or not models:
-        parser.error("--repeats must be >= 1, --steps >= 20, --models not empty")
+    names = [w for w in args.workloads.replace(",", " ").split()]
+    unknown = [w for w in names if w not in WORKLOADS]
+    if args.repeats < 1 or not names or unknown:
+        parser.error(f"--repeats must be >= 1 and --workloads some of {', '.join(WORKLOADS)}")
     from analysis.errors import AnalysisError
 
-    stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%S")
-    results = []
-    for model in models:
-        root = user_path(args.runs_dir) / stamp / model
-        try:
-            out = bench_model(model, args, root)
-        except AnalysisError as err:
-            print(f"bench-projection: error: {err}", file=sys.stderr)
-            return 2
-        (root / "bench-projection.json").write_text(json.dumps(out, indent=2, default=float))
-        results.append((out, root))
-    print(
-        "\nbench-projection: projected vs measured step time (error = (projected − measured) ÷ measured)"
-    )
-    for out, root in results:
-        _print(out, args, root)
+    root = user_path(args.runs_dir) / datetime.now(UTC).strftime("%Y%m%dT%H%M%S")
+    try:
+        rounds = run_rounds(names, args, root)
+    except AnalysisError as err:
+        print(f"bench-projection: error: {err}", file=sys.stderr)
+        return 2
+    summ = summary(rounds, names)
+    out = {"workloads": {w: WORKLOADS[w] for w in names}, "rounds": rounds, "summary": summ}
+    (root / "bench-projection.json").write_text(json.dumps(out, indent=2, default=float))
+    _print_summary(summ, args, root)
     return 0
 
 

@@ -35,6 +35,7 @@ from typing import Any
 
 import torch
 
+from profiler.hostload import HostLoadMeter
 from profiler.memory import MemoryTracker
 from profiler.memory_breakdown import StaticMemory
 from profiler.runfolder import STEPS_COLUMNS
@@ -45,6 +46,7 @@ __all__ = [
     "EVENTS",
     "Callback",
     "Callbacks",
+    "HostLoadSampler",
     "MemorySampler",
     "ProfilerStep",
     "StaticMemoryCount",
@@ -240,3 +242,27 @@ class MemorySampler(Callback):
 
     def run_end(self, state: StepState) -> None:
         self.tracker.stop()
+
+
+class HostLoadSampler(Callback):
+    """Measures how busy the machine is (profiler.hostload) from the start of the first measured
+    (non-warm-up) step to `run_end`, on rank 0 only (one host); `meter.result` is env.host_load,
+    None on other ranks and when every step was a warm-up step."""
+
+    def __init__(self, *, warmup_steps: int, enabled: bool) -> None:
+        self.warmup_steps = warmup_steps
+        self.meter = HostLoadMeter() if enabled else None
+        self._started = False
+
+    def step_start(self, state: StepState) -> None:
+        if self.meter is not None and not self._started and state.step >= self.warmup_steps:
+            self.meter.start()
+            self._started = True
+
+    def run_end(self, state: StepState) -> None:
+        if self.meter is not None:
+            self.meter.stop()
+
+    @property
+    def result(self) -> dict | None:
+        return self.meter.result if self.meter is not None else None

@@ -36,6 +36,7 @@ from torch.optim.optimizer import register_optimizer_step_pre_hook
 
 from profiler.callbacks import (
     Callbacks,
+    HostLoadSampler,
     MemorySampler,
     ProfilerStep,
     StaticMemoryCount,
@@ -69,9 +70,10 @@ class Recording:
     static: StaticMemoryCount
     profiler: ProfilerStep
     memory: MemorySampler
+    host: HostLoadSampler  # env.host_load, rank 0 only
 
     def callbacks(self) -> list:
-        return [self.recorder, self.static, self.profiler, self.memory]
+        return [self.recorder, self.static, self.profiler, self.memory, self.host]
 
 
 def recording(
@@ -84,8 +86,9 @@ def recording(
     warmup_steps: int,
     planned_steps: int,
 ) -> Recording:
-    """The step recorder, static memory count, profiler session and memory sampler of one rank
-    (dpscope's loop, workloads.train.instruments, and RunRecorder build them here)."""
+    """The step recorder, static memory count, profiler session, memory sampler and (rank 0)
+    host-load sampler of one rank (dpscope's loop, workloads.train.instruments, and RunRecorder
+    build them here)."""
     device = devices[0]
     return Recording(
         recorder=StepRecorder(StepTimer(device=device), warmup_steps=warmup_steps),
@@ -101,6 +104,7 @@ def recording(
             )
         ),
         memory=MemorySampler(MemoryTracker(rank=rank, devices=devices)),
+        host=HostLoadSampler(warmup_steps=warmup_steps, enabled=rank == 0),
     )
 
 
@@ -338,7 +342,8 @@ class RunRecorder:
             else [],
             "warnings": self.warnings,
             "wall_time_s": time.perf_counter() - self._start,
-            "env": collect_env(threads_per_rank=torch.get_num_threads()),
+            "env": collect_env(threads_per_rank=torch.get_num_threads())
+            | {"host_load": rec.host.result if rec else None},
             **(model_metrics(model) if model is not None else {}),
         }
 

@@ -47,6 +47,7 @@ __all__ = [
     "REQUIRED_STEP_COLUMNS",
     "STATUSES",
     "CommRecord",
+    "HostLoad",
     "InputError",
     "InvalidRecord",
     "RunRecord",
@@ -237,6 +238,7 @@ class CommRecord(msgspec.Struct):
     metrics: CommMetrics = msgspec.field(default_factory=CommMetrics)
     run_id: Annotated[str, msgspec.Meta(min_length=1)] | None = None
     error: ErrorInfo | None = None
+    env: Env = msgspec.field(default_factory=Env)  # newer runs: env.host_load during the timing
 
 
 class InvalidRecord(InputError):
@@ -258,12 +260,7 @@ class InvalidRecord(InputError):
         )
 
     def to_dict(self) -> dict[str, str]:
-        return {
-            "file": self.file,
-            "field": self.field,
-            "problem": self.problem,
-            "reason": str(self),
-        }
+        return {k: getattr(self, k) for k in ("file", "field", "problem")} | {"reason": str(self)}
 
 
 _AT_RE = re.compile(r"^(?P<msg>.*?)(?: - at `\$(?P<at>[^`]*)`)?$", re.DOTALL)

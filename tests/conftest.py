@@ -159,6 +159,7 @@ def comm_run(tmp_path_factory) -> Path:
     runs = tmp_path_factory.mktemp("comm")
     sizes = "4 64 4096 65536"
     args = "--backend gloo --nproc 2 --iters 3 --warmup 1 --run-id comm-gloo".split()
+    args += ["--gaps-ms", "0 1", "--gap-iters", "2"]  # a short sweep: the fields, not the values
     cmd = [sys.executable, "-m", "workloads.comm.bench", *args, "--sizes", sizes]
     proc = run_in_repo([*cmd, "--runs-dir", str(runs)], timeout=180)
     assert proc.returncode == 0, proc.stdout + proc.stderr

@@ -25,8 +25,9 @@ from analysis.project.comm import (
     fit_alpha_beta,
     with_measured_curve,
 )
-from analysis.project.model import ddp_buckets, expected_max, simulate_step
+from analysis.project.model import ddp_buckets, expected_max
 from analysis.project.projection import project, unprofiled_steps
+from analysis.project.step import bucket_timeline
 from analysis.runs.entry import load_run
 from analysis.trace.collectives import bus_factor
 from profiler.records import Config, ProfileConfig
@@ -145,10 +146,13 @@ def test_ddp_buckets_match_torch_and_the_real_reducer(ddp_mlp_run):
 
 
 def test_bucket_simulation_by_hand():
+    def end(line):
+        return line[-1][0] + line[-1][2]
+
     # bucket 1 ready at 1 s runs 0.5 s; bucket 2 ready at 2 s waits for nothing, runs 3 s -> 5 s
-    assert simulate_step([1.0, 2.0], [0.5, 3.0], 2.0) == pytest.approx(5.0)
+    assert end(bucket_timeline([1.0, 2.0], [0.5, 3.0])) == pytest.approx(5.0)
     # bucket 2 ready at 1.2 s must wait for bucket 1 (ends at 1.5 s) -> 1.5 + 3
-    assert simulate_step([1.0, 1.2], [0.5, 3.0], 2.0) == pytest.approx(4.5)
+    assert end(bucket_timeline([1.0, 1.2], [0.5, 3.0])) == pytest.approx(4.5)
 
 
 def test_expected_max_by_hand():

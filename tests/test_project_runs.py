@@ -131,21 +131,21 @@ def test_strong_scaling_is_linear_in_batch_unless_a_run_at_that_batch_is_given(t
 
 
 @pytest.mark.integration
-def test_bench_comm_gap_and_collectives_reach_the_run(tmp_path):
-    """A real run with --collectives and --gap-ms: only all_reduce is timed, each of its calls
-    after 40 ms of compute (so the run cannot be shorter than iterations × 40 ms), and run.json
-    holds the gap and a mean time per comm.csv row."""
+def test_bench_comm_gap_sweep_and_collectives_reach_the_run(tmp_path):
+    """A real run with --collectives and a gap sweep: only all_reduce is timed; the sweep times
+    it after 0 and 40 ms of compute at both sizes (so the run cannot be shorter than sizes ×
+    (iterations + 1 warm-up) × 40 ms), run.json holds a mean per comm.csv row, both means per
+    size and gap, and the host contention at 1 and 2 busy ranks."""
     import time
 
     args = "--backend gloo --nproc 2 --iters 4 --warmup 1 --run-id g --collectives all_reduce"
     t0 = time.perf_counter()
-    proc = _bench(
-        [*args.split(), "--sizes", "64 4096", "--gap-ms", "40", "--runs-dir", str(tmp_path)]
-    )
+    sweep = ["--gaps-ms", "40 0", "--gap-iters", "2"]
+    proc = _bench([*args.split(), "--sizes", "64 4096", *sweep, "--runs-dir", str(tmp_path)])
     assert proc.returncode == 0, proc.stdout + proc.stderr
-    assert time.perf_counter() - t0 > 2 * 5 * 0.040  # 2 sizes × 5 iterations × 40 ms of compute
+    assert time.perf_counter() - t0 > 2 * 3 * 0.040
     rec = read_run(tmp_path / "g")
-    assert rec["config"]["gap_ms"] == {"all_reduce": 40.0}
+    assert rec["config"]["gaps_ms"] == [0.0, 40.0] and rec["config"]["gap_iters"] == 2
     assert rec["config"]["collectives"] == ["all_reduce"]
     rows = pd.read_csv(tmp_path / "g" / "comm.csv")
     assert set(rows["collective"]) == {"all_reduce"} and list(rows["bytes"]) == [64, 4096]
@@ -154,16 +154,24 @@ def test_bench_comm_gap_and_collectives_reach_the_run(tmp_path):
         ("all_reduce", 64),
         ("all_reduce", 4096),
     ]
-    assert all(m["time_us_mean"] > 0 and m["time_us_mean_back_to_back"] > 0 for m in means)
-    assert "after 40 ms of compute" in proc.stdout
+    idle = rec["metrics"]["idle_penalty"]
+    assert [(m["bytes"], m["gap_ms"]) for m in idle] == [(64, 0), (64, 40), (4096, 0), (4096, 40)]
+    assert all(m["time_us_mean"] > 0 and m["time_us_mean_back_to_back"] > 0 for m in idle)
+    assert rec["metrics"]["idle_sweep_s"] > 2 * 3 * 0.040
+    host = rec["metrics"]["host_contention"]
+    assert host["ranks"] == [1, 2] and host["slowdown"][0] == 1.0 and host["slowdown"][1] > 0
+    assert "idle-penalty sweep" in proc.stdout and "host contention" in proc.stdout
+    load = rec["env"]["host_load"]  # how busy the host was while it timed
+    assert load["cores"] >= 1 and load["other_cpu_cores_mean"] >= 0
 
 
 @pytest.mark.parametrize(
     ("args", "match"),
     [
-        (["--gap-ms", "soon"], "--gap-ms must be milliseconds"),
-        (["--gap-ms", "allreduce=3"], "--gap-ms must be milliseconds"),
-        (["--gap-ms", "-1"], "--gap-ms must be milliseconds"),
+        (["--gaps-ms", "soon"], "--gaps-ms must be milliseconds"),
+        (["--gaps-ms", "all_reduce=3"], "--gaps-ms must be milliseconds"),
+        (["--gaps-ms", "0 -1"], "--gaps-ms must be milliseconds"),
+        (["--gap-iters", "0"], "--gap-iters must be >= 1"),
         (["--collectives", "all_reduce scatter"], "--collectives must name some of"),
     ],
 )
@@ -199,28 +207,12 @@ def test_mean_times_and_buffer_broadcasts_by_hand(tmp_path):
     assert two["step_time_s"] == pytest.approx(sum(phases.values()) + ar_s + bc_s, rel=1e-6)
     assert out["inputs"]["comm_time_statistic"] == "mean"
     assert out["inputs"]["buffer_broadcasts_bytes"] == [65536, 1024]
-    # the comm run timed back-to-back calls; the workload computes forward + backward (12 ms)
-    # between its buffer broadcast and its all-reduce
-    assert any("COMM_GAP_MS=12" in w for w in out["warnings"])
+    assert not [w for w in out["warnings"] if "COMM_GAP_MS" in w]  # one comm run serves all
     no_bcast = _fake_comm(tmp_path / "ar-only", alpha_us=50.0, bus_gbps=2.0)
     out = project(run, no_bcast, [2])
     assert out["predictions"][0]["buffer_broadcast_s"] == 0
     assert out["inputs"]["comm_time_statistic"] == "median"
     assert any("buffer broadcast is left out" in w for w in out["warnings"])
-
-
-def test_the_gap_warning_goes_once_the_comm_run_matches(tmp_path):
-    phases = {"data": 0.001, "forward": 0.004, "backward": 0.008, "optimizer": 0.002}
-    run = _fake_run(tmp_path / "single", mode="single", n=1, phases=phases, buckets=[1000])
-    cpu = {"devices": ["cpu", "cpu"]}
-    matched = _fake_comm(
-        tmp_path / "c1", alpha_us=5, bus_gbps=2, config={**cpu, "gap_ms": {"all_reduce": 15.0}}
-    )
-    assert not [w for w in project(run, matched, [2])["warnings"] if "COMM_GAP_MS" in w]
-    b2b = _fake_comm(tmp_path / "c2", alpha_us=5, bus_gbps=2, config=cpu)
-    assert any("COMM_GAP_MS=15" in w for w in project(run, b2b, [2])["warnings"])
-    gpu = _fake_comm(tmp_path / "c3", alpha_us=5, bus_gbps=2, config={"devices": ["cuda:0"]})
-    assert not [w for w in project(run, gpu, [2])["warnings"] if "COMM_GAP_MS" in w]
 
 
 def test_the_trainer_records_buffer_bytes_by_dtype(single_mlp_run):
@@ -272,28 +264,6 @@ def test_damaged_new_fields_are_one_invalid_line(tmp_path, capsys, which, field,
     clean = _fake_run(tmp_path / "c", mode="single", n=1, phases=phases, buckets=[1 << 20])
     good = _fake_comm(tmp_path / "good", alpha_us=50.0, bus_gbps=2.0)
     assert project(clean, good, [2])["predictions"][0]["buffer_broadcast_s"] == 0
-
-
-def test_bench_projection_gaps_follow_the_workloads_collectives(single_mlp_run, tmp_path):
-    """The compute bench-projection asks the comm run to leave before each collective: the whole
-    step for a model without buffers (the all-reduce is the step's only collective), else forward
-    + backward before the all-reduce and the rest of the step before the buffer broadcast."""
-    from bench.projection import compute_gaps_ms
-
-    steps = pd.read_csv(single_mlp_run / "steps.csv")
-    body = steps[(steps["warmup"] == 0) & (steps["profiled"] == 0)]  # the projection's steps
-    assert len(body) < len(steps[steps["warmup"] == 0])  # the fixture is profiled: some left out
-    gaps = compute_gaps_ms(single_mlp_run)
-    assert gaps == {"all_reduce": pytest.approx(1e3 * body["step_time_s"].mean())}
-    phases = {"data": 0.001, "forward": 0.004, "backward": 0.008, "optimizer": 0.002}
-    cnn = _fake_run(
-        tmp_path / "cnn", mode="single", n=1, phases=phases, buckets=[1000],
-        metrics={"buffer_bytes_by_dtype": {"float32": 1792, "int64": 24}},
-    )  # fmt: skip
-    assert compute_gaps_ms(cnn) == {
-        "all_reduce": pytest.approx(12.0),
-        "broadcast": pytest.approx(3.0),
-    }
 
 
 def test_idle_penalty_is_paid_once_per_call_whatever_n(tmp_path):

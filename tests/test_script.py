@@ -94,6 +94,8 @@ def test_the_cnn_trainer_gets_steps_phases_samples_and_traces(cnn_runs, mode):
     assert [t.split(".")[0] for t in traces] == [f"traces/rank{r}" for r in range(world)]
     assert rec["metrics"]["memory_breakdown"][0]["counted_at_step"] == 1
     assert rec["eval"] == {"epochs": [], "best": None}
+    load = rec["env"]["host_load"]  # rank 0 measured the host over the measured steps
+    assert load["cores"] >= 1 and load["other_cpu_cores_mean"] >= 0 and load["own_threads"] >= 1
     assert (run_dir.parents[1] / "cnn_done.txt").read_text() == "done\n"  # the script's own file
     log = (run_dir / "logs" / "rank0.log").read_text()
     assert "step 7 loss" in log
@@ -235,6 +237,7 @@ def test_run_recorder_in_process_writes_the_standard_run_folder(tmp_path):
     breakdown = run["metrics"]["memory_breakdown"][0]
     assert breakdown["optimizer_state_bytes"] == breakdown["parameters_bytes"]  # SGD momentum
     assert run["metrics"]["samples_per_s"] > 0
+    assert run["env"]["host_load"]["cores"] >= 1  # env.host_load from an in-process recorder too
 
 
 def test_run_recorder_phase_outside_a_step_names_the_fix(tmp_path):

@@ -18,8 +18,8 @@ from analysis.runs.compare import compare_runs
 def _copy_with(run: Path, dest: Path, host_load: dict | None, steps: int | None = None) -> None:
     shutil.copytree(run, dest)
     rec = json.loads((dest / "run.json").read_text())
-    if host_load is not None:
-        rec["env"]["host_load"] = host_load
+    # None: a record from before env.host_load (the real run measured this loaded machine's)
+    rec["env"]["host_load"] = host_load
     if steps is not None:
         for r in rec["metrics"]["per_rank"]:
             r["steps"] = steps

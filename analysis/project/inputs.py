@@ -21,7 +21,6 @@ from profiler.steps import read_steps_frame
 __all__ = [
     "PHASES",
     "ProjectionInputs",
-    "collective_gaps_ms",
     "load_training",
     "measured_steps",
     "unprofiled_steps",
@@ -195,15 +194,3 @@ def _subtract_traced_comm(run: ProjectionInputs, run_dir: Path, trace: dict | No
         run.warnings.append(
             "traced exposed comm exceeds 90% of backward: backward compute floored at 10%"
         )
-
-
-def collective_gaps_ms(run: ProjectionInputs) -> dict[str, float]:
-    """Compute (ms) a DDP step of `run` (`load_training`'s inputs) runs before each of its
-    collectives: before the gradient all-reduce forward + backward compute when the model has
-    buffers (their broadcast at the start of forward comes first) and the rest of the step before
-    that broadcast; without buffers the all-reduce is the step's only collective and follows the
-    step's whole compute. What `make bench-comm COMM_GAP_MS` should be for this workload."""
-    if not run.buffer_groups_bytes:
-        return {"all_reduce": 1e3 * run.compute_s}
-    fb = run.phases_s["forward"] + run.backward_compute_s
-    return {"all_reduce": 1e3 * fb, "broadcast": 1e3 * max(0.0, run.compute_s - fb)}

@@ -25,7 +25,6 @@ __all__ = [
     "ddp_buckets",
     "expected_max",
     "parse_inter_node",
-    "simulate_step",
     "straggler_s",
 ]
 
@@ -105,15 +104,6 @@ def expected_max(samples: np.ndarray, n: int) -> float:
     return float(np.sum(x * (k**n - (k - 1 / x.size) ** n)))
 
 
-def simulate_step(ready_s: list[float], comm_s: list[float], backward_s: float) -> float:
-    """End of the last bucket's all-reduce (s after backward starts): buckets one after another on
-    one stream, bucket k starting at max(its ready time, end of bucket k−1)."""
-    free = 0.0
-    for ready, dur in zip(ready_s, comm_s, strict=True):
-        free = max(ready, free) + dur
-    return free
-
-
 def hierarchical_us(nbytes: float, n: int, gpn: int, intra: dict, inter_gbps: float) -> float:
     """Hierarchical collective (`intra["collective"]`, all_reduce for the gradient buckets): ring
     inside a node (α–β of the comm run) plus, past one node, ring between nodes where each node
@@ -152,6 +142,7 @@ def assumptions(
     bandwidth: str,
     *,
     idle: bool = False,
+    host: str = "",
 ) -> list[str]:
     """The projection's assumptions in words (printed and stored with every projection)."""
     out = [
@@ -177,15 +168,17 @@ def assumptions(
         "default): one broadcast per buffer dtype, nothing overlapping it",
         f"between nodes: ring over {inter_gbps:g} Gb/s per node, α = {INTER_NODE_ALPHA_US:g} µs "
         "per step; hierarchical (intra all-reduce + inter all-reduce of the whole bucket)",
-        "per-rank compute does not change with n (no contention growth); the step waits for the "
-        "slowest rank: E[max of n draws] of RUN's per-step compute, ranks independent",
+        host,
+        "the step waits for the slowest rank: E[max of n draws] of RUN's per-step compute, "
+        "ranks independent",
     ]
     if idle:
         out.append(
-            "the step's first bucket and first buffer broadcast pay the comm run's idle penalty "
-            "(mean after its gap − back-to-back) once, whatever n; other calls are back-to-back"
+            "each bucket and buffer broadcast pays the comm run's idle penalty (mean after a gap "
+            "− back-to-back) at the compute gap before it, interpolated in gap and size, once "
+            "per call whatever n"
         )
-    return out
+    return [a for a in out if a]
 
 
 def straggler_s(run: ProjectionInputs, n: int) -> float:

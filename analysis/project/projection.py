@@ -27,73 +27,26 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import numpy as np
 import pandas as pd
 
 from analysis.errors import AnalysisError
 from analysis.project.comm import (
+    contention_factor,
     fit_alpha_beta,
-    idle_penalty_us,
     load_comm_run,
     with_measured_curve,
 )
-from analysis.project.inputs import collective_gaps_ms, load_training, unprofiled_steps
+from analysis.project.inputs import load_training, unprofiled_steps
 from analysis.project.model import (
     INTER_NODE_ALPHA_US,
     ProjectionInputs,
     assumptions,
-    compute_phases,
-    hierarchical_us,
     parse_inter_node,
-    simulate_step,
-    straggler_s,
 )
+from analysis.project.step import predict_step
+from profiler.hostload import is_busy
 
 __all__ = ["load_training", "project", "unprofiled_steps"]  # the inputs re-exported
-
-
-def _calls_s(sizes: list[float], n: int, gpn: int, model: dict, inter_gbps: float) -> list[float]:
-    """Seconds of each call of one kind in a step, in issue order: the first comes after compute
-    and pays the comm run's idle penalty (0 without one), the others follow back-to-back."""
-    if n < 2:
-        return [0.0] * len(sizes)
-    out = [hierarchical_us(b, n, gpn, model, inter_gbps) / 1e6 for b in sizes]
-    if out:
-        out[0] += idle_penalty_us(model, sizes[0]) / 1e6
-    return out
-
-
-def _predict(run, n, *, scaling, comm_model, gpn, inter_gbps, batch_runs, wire, bcast) -> dict:
-    batch = run.global_batch / n if scaling == "strong" else run.per_device_batch
-    ph, source = compute_phases(run, batch, batch_runs)
-    compute = sum(ph.values())
-    sizes = [b * wire for b in run.buckets_bytes]
-    total = sum(sizes)
-    ready = list(np.cumsum(sizes) / total * ph["backward"]) if total else []
-    comm = _calls_s(sizes, n, gpn, comm_model, inter_gbps)
-    end = simulate_step(ready, comm, ph["backward"])
-    exposed = max(0.0, end - ph["backward"]) if n > 1 else 0.0
-    # DDP's buffer broadcast at the start of every forward: nothing overlaps it
-    groups = run.buffer_groups_bytes
-    broadcast = sum(_calls_s(groups, n, gpn, bcast, inter_gbps)) if bcast else 0.0
-    # the slowest rank's compute, scaled like the compute it stretches
-    wait = straggler_s(run, n) * compute / run.compute_s if n > 1 else 0.0
-    step = compute + wait + exposed + broadcast
-    global_batch = batch * n
-    return {
-        "ranks": n,
-        "per_device_batch": batch,
-        "global_batch": global_batch,
-        "compute_source": source,
-        "step_time_s": step,
-        "compute_s": compute,
-        "comm_s": float(sum(comm)) + broadcast if n > 1 else 0.0,
-        "exposed_comm_s": exposed + broadcast,
-        "buffer_broadcast_s": broadcast,
-        "straggler_s": wait,
-        "exposed_comm_pct": 100 * (exposed + broadcast) / step if step else 0.0,
-        "samples_per_s": global_batch / step,
-    }
 
 
 def project(
@@ -131,10 +84,11 @@ def project(
     others = (load_training(d, traces=traces) for d in batch_runs)
     by_batch = {other.per_device_batch: other for other in others}
     kw = dict(scaling=scaling, comm_model=model, gpn=gpus_per_node, inter_gbps=inter_gbps)
-    kw.update(batch_runs=by_batch, wire=wire, bcast=bcast)
+    kw.update(batch_runs=by_batch, wire=wire, bcast=bcast, host=comm["host_contention"])
     base, preds = _predictions(run, ranks, kw)
     checks = [_check(run, load_training(d, traces=False), kw, base) for d in measured]
     idle = "idle_penalty" in model
+    host = _host_words(comm, ranks, gpus_per_node, run)
     return {
         "schema_version": 1,
         "run_id": run.run_id,
@@ -145,7 +99,7 @@ def project(
         "ranks": list(ranks),
         "inputs": _inputs_json(run, comm, kw, bandwidth),
         "assumptions": assumptions(
-            scaling, run, gpus_per_node, inter_gbps, by_batch, bandwidth, idle=idle
+            scaling, run, gpus_per_node, inter_gbps, by_batch, bandwidth, idle=idle, host=host
         ),
         "replay": _check(run, run, kw, base),
         "measured": checks,
@@ -165,10 +119,10 @@ def _check_args(ranks: list[int], gpus_per_node: int, inter_node: str) -> float:
 
 def _predictions(run: ProjectionInputs, ranks: list[int], kw: dict) -> tuple[dict, list[dict]]:
     """The one-rank projection (the speedup's base) and the projection at each n in `ranks`."""
-    base = _predict(run, 1, **kw)
+    base = predict_step(run, 1, **kw)
     preds = []
     for n in ranks:
-        p = _predict(run, n, **kw)
+        p = predict_step(run, n, **kw)
         p["speedup"] = p["samples_per_s"] / base["samples_per_s"]
         p["scaling_efficiency"] = p["speedup"] / n
         preds.append(p)
@@ -208,11 +162,17 @@ def _warnings(
 ) -> list[str]:
     """The run's own warnings, then what the projection leaves out or extrapolates."""
     warnings = list(run.warnings)
+    load = comm["host_load"]
+    if is_busy(load):  # the report's busy-run rule (THRESHOLDS busy_other_cores_frac)
+        warnings.append(
+            f"the comm run was measured while other processes used "
+            f"{load['other_cpu_cores_mean']:.1f} of {load['cores']} cores: its idle penalties and "
+            "host contention are unreliable; re-run make bench-comm on an idle machine"
+        )
     if run.buffer_groups_bytes and bcast is None:
         warnings.append(
             "the comm run has no broadcast: DDP's per-forward buffer broadcast is left out"
         )
-    warnings += _gap_warnings(run, comm)
     big = [b for b in run.buckets_bytes if b * wire > model["bytes_max"]]
     if big:
         warnings.append(
@@ -254,6 +214,8 @@ def _inputs_json(run: ProjectionInputs, comm: dict, kw: dict, bandwidth: str) ->
         "bandwidth_source": bandwidth,
         "comm_time_statistic": model.get("time_statistic", "median"),
         "comm_gap_ms": comm["gap_ms"],
+        "idle_penalty_gaps_ms": (model.get("idle_penalty") or {}).get("gap_ms", []),
+        "host_contention": comm["host_contention"],
         "gpus_per_node": kw["gpn"],
         "inter_node_gbps": kw["inter_gbps"],
         "inter_node_alpha_us": INTER_NODE_ALPHA_US,
@@ -261,12 +223,19 @@ def _inputs_json(run: ProjectionInputs, comm: dict, kw: dict, bandwidth: str) ->
 
 
 def _comm_model(comm: dict, name: str, bandwidth: str) -> dict:
-    """The α–β model of `name` from the comm run (docs/reference/metrics.md §10). With `measured`
+    """The α–β model of `name` from the comm run (docs/reference/metrics.md §10), with the comm run's
+    `idle_penalty` table (analysis.project.comm.idle_table) when it has one. With `measured`
     bandwidth, the per-size curve of the benchmark's mean times (a mean step is what is projected:
     heavy-tailed collective times make the median too low), or of its medians for comm runs
-    without means. A gap-timed comm run with back-to-back means: α, B and the curve from those,
-    plus `idle_penalty` = mean after the gap − mean back-to-back per size (≥ 0), paid once per call
-    issued after compute rather than once per ring step."""
+    without means. A comm run from before the gap sweep, timed after one gap with back-to-back
+    means: α, B and the curve from those back-to-back means."""
+    model = _bandwidth_model(comm, name, bandwidth)
+    if name in comm["idle"]:
+        model["idle_penalty"] = comm["idle"][name]
+    return model
+
+
+def _bandwidth_model(comm: dict, name: str, bandwidth: str) -> dict:
     n0 = comm["models"][name]["world_size"]
     model = dict(comm["models"][name], time_statistic="median")
     means = comm["means"].get(name)
@@ -277,32 +246,30 @@ def _comm_model(comm: dict, name: str, bandwidth: str) -> dict:
         rows = rows[rows["collective"] == name]
         return with_measured_curve(model, rows["bytes"], rows["time_us_median"])
     hot = means.get("time_us_mean_back_to_back")
-    if hot is None:  # back-to-back timing only: the means as they are
+    if hot is None:  # back-to-back timing: the means as they are
         if bandwidth == "fit":
             return model
         curve = with_measured_curve(model, means["bytes"], means["time_us_mean"])
         return dict(curve, time_statistic="mean")
     model = dict(fit_alpha_beta(name, n0, means["bytes"], hot), time_statistic="mean")
-    gap = np.asarray(means["time_us_mean"]) - np.asarray(hot)
-    model["idle_penalty"] = {"bytes": means["bytes"], "us": np.maximum(gap, 0.0).tolist()}
     return model if bandwidth == "fit" else with_measured_curve(model, means["bytes"], hot)
 
 
-def _gap_warnings(run: ProjectionInputs, comm: dict) -> list[str]:
-    """On CPU hosts a collective issued after compute is slower than a back-to-back one; warn when
-    the comm run timed its all-reduce after a much other compute gap than this workload leaves
-    (analysis.project.inputs.collective_gaps_ms)."""
-    if any(str(d).startswith("cuda") for d in comm["devices"]):
-        return []
-    gap_ms = collective_gaps_ms(run)["all_reduce"]
-    bench_ms = comm["gap_ms"].get("all_reduce", 0.0)
-    if bench_ms >= gap_ms / 2 and bench_ms <= 2 * gap_ms:
-        return []
-    return [
-        f"the comm run timed all_reduce after {bench_ms:g} ms of compute, this workload issues "
-        f"it after about {gap_ms:.1f} ms: on CPU hosts idle transports make such a call slower; "
-        f"for a closer projection re-run make bench-comm COMM_GAP_MS={gap_ms:.0f}"
-    ]
+def _host_words(comm: dict, ranks: list[int], gpn: int, run: ProjectionInputs) -> str:
+    """The contention assumption with its measured values (analysis.project.step)."""
+    host = comm["host_contention"]
+    if not host.get("slowdown"):
+        return host.get("note") or (
+            "host contention not measured by this comm run (GPU, or a run from before the "
+            "measurement): compute factor 1"
+        )
+    at = sorted({min(n, gpn) for n in [run.world_size, *ranks]})
+    vals = ", ".join(f"×{contention_factor(host, k):.3f} at {k}" for k in at)
+    far = " (flat past the measured counts)" if at[-1] > host["ranks"][-1] else ""
+    return (
+        f"co-located ranks slow each other's compute, measured by the comm run: {vals} ranks "
+        f"per node{far}; compute scaled by c(n) ÷ c(RUN's ranks per node)"
+    )
 
 
 def _check(run: ProjectionInputs, target: ProjectionInputs, kw: dict, base: dict) -> dict:
@@ -310,7 +277,7 @@ def _check(run: ProjectionInputs, target: ProjectionInputs, kw: dict, base: dict
     `measured_scaling_efficiency` divides by the same projected n = 1 throughput as predictions."""
     n = target.world_size
     measured_sps = target.global_batch / target.step_time_s
-    p = _predict(run, n, **kw)
+    p = predict_step(run, n, **kw)
     err = 100 * (p["step_time_s"] - target.step_time_s) / target.step_time_s
     note = None
     if target is run and n == 1:

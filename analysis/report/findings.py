@@ -11,8 +11,9 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from analysis.runs.compare import WORKLOAD_KEY
+from profiler.hostload import BUSY_OTHER_CORES_FRAC, is_busy
 
-__all__ = ["Finding", "THRESHOLDS", "findings"]
+__all__ = ["Finding", "THRESHOLDS", "findings", "is_busy"]
 
 # The thresholds, in one place so the text and the rule can't drift apart.
 THRESHOLDS = {
@@ -27,11 +28,13 @@ THRESHOLDS = {
     "backend_ratio": 1.05,  # throughput ratio between backends below this is noise
     # env.host_load: a run is "busy" when other processes used more than this share of the cores
     # (other_cpu_cores_mean > frac × cores) while it measured; the verdict then says so.
-    "busy_other_cores_frac": 0.5,
+    "busy_other_cores_frac": BUSY_OTHER_CORES_FRAC,  # 0.5, profiler.hostload: one rule
     "few_measured_steps": 8,  # fewer unprofiled measured steps than this: throughput is noisy
     # A part of "where the efficiency went" beyond this many points (the whole loss is at most
     # 100) means its runs were measured under different conditions: the verdict says so.
     "split_part_max_pts": 100.0,
+    # (max − min) ÷ mean of one group's throughput over its seeds above this: drift or noise
+    "seed_spread_pct": 10.0,
 }
 
 NAMES = {"single": "Single", "dp": "DP", "ddp": "DDP"}
@@ -107,9 +110,47 @@ def _scaling(
             else f" (within the {t['exposed_comm_pct']:.0f}% threshold)."
         )
     severity = "bad" if speedup < 1 else "good" if verdict == "good scaling" else "warn"
+    bases = [runs[b] for m in members if (b := m.get("baseline_run_id")) in runs]
+    flagged = sorted({r["run_id"] for r in [*members, *bases] if is_busy(r.get("host_load"))})
+    if flagged:
+        frac = t["busy_other_cores_frac"]
+        text += (
+            f" Measured on a busy machine: other processes used over {frac:.0%} of the cores "
+            f"during {', '.join(flagged)}, so this speedup is unreliable."
+        )
+        severity = "bad" if severity == "bad" else "warn"
     return Finding(
         rule="scaling", severity=severity, text=text, run_ids=[m["run_id"] for m in members]
     )
+
+
+def _busy(runs: list[dict[str, Any]]) -> list[Finding]:
+    """One finding per run measured while other processes used much of the machine."""
+    frac = THRESHOLDS["busy_other_cores_frac"]
+    out = []
+    for run in runs:
+        if is_busy(load := run.get("host_load")):
+            out.append(Finding(rule="busy_machine", severity="warn", run_ids=[run["run_id"]], text=(
+                f"{_name(run)} run {run['run_id']} was measured while other processes used "
+                f"{load['other_cpu_cores_mean']:.1f} of {load['cores']} cores (over {frac:.0%}): "
+                "throughput unreliable; re-measure on an idle machine.")))  # fmt: skip
+    return out
+
+
+def _seed_spread(groups: list[dict[str, Any]], multi: tuple[str, ...]) -> list[Finding]:
+    """Groups whose seeds' throughput spans more than THRESHOLDS["seed_spread_pct"]."""
+    limit = THRESHOLDS["seed_spread_pct"]
+    out = []
+    for g in groups:
+        spread = g.get("samples_per_s_spread_pct")
+        if spread is None or spread <= limit:
+            continue
+        out.append(Finding(rule="seed_spread", severity="warn", run_ids=list(g["run_ids"]), text=(
+            f"{_name(g, multi)} at {g['world_size']}: its {g['n_runs']} runs' throughput spans "
+            f"{g['samples_per_s_min']:.1f}–{g['samples_per_s_max']:.1f} samples/s, a spread of "
+            f"{spread:.0f}% of the mean (over {limit:.0f}%): noise or drift, not the mode, may "
+            "decide comparisons; re-measure with more seeds or on an idle machine.")))  # fmt: skip
+    return out
 
 
 def _imbalance(run: dict[str, Any]) -> tuple[float, dict, dict] | None:
@@ -301,4 +342,6 @@ def findings(data: dict[str, Any]) -> list[Finding]:
     out += [f for g in groups if (f := _memory(g, runs, multi))]
     out += _accuracy(groups, multi)
     out += _no_eval(list(runs.values()))
+    out += _seed_spread(groups, multi)
+    out += _busy(list(runs.values()))
     return out + _failures(data)

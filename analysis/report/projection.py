@@ -73,7 +73,8 @@ def efficiency_figure(projections: list[dict], names: dict[str, str]) -> str | N
 
 
 def _gap_note(comm: dict) -> str:
-    """Title suffix of a comm run timed after compute (`--gap-ms`): its bandwidths are in situ."""
+    """Title suffix of a comm run from before the gap sweep, timed after compute (`--gap-ms`): its
+    bandwidths are in situ."""
     gaps = comm.get("gap_ms") or {}
     if not gaps:
         return ""

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from analysis.report.findings import NAMES, THRESHOLDS
+from analysis.report.findings import NAMES, THRESHOLDS, is_busy
 from analysis.report.loss import PART_NAMES, largest_part
 from analysis.report.memory_section import static_difference
 from analysis.runs.compare import workload_key
@@ -127,7 +127,7 @@ def _paragraph(g: dict[str, Any], data: dict[str, Any], runs: dict) -> list[dict
 def _caveats(groups: list[dict[str, Any]], runs: dict[str, dict]) -> list[str]:
     members = [runs[r] for g in groups for r in g.get("run_ids") or [] if r in runs]
     out = []
-    busy = [r for r in members if _busy(r.get("host_load"))]
+    busy = [r for r in members if is_busy(r.get("host_load"))]
     if busy:
         frac = THRESHOLDS["busy_other_cores_frac"]
         out.append(f"busy machine: other processes used more than {frac:.0%} of the cores "
@@ -154,12 +154,6 @@ def _unstable_split(groups: list[dict[str, Any]]) -> list[str]:
     names = ", ".join(text for name, text in PART_NAMES.items() if name in wild)
     return [f"unstable efficiency split: {names} beyond ±{limit:.0f} points, so the runs it "
             "compares ran under different conditions (a busy machine, a cold start); re-measure"]  # fmt: skip
-
-
-def _busy(load: dict[str, Any] | None) -> bool:
-    if not load or load.get("other_cpu_cores_mean") is None or not load.get("cores"):
-        return False
-    return load["other_cpu_cores_mean"] > THRESHOLDS["busy_other_cores_frac"] * load["cores"]
 
 
 def verdict(data: dict[str, Any]) -> list[dict[str, Any]]:

@@ -6,7 +6,8 @@ defined in docs/reference/metrics.md; the JSON shape is the "runs JSON" of docs/
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import statistics
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -131,6 +132,17 @@ def _link_baselines(runs: list[RunEntry]) -> None:
         run.scaling_efficiency = run.speedup / run.num_devices
 
 
+def _spread(values: Iterable[float | None]) -> dict[str, float | None]:
+    """samples_per_s_min / _max over a group's runs and their spread, (max − min) ÷ mean × 100
+    (None with fewer than two runs)."""
+    xs = [v for v in values if v is not None]
+    if not xs:
+        return {"samples_per_s_min": None, "samples_per_s_max": None, "samples_per_s_spread_pct": None}
+    spread = 100 * (max(xs) - min(xs)) / statistics.fmean(xs) if len(xs) > 1 else None
+    return {"samples_per_s_min": min(xs), "samples_per_s_max": max(xs),
+            "samples_per_s_spread_pct": spread}  # fmt: skip
+
+
 def _groups(runs: list[RunEntry]) -> list[dict]:
     """Mean ± sample std (n−1) over the seeds of each configuration; only ok runs count."""
     buckets: dict[tuple, list[RunEntry]] = {}
@@ -149,6 +161,7 @@ def _groups(runs: list[RunEntry]) -> list[dict]:
             )
         group["comm_pct_mean"] = mean_std(m.comm_pct for m in members)[0]
         group["exposed_comm_pct_mean"] = mean_std(m.exposed_comm_pct for m in members)[0]
+        group.update(_spread(m.samples_per_s for m in members))
         groups.append(group)
     order = {"single": 0, "dp": 1, "ddp": 2}
     return sorted(

@@ -13,15 +13,19 @@ prints an nccl-tests-like table. Each collective's result is checked once on ran
 a collective that fails the check, or that the backend cannot run, is listed as skipped with why.
 Message size follows nccl-tests: the larger buffer (all_gather: output; reduce_scatter: input).
 
-`--gap-ms` times each collective the way training issues it: after the barrier every rank computes
-(a busy loop) for that many milliseconds before the timed call. nccl-tests' back-to-back timing
-(gap 0, the default) is what NCCL on GPUs shows in training too; on CPU hosts the transport
-threads go idle during a step's compute, and a collective issued after compute can take several
-times longer (docs/reference/metrics.md §10). With a gap, each iteration also times a second call right
-after the first (back-to-back, transport awake): comm.csv keeps the first call's times, run.json
-both means (`metrics.time_us_mean`: `time_us_mean`, `time_us_mean_back_to_back`), so `analysis
-project` can take the idle penalty (their difference) once per call and the ring steps from the
-back-to-back times. `--collectives` limits the run to some collectives.
+The idle-penalty sweep (`--gaps-ms`, default 0 1 3 10 30 100 ms; `--gap-iters` iterations) times
+all_reduce and broadcast (what DDP issues) the way training issues them: after the barrier every
+rank computes (a busy loop) for the gap before the timed call, then makes the same call again at
+once (back-to-back, transport awake). On CPU hosts the transport threads go idle during a step's
+compute and a call issued after compute can take several times longer (docs/reference/metrics.md §10).
+run.json `metrics.idle_penalty` holds both means per collective, size (every other benchmarked
+size and the largest) and gap, so `analysis project` interpolates the penalty at whatever gap a
+workload leaves before each of its buckets: one comm run serves every workload. The sweep's
+compute alone is bounded by collectives × sizes × (gap iterations + 1) × Σ gaps; it is printed
+before the sweep starts and its measured time (`metrics.idle_sweep_s`) after.
+
+On CPU, the run also measures host contention (workloads.comm.host): how much k co-located ranks
+computing at once slow each other, k = 1 .. ranks (`metrics.host_contention`).
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ import argparse
 import os
 import subprocess
 import sys
+import time
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -42,6 +47,7 @@ from tqdm import tqdm
 
 from profiler.commfit import fit_all
 from profiler.errors import run_command
+from profiler.hostload import HostLoadMeter
 from profiler.record import collect_env
 from profiler.records import read_comm_record
 from profiler.runfolder import (
@@ -53,6 +59,8 @@ from profiler.runfolder import (
     write_comm_csv,
     write_run_json,
 )
+from workloads.comm.host import measure_contention
+from workloads.comm.idle import SWEPT, extra_lines, idle_sweep, sweep_bound_s, sweep_sizes
 from workloads.comm.ops import COLLECTIVES, agreed_check, time_one
 from workloads.comm.options import (
     build_parser,
@@ -94,11 +102,10 @@ def _time_sizes(
     dev: torch.device,
     args: argparse.Namespace,
     *,
-    gap_s: float,
     bar: tqdm,
 ) -> tuple[list[dict], list[dict]]:
-    """(comm.csv rows, mean times) of one collective over every message size, each timed call
-    after `gap_s` seconds of compute."""
+    """(comm.csv rows, mean times) of one collective over every message size, back-to-back
+    (each call right after a barrier, as nccl-tests)."""
     rows, means = [], []
     for nbytes in sizes:
         bar.update(1)
@@ -107,13 +114,10 @@ def _time_sizes(
             count -= count % n  # the message must split evenly over the ranks
         if count < 1:
             continue
-        t_s, hot_s = time_one(name, count, n, dev, args.warmup, args.iters, gap_s)
+        t_s, _ = time_one(name, count, n, dev, args.warmup, args.iters)
         t_us = t_s * 1e6
         med = float(np.median(t_us))
-        mean = {"collective": name, "bytes": count * 4, "time_us_mean": float(t_us.mean())}
-        if hot_s is not None:  # the same message again at once: no idle transport to wake
-            mean["time_us_mean_back_to_back"] = float(hot_s.mean() * 1e6)
-        means.append(mean)
+        means.append({"collective": name, "bytes": count * 4, "time_us_mean": float(t_us.mean())})
         algbw = count * 4 / med / 1e3  # bytes/µs -> GB/s (1e9 B)
         factor = bus_factor(name, n)
         rows.append(
@@ -143,8 +147,10 @@ def worker(args: argparse.Namespace) -> int:
     rank, n = dist.get_rank(), dist.get_world_size()
     sizes = parse_sizes(args.sizes)
     names = parse_collectives(args.collectives)
-    gaps = parse_gaps(args.gap_ms, names)
     rows, skipped, checks, means = [], [], {}, []
+    meter = HostLoadMeter() if rank == 0 else None  # env.host_load: how busy the host was
+    if meter is not None:
+        meter.start()
     bar = tqdm(total=len(names) * len(sizes), desc="bench-comm", disable=rank != 0)
     for name in names:
         verdict, reason = agreed_check(name, n, rank, dev)
@@ -154,14 +160,25 @@ def worker(args: argparse.Namespace) -> int:
             skipped.append({"collective": name, "reason": reason})
             bar.update(len(sizes))
             continue
-        gap_s = gaps.get(name, 0.0) / 1e3
-        got, got_means = _time_sizes(name, sizes, n, dev, args, gap_s=gap_s, bar=bar)
+        got, got_means = _time_sizes(name, sizes, n, dev, args, bar=bar)
         rows += got
         means += got_means
     bar.close()
+    swept = [c for c in SWEPT if c in names and c in checks and checks[c] == "ok"]
+    gaps = parse_gaps(args.gaps_ms)
+    if rank == 0 and gaps and swept:
+        bound = sweep_bound_s(swept, sizes, gaps, args.gap_iters)
+        print(f"idle-penalty sweep: {', '.join(swept)} at {len(sweep_sizes(sizes))} sizes after "
+              f"{' '.join(f'{g:g}' for g in gaps)} ms of compute: at least {bound:.0f} s", flush=True)  # fmt: skip
+    t0 = time.perf_counter()
+    idle = idle_sweep(swept, sizes, n, dev, args) if gaps else []
+    extra = {"idle_penalty": idle, "idle_sweep_s": time.perf_counter() - t0}
+    extra["host_contention"] = measure_contention(n, rank, dev, threads=max(1, args.threads))
+    if meter is not None:
+        extra["host_load"] = meter.stop()
     if rank == 0:
         run_dir = Path(args.runs_dir) / args.run_id
-        _write_results(run_dir, rows, skipped, checks, args.backend, n, means=means, gaps=gaps)
+        _write_results(run_dir, rows, skipped, checks, args.backend, n, means=means, extra=extra)
     dist.destroy_process_group()
     return 0
 
@@ -175,7 +192,7 @@ def _write_results(
     n: int,
     *,
     means: list[dict],
-    gaps: dict[str, float],
+    extra: dict,
 ) -> None:
     write_comm_csv(run_dir, rows)
     frame = pd.DataFrame(rows, columns=COMM_COLUMNS)
@@ -183,8 +200,6 @@ def _write_results(
     out = []
     for name, g in frame.groupby("collective", sort=False):
         out.append(_table(g, str(name), backend, n))
-        if gaps.get(str(name)):
-            out.append(f"  (each call timed after {gaps[str(name)]:g} ms of compute: --gap-ms)")
         if name in models:
             m = models[name]
             out.append(
@@ -193,11 +208,13 @@ def _write_results(
                 f"max {m['fit_error_pct_max']:.1f}%"
             )
     out += [f"# skipped {s['collective']}: {s['reason']}" for s in skipped]
+    out += extra_lines(extra)
     text = "\n".join(out)
     print(text, flush=True)
     (run_dir / "logs").mkdir(parents=True, exist_ok=True)
     (run_dir / "logs" / "table.txt").write_text(text + "\n", encoding="utf-8")
     _, record = read_comm_record(run_dir / RUN_JSON)  # the launcher's `running` record
+    record["env"]["host_load"] = extra.pop("host_load", None)
     record.update(
         status="ok",
         finished_at=utc_now(),
@@ -206,6 +223,7 @@ def _write_results(
             "checks": checks,
             "skipped": skipped,
             "time_us_mean": means,
+            **extra,
         },
     )
     write_run_json(run_dir, record)
@@ -220,8 +238,8 @@ class _Job:
     plan: Plan
     sizes: list[int]
     collectives: tuple[str, ...]
-    gaps: dict[str, float]
-    """Milliseconds of compute before each timed call, per collective (none: back-to-back)."""
+    gaps: tuple[float, ...]
+    """The idle-penalty sweep's gaps (ms of compute before a timed call); () for none."""
     threads: int
     """torch threads per rank."""
 
@@ -241,8 +259,10 @@ def _job(args: argparse.Namespace) -> _Job:
         raise LaunchError(
             f"--iters must be >= 1 and --warmup >= 0; got {args.iters}, {args.warmup}"
         )
+    if args.gap_iters < 1:
+        raise LaunchError(f"--gap-iters must be >= 1; got {args.gap_iters}")
     names = parse_collectives(args.collectives)
-    gaps = parse_gaps(args.gap_ms, names)
+    gaps = parse_gaps(args.gaps_ms)
     return _Job(plan, sizes, names, gaps, args.threads or plan.threads_per_rank)
 
 
@@ -267,7 +287,8 @@ def _start_record(run_id: str, job: _Job, args: argparse.Namespace) -> dict:
             "warmup": args.warmup,
             "dtype": "float32",
             "collectives": list(job.collectives),
-            "gap_ms": job.gaps,
+            "gaps_ms": list(job.gaps),
+            "gap_iters": args.gap_iters,
         },
         "env": collect_env(threads_per_rank=job.threads),
         "metrics": {},
@@ -283,7 +304,8 @@ def _worker_argv(run_dir: Path, job: _Job, args: argparse.Namespace) -> list[str
         *("--sizes", " ".join(map(str, job.sizes))),
         *("--iters", str(args.iters), "--warmup", str(args.warmup)),
         *("--threads", str(job.threads), "--collectives", " ".join(job.collectives)),
-        *("--gap-ms", ",".join(f"{k}={v:g}" for k, v in job.gaps.items())),
+        *("--gaps-ms", " ".join(f"{g:g}" for g in job.gaps) or "none"),
+        *("--gap-iters", str(args.gap_iters)),
     ]
 
 

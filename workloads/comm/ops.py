@@ -98,10 +98,18 @@ def _compute_for(seconds: float) -> None:
 
 
 def time_one(
-    name: str, count: int, n: int, dev: torch.device, warmup: int, iters: int, gap_s: float = 0.0
+    name: str,
+    count: int,
+    n: int,
+    dev: torch.device,
+    warmup: int,
+    iters: int,
+    gap_s: float = 0.0,
+    *,
+    twice: bool = False,
 ) -> tuple[np.ndarray, np.ndarray | None]:
     """Per-iteration seconds of the slowest rank (all-reduce MAX of every rank's times) of the
-    call made after `gap_s` of compute; with a gap, also of a second call right after it
+    call made after `gap_s` of compute; with `twice`, also of a second call right after it
     (back-to-back, the transport awake), so the analysis can tell the idle penalty from the rest."""
     inp, out = _buffers(name, count, n, dev)
     inp.fill_(1.0)
@@ -115,12 +123,12 @@ def time_one(
         _call(name, inp, out)
         _sync(dev)
         t1 = time.perf_counter()
-        if gap_s:  # the same call again at once: the back-to-back time
+        if twice:  # the same call again at once: the back-to-back time
             _call(name, inp, out)
             _sync(dev)
         if i >= warmup:
             mine[0, i - warmup] = t1 - t0
-            mine[1, i - warmup] = time.perf_counter() - t1 if gap_s else 0.0
+            mine[1, i - warmup] = time.perf_counter() - t1 if twice else 0.0
     dist.all_reduce(mine, op=dist.ReduceOp.MAX)
     first, second = mine.cpu().numpy()
-    return first, (second if gap_s else None)
+    return first, (second if twice else None)

@@ -10,7 +10,14 @@ from profiler.errors import OneLineParser
 from workloads.comm.ops import COLLECTIVES
 from workloads.launch.launcher import LaunchError
 
-__all__ = ["build_parser", "default_sizes", "parse_collectives", "parse_gaps", "parse_sizes"]
+__all__ = [
+    "DEFAULT_GAPS_MS",
+    "build_parser",
+    "default_sizes",
+    "parse_collectives",
+    "parse_gaps",
+    "parse_sizes",
+]
 
 DESCRIPTION = "`make bench-comm`: an nccl-tests-like collective benchmark as a torchrun job."
 
@@ -24,24 +31,28 @@ def default_sizes(max_bytes: int) -> list[int]:
     return sizes
 
 
-def parse_gaps(text: str, collectives: tuple[str, ...] = COLLECTIVES) -> dict[str, float]:
-    """`--gap-ms`: '' (none), one number for every collective, or 'all_reduce=40,broadcast=1'."""
+DEFAULT_GAPS_MS = (0.0, 1.0, 3.0, 10.0, 30.0, 100.0)
+"""The compute gaps (ms) the idle-penalty sweep times each collective after (`--gaps-ms`)."""
+
+
+def parse_gaps(text: str) -> tuple[float, ...]:
+    """`--gaps-ms`: milliseconds of compute, e.g. '0 1 3 10 30 100' (sorted, duplicates dropped);
+    '' = DEFAULT_GAPS_MS, 'none' = no sweep (back-to-back timing only)."""
     text = str(text).strip()
     if not text:
-        return {}
+        return DEFAULT_GAPS_MS
+    if text.lower() == "none":
+        return ()
     try:
-        if "=" not in text:
-            gaps = dict.fromkeys(collectives, float(text))
-        else:
-            gaps = {k.strip(): float(v) for k, v in (t.split("=", 1) for t in text.split(","))}
+        gaps = sorted({float(t) for t in text.replace(",", " ").split()})
     except ValueError:
-        gaps = None
-    if gaps is None or any(k not in COLLECTIVES or not 0 <= v <= 10_000 for k, v in gaps.items()):
+        gaps = [-1.0]
+    if not all(0 <= g <= 10_000 for g in gaps):
         raise LaunchError(
-            "--gap-ms must be milliseconds (0 to 10000), one number or "
-            f"'all_reduce=40,broadcast=1' with names from {', '.join(COLLECTIVES)}; got {text!r}"
+            "--gaps-ms must be milliseconds from 0 to 10000 like '0 1 3 10 30 100' "
+            f"(or 'none'); got {text!r}"
         )
-    return {k: v for k, v in gaps.items() if v > 0}
+    return tuple(gaps)
 
 
 def parse_collectives(text: str) -> tuple[str, ...]:
@@ -89,10 +100,13 @@ def build_parser(prog: str = "python -m workloads.comm.bench") -> argparse.Argum
         "--collectives", default="", help=f"some of: {' '.join(COLLECTIVES)} (default: all)"
     )
     p.add_argument(
-        "--gap-ms",
+        "--gaps-ms",
         default="",
-        help="compute (ms) before each timed call, as in training: one number or "
-        "'all_reduce=40,broadcast=1' (default 0: back-to-back, as nccl-tests)",
+        help="idle-penalty sweep: all_reduce and broadcast timed after each of these ms of "
+        "compute, as in training (default '0 1 3 10 30 100'; 'none' to skip)",
+    )
+    p.add_argument(
+        "--gap-iters", type=int, default=5, help="timed iterations per size and gap (sweep)"
     )
     p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     return p

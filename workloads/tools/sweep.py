@@ -112,16 +112,20 @@ def default_nprocs() -> list[int]:
 def combos(
     modes: list[str], backends: list[str], nprocs: list[int], seeds: list[int]
 ) -> list[Combo]:
-    """Every run of the sweep, seed-major so a half-finished sweep already covers whole seeds."""
+    """Every run of the sweep, interleaved so drift (other jobs, the host warming up) hits every
+    mode and world size alike: seed-major (a half-finished sweep already covers whole seeds),
+    then world size, then mode (single once per seed, first), e.g. single s0, dp n1 s0,
+    ddp n1 s0, dp n2 s0, ddp n2 s0, single s1, ..."""
     out: list[Combo] = []
     for seed in seeds:
-        for mode in modes:
-            if mode == "single":
-                out.append(Combo("single", "auto", 1, seed))
-            elif mode == "dp":
-                out += [Combo("dp", "auto", n, seed) for n in nprocs]
-            else:
-                out += [Combo("ddp", b, n, seed) for b in backends for n in nprocs]
+        if "single" in modes:
+            out.append(Combo("single", "auto", 1, seed))
+        for n in nprocs:
+            for mode in modes:
+                if mode == "dp":
+                    out.append(Combo("dp", "auto", n, seed))
+                elif mode == "ddp":
+                    out += [Combo("ddp", b, n, seed) for b in backends]
     return out
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from torch import nn
 
@@ -25,6 +26,9 @@ from workloads.record import run_record
 from workloads.train.context import RunContext, unwrap_model
 from workloads.train.summary import best_epoch, step_metrics
 from workloads.train.workload import WorkloadFacts
+
+if TYPE_CHECKING:  # the loop's instruments: finish reads their results, never builds them
+    from workloads.train.instruments import Instruments
 
 __all__ = ["ddp_info", "finish"]
 
@@ -76,10 +80,7 @@ def finish(
     *,
     model: nn.Module,
     rows: list[dict],
-    active_steps: list[int],
-    memory: MemoryTracker,
-    static: StaticMemory,
-    profiler: ProfilerSession,
+    inst: Instruments,
     evals: list[dict],
     eval_note: str | None,
     workload: WorkloadFacts,
@@ -93,10 +94,10 @@ def finish(
         run_dir,
         ctx,
         rows=rows,
-        active_steps=active_steps,
-        memory=memory,
-        static=static,
-        profiler=profiler,
+        active_steps=inst.profiler.active_steps,
+        memory=inst.memory.tracker,
+        static=inst.static.static,
+        profiler=inst.profiler.session,
     )
     gathered = ctx.gather_to_main(mine)
     if gathered is None:  # not rank 0
@@ -125,6 +126,7 @@ def finish(
         traces=sorted(t for g in gathered for t in g["traces"]),
     )
     record["warnings"] = warnings  # e.g. no unprofiled measured step: throughput fell back
+    record["env"]["host_load"] = inst.host.result  # rank 0's host (profiler.hostload)
     if restarts:  # earlier attempts' traces too (their names say which attempt)
         record.update(faults.restart_record(run_dir, restarts), traces=faults.all_traces(run_dir))
     print(f"[rank0] wrote {write_run_json(run_dir, record)}", flush=True)

@@ -18,6 +18,7 @@ from tqdm import tqdm
 from profiler.callbacks import (
     Callback,
     Callbacks,
+    HostLoadSampler,
     MemorySampler,
     ProfilerStep,
     StaticMemoryCount,
@@ -64,6 +65,7 @@ class Instruments:
     static: StaticMemoryCount
     profiler: ProfilerStep
     memory: MemorySampler
+    host: HostLoadSampler
     callbacks: Callbacks
 
 
@@ -95,6 +97,7 @@ def build_instruments(
         static=rec.static,
         profiler=rec.profiler,
         memory=rec.memory,
+        host=rec.host,
         callbacks=Callbacks([]),
     )
     final = [SaveFinal(run_dir / "final.pt")] if cfg.save_final and ctx.is_main else []
@@ -104,6 +107,7 @@ def build_instruments(
             inst.static,
             inst.profiler,
             inst.memory,
+            inst.host,
             *final,
             faults.FaultInjection.from_env(rank=ctx.rank, stop=cfg.stop_on_nonfinite),
             HeartbeatCallback(beat),

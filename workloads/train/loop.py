@@ -311,10 +311,7 @@ def train(
         model=parts.model,
         rows=loop.rows
         + inst.recorder.rows,  # rank 0: every rank's rows to the checkpoint, then its own
-        active_steps=inst.profiler.active_steps,
-        memory=inst.memory.tracker,
-        static=inst.static.static,
-        profiler=inst.profiler.session,
+        inst=inst,
         evals=loop.evals,
         eval_note=None if parts.test_loader else f"--dataset {cfg.dataset} has no test split",
         workload=parts.facts,

@@ -1,0 +1,116 @@
+"""One projected step at n ranks (definitions: docs/reference/metrics.md §10, "Projection").
+
+- compute: the run's phases at the projected per-device batch (analysis.project.model
+  .compute_phases), times the host-contention ratio c(ranks per node at n) ÷ c(ranks per node of
+  the run), c measured by the comm run (1 on GPU, analysis.project.comm.contention_factor).
+- gradient buckets: all-reduced one after another on one stream; bucket k starts at
+  max(ready_k, end of bucket k−1), ready_k = backward × its cumulative share of gradient bytes.
+  Its gap is start_k − the end of the collective before it (for the first bucket: the compute
+  since the step's previous collective, the buffer broadcast at forward's start when the model
+  has buffers, else the previous step's last bucket); it takes the α–β time plus the comm run's
+  idle penalty at that gap and its size (analysis.project.comm.idle_penalty_us).
+- buffer broadcast: one call per buffer dtype at the start of forward, nothing overlapping it;
+  the first after the compute since the step's last bucket, the others back-to-back.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+
+from analysis.project.comm import contention_factor, idle_penalty_us
+from analysis.project.model import (
+    ProjectionInputs,
+    compute_phases,
+    hierarchical_us,
+    straggler_s,
+)
+
+__all__ = ["bucket_timeline", "predict_step"]
+
+
+def bucket_timeline(
+    ready_s: list[float],
+    comm_s: list[float],
+    *,
+    lead_s: float = 0.0,
+    penalty: Callable[[int, float], float] | None = None,
+) -> list[tuple[float, float, float]]:
+    """(start, gap, duration) of each bucket's all-reduce, seconds after backward starts: bucket
+    k starts at max(ready_k, end of k−1); its gap = start − end of the call before it (the first
+    one's: −`lead_s`); duration = comm_s[k] + penalty(k, gap)."""
+    out, free = [], -lead_s
+    for k, (ready, dur) in enumerate(zip(ready_s, comm_s, strict=True)):
+        start = max(ready, free)
+        gap = start - free
+        dur += penalty(k, gap) if penalty else 0.0
+        out.append((start, gap, dur))
+        free = start + dur
+    return out
+
+
+def _calls_s(sizes: list[float], n: int, gpn: int, model: dict, inter_gbps: float) -> list[float]:
+    """α–β seconds of each call (hierarchical past one node); 0 at one rank."""
+    if n < 2:
+        return [0.0] * len(sizes)
+    return [hierarchical_us(b, n, gpn, model, inter_gbps) / 1e6 for b in sizes]
+
+
+def _penalty(model: dict, sizes: list[float]) -> Callable[[int, float], float]:
+    return lambda k, gap_s: idle_penalty_us(model, sizes[k], 1e3 * gap_s) / 1e6
+
+
+def contention_ratio(run: ProjectionInputs, n: int, gpn: int, host: dict) -> float:
+    """c(ranks per node at n) ÷ c(ranks per node of the run): the run's compute already carries
+    the contention of its own co-located ranks."""
+    return contention_factor(host, min(n, gpn)) / contention_factor(host, min(run.world_size, gpn))
+
+
+def predict_step(run: ProjectionInputs, n: int, *, scaling: str, comm_model: dict, gpn: int,
+                 inter_gbps: float, batch_runs: dict, wire: float, bcast: dict | None,
+                 host: dict) -> dict:  # fmt: skip
+    """The projected step of `run` at `n` ranks (the module docstring), seconds per step."""
+    batch = run.global_batch / n if scaling == "strong" else run.per_device_batch
+    ph, source = compute_phases(run, batch, batch_runs)
+    ratio = contention_ratio(run, n, gpn, host)
+    ph = {k: v * ratio for k, v in ph.items()}
+    compute = sum(ph.values())
+    sizes = [b * wire for b in run.buckets_bytes]
+    total = sum(sizes)
+    ready = list(np.cumsum(sizes) / total * ph["backward"]) if total else []
+    groups = run.buffer_groups_bytes if bcast else []
+    lead = ph["forward"] if groups else compute - ph["backward"]
+    multi = n > 1
+    comm = _calls_s(sizes, n, gpn, comm_model, inter_gbps)
+    line = bucket_timeline(ready, comm, lead_s=lead, penalty=_penalty(comm_model, sizes) if multi else None)  # fmt: skip
+    end = line[-1][0] + line[-1][2] if line else 0.0
+    exposed = max(0.0, end - ph["backward"]) if multi else 0.0
+    idle = sum(d for _, _, d in line) - sum(comm)
+    broadcast = 0.0
+    if groups and multi:  # the first after the compute since the last bucket, then back-to-back
+        calls = _calls_s(groups, n, gpn, bcast, inter_gbps)
+        gaps_ms = [1e3 * (compute - ph["forward"] - ph["backward"])] + [0.0] * (len(groups) - 1)
+        pens = [idle_penalty_us(bcast, b, g) / 1e6 for b, g in zip(groups, gaps_ms, strict=True)]
+        broadcast = sum(calls) + sum(pens)
+        idle += sum(pens)
+    # the slowest rank's compute, scaled like the compute it stretches
+    wait = straggler_s(run, n) * compute / run.compute_s if multi else 0.0
+    step = compute + wait + exposed + broadcast
+    return {
+        "ranks": n,
+        "per_device_batch": batch,
+        "global_batch": batch * n,
+        "compute_source": source,
+        "step_time_s": step,
+        "compute_s": compute,
+        "contention_factor": ratio,
+        "comm_s": float(sum(d for _, _, d in line)) + broadcast if multi else 0.0,
+        "idle_penalty_s": idle if multi else 0.0,
+        "exposed_comm_s": exposed + broadcast,
+        "buffer_broadcast_s": broadcast,
+        "straggler_s": wait,
+        "exposed_comm_pct": 100 * (exposed + broadcast) / step if step else 0.0,
+        "samples_per_s": batch * n / step,
+        "bucket_gaps_ms": [1e3 * g for _, g, _ in line] if multi else [],
+    }
