@@ -31,12 +31,12 @@ RUN_KEYS = set(
 )
 CONFIG_KEYS = set(
     """mode backend world_size nnodes nproc_per_node devices model model_args dataset dataset_args
-    loss workload global_batch
+    loss model_facts global_batch
     per_device_batch scaling amp seed epochs max_steps lr momentum weight_decay sync_bn num_workers
     pin_memory warmup_steps rendezvous ddp profile grad_accum_steps micro_batch sweep_id""".split()
 )
 ENV_KEYS = set(
-    "os platform python torch cuda nccl gpus cpu_model cpu_cores threads_per_rank hostname".split()
+    "os platform python torch cuda nccl gpus cpu_model cpu_cores threads_per_rank hostname host_load".split()
 )
 METRIC_KEYS = set(
     """samples_per_s step_time_s per_rank epoch_time_s wall_time_s memory memory_after_first_step
