@@ -11,6 +11,7 @@ from __future__ import annotations
 from typing import Any
 
 import matplotlib.pyplot as plt
+import numpy as np
 import pandas as pd
 import seaborn as sns
 
@@ -19,6 +20,7 @@ from analysis.report.figures import MIB, _theme, _uri
 from analysis.report.findings import Finding, _name
 from analysis.report.tables import Table
 from analysis.runs.compare import workload_key
+from analysis.trace.memory import downsample
 
 __all__ = ["BREAKDOWN_COLS", "context", "floor_bytes", "memory_findings"]
 
@@ -31,6 +33,9 @@ STATIC = {
 }
 PHASE_COLORS = {"forward": "#4c72b0", "backward": "#dd8452", "optimizer": "#55a868"}
 MAX_PANELS = 12  # timeline panels (run × rank × device); more would be unreadable
+# Samples per drawn curve: a 9-inch panel shows no more, and each sample costs the inline SVG
+# bytes (the JSON keeps its 1,500); block minima and maxima are kept, so every peak is drawn.
+FIGURE_POINTS = 400
 
 BREAKDOWN_COLS = [
     C(key="run_id", label="Run"),
@@ -100,9 +105,15 @@ def breakdown_figure(rows: list[dict[str, Any]], labels: dict[str, str]) -> str 
 
 
 def _panels(data: dict[str, Any]) -> list[dict[str, Any]]:
-    """One timeline panel per run, traced rank and device that has a breakdown entry."""
-    out = []
+    """One timeline panel per traced rank and device that has a breakdown entry, of the first
+    run of each configuration: other seeds of one configuration allocate the same way, and
+    each panel costs the page about 13 KB."""
+    out, drawn = [], set()
     for run in filter(_ok, data.get("runs", [])):
+        config = (workload_key(run), run.get("mode"), run.get("backend"), run.get("world_size"))
+        if config in drawn:
+            continue
+        drawn.add(config)
         entries = {(e["rank"], e["device"]): e for e in run.get("memory_breakdown") or []}
         for rank in (run.get("trace") or {}).get("ranks") or []:
             mem = rank.get("memory") or {}
@@ -140,8 +151,13 @@ def timeline_figure(
     for ax, p in zip(axes[:, 0], panels, strict=True):
         dev, floor = p["dev"], p["floor"]
         t0 = min([ph["start_us"] for ph in p["phases"]] or dev["timeline"]["t_us"][:1])
-        t = (pd.Series(dev["timeline"]["t_us"]) - t0) / 1e3
-        y = pd.Series(dev["timeline"]["allocated_bytes"], dtype=float)
+        t, y = downsample(
+            np.asarray(dev["timeline"]["t_us"], dtype=float),
+            np.asarray(dev["timeline"]["allocated_bytes"], dtype=float),
+            FIGURE_POINTS,
+        )
+        t = (pd.Series(t) - t0) / 1e3
+        y = pd.Series(y)
         if (
             dev["device"] == "cpu"
             and floor is not None

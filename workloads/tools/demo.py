@@ -4,8 +4,8 @@ supports, for two seeds (so the report has error bars), then write the report.
 Besides the `--mode all` runs it makes the two inputs that fill the rest of the report:
 - one 1-rank DDP run (first seed), from which "where the efficiency went" takes DDP's own
   per-step cost;
-- a short comm benchmark (allreduce and broadcast up to 4 MiB, 10 timed calls per size), which
-  gives the report its Projection section.
+- a short comm benchmark (allreduce and broadcast up to 4 MiB, 10 timed calls per size, idle
+  penalty after 0, 3 and 30 ms of compute), which gives the report its Projection section.
 Any other option is a `dpscope profile` option, checked before anything runs, and wins over the
 demo's defaults: `dpscope demo --model resnet18 --max-steps 50`. The measured time of the
 defaults is in the README.
@@ -22,10 +22,11 @@ __all__ = ["DEMO_DEFAULTS", "build_parser", "main"]
 
 # Launcher options the demo sets unless the user passes their own (a later option wins).
 DEMO_DEFAULTS = ("--mode", "all", "--model", "smallcnn", "--max-steps", "24")
-# The comm benchmark's options: small sizes and few calls keep it to about 20 s on 2 CPU cores.
+# The comm benchmark's options: small sizes, few calls and three compute gaps for the idle
+# penalty (the full sweep's six take 23 s alone) keep it to about 20 s on 2 CPU cores.
 DEMO_COMM = (
     "--iters", "10", "--warmup", "3", "--max-bytes", str(4 * 1024 * 1024),
-    "--collectives", "all_reduce broadcast",
+    "--collectives", "all_reduce broadcast", "--gaps-ms", "0 3 30",
 )  # fmt: skip
 
 
