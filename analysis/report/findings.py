@@ -81,7 +81,12 @@ def _scaling(
     rule = (
         f"≥ {t['efficiency_good'] * 100:.0f}% is good, < {t['efficiency_poor'] * 100:.0f}% is poor"
     )
-    if eff > t["efficiency_superlinear"]:
+    if group.get("world_size") == 1:
+        # One rank has nothing to scale: its ratio to the single run is DDP's own per-step cost
+        # (reducer, bucket copies) plus run-to-run noise, which "where the efficiency went" uses.
+        verdict = "one rank: DDP's own cost, no communication"
+        rule = "above 1.00× is noise between the runs"
+    elif eff > t["efficiency_superlinear"]:
         verdict = "above linear"
         rule = (
             f"over {t['efficiency_superlinear'] * 100:.0f}% usually means the single-device "
@@ -94,6 +99,7 @@ def _scaling(
     else:
         verdict = "fair scaling"
     unit = "devices" if group.get("mode") == "dp" else "ranks"
+    unit = unit[:-1] if group["world_size"] == 1 else unit
     text = (
         f"{_name(group, multi)} on {group['world_size']} {unit} reached {speedup:.2f}× vs single "
         f"({eff * 100:.0f}% efficiency{_seeds(members)}: {verdict}; {rule})."

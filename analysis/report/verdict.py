@@ -137,7 +137,9 @@ def _caveats(groups: list[dict[str, Any]], runs: dict[str, dict]) -> list[str]:
         out.append(f"few steps: {len(few)} runs measured fewer than "
                    f"{THRESHOLDS['few_measured_steps']} unprofiled steps (raise --max-steps)")  # fmt: skip
     out += _unstable_split(groups)
-    sup = [g for g in groups if (g.get("scaling_efficiency_mean") or 0) > THRESHOLDS["efficiency_superlinear"]]  # fmt: skip
+    # A 1-rank group has nothing to scale (its ratio is DDP's own cost and noise): not judged.
+    sup = [g for g in groups if (g.get("world_size") or 1) > 1
+           and (g.get("scaling_efficiency_mean") or 0) > THRESHOLDS["efficiency_superlinear"]]  # fmt: skip
     if sup:
         out.append(f"superlinear efficiency (above {THRESHOLDS['efficiency_superlinear']:.0%}): "
                    "usually a slowed single-device baseline (oversubscribed threads, a busy "
