@@ -86,6 +86,8 @@ PROCESS_FIXTURES = {"runs_dir", "single_mlp_run", "ddp_mlp_run", "comm_run"}
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """browser and gpu tests, and tests using a process-made fixture, count as integration."""
     for item in items:
+        if "browser" in getattr(item, "fixturenames", ()):  # the fixture starts Chromium
+            item.add_marker(pytest.mark.browser)
         uses = PROCESS_FIXTURES & set(getattr(item, "fixturenames", ()))
         if uses or item.get_closest_marker("browser") or item.get_closest_marker("gpu"):
             item.add_marker(pytest.mark.integration)
