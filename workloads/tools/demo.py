@@ -79,11 +79,12 @@ def _demo(args: argparse.Namespace, extra: list[str], prog: str) -> int:
             "the demo passes on"
         )
     runs = ["--runs-dir", str(args.runs_dir)]
-    steps = [[*DEMO_DEFAULTS, *extra, "--seed", seed, *runs] for seed in seeds]
+    # Later options win: each launch appends its own seed (and the 1-rank run its mode and size).
+    launches = [["--seed", seed] for seed in seeds]
     if chosen.mode in ("all", "ddp") and args.ddp1:
-        steps.append([*DEMO_DEFAULTS, *extra, "--mode", "ddp", "--nproc", "1", "--seed", seeds[0]])
-        steps[-1] += runs
-    for argv in steps:
+        launches.append(["--mode", "ddp", "--nproc", "1", "--seed", seeds[0]])
+    for own in launches:
+        argv = [*DEMO_DEFAULTS, *extra, *own, *runs]
         if (code := launcher.main(argv, prog=prog)) != 0:
             return code
     if chosen.mode in ("all", "ddp") and args.comm_bench:
