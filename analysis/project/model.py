@@ -66,6 +66,11 @@ class ProjectionInputs:
     backward_compute_s: float
     """backward_s, minus a DDP run's traced exposed communication."""
     traced_exposed_comm_s: float | None = None
+    """A DDP run's traced exposed share × its measured step (analysis.project.traced)."""
+    exposed_share: float | None = None
+    """That share: the last-arriving rank's exposed comm ÷ the traced step."""
+    traced_calls: dict | None = None
+    """The traces' per-bucket calls (analysis.project.traced.bucket_calls, traced µs)."""
     compute_s: float = 0.0
     """step − backward + backward compute."""
     warnings: list[str] = field(default_factory=list)

@@ -21,21 +21,19 @@ Model (docs/reference/metrics.md, "Scaling projection"), per projected world siz
   RUN's per-step compute minus the same at RUN's own n (zero for the replay).
 - step = compute + straggler wait + exposed communication (still running when backward ends, plus
   the buffer broadcast).
+- band: the same projection with every measured spread at its low and at its high end
+  (analysis.project.bands); `replay_traced`: a DDP RUN at its own n with its own traced per-bucket
+  times instead of the comm model (analysis.project.traced), which checks the arithmetic alone.
 """
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
-import pandas as pd
-
 from analysis.errors import AnalysisError
-from analysis.project.comm import (
-    contention_factor,
-    fit_alpha_beta,
-    load_comm_run,
-    with_measured_curve,
-)
+from analysis.project.bands import band_fields, comm_model, comm_models, compute_spread
+from analysis.project.comm import contention_factor, load_comm_run
 from analysis.project.inputs import load_training, unprofiled_steps
 from analysis.project.model import (
     INTER_NODE_ALPHA_US,
@@ -43,7 +41,7 @@ from analysis.project.model import (
     assumptions,
     parse_inter_node,
 )
-from analysis.project.step import predict_step
+from analysis.project.step import Knobs, predict_step
 from profiler.hostload import is_busy
 
 __all__ = ["load_training", "project", "unprofiled_steps"]  # the inputs re-exported
@@ -60,9 +58,9 @@ def project(
     backend: str | None = None,
     measured: list[Path] = (),
     batch_runs: list[Path] = (),
-    traces: bool = True,
+    seed_runs: list[Path] = (),
+    traces: bool | dict = True,
     wire_bytes_factor: float | None = None,
-    trace: dict | None = None,
     bandwidth: str = "measured",
 ) -> dict:
     """The projection JSON for RUN at each n in `ranks` (see the module docstring).
@@ -70,26 +68,33 @@ def project(
     `wire_bytes_factor` overrides the bytes on the wire per gradient byte (default: 0.5 when RUN
     used the fp16/bf16 comm hook, else 1), e.g. 0.5 to ask what the fp16 hook would give.
     `bandwidth`: `measured` = α from the fit, bus bandwidth per message size from the benchmark
-    (analysis.project.comm.with_measured_curve); `fit` = the single fitted (α, B) pair."""
+    (analysis.project.comm.with_measured_curve); `fit` = the single fitted (α, B) pair.
+    `seed_runs`: runs of RUN's workload and mode with other seeds, whose steps widen the compute
+    band. `traces`: read a DDP RUN's traces (True), not (False), or a dict: an already computed
+    traces JSON of RUN (its exposed share; no self-replay then). AnalysisError (one line) for bad
+    input, and for a run whose numbers give no finite projection ("cannot project")."""
     inter_gbps = _check_args(ranks, gpus_per_node, inter_node)
-    run = load_training(run_dir, traces=traces, trace=trace)
+    given = traces if isinstance(traces, dict) else None
+    run = load_training(run_dir, traces=bool(traces), trace=given)
     comm = load_comm_run(comm_dir)
     asked = backend or (run.backend if run.mode == "ddp" else comm["backend"])
     _check_comm(comm, comm_dir, asked, bandwidth)
-    model = _comm_model(comm, "all_reduce", bandwidth)
-    bcast = _comm_model(comm, "broadcast", bandwidth) if "broadcast" in comm["models"] else None
+    model = comm_model(comm, "all_reduce", bandwidth)
+    bcast = comm_model(comm, "broadcast", bandwidth) if "broadcast" in comm["models"] else None
     scaling = scaling or run.scaling
     wire = wire_bytes_factor or (0.5 if run.comm_hook in ("fp16", "bf16") else 1.0)
     warnings = _warnings(run, comm, model, bcast, wire, bandwidth, ranks, gpus_per_node)
-    others = (load_training(d, traces=traces) for d in batch_runs)
+    others = (load_training(d, traces=bool(traces)) for d in batch_runs)
     by_batch = {other.per_device_batch: other for other in others}
     kw = dict(scaling=scaling, comm_model=model, gpn=gpus_per_node, inter_gbps=inter_gbps)
     kw.update(batch_runs=by_batch, wire=wire, bcast=bcast, host=comm["host_contention"])
-    base, preds = _predictions(run, ranks, kw)
-    checks = [_check(run, load_training(d, traces=False), kw, base) for d in measured]
+    seeds = [_seed_run(run, d, bool(traces)) for d in seed_runs]
+    ends = _band_ends(run, comm, kw, bandwidth, seeds)
+    base, preds = _predictions(run, ranks, kw, ends)
+    checks = [_check(run, load_training(d, traces=False), kw, base, ends) for d in measured]
     idle = "idle_penalty" in model
     host = _host_words(comm, ranks, gpus_per_node, run)
-    return {
+    out = {
         "schema_version": 1,
         "run_id": run.run_id,
         "run_path": run.path,
@@ -101,11 +106,66 @@ def project(
         "assumptions": assumptions(
             scaling, run, gpus_per_node, inter_gbps, by_batch, bandwidth, idle=idle, host=host
         ),
-        "replay": _check(run, run, kw, base),
+        "replay": _check(run, run, kw, base, ends),
+        "replay_traced": _replay_traced(run, kw),
         "measured": checks,
         "predictions": preds,
         "warnings": warnings,
     }
+    _check_finite(out, run_dir)
+    return out
+
+
+def _seed_run(run: ProjectionInputs, path: Path, traces: bool) -> ProjectionInputs:
+    """A `--seed-runs` run: one line unless it is RUN's workload, mode and world size."""
+    other = load_training(path, traces=traces)
+    key = ("mode", "world_size", "model", "dataset", "per_device_batch", "backend")
+    diff = [k for k in key if getattr(other, k) != getattr(run, k)]
+    if diff:
+        raise AnalysisError(
+            "--seed-runs",
+            f"{path} differs from RUN in {', '.join(diff)}",
+            "pass runs of RUN's workload, mode and world size (other seeds)",
+        )
+    return other
+
+
+def _band_ends(run: ProjectionInputs, comm: dict, kw: dict, bandwidth: str,
+               seeds: list[ProjectionInputs]) -> dict:  # fmt: skip
+    """The knobs of predict_step at the band's low and high end, and their sources in words
+    (analysis.project.bands)."""
+    lo_c, hi_c, c_words = compute_spread(run, seeds)
+    lo_m, hi_m, m_words = comm_models(comm, "all_reduce", bandwidth, kw["comm_model"])
+    lo_b, hi_b = kw["bcast"], kw["bcast"]
+    if kw["bcast"] is not None:
+        lo_b, hi_b, _ = comm_models(comm, "broadcast", bandwidth, kw["bcast"])
+    idle = "idle_penalty" in kw["comm_model"]
+    words = {
+        "compute": c_words,
+        "comm": m_words + ("; idle penalty from 0 (hidden by rank skew) to the sweep's" if idle
+                           else ""),
+        "contention": "the comm run's host-contention range over its rounds (min–max)",
+    }  # fmt: skip
+    low = {"knobs": Knobs(lo_c, "slowdown_min", 0.0), "comm_model": lo_m, "bcast": lo_b}
+    high = {"knobs": Knobs(hi_c, "slowdown_max", 1.0), "comm_model": hi_m, "bcast": hi_b}
+    return {"low": low, "high": high, "words": words}
+
+
+def _check_finite(out: dict, run_dir: Path) -> None:
+    """One line unless every predicted and checked number is finite (a degenerate input, e.g. a
+    comm run or step times that give a zero or infinite step, cannot be projected)."""
+    rows = [*out["predictions"], out["replay"], *out["measured"]]
+    if out["replay_traced"]:
+        rows.append(out["replay_traced"])
+    for row in rows:
+        bad = [k for k, v in row.items() if isinstance(v, float) and not math.isfinite(v)]
+        if bad or not all(r["step_time_s"] > 0 for r in out["predictions"]):
+            raise AnalysisError(
+                run_dir,
+                f"cannot project: its inputs give a non-finite or zero {', '.join(bad) or 'step'}"
+                f" at n={row['ranks']}",
+                "check the run's steps.csv and the comm run's times",
+            )
 
 
 def _check_args(ranks: list[int], gpus_per_node: int, inter_node: str) -> float:
@@ -117,14 +177,18 @@ def _check_args(ranks: list[int], gpus_per_node: int, inter_node: str) -> float:
     return parse_inter_node(inter_node)
 
 
-def _predictions(run: ProjectionInputs, ranks: list[int], kw: dict) -> tuple[dict, list[dict]]:
-    """The one-rank projection (the speedup's base) and the projection at each n in `ranks`."""
+def _predictions(
+    run: ProjectionInputs, ranks: list[int], kw: dict, ends: dict
+) -> tuple[dict, list[dict]]:
+    """The one-rank projection (the speedup's base) and the projection at each n in `ranks`,
+    each with its band (analysis.project.bands.band_fields)."""
     base = predict_step(run, 1, **kw)
     preds = []
     for n in ranks:
         p = predict_step(run, n, **kw)
         p["speedup"] = p["samples_per_s"] / base["samples_per_s"]
         p["scaling_efficiency"] = p["speedup"] / n
+        p.update(band_fields(run, n, kw, ends))
         preds.append(p)
     return base, preds
 
@@ -222,39 +286,6 @@ def _inputs_json(run: ProjectionInputs, comm: dict, kw: dict, bandwidth: str) ->
     }
 
 
-def _comm_model(comm: dict, name: str, bandwidth: str) -> dict:
-    """The α–β model of `name` from the comm run (docs/reference/metrics.md §10), with the comm run's
-    `idle_penalty` table (analysis.project.comm.idle_table) when it has one. With `measured`
-    bandwidth, the per-size curve of the benchmark's mean times (a mean step is what is projected:
-    heavy-tailed collective times make the median too low), or of its medians for comm runs
-    without means. A comm run from before the gap sweep, timed after one gap with back-to-back
-    means: α, B and the curve from those back-to-back means."""
-    model = _bandwidth_model(comm, name, bandwidth)
-    if name in comm["idle"]:
-        model["idle_penalty"] = comm["idle"][name]
-    return model
-
-
-def _bandwidth_model(comm: dict, name: str, bandwidth: str) -> dict:
-    n0 = comm["models"][name]["world_size"]
-    model = dict(comm["models"][name], time_statistic="median")
-    means = comm["means"].get(name)
-    if means is None or len(means["bytes"]) < 2:
-        if bandwidth == "fit":
-            return model
-        rows = pd.DataFrame(comm["rows"])
-        rows = rows[rows["collective"] == name]
-        return with_measured_curve(model, rows["bytes"], rows["time_us_median"])
-    hot = means.get("time_us_mean_back_to_back")
-    if hot is None:  # back-to-back timing: the means as they are
-        if bandwidth == "fit":
-            return model
-        curve = with_measured_curve(model, means["bytes"], means["time_us_mean"])
-        return dict(curve, time_statistic="mean")
-    model = dict(fit_alpha_beta(name, n0, means["bytes"], hot), time_statistic="mean")
-    return model if bandwidth == "fit" else with_measured_curve(model, means["bytes"], hot)
-
-
 def _host_words(comm: dict, ranks: list[int], gpn: int, run: ProjectionInputs) -> str:
     """The contention assumption with its measured values (analysis.project.step)."""
     host = comm["host_contention"]
@@ -272,12 +303,16 @@ def _host_words(comm: dict, ranks: list[int], gpn: int, run: ProjectionInputs) -
     )
 
 
-def _check(run: ProjectionInputs, target: ProjectionInputs, kw: dict, base: dict) -> dict:
-    """Projection of `run` at `target`'s world size vs `target`'s measured unprofiled step time;
+def _check(run: ProjectionInputs, target: ProjectionInputs, kw: dict, base: dict,
+           ends: dict) -> dict:  # fmt: skip
+    """Projection of `run` at `target`'s world size vs `target`'s measured unprofiled step time,
+    with the prediction's band and whether the measured step lies inside it (`in_band`);
     `measured_scaling_efficiency` divides by the same projected n = 1 throughput as predictions."""
     n = target.world_size
     measured_sps = target.global_batch / target.step_time_s
     p = predict_step(run, n, **kw)
+    band = band_fields(run, n, kw, ends)
+    lo, hi = band["step_time_s_low"], band["step_time_s_high"]
     err = 100 * (p["step_time_s"] - target.step_time_s) / target.step_time_s
     note = None
     if target is run and n == 1:
@@ -291,8 +326,41 @@ def _check(run: ProjectionInputs, target: ProjectionInputs, kw: dict, base: dict
         "ranks": n,
         "measured_step_time_s": target.step_time_s,
         "predicted_step_time_s": p["step_time_s"],
+        "predicted_step_time_s_low": lo,
+        "predicted_step_time_s_high": hi,
+        "in_band": bool(lo <= target.step_time_s <= hi),
         "error_pct": err,
+        "predicted_exposed_comm_s": p["exposed_comm_s"],
+        "traced_exposed_comm_s": target.traced_exposed_comm_s,
         "measured_samples_per_s": measured_sps,
         "measured_scaling_efficiency": measured_sps / base["samples_per_s"] / n,
         "note": note,
+    }
+
+
+def _replay_traced(run: ProjectionInputs, kw: dict) -> dict | None:
+    """A DDP RUN at its own n with its own traced per-bucket all-reduce and broadcast times
+    (analysis.project.traced.bucket_calls, scaled like the exposed share to the unprofiled steps)
+    in place of the comm model: its error measures the projection's arithmetic alone (ready times,
+    one stream, exposure past backward). None for single-device runs and runs without them."""
+    calls = run.traced_calls
+    if run.mode != "ddp" or run.world_size < 2 or not calls:
+        return None
+    scale = run.step_time_s / calls["step_time_us"]  # traced µs -> unprofiled s
+    groups = run.buffer_groups_bytes
+    bcast = [t * scale for t in calls["broadcast_us"]] if groups else []
+    traced = {"bucket_s": [t * scale for t in calls["bucket_us"]], "broadcast_s": bcast}
+    p = predict_step(run, run.world_size, **{**kw, "traced": traced})
+    return {
+        "run_id": run.run_id,
+        "ranks": run.world_size,
+        "measured_step_time_s": run.step_time_s,
+        "predicted_step_time_s": p["step_time_s"],
+        "error_pct": 100 * (p["step_time_s"] - run.step_time_s) / run.step_time_s,
+        "predicted_exposed_comm_s": p["exposed_comm_s"],
+        "traced_exposed_comm_s": run.traced_exposed_comm_s,
+        "traced_steps": calls["steps"],
+        "bucket_s": traced["bucket_s"],
+        "bucket_gaps_ms": [None if g is None else g * scale * 1e3 for g in calls["bucket_gaps_us"]],
+        "broadcast_s": bcast,
     }

@@ -77,17 +77,20 @@ def comm_and_projections(comm_dirs: list[Path], runs: list[dict]) -> dict:
             result["replays"] = []
             for r in ddp:
                 try:
+                    # its traces read again (when the runs JSON read them at all): the
+                    # self-replay needs their per-bucket calls, which the traces JSON lacks
                     own = project(
                         Path(r["path"]),
                         Path(c["path"]),
                         [r["world_size"]],
-                        trace=r.get("trace"),
                         traces=r.get("trace") is not None,
                     )
                 except (AnalysisError, ValueError, KeyError, TypeError) as err:
                     skipped.append({"path": r["path"], "reason": str(err)})
                     continue
-                result["replays"].append({**own["replay"], "warnings": own["warnings"]})
+                result["replays"].append(
+                    {**own["replay"], "traced": own["replay_traced"], "warnings": own["warnings"]}
+                )
             result["comm_path"] = c["path"]
             projections.append(result)
     return {"comm": comm, "projections": projections, "projection_skipped": skipped}

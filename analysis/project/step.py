@@ -16,6 +16,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -27,7 +28,7 @@ from analysis.project.model import (
     straggler_s,
 )
 
-__all__ = ["bucket_timeline", "predict_step"]
+__all__ = ["POINT", "Knobs", "bucket_timeline", "contention_ratio", "predict_step"]
 
 
 def bucket_timeline(
@@ -57,43 +58,89 @@ def _calls_s(sizes: list[float], n: int, gpn: int, model: dict, inter_gbps: floa
     return [hierarchical_us(b, n, gpn, model, inter_gbps) / 1e6 for b in sizes]
 
 
-def _penalty(model: dict, sizes: list[float]) -> Callable[[int, float], float]:
-    return lambda k, gap_s: idle_penalty_us(model, sizes[k], 1e3 * gap_s) / 1e6
+def _penalty(model: dict, sizes: list[float], scale: float = 1.0) -> Callable[[int, float], float]:
+    """Bucket k's idle penalty (s) at its gap (s): the comm model's, × `scale`."""
+    return lambda k, gap_s: scale * idle_penalty_us(model, sizes[k], 1e3 * gap_s) / 1e6
 
 
-def contention_ratio(run: ProjectionInputs, n: int, gpn: int, host: dict) -> float:
+def contention_ratio(
+    run: ProjectionInputs, n: int, gpn: int, host: dict, which: str = "slowdown"
+) -> float:
     """c(ranks per node at n) ÷ c(ranks per node of the run): the run's compute already carries
-    the contention of its own co-located ranks."""
-    return contention_factor(host, min(n, gpn)) / contention_factor(host, min(run.world_size, gpn))
+    the contention of its own co-located ranks (1 exactly at the run's own ranks per node).
+    `which`: the median slowdown, or the comm run's `slowdown_min` / `slowdown_max`."""
+    at, own = min(n, gpn), min(run.world_size, gpn)
+    if at == own:
+        return 1.0
+    return contention_factor(host, at, which) / contention_factor(host, own, which)
+
+
+def _broadcasts(groups: list[int], after_s: float, n: int, kw: dict, penalty_scale: float,
+                traced: list[float] | None) -> tuple[float, float]:  # fmt: skip
+    """(seconds, idle-penalty seconds) of the buffer broadcasts that open forward: the first
+    after `after_s` of compute since the last bucket, the others back-to-back; `traced`: the
+    run's own traced broadcast times instead of the comm model."""
+    if traced is not None:
+        return float(sum(traced)), 0.0
+    bcast = kw["bcast"]
+    calls = _calls_s(groups, n, kw["gpn"], bcast, kw["inter_gbps"])
+    gaps_ms = [1e3 * after_s] + [0.0] * (len(groups) - 1)
+    pens = [penalty_scale * idle_penalty_us(bcast, b, g) / 1e6
+            for b, g in zip(groups, gaps_ms, strict=True)]  # fmt: skip
+    return sum(calls) + sum(pens), sum(pens)
+
+
+@dataclass(frozen=True)
+class Knobs:
+    """Where predict_step takes its measured inputs (analysis.project.bands: the band's ends)."""
+
+    compute_scale: float = 1.0
+    """Every compute phase × this."""
+    contention: str = "slowdown"
+    """The contention factor: the median `slowdown`, or `slowdown_min` / `slowdown_max`."""
+    penalty_scale: float = 1.0
+    """Every idle penalty × this."""
+
+
+POINT = Knobs()
 
 
 def predict_step(run: ProjectionInputs, n: int, *, scaling: str, comm_model: dict, gpn: int,
                  inter_gbps: float, batch_runs: dict, wire: float, bcast: dict | None,
-                 host: dict) -> dict:  # fmt: skip
-    """The projected step of `run` at `n` ranks (the module docstring), seconds per step."""
+                 host: dict, knobs: Knobs = POINT, traced: dict | None = None) -> dict:  # fmt: skip
+    """The projected step of `run` at `n` ranks (the module docstring), seconds per step, with
+    its inputs where `knobs` says. `traced` ({bucket_s, broadcast_s}, the run's own traced calls
+    at its own n): those times instead of the comm model's, no idle penalty on top."""
+    compute_scale, contention, penalty_scale = (
+        knobs.compute_scale, knobs.contention, knobs.penalty_scale)  # fmt: skip
     batch = run.global_batch / n if scaling == "strong" else run.per_device_batch
     ph, source = compute_phases(run, batch, batch_runs)
-    ratio = contention_ratio(run, n, gpn, host)
-    ph = {k: v * ratio for k, v in ph.items()}
+    ratio = contention_ratio(run, n, gpn, host, contention)
+    ph = {k: v * ratio * compute_scale for k, v in ph.items()}
     compute = sum(ph.values())
     sizes = [b * wire for b in run.buckets_bytes]
     total = sum(sizes)
     ready = list(np.cumsum(sizes) / total * ph["backward"]) if total else []
-    groups = run.buffer_groups_bytes if bcast else []
+    groups = run.buffer_groups_bytes if bcast or traced else []
     lead = ph["forward"] if groups else compute - ph["backward"]
     multi = n > 1
-    comm = _calls_s(sizes, n, gpn, comm_model, inter_gbps)
-    line = bucket_timeline(ready, comm, lead_s=lead, penalty=_penalty(comm_model, sizes) if multi else None)  # fmt: skip
+    if traced is not None:
+        comm, pen = list(traced["bucket_s"]), None
+    else:
+        comm = _calls_s(sizes, n, gpn, comm_model, inter_gbps)
+        scaled = _penalty(comm_model, sizes, penalty_scale)
+        pen = scaled if multi else None
+    line = bucket_timeline(ready, comm, lead_s=lead, penalty=pen)
     end = line[-1][0] + line[-1][2] if line else 0.0
     exposed = max(0.0, end - ph["backward"]) if multi else 0.0
     idle = sum(d for _, _, d in line) - sum(comm)
     broadcast = 0.0
     if groups and multi:  # the first after the compute since the last bucket, then back-to-back
-        calls = _calls_s(groups, n, gpn, bcast, inter_gbps)
-        gaps_ms = [1e3 * (compute - ph["forward"] - ph["backward"])] + [0.0] * (len(groups) - 1)
-        pens = [idle_penalty_us(bcast, b, g) / 1e6 for b, g in zip(groups, gaps_ms, strict=True)]
-        broadcast = sum(calls) + sum(pens)
-        idle += sum(pens)
+        kw = {"bcast": bcast, "gpn": gpn, "inter_gbps": inter_gbps}
+        after = compute - ph["forward"] - ph["backward"]
+        broadcast, pens = _broadcasts(groups, after, n, kw, penalty_scale,
+                                      traced["broadcast_s"] if traced else None)  # fmt: skip
+        idle += pens
     # the slowest rank's compute, scaled like the compute it stretches
     wait = straggler_s(run, n) * compute / run.compute_s if multi else 0.0
     step = compute + wait + exposed + broadcast
