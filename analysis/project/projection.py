@@ -58,7 +58,7 @@ def project(
     backend: str | None = None,
     measured: list[Path] = (),
     batch_runs: list[Path] = (),
-    seed_runs: list[Path] = (),
+    workload_runs: list[Path] = (),
     traces: bool | dict = True,
     wire_bytes_factor: float | None = None,
     bandwidth: str = "measured",
@@ -69,8 +69,9 @@ def project(
     used the fp16/bf16 comm hook, else 1), e.g. 0.5 to ask what the fp16 hook would give.
     `bandwidth`: `measured` = α from the fit, bus bandwidth per message size from the benchmark
     (analysis.project.comm.with_measured_curve); `fit` = the single fitted (α, B) pair.
-    `seed_runs`: runs of RUN's workload and mode with other seeds, whose steps widen the compute
-    band. `traces`: read a DDP RUN's traces (True), not (False), or a dict: an already computed
+    `workload_runs`: other runs of RUN's workload (model, dataset, per-device batch): those of
+    its mode and world size (other seeds) widen the compute band; a 1-rank DDP run, for a
+    single-device RUN, gives the compute at n ≥ 2 (`ProjectionInputs.ddp1`). `traces`: read a DDP RUN's traces (True), not (False), or a dict: an already computed
     traces JSON of RUN (its exposed share; no self-replay then). AnalysisError (one line) for bad
     input, and for a run whose numbers give no finite projection ("cannot project")."""
     inter_gbps = _check_args(ranks, gpus_per_node, inter_node)
@@ -88,7 +89,7 @@ def project(
     by_batch = {other.per_device_batch: other for other in others}
     kw = dict(scaling=scaling, comm_model=model, gpn=gpus_per_node, inter_gbps=inter_gbps)
     kw.update(batch_runs=by_batch, wire=wire, bcast=bcast, host=comm["host_contention"])
-    seeds = [_seed_run(run, d, bool(traces)) for d in seed_runs]
+    seeds = _workload_runs(run, workload_runs, bool(traces))
     ends = _band_ends(run, comm, kw, bandwidth, seeds)
     base, preds = _predictions(run, ranks, kw, ends)
     checks = [_check(run, load_training(d, traces=False), kw, base, ends) for d in measured]
@@ -116,18 +117,28 @@ def project(
     return out
 
 
-def _seed_run(run: ProjectionInputs, path: Path, traces: bool) -> ProjectionInputs:
-    """A `--seed-runs` run: one line unless it is RUN's workload, mode and world size."""
-    other = load_training(path, traces=traces)
-    key = ("mode", "world_size", "model", "dataset", "per_device_batch", "backend")
-    diff = [k for k in key if getattr(other, k) != getattr(run, k)]
-    if diff:
-        raise AnalysisError(
-            "--seed-runs",
-            f"{path} differs from RUN in {', '.join(diff)}",
-            "pass runs of RUN's workload, mode and world size (other seeds)",
-        )
-    return other
+def _workload_runs(run: ProjectionInputs, paths: list[Path], traces: bool) -> list:
+    """`--workload-runs`: the seed runs (RUN's mode and world size); a 1-rank DDP run of a
+    single-device RUN becomes `run.ddp1`. One line for a run of another workload or kind."""
+    seeds = []
+    for path in paths:
+        other = load_training(path, traces=traces)
+        diff = [k for k in ("model", "dataset", "per_device_batch", "scaling")
+                if getattr(other, k) != getattr(run, k)]  # fmt: skip
+        same = other.mode == run.mode and other.world_size == run.world_size
+        ddp1 = run.mode == "single" and other.mode == "ddp" and other.world_size == 1
+        if diff or not (same or ddp1) or (ddp1 and run.ddp1 is not None):
+            why = f"differs from RUN in {', '.join(diff)}" if diff else "is not a seed run of RUN"
+            raise AnalysisError(
+                "--workload-runs",
+                f"{path} {why}" + (" (a second 1-rank DDP run)" if ddp1 and not diff else ""),
+                "pass runs of RUN's workload: same mode and world size, or one 1-rank DDP run",
+            )
+        if same:
+            seeds.append(other)
+        else:
+            run.ddp1 = other
+    return seeds
 
 
 def _band_ends(run: ProjectionInputs, comm: dict, kw: dict, bandwidth: str,

@@ -114,7 +114,7 @@ def predict_step(run: ProjectionInputs, n: int, *, scaling: str, comm_model: dic
     compute_scale, contention, penalty_scale = (
         knobs.compute_scale, knobs.contention, knobs.penalty_scale)  # fmt: skip
     batch = run.global_batch / n if scaling == "strong" else run.per_device_batch
-    ph, source = compute_phases(run, batch, batch_runs)
+    ph, source = compute_phases(run, batch, batch_runs, n)
     ratio = contention_ratio(run, n, gpn, host, contention)
     ph = {k: v * ratio * compute_scale for k, v in ph.items()}
     compute = sum(ph.values())
