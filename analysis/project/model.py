@@ -182,9 +182,9 @@ def assumptions(
     ]
     if idle:
         out.append(
-            "each bucket and buffer broadcast pays the comm run's idle penalty (its call after a "
-            "gap − after none, non-decreasing in the gap) at the compute gap before it, "
-            "interpolated in gap and size, once per call whatever n"
+            "each bucket and buffer broadcast pays the comm run's idle penalty (call after a gap − "
+            "after none) at the compute gap before it, interpolated in gap and size, once per "
+            "call whatever n"
         )
     return [a for a in out if a]
 
