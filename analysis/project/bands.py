@@ -8,10 +8,10 @@ Three inputs carry a measured spread, and each band end takes all of them at tha
   measured steps and ranks (a DDP run's minus its traced exposed share), pooled with the steps of
   `--seed-runs` (the same workload with other seeds, scaled the same way), each ÷ RUN's mean:
   every compute phase × that factor.
-- **comm** (`comm_models`): the comm run's back-to-back times per message size at their 5th
-  percentile (run.json `metrics.time_us_mean[].time_us_p5`; its median where the comm run has
-  none) and 95th (comm.csv `time_us_p95`), through the same α–β curve as the point estimate's
-  means; and the idle penalty from 0 (the ranks arrive at a bucket apart, so the early ones'
+- **comm** (`comm_models`): the comm run's times per message size at their 5th and 95th
+  percentile (the last-arriving rank's, run.json `metrics.time_us_mean[]`
+  `time_us_p5_last_arrival` / `time_us_p95_last_arrival`; comm runs without them: comm.csv's
+  median and p95), through the same α–β curve as the point estimate's means; and the idle penalty from 0 (the ranks arrive at a bucket apart, so the early ones'
   transport wakes while they wait: all hidden) to the sweep's (ranks arrive together, as in the
   sweep: all paid).
 - **contention**: the comm run's host-contention range over its rounds (`slowdown_min` to
@@ -49,9 +49,11 @@ def comm_model(comm: dict, name: str, bandwidth: str) -> dict:
     """The α–β model of `name` from the comm run (docs/reference/metrics.md §10), with the comm run's
     `idle_penalty` table (analysis.project.comm.idle_table) when it has one. With `measured`
     bandwidth, the per-size curve of the benchmark's mean times (a mean step is what is projected:
-    heavy-tailed collective times make the median too low), or of its medians for comm runs
-    without means. A comm run from before the gap sweep, timed after one gap with back-to-back
-    means: α, B and the curve from those back-to-back means."""
+    heavy-tailed collective times make the median too low): the last-arriving rank's where the
+    comm run has them (`time_statistic` "mean, last arrival": the collective without the ranks'
+    arrival skew, which the straggler term holds), else the slowest rank's ("mean"), else its
+    medians. A comm run from before the gap sweep, timed after one gap with back-to-back means:
+    α, B and the curve from those back-to-back means."""
     model = _bandwidth_model(comm, name, bandwidth)
     if name in comm["idle"]:
         model["idle_penalty"] = comm["idle"][name]
@@ -61,6 +63,12 @@ def comm_model(comm: dict, name: str, bandwidth: str) -> dict:
 def _bandwidth_model(comm: dict, name: str, bandwidth: str) -> dict:
     n0 = comm["models"][name]["world_size"]
     model = dict(comm["models"][name], time_statistic="median")
+    last = (comm.get("last_arrival") or {}).get("mean", {}).get(name)
+    if last is not None and len(last["bytes"]) >= 2:
+        model = dict(fit_alpha_beta(name, n0, last["bytes"], last["time_us"]))
+        model["time_statistic"] = "mean, last arrival"
+        return model if bandwidth == "fit" else with_measured_curve(
+            model, last["bytes"], last["time_us"])  # fmt: skip
     means = comm["means"].get(name)
     if means is None or len(means["bytes"]) < 2:
         if bandwidth == "fit":
@@ -79,18 +87,25 @@ def _bandwidth_model(comm: dict, name: str, bandwidth: str) -> dict:
 
 
 def comm_models(comm: dict, name: str, bandwidth: str, point: dict) -> tuple[dict, dict, str]:
-    """(low, high, words): `point` rebuilt from the comm run's 5th / 95th-percentile
-    back-to-back times per size (the module docstring); a comm run from before the gap sweep
-    (comm.csv timed after its gap) gives `point` at both ends."""
+    """(low, high, words): `point` rebuilt from the comm run's 5th / 95th-percentile times per
+    size (the module docstring): the last-arriving rank's where recorded, else comm.csv's median
+    and p95 (the slowest rank's); a comm run from before the gap sweep (comm.csv timed after its
+    gap) gives `point` at both ends."""
     rows = pd.DataFrame(comm["rows"])
     rows = rows[rows["collective"] == name].sort_values("bytes")
     if (comm["means"].get(name) or {}).get("time_us_mean_back_to_back") is not None:
         return point, point, "comm times as benchmarked after its gap (no back-to-back spread)"
-    p5 = comm.get("p5", {}).get(name)
-    low_t = p5["time_us"] if p5 else rows["time_us_median"].tolist()
-    sizes = p5["bytes"] if p5 else rows["bytes"].tolist()
+    last = comm.get("last_arrival") or {}
+    p5, p95 = (last.get(q, {}).get(name) for q in ("p5", "p95"))
+    if p5 and p95:
+        ends_t = [(p5["bytes"], p5["time_us"]), (p95["bytes"], p95["time_us"])]
+        words = f"{name} p5–p95 per message size (last-arriving rank)"
+    else:
+        x = rows["bytes"].tolist()
+        ends_t = [(x, rows["time_us_median"].tolist()), (x, rows["time_us_p95"].tolist())]
+        words = f"{name} median–p95 per message size (slowest rank; no p5 recorded)"
     ends = []
-    for x, t in ((sizes, low_t), (rows["bytes"].tolist(), rows["time_us_p95"].tolist())):
+    for x, t in ends_t:
         base = {k: v for k, v in point.items() if k not in ("curve", "idle_penalty")}
         if bandwidth == "fit":
             m = fit_alpha_beta(name, base["world_size"], x, t)
@@ -99,8 +114,7 @@ def comm_models(comm: dict, name: str, bandwidth: str, point: dict) -> tuple[dic
         if "idle_penalty" in point:
             m["idle_penalty"] = point["idle_penalty"]
         ends.append(m)
-    low_words = "p5" if p5 else "median (this comm run records no p5)"
-    return ends[0], ends[1], f"{name} {low_words}–p95 per message size"
+    return ends[0], ends[1], words
 
 
 def compute_spread(

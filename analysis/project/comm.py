@@ -224,7 +224,8 @@ def is_comm_run(run_dir: Path) -> bool:
 
 def load_comm_run(run_dir: Path) -> dict:
     """{run_id, path, backend, world_size, status, rows (list of comm.csv dicts), models, skipped,
-    means, gap_ms, host_contention, idle (idle_table), p5 (quantile_times of `time_us_p5`)}.
+    means, gap_ms, host_contention, idle (idle_table), last_arrival ({mean, p5, p95}: quantile_times
+    of the last-arriving rank's back-to-back times, `time_us_<stat>_last_arrival`)}.
 
     Raises AnalysisError (one line) when the folder is not a finished comm run.
     """
@@ -235,6 +236,7 @@ def load_comm_run(run_dir: Path) -> dict:
     rec, raw = read_comm_record(run_json)  # one line (InputError) when missing or invalid
     # comm.csv through its typed reader: its rows must be at run.json's world size.
     rows = read_comm_csv(run_dir / COMM_CSV, world_size=rec.config.world_size)
+    _check_times(run_dir / COMM_CSV, rows)
     metrics = rec.metrics
     # The sweep's tables are checked row by row by their own readers (damaged rows left out).
     raw_metrics = raw.get("metrics") if isinstance(raw.get("metrics"), dict) else {}
@@ -255,13 +257,18 @@ def load_comm_run(run_dir: Path) -> dict:
         "host_load": msgspec.to_builtins(rec.env.host_load) if rec.env.host_load else None,
     }
     out["idle"] = idle_table(raw_metrics.get("idle_penalty"), out["gap_ms"], out["means"])
-    out["p5"] = quantile_times(raw_metrics.get("time_us_mean"), "time_us_p5", rows)
+    items = raw_metrics.get("time_us_mean")
+    out["last_arrival"] = {
+        stat: quantile_times(items, f"time_us_{stat}_last_arrival", rows)
+        for stat in ("mean", "p5", "p95")
+    }
     return out
 
 
 def quantile_times(items: object, key: str, rows: pd.DataFrame) -> dict[str, dict[str, list]]:
     """{collective: {bytes, time_us}} of run.json `metrics.time_us_mean` items' `key` (e.g.
-    `time_us_p5`, the 5th percentile of the back-to-back iterations), at the sizes comm.csv has;
+    `time_us_p5_last_arrival`: the 5th percentile of the last-arriving rank's times over the
+    iterations), at the sizes comm.csv has;
     a collective with a size missing, non-finite or not positive is left out (comm runs from
     before the field have none: {})."""
     rows_ = [m for m in items if isinstance(m, dict)] if isinstance(items, list) else []
@@ -276,6 +283,27 @@ def quantile_times(items: object, key: str, rows: pd.DataFrame) -> dict[str, dic
         if t.size and bool((np.isfinite(t) & (t > 0)).all()):
             out[str(name)] = {"bytes": [float(b) for b in sorted(want)], "time_us": t.tolist()}
     return out
+
+
+TIME_US_RANGE = (1e-3, 86400e6)
+"""The collective times (µs) a comm run may hold: 1 ns to 1 day. Outside it (0, a subnormal, an
+overflow) the record is damaged, and the α–β fit over it would be meaningless."""
+
+
+def _check_times(path: Path, rows: pd.DataFrame) -> None:
+    """One line (AnalysisError) when a comm.csv time is not a real collective time."""
+    lo, hi = TIME_US_RANGE
+    for col in ("time_us_median", "time_us_p95"):
+        t = rows[col].to_numpy(dtype=float)
+        bad = ~((t >= lo) & (t <= hi))
+        if bad.any():
+            i = int(np.flatnonzero(bad)[0])
+            raise AnalysisError(
+                path,
+                f"cannot project: {col} {t[i]:.3g} µs of {rows['collective'].iloc[i]} at "
+                f"{int(rows['bytes'].iloc[i])} B is not a real collective time (1 ns to 1 day)",
+                "re-run make bench-comm",
+            )
 
 
 def _means(items: object, rows: pd.DataFrame) -> dict[str, dict[str, list]]:

@@ -24,6 +24,7 @@ from profiler.runfolder import RUN_JSON, STEPS_CSV, throughput_steps
 from profiler.steps import read_steps_frame
 
 __all__ = [
+    "MAX_STEP_S",
     "MIN_STEP_S",
     "PHASES",
     "ProjectionInputs",
@@ -33,9 +34,10 @@ __all__ = [
 ]
 
 PHASES = ("data", "forward", "backward", "optimizer")
-MIN_STEP_S = 1e-6
-"""The shortest mean step the projection accepts (1 µs): no training step is shorter, so a
-shorter one (0, or a subnormal time) is a damaged record, not a measurement."""
+MIN_STEP_S, MAX_STEP_S = 1e-6, 86400.0
+"""The mean step the projection accepts: from 1 µs to 1 day. No training step is shorter or
+longer, so one outside (0, a subnormal 1e-320 s, or 1e308 s whose mean overflows) is a damaged
+record, not a measurement."""
 
 
 def _profiled_from_schedule(steps: pd.Series, profile: ProfileConfig | None) -> pd.Series:
@@ -99,14 +101,16 @@ def _measured_body(run_dir: Path, config: Config) -> tuple[pd.DataFrame, str | N
 
 def _check_times(path: Path, body: pd.DataFrame) -> None:
     """One line (AnalysisError) unless the measured rows describe a real step: finite,
-    non-negative times and a mean step of at least MIN_STEP_S."""
+    non-negative times and a mean step and phases from MIN_STEP_S to MAX_STEP_S."""
     cols = ["step_time_s", *(f"{p}_s" for p in PHASES)]
     values = body[cols].to_numpy(dtype=float)
-    bad = [c for c, ok in zip(cols, (np.isfinite(values) & (values >= 0)).all(axis=0), strict=True)
-           if not ok]  # fmt: skip
-    step = float(np.mean(values[:, 0])) if not bad else 0.0
+    with np.errstate(over="ignore"):  # an overflowing mean is what this check is for
+        means = values.mean(axis=0)
+    ok = (np.isfinite(values) & (values >= 0)).all(axis=0) & (means <= MAX_STEP_S)
+    bad = [c for c, good in zip(cols, ok, strict=True) if not good]
+    step = float(means[0])
     if bad or not step >= MIN_STEP_S:
-        what = (f"non-finite or negative {', '.join(bad)}" if bad
+        what = (f"a non-finite, negative or over-a-day {', '.join(bad)}" if bad
                 else f"a mean step of {step:.3g} s (under {MIN_STEP_S:g} s)")  # fmt: skip
         raise AnalysisError(
             path,
@@ -198,8 +202,8 @@ def _buffer_groups(metrics: Metrics) -> list[int]:
 
 def _subtract_traced_comm(run: ProjectionInputs, run_dir: Path, trace: dict | None) -> None:
     """A DDP run's backward includes waiting for its all-reduces; take out the exposed part the
-    traces measured for the rank that arrives last (analysis.project.traced.exposed_share: the
-    others' extra wait is rank skew, which stays in compute as the step's own straggler time), so
+    traces measured for the rank that arrives last (analysis.project.traced: the others' extra
+    wait is rank skew, which stays in compute as the step's own straggler time), so
     compute is what sets the step (the replay then re-adds the *modelled* exposure). Without a
     given traces JSON the traces are read here, and their per-bucket calls kept for the
     self-replay (`traced_calls`)."""
@@ -208,12 +212,13 @@ def _subtract_traced_comm(run: ProjectionInputs, run_dir: Path, trace: dict | No
     except AnalysisError as err:
         run.warnings.append(f"{err} — backward taken as all compute")
         return
-    share = exposed_share(ranks)
+    if trace is None:
+        run.traced_calls = bucket_calls(ranks, len(run.buckets_bytes))
+    share = (run.traced_calls or {}).get("exposed_share")
+    share = exposed_share(ranks) if share is None else share
     if share is None:
         run.warnings.append("traces have no comm — backward taken as all compute")
         return
-    if trace is None:
-        run.traced_calls = bucket_calls(ranks, len(run.buckets_bytes))
     # Profiled steps run slower than the unprofiled ones used here, so the traced exposed comm is
     # taken as a share of the traced step and scaled to the measured step (as the report does).
     run.exposed_share = share

@@ -279,7 +279,10 @@ def _inputs_json(run: ProjectionInputs, comm: dict, kw: dict, bandwidth: str) ->
         "phases_s": run.phases_s,
         "other_s": run.other_s,
         "backward_compute_s": run.backward_compute_s,
+        "compute_s": run.compute_s,
         "traced_exposed_comm_s": run.traced_exposed_comm_s,
+        "traced_exposed_share": run.exposed_share,
+        "ddp1_run_id": run.ddp1.run_id if run.ddp1 is not None else None,
         "buckets_bytes": run.buckets_bytes,
         "buffer_broadcasts_bytes": run.buffer_groups_bytes,
         "bucket_source": run.bucket_source,
@@ -350,17 +353,25 @@ def _check(run: ProjectionInputs, target: ProjectionInputs, kw: dict, base: dict
 
 
 def _replay_traced(run: ProjectionInputs, kw: dict) -> dict | None:
-    """A DDP RUN at its own n with its own traced per-bucket all-reduce and broadcast times
-    (analysis.project.traced.bucket_calls, scaled like the exposed share to the unprofiled steps)
-    in place of the comm model: its error measures the projection's arithmetic alone (ready times,
-    one stream, exposure past backward). None for single-device runs and runs without them."""
+    """A DDP RUN at its own n with its own traced per-bucket all-reduce and broadcast times, the
+    time each bucket started before the end of the backward compute that precedes the
+    communication, and the finalize after the last one (analysis.project.traced.bucket_calls,
+    scaled like the exposed share to the unprofiled steps) in place of the comm model, the
+    byte-proportional ready times and a finalize of 0: its error measures the projection's
+    arithmetic alone (one stream, exposure past the backward compute, means over steps). None for
+    single-device runs and runs without traced buckets."""
     calls = run.traced_calls
     if run.mode != "ddp" or run.world_size < 2 or not calls:
         return None
     scale = run.step_time_s / calls["step_time_us"]  # traced µs -> unprofiled s
     groups = run.buffer_groups_bytes
     bcast = [t * scale for t in calls["broadcast_us"]] if groups else []
-    traced = {"bucket_s": [t * scale for t in calls["bucket_us"]], "broadcast_s": bcast}
+    finalize = calls["finalize_us"] * scale
+    pre = run.backward_compute_s - finalize  # the backward compute before the communication
+    leads = calls["bucket_lead_us"]
+    ready = None if None in leads else [max(0.0, pre - t * scale) for t in leads]
+    traced = {"bucket_s": [t * scale for t in calls["bucket_us"]], "broadcast_s": bcast,
+              "ready_s": ready, "finalize_s": finalize}  # fmt: skip
     p = predict_step(run, run.world_size, **{**kw, "traced": traced})
     return {
         "run_id": run.run_id,
@@ -372,6 +383,9 @@ def _replay_traced(run: ProjectionInputs, kw: dict) -> dict | None:
         "traced_exposed_comm_s": run.traced_exposed_comm_s,
         "traced_steps": calls["steps"],
         "bucket_s": traced["bucket_s"],
+        "bucket_ready_s": ready,
+        "finalize_s": finalize,
+        "bucket_start_s": [None if t is None else t * scale for t in calls["bucket_start_us"]],
         "bucket_gaps_ms": [None if g is None else g * scale * 1e3 for g in calls["bucket_gaps_us"]],
         "broadcast_s": bcast,
     }

@@ -110,7 +110,9 @@ def predict_step(run: ProjectionInputs, n: int, *, scaling: str, comm_model: dic
                  host: dict, knobs: Knobs = POINT, traced: dict | None = None) -> dict:  # fmt: skip
     """The projected step of `run` at `n` ranks (the module docstring), seconds per step, with
     its inputs where `knobs` says. `traced` ({bucket_s, broadcast_s}, the run's own traced calls
-    at its own n): those times instead of the comm model's, no idle penalty on top."""
+    at its own n; with `ready_s` and `finalize_s`, when each bucket started and the backward
+    compute after the last one): those times instead of the comm model's, no idle penalty on
+    top, and the exposure counted from the end of the backward compute before the finalize."""
     compute_scale, contention, penalty_scale = (
         knobs.compute_scale, knobs.contention, knobs.penalty_scale)  # fmt: skip
     batch = run.global_batch / n if scaling == "strong" else run.per_device_batch
@@ -121,6 +123,9 @@ def predict_step(run: ProjectionInputs, n: int, *, scaling: str, comm_model: dic
     sizes = [b * wire for b in run.buckets_bytes]
     total = sum(sizes)
     ready = list(np.cumsum(sizes) / total * ph["backward"]) if total else []
+    pre = ph["backward"]  # the backward compute before the communication: all of it, modelled
+    if traced is not None and traced.get("ready_s") is not None:
+        ready, pre = list(traced["ready_s"]), ph["backward"] - traced["finalize_s"]
     groups = run.buffer_groups_bytes if bcast or traced else []
     lead = ph["forward"] if groups else compute - ph["backward"]
     multi = n > 1
@@ -132,7 +137,7 @@ def predict_step(run: ProjectionInputs, n: int, *, scaling: str, comm_model: dic
         pen = scaled if multi else None
     line = bucket_timeline(ready, comm, lead_s=lead, penalty=pen)
     end = line[-1][0] + line[-1][2] if line else 0.0
-    exposed = max(0.0, end - ph["backward"]) if multi else 0.0
+    exposed = max(0.0, end - pre) if multi else 0.0
     idle = sum(d for _, _, d in line) - sum(comm)
     broadcast = 0.0
     if groups and multi:  # the first after the compute since the last bucket, then back-to-back

@@ -4,16 +4,24 @@ the idle gap before it, as the run itself paid them.
 
 Both are read from the rank summaries of the trace analysis (analysis.trace), per analysed step:
 
-- **exposed share** (`exposed_share`): a synchronous step is set by the rank that arrives last at
-  each collective; the other ranks' extra exposed time is their wait for it (rank skew, the
-  straggler term's part), not communication. So per analysed step the share is the smallest
+- **exposed share**: a synchronous step is set by the rank that arrives last at each collective;
+  the other ranks' extra exposed time is their wait for it (rank skew, the straggler term's
+  part), not communication. With the per-bucket calls below, the step's exposed communication is
+  that of the rank that issued its last bucket last (`bucket_calls` `exposed_share`, its mean ÷
+  its mean step); without them (a traces JSON) `exposed_share`: per analysed step the smallest
   exposed communication over the ranks ÷ the mean traced step, averaged over the steps the ranks
   share (by step number); ranks without matching steps: the smallest rank-mean share.
 - **per-bucket calls** (`bucket_calls`): in each step's `backward` range (the loop's profiler
   range) the all-reduce calls are DDP's buckets in order; steps with another count are left out.
+  The step's frame is the rank that issued its last bucket last (the one the step waited for):
+  there the backward compute before the communication ends at backward's length − its exposed
+  communication in backward (the step's exposed time − its forward broadcasts) − the finalize
+  after the last call (DDP's copy back into the gradients), and each call's lead is how long
+  before that end it started (so the self-replay places it where the run did, skew-free).
   For bucket k of step i the time is the smallest latency over the ranks (the last rank to issue
-  it: the others waited for it), its gap the time from the end of the collective before it on
-  that rank; the buffer broadcasts are the broadcast calls in the step's `forward` range. Means
+  it: the others waited for it), each cut at the end of that rank's backward (which waits for
+  every bucket: a span past it is the transport's bookkeeping after the wait returned), its start the time from the start of backward on that rank, its
+  gap the time from the end of the collective before it there; the buffer broadcasts are the broadcast calls in the step's `forward` range. Means
   over the steps, in traced µs (the caller scales them to unprofiled steps).
 """
 
@@ -72,49 +80,84 @@ def _calls(instances: dict[str, dict], suffix: str) -> list[tuple[float, float]]
 
 
 def _rank_steps(rank: dict, n_buckets: int) -> list[dict]:
-    """Per step of one rank whose backward holds `n_buckets` all-reduce calls: their latencies,
-    the gaps before them, and the latencies of the broadcasts in its forward."""
+    """Per analysed step of one rank whose backward holds `n_buckets` all-reduce calls (the
+    backward ranges holding any, in order, are its `per_step` rows): each call's latency (cut at
+    backward's end), start and gap, the broadcasts in its forward, the `finalize_us` after the last
+    call (backward's end − that call's end: DDP's copy back into the gradients) and each call's
+    `lead_us` before the end of the backward compute that precedes the communication."""
     phases = (rank.get("memory") or {}).get("phases") or []
     fwd = [(p["start_us"], p["end_us"]) for p in phases if p["phase"] == "forward"]
     bwd = [(p["start_us"], p["end_us"]) for p in phases if p["phase"] == "backward"]
     inst = rank.get("instances") or {}
     every = sorted(_calls(inst, ""))
     reduce, bcast = _calls(inst, "all_reduce"), _calls(inst, "broadcast")
+    analysed = [(b0, b1) for b0, b1 in bwd if any(b0 <= c[0] <= b1 for c in reduce)]
+    rows = rank.get("per_step") or []
+    if len(rows) != len(analysed):
+        rows = [None] * len(analysed)  # steps not matched: no exposed time per step
     out = []
-    for b0, b1 in bwd:
+    for (b0, b1), row in zip(analysed, rows, strict=True):
         mine = [c for c in reduce if b0 <= c[0] <= b1]
-        if len(mine) != n_buckets or not mine:
+        if len(mine) != n_buckets:
             continue
         before = [e for s, e in every if e <= mine[0][0]]
         ends = [before[-1] if before else None] + [e for _, e in mine[:-1]]
         f0, f1 = max((f for f in fwd if f[0] <= b0), default=(b0, b0))
+        bc = [e - s for s, e in bcast if f0 <= s <= f1]
+        # backward waits for its buckets: a call's span past backward's end is the worker's
+        # bookkeeping after the wait returned, not time the step waited
+        cut = [min(e, b1) for _, e in mine]
+        finalize = b1 - cut[-1]
+        exposed = None if row is None else max(0.0, row["exposed_comm_us"] - sum(bc))
+        pre = None if exposed is None else (b1 - b0) - exposed - finalize
         out.append({
-            "latency_us": [e - s for s, e in mine],
+            "start_us": [s - b0 for s, _ in mine],
+            "latency_us": [c - s for (s, _), c in zip(mine, cut, strict=True)],
             "gap_us": [None if p is None else s - p for (s, _), p in zip(mine, ends, strict=True)],
-            "broadcast_us": [e - s for s, e in bcast if f0 <= s <= f1],
+            "broadcast_us": bc,
+            "finalize_us": finalize,
+            "lead_us": [None if pre is None else pre - (s - b0) for s, _ in mine],
+            "exposed_us": None if row is None else row["exposed_comm_us"],
+            "step_us": None if row is None else row["step_time_us"],
         })  # fmt: skip
     return out
 
 
 def bucket_calls(ranks: list[dict], n_buckets: int) -> dict | None:
-    """{steps, bucket_us, bucket_gaps_us, broadcast_us, step_time_us} of the module docstring,
-    traced µs; None when no step of every rank has `n_buckets` all-reduce calls in its backward."""
+    """{steps, exposed_share, bucket_us, bucket_lead_us, finalize_us, bucket_start_us,
+    bucket_gaps_us, broadcast_us, step_time_us} of the module docstring, traced µs; the share,
+    the leads, the finalize, the starts (from the start of backward) and the gaps on the rank that
+    issued the step's last bucket last (the one the step waited for; `exposed_share` its exposed
+    comm ÷ its step, None when the steps are not matched; `step_time_us` those steps' mean, else
+    every rank's traced mean step: the scale to unprofiled steps); None when no step of every
+    rank has `n_buckets` all-reduce calls in its backward."""
     per_rank = [_rank_steps(r, n_buckets) for r in ranks]
     steps = min((len(p) for p in per_rank), default=0)
     if steps == 0:
         return None
     lat = np.array([[p[i]["latency_us"] for i in range(steps)] for p in per_rank])  # r, i, k
-    last = lat.argmin(axis=0)  # per step and bucket: the rank that issued it last
-    gaps = [[per_rank[last[i, k]][i]["gap_us"][k] for k in range(n_buckets)] for i in range(steps)]
-    gap_mean = [_mean([g[k] for g in gaps]) for k in range(n_buckets)]
+    frame = [per_rank[r][i] for i, r in enumerate(lat[:, :, -1].argmin(axis=0))]
     bc = [min((p[i]["broadcast_us"] for p in per_rank), key=sum) for i in range(steps)]
     width = min(len(b) for b in bc)
+
+    def per_bucket(key: str) -> list[float | None]:
+        return [_mean([f[key][k] for f in frame]) for k in range(n_buckets)]
+
+    exposed = [f["exposed_us"] for f in frame]
+    share, step_us = None, float(np.mean([r["step_time_us_mean"] for r in ranks]))
+    if None not in exposed:  # the step's exposed comm is that of the rank it waited for
+        step_us = float(np.mean([f["step_us"] for f in frame]))
+        share = float(np.mean(exposed)) / step_us
     return {
         "steps": steps,
+        "exposed_share": share,
         "bucket_us": lat.min(axis=0).mean(axis=0).tolist(),
-        "bucket_gaps_us": gap_mean,
+        "bucket_lead_us": per_bucket("lead_us"),
+        "finalize_us": float(np.mean([f["finalize_us"] for f in frame])),
+        "bucket_start_us": per_bucket("start_us"),
+        "bucket_gaps_us": per_bucket("gap_us"),
         "broadcast_us": np.mean([b[:width] for b in bc], axis=0).tolist() if width else [],
-        "step_time_us": float(np.mean([r["step_time_us_mean"] for r in ranks])),
+        "step_time_us": step_us,
     }
 
 
