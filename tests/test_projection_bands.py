@@ -218,3 +218,13 @@ def test_self_replay_arithmetic_by_hand(tmp_path, ready_ms, want_exposed_ms):
     assert p["exposed_comm_s"] == pytest.approx(want_exposed_ms / 1e3, rel=1e-9)
     assert p["step_time_s"] == pytest.approx(0.015 + want_exposed_ms / 1e3, rel=1e-9)
     assert p["idle_penalty_s"] == 0.0 and p["comm_s"] == pytest.approx(7e-3)
+
+
+def test_lanes_let_calls_run_at_once():
+    """Gloo's two worker threads run two buckets at once: with 2 lanes both start when ready
+    (0 and 0.5 s) and the third waits for the first free lane (the first ends at 3 s); with one
+    lane each waits for the one before it."""
+    two = bucket_timeline([0.0, 0.5, 1.0], [3.0, 4.0, 1.0], lanes=2)
+    assert [(s, g) for s, g, _ in two] == [(0.0, 0.0), (0.5, 0.5), (3.0, 0.0)]
+    one = bucket_timeline([0.0, 0.5, 1.0], [3.0, 4.0, 1.0])
+    assert [s for s, _, _ in one] == [0.0, 3.0, 7.0]

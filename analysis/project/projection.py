@@ -33,6 +33,8 @@ from pathlib import Path
 
 from analysis.errors import AnalysisError
 from analysis.project.bands import band_fields, comm_model, comm_models, compute_spread
+from analysis.project.checks import check as _check
+from analysis.project.checks import replay_traced as _replay_traced
 from analysis.project.comm import contention_factor, load_comm_run
 from analysis.project.inputs import load_training, unprofiled_steps
 from analysis.project.model import (
@@ -63,28 +65,25 @@ def project(
     wire_bytes_factor: float | None = None,
     bandwidth: str = "measured",
 ) -> dict:
-    """The projection JSON for RUN at each n in `ranks` (see the module docstring).
-
+    """The projection JSON for RUN at each n in `ranks` (see the module docstring):
     `wire_bytes_factor` overrides the bytes on the wire per gradient byte (default: 0.5 when RUN
     used the fp16/bf16 comm hook, else 1), e.g. 0.5 to ask what the fp16 hook would give.
     `bandwidth`: `measured` = α from the fit, bus bandwidth per message size from the benchmark
     (analysis.project.comm.with_measured_curve); `fit` = the single fitted (α, B) pair.
     `workload_runs`: other runs of RUN's workload (model, dataset, per-device batch): those of
     its mode and world size (other seeds) widen the compute band; a 1-rank DDP run, for a
-    single-device RUN, gives the compute at n ≥ 2 (`ProjectionInputs.ddp1`). `traces`: read a DDP RUN's traces (True), not (False), or a dict: an already computed
-    traces JSON of RUN (its exposed share; no self-replay then). AnalysisError (one line) for bad
-    input, and for a run whose numbers give no finite projection ("cannot project")."""
+    single-device RUN, gives the compute at n ≥ 2 (`ProjectionInputs.ddp1`). `traces`: read a
+    DDP RUN's traces (True), not (False), or a dict: an already computed traces JSON of RUN (its
+    exposed share; no self-replay then). AnalysisError (one line) for bad input, and for a run
+    whose numbers give no finite projection ("cannot project")."""
     inter_gbps = _check_args(ranks, gpus_per_node, inter_node)
     given = traces if isinstance(traces, dict) else None
     run = load_training(run_dir, traces=bool(traces), trace=given)
     comm = load_comm_run(comm_dir)
     asked = backend or (run.backend if run.mode == "ddp" else comm["backend"])
-    _check_comm(comm, comm_dir, asked, bandwidth)
-    model = comm_model(comm, "all_reduce", bandwidth)
-    bcast = comm_model(comm, "broadcast", bandwidth) if "broadcast" in comm["models"] else None
+    model, bcast = _comm_models(comm, comm_dir, asked, bandwidth)
     scaling = scaling or run.scaling
     wire = wire_bytes_factor or (0.5 if run.comm_hook in ("fp16", "bf16") else 1.0)
-    warnings = _warnings(run, comm, model, bcast, wire, bandwidth, ranks, gpus_per_node)
     others = (load_training(d, traces=bool(traces)) for d in batch_runs)
     by_batch = {other.per_device_batch: other for other in others}
     kw = dict(scaling=scaling, comm_model=model, gpn=gpus_per_node, inter_gbps=inter_gbps)
@@ -92,9 +91,6 @@ def project(
     seeds = _workload_runs(run, workload_runs, bool(traces))
     ends = _band_ends(run, comm, kw, bandwidth, seeds)
     base, preds = _predictions(run, ranks, kw, ends)
-    checks = [_check(run, load_training(d, traces=False), kw, base, ends) for d in measured]
-    idle = "idle_penalty" in model
-    host = _host_words(comm, ranks, gpus_per_node, run)
     out = {
         "schema_version": 1,
         "run_id": run.run_id,
@@ -104,17 +100,32 @@ def project(
         "scaling": scaling,
         "ranks": list(ranks),
         "inputs": _inputs_json(run, comm, kw, bandwidth),
-        "assumptions": assumptions(
-            scaling, run, gpus_per_node, inter_gbps, by_batch, bandwidth, idle=idle, host=host
-        ),
+        "assumptions": _assumptions(run, comm, ranks, kw, bandwidth),
         "replay": _check(run, run, kw, base, ends),
         "replay_traced": _replay_traced(run, kw),
-        "measured": checks,
+        "measured": [_check(run, load_training(d, traces=False), kw, base, ends) for d in measured],
         "predictions": preds,
-        "warnings": warnings,
+        "warnings": _warnings(run, comm, model, bcast, wire, bandwidth, ranks, gpus_per_node),
     }
     _check_finite(out, run_dir)
     return out
+
+
+def _comm_models(comm: dict, comm_dir: Path, asked: str | None, bandwidth: str) -> tuple:
+    """(all_reduce model, broadcast model or None) once the comm run can model `asked`."""
+    _check_comm(comm, comm_dir, asked, bandwidth)
+    model = comm_model(comm, "all_reduce", bandwidth)
+    bcast = comm_model(comm, "broadcast", bandwidth) if "broadcast" in comm["models"] else None
+    return model, bcast
+
+
+def _assumptions(run: ProjectionInputs, comm: dict, ranks: list[int], kw: dict,
+                 bandwidth: str) -> list[str]:  # fmt: skip
+    """The projection's assumptions in words (analysis.project.model.assumptions)."""
+    host = _host_words(comm, ranks, kw["gpn"], run)
+    idle = "idle_penalty" in kw["comm_model"]
+    return assumptions(kw["scaling"], run, kw["gpn"], kw["inter_gbps"], kw["batch_runs"],
+                       bandwidth, idle=idle, host=host)  # fmt: skip
 
 
 def _workload_runs(run: ProjectionInputs, paths: list[Path], traces: bool) -> list:
@@ -315,77 +326,3 @@ def _host_words(comm: dict, ranks: list[int], gpn: int, run: ProjectionInputs) -
         f"co-located ranks slow each other's compute, measured by the comm run: {vals} ranks "
         f"per node{far}; compute scaled by c(n) ÷ c(RUN's ranks per node)"
     )
-
-
-def _check(run: ProjectionInputs, target: ProjectionInputs, kw: dict, base: dict,
-           ends: dict) -> dict:  # fmt: skip
-    """Projection of `run` at `target`'s world size vs `target`'s measured unprofiled step time,
-    with the prediction's band and whether the measured step lies inside it (`in_band`);
-    `measured_scaling_efficiency` divides by the same projected n = 1 throughput as predictions."""
-    n = target.world_size
-    measured_sps = target.global_batch / target.step_time_s
-    p = predict_step(run, n, **kw)
-    band = band_fields(run, n, kw, ends)
-    lo, hi = band["step_time_s_low"], band["step_time_s_high"]
-    err = 100 * (p["step_time_s"] - target.step_time_s) / target.step_time_s
-    note = None
-    if target is run and n == 1:
-        note = (
-            "single-device run: no communication to model, so the replay is exact by construction"
-        )
-    if abs(p["per_device_batch"] - target.per_device_batch) > 1e-9:
-        note = f"per-device batch differs ({p['per_device_batch']:g} vs {target.per_device_batch})"
-    return {
-        "run_id": target.run_id,
-        "ranks": n,
-        "measured_step_time_s": target.step_time_s,
-        "predicted_step_time_s": p["step_time_s"],
-        "predicted_step_time_s_low": lo,
-        "predicted_step_time_s_high": hi,
-        "in_band": bool(lo <= target.step_time_s <= hi),
-        "error_pct": err,
-        "predicted_exposed_comm_s": p["exposed_comm_s"],
-        "traced_exposed_comm_s": target.traced_exposed_comm_s,
-        "measured_samples_per_s": measured_sps,
-        "measured_scaling_efficiency": measured_sps / base["samples_per_s"] / n,
-        "note": note,
-    }
-
-
-def _replay_traced(run: ProjectionInputs, kw: dict) -> dict | None:
-    """A DDP RUN at its own n with its own traced per-bucket all-reduce and broadcast times, the
-    time each bucket started before the end of the backward compute that precedes the
-    communication, and the finalize after the last one (analysis.project.traced.bucket_calls,
-    scaled like the exposed share to the unprofiled steps) in place of the comm model, the
-    byte-proportional ready times and a finalize of 0: its error measures the projection's
-    arithmetic alone (one stream, exposure past the backward compute, means over steps). None for
-    single-device runs and runs without traced buckets."""
-    calls = run.traced_calls
-    if run.mode != "ddp" or run.world_size < 2 or not calls:
-        return None
-    scale = run.step_time_s / calls["step_time_us"]  # traced µs -> unprofiled s
-    groups = run.buffer_groups_bytes
-    bcast = [t * scale for t in calls["broadcast_us"]] if groups else []
-    finalize = calls["finalize_us"] * scale
-    pre = run.backward_compute_s - finalize  # the backward compute before the communication
-    leads = calls["bucket_lead_us"]
-    ready = None if None in leads else [max(0.0, pre - t * scale) for t in leads]
-    traced = {"bucket_s": [t * scale for t in calls["bucket_us"]], "broadcast_s": bcast,
-              "ready_s": ready, "finalize_s": finalize}  # fmt: skip
-    p = predict_step(run, run.world_size, **{**kw, "traced": traced})
-    return {
-        "run_id": run.run_id,
-        "ranks": run.world_size,
-        "measured_step_time_s": run.step_time_s,
-        "predicted_step_time_s": p["step_time_s"],
-        "error_pct": 100 * (p["step_time_s"] - run.step_time_s) / run.step_time_s,
-        "predicted_exposed_comm_s": p["exposed_comm_s"],
-        "traced_exposed_comm_s": run.traced_exposed_comm_s,
-        "traced_steps": calls["steps"],
-        "bucket_s": traced["bucket_s"],
-        "bucket_ready_s": ready,
-        "finalize_s": finalize,
-        "bucket_start_s": [None if t is None else t * scale for t in calls["bucket_start_us"]],
-        "bucket_gaps_ms": [None if g is None else g * scale * 1e3 for g in calls["bucket_gaps_us"]],
-        "broadcast_s": bcast,
-    }

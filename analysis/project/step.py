@@ -37,17 +37,20 @@ def bucket_timeline(
     *,
     lead_s: float = 0.0,
     penalty: Callable[[int, float], float] | None = None,
+    lanes: int = 1,
 ) -> list[tuple[float, float, float]]:
     """(start, gap, duration) of each bucket's all-reduce, seconds after backward starts: bucket
-    k starts at max(ready_k, end of k−1); its gap = start − end of the call before it (the first
-    one's: −`lead_s`); duration = comm_s[k] + penalty(k, gap)."""
-    out, free = [], -lead_s
+    k starts at max(ready_k, the time one of `lanes` is free: with 1, the end of k−1); its gap =
+    start − when that lane's call before it ended (the first one's: −`lead_s`); duration =
+    comm_s[k] + penalty(k, gap)."""
+    out, free = [], [-lead_s] * max(1, lanes)
     for k, (ready, dur) in enumerate(zip(ready_s, comm_s, strict=True)):
-        start = max(ready, free)
-        gap = start - free
+        lane = int(np.argmin(free))
+        start = max(ready, free[lane])
+        gap = start - free[lane]
         dur += penalty(k, gap) if penalty else 0.0
         out.append((start, gap, dur))
-        free = start + dur
+        free[lane] = start + dur
     return out
 
 
@@ -105,38 +108,49 @@ class Knobs:
 POINT = Knobs()
 
 
+def _gradient_timeline(sizes: list[float], backward: float, lead: float, n: int, model: tuple,
+                       traced: dict | None) -> tuple[list, list[float], float]:  # fmt: skip
+    """(bucket_timeline, the buckets' comm seconds, the backward compute before the comm): ready
+    times in proportion to the bytes and the comm model's calls with their idle penalties
+    (`model` = (comm model, gpn, inter-node Gb/s, penalty scale)), or the traced ones."""
+    total = sum(sizes)
+    ready = list(np.cumsum(sizes) / total * backward) if total else []
+    if traced is not None:
+        pre = backward
+        if traced.get("ready_s") is not None:
+            ready, pre = list(traced["ready_s"]), backward - traced["finalize_s"]
+        comm = list(traced["bucket_s"])
+        lanes = traced.get("lanes", 1)
+        return bucket_timeline(ready, comm, lead_s=lead, lanes=lanes), comm, pre
+    comm_model, gpn, inter_gbps, penalty_scale = model
+    comm = _calls_s(sizes, n, gpn, comm_model, inter_gbps)
+    pen = _penalty(comm_model, sizes, penalty_scale) if n > 1 else None
+    return bucket_timeline(ready, comm, lead_s=lead, penalty=pen), comm, backward
+
+
 def predict_step(run: ProjectionInputs, n: int, *, scaling: str, comm_model: dict, gpn: int,
                  inter_gbps: float, batch_runs: dict, wire: float, bcast: dict | None,
                  host: dict, knobs: Knobs = POINT, traced: dict | None = None) -> dict:  # fmt: skip
     """The projected step of `run` at `n` ranks (the module docstring), seconds per step, with
     its inputs where `knobs` says. `traced` ({bucket_s, broadcast_s}, the run's own traced calls
     at its own n; with `ready_s` and `finalize_s`, when each bucket started and the backward
-    compute after the last one): those times instead of the comm model's, no idle penalty on
-    top, and the exposure counted from the end of the backward compute before the finalize."""
-    compute_scale, contention, penalty_scale = (
-        knobs.compute_scale, knobs.contention, knobs.penalty_scale)  # fmt: skip
+    compute after the last one; `lanes`, how many ran at once): those times instead of the comm
+    model's, no idle penalty on top, and the exposure counted from the end of the backward
+    compute before the finalize."""
+    penalty_scale = knobs.penalty_scale
     batch = run.global_batch / n if scaling == "strong" else run.per_device_batch
     ph, source = compute_phases(run, batch, batch_runs, n)
-    ratio = contention_ratio(run, n, gpn, host, contention)
-    ph = {k: v * ratio * compute_scale for k, v in ph.items()}
+    ratio = contention_ratio(run, n, gpn, host, knobs.contention)
+    ph = {k: v * ratio * knobs.compute_scale for k, v in ph.items()}
     compute = sum(ph.values())
     sizes = [b * wire for b in run.buckets_bytes]
-    total = sum(sizes)
-    ready = list(np.cumsum(sizes) / total * ph["backward"]) if total else []
-    pre = ph["backward"]  # the backward compute before the communication: all of it, modelled
-    if traced is not None and traced.get("ready_s") is not None:
-        ready, pre = list(traced["ready_s"]), ph["backward"] - traced["finalize_s"]
     groups = run.buffer_groups_bytes if bcast or traced else []
     lead = ph["forward"] if groups else compute - ph["backward"]
     multi = n > 1
-    if traced is not None:
-        comm, pen = list(traced["bucket_s"]), None
-    else:
-        comm = _calls_s(sizes, n, gpn, comm_model, inter_gbps)
-        scaled = _penalty(comm_model, sizes, penalty_scale)
-        pen = scaled if multi else None
-    line = bucket_timeline(ready, comm, lead_s=lead, penalty=pen)
-    end = line[-1][0] + line[-1][2] if line else 0.0
+    line, comm, pre = _gradient_timeline(
+        sizes, ph["backward"], lead, n, (comm_model, gpn, inter_gbps, penalty_scale), traced
+    )
+    end = max((start + dur for start, _, dur in line), default=0.0)
     exposed = max(0.0, end - pre) if multi else 0.0
     idle = sum(d for _, _, d in line) - sum(comm)
     broadcast = 0.0

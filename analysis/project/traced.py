@@ -21,8 +21,9 @@ Both are read from the rank summaries of the trace analysis (analysis.trace), pe
   For bucket k of step i the time is the smallest latency over the ranks (the last rank to issue
   it: the others waited for it), each cut at the end of that rank's backward (which waits for
   every bucket: a span past it is the transport's bookkeeping after the wait returned), its start the time from the start of backward on that rank, its
-  gap the time from the end of the collective before it there; the buffer broadcasts are the broadcast calls in the step's `forward` range. Means
-  over the steps, in traced µs (the caller scales them to unprofiled steps).
+  gap the time from the end of the collective before it there; the buffer broadcasts are the broadcast calls in the step's `forward` range on the
+  step's frame rank (below). Means over the steps, in traced µs (the caller scales them to
+  unprofiled steps).
 """
 
 from __future__ import annotations
@@ -137,7 +138,7 @@ def bucket_calls(ranks: list[dict], n_buckets: int) -> dict | None:
         return None
     lat = np.array([[p[i]["latency_us"] for i in range(steps)] for p in per_rank])  # r, i, k
     frame = [per_rank[r][i] for i, r in enumerate(lat[:, :, -1].argmin(axis=0))]
-    bc = [min((p[i]["broadcast_us"] for p in per_rank), key=sum) for i in range(steps)]
+    bc = [f["broadcast_us"] for f in frame]  # the frame rank's, as its exposed time holds them
     width = min(len(b) for b in bc)
 
     def per_bucket(key: str) -> list[float | None]:
