@@ -228,3 +228,33 @@ def test_lanes_let_calls_run_at_once():
     assert [(s, g) for s, g, _ in two] == [(0.0, 0.0), (0.5, 0.5), (3.0, 0.0)]
     one = bucket_timeline([0.0, 0.5, 1.0], [3.0, 4.0, 1.0])
     assert [s for s, _, _ in one] == [0.0, 3.0, 7.0]
+
+
+def test_bench_summary_counts_coverage_and_marks_misses():
+    """bench-projection's summary over hand-built rounds: medians, ranges, coverage, and the
+    markdown table the docs show (misses in bold)."""
+    from bench.projection import BANDED, COVERAGE_GOAL, GOALS_PCT
+    from bench.projection_summary import bench_results, markdown_table, summary
+
+    def rnd(weak: float, inside: bool, replay: float, self_: float | None) -> dict:
+        check = {"error_pct": weak, "in_band": inside}
+        return {"workloads": {"mlp": {
+            "weak": check, "weak_ddp1": check,
+            "replay": {"error_pct": replay, "in_band": True, "measured_step_time_s": 0.02},
+            "self_replay": {"error_pct": self_}, "exposed": {"error_pct": 4.0},
+            "pair_contention_pct": 10.0,
+        }}}  # fmt: skip
+
+    rounds = [rnd(-12.0, False, 1.0, 0.5), rnd(3.0, True, 9.0, None), rnd(5.0, True, 2.0, -1.0)]
+    summ = summary(rounds, ["mlp"], GOALS_PCT, BANDED, COVERAGE_GOAL)["mlp"]
+    assert summ["weak"]["median_error_pct"] == 3.0 and summ["weak"]["covered"] == 2
+    assert summ["weak"]["coverage"] == pytest.approx(2 / 3) and not summ["weak"]["coverage_met"]
+    assert summ["self_replay"]["rounds"] == 2 and summ["self_replay"]["median_error_pct"] == -0.25
+    assert summ["replay"]["met"] and summ["ddp_step_ms"] == [20.0, 20.0]
+    table = markdown_table({"mlp": summ}, 3, BANDED, COVERAGE_GOAL)
+    row = next(line for line in table.splitlines() if line.startswith("| mlp "))
+    assert row == ("| mlp | 20–20 ms | +3.0% (−12.0 … +5.0), **in band 2/3** | +3.0% (−12.0 … +5.0)"
+                   ", **in band 2/3** | +2.0% (+1.0 … +9.0), in band 3/3 | −0.2% (−1.0 … +0.5) |"
+                   " +4.0% (+4.0 … +4.0) |")  # fmt: skip
+    assert "met 6 of 8" in table  # 5 medians, all met; 3 coverages, 1 met
+    assert bench_results({"mlp": summ})["mlp"]["weak_coverage"] == pytest.approx(2 / 3)
