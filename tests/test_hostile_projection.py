@@ -10,7 +10,7 @@ import pandas as pd
 import pytest
 
 from analysis.report.__main__ import main as report_main
-from tests.test_project import _error_line, _fake_comm, _fake_run
+from tests.test_project import error_line, fake_comm, fake_run
 
 PHASES = {"data": 0.001, "forward": 0.004, "backward": 0.008, "optimizer": 0.002}
 STEP_COLUMNS = ["step_time_s", "data_s", "forward_s", "backward_s", "optimizer_s"]
@@ -25,21 +25,21 @@ def _steps_at(run, value: float):
 
 @pytest.mark.parametrize("value", [0.0, 1e-320, 1e308])
 def test_degenerate_step_times_cannot_be_projected(tmp_path, capsys, value):
-    comm = _fake_comm(tmp_path / "comm", alpha_us=50.0, bus_gbps=2.0)
+    comm = fake_comm(tmp_path / "comm", alpha_us=50.0, bus_gbps=2.0)
     run = _steps_at(
-        _fake_run(tmp_path / "s", mode="single", n=1, phases=PHASES, buckets=[1024]), value
+        fake_run(tmp_path / "s", mode="single", n=1, phases=PHASES, buckets=[1024]), value
     )
-    line = _error_line(["project", str(run), "--comm", str(comm)], capsys)
+    line = error_line(["project", str(run), "--comm", str(comm)], capsys)
     assert "steps.csv: cannot project" in line and "not a real step time" in line
 
 
 @pytest.mark.parametrize("value", [0.0, 1e-320, 1e300])
 def test_degenerate_comm_times_cannot_be_projected(tmp_path, capsys, value):
-    comm = _fake_comm(tmp_path / "comm", alpha_us=50.0, bus_gbps=2.0)
+    comm = fake_comm(tmp_path / "comm", alpha_us=50.0, bus_gbps=2.0)
     rows = pd.read_csv(comm / "comm.csv").assign(time_us_median=value)
     rows.to_csv(comm / "comm.csv", index=False)
-    run = _fake_run(tmp_path / "s", mode="single", n=1, phases=PHASES, buckets=[1024])
-    line = _error_line(["project", str(run), "--comm", str(comm)], capsys)
+    run = fake_run(tmp_path / "s", mode="single", n=1, phases=PHASES, buckets=[1024])
+    line = error_line(["project", str(run), "--comm", str(comm)], capsys)
     assert "comm.csv: cannot project" in line and "is not a real collective time" in line
 
 

@@ -16,7 +16,7 @@ from analysis.project.projection import project
 from analysis.project.step import bucket_timeline
 from analysis.project.traced import bucket_calls, exposed_share
 from analysis.report.projection import speedup_text
-from tests.test_project import _fake_run
+from tests.test_project import fake_run
 
 AR = {"collective": "all_reduce", "alpha_us": 50.0, "bus_gbps": 2.0}
 BUCKET = 1 << 20  # a benchmarked size: every curve gives its own time back there
@@ -49,7 +49,7 @@ def _band_comm(path: Path) -> Path:
 
 def _spread_run(path: Path) -> Path:
     """A single-device run (batch 32) whose 11 measured steps take TIMES, each split by SHARES."""
-    run = _fake_run(path, mode="single", n=1, phases=SHARES, buckets=[BUCKET])
+    run = fake_run(path, mode="single", n=1, phases=SHARES, buckets=[BUCKET])
     rows = [{"rank": 0, "step": s, "warmup": int(s < 2), "step_time_s": t,
              **{f"{k}_s": v * t for k, v in SHARES.items()}}
             for s, t in enumerate([0.015, 0.015, *TIMES])]  # fmt: skip
@@ -207,7 +207,7 @@ def test_self_replay_arithmetic_by_hand(tmp_path, ready_ms, want_exposed_ms):
     from analysis.project.inputs import load_training
     from analysis.project.step import predict_step
 
-    ddp = _fake_run(tmp_path / "d", mode="ddp", n=2, buckets=[1000, 2000],
+    ddp = fake_run(tmp_path / "d", mode="ddp", n=2, buckets=[1000, 2000],
                     phases={"data": 0.001, "forward": 0.004, "backward": 0.008, "optimizer": 0.002})  # fmt: skip
     run = load_training(ddp, traces=False)
     traced = {"bucket_s": [4e-3, 3e-3], "broadcast_s": [], "finalize_s": 1e-3,

@@ -14,26 +14,24 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from analysis.errors import AnalysisError
 from analysis.project.comm import is_comm_run
 from analysis.project.model import FIRST_BUCKET_BYTES, ProjectionInputs, ddp_buckets
 from analysis.project.traced import bucket_calls, exposed_share, read_rank_rows
-from profiler.inputfile import safe_text
-from profiler.records import Config, Metrics, ProfileConfig, RunRecord, read_record
-from profiler.runfolder import RUN_JSON, STEPS_CSV, throughput_steps
-from profiler.steps import read_steps_frame
+from profiler.runfolder.errors import InputError, safe_text
+from profiler.runfolder.layout import RUN_JSON, STEP_PHASES, STEPS_CSV, throughput_steps
+from profiler.runfolder.records import read_record
+from profiler.runfolder.schema import Config, Metrics, ProfileConfig, RunRecord
+from profiler.runfolder.steps import read_steps_frame
 
 __all__ = [
     "MAX_STEP_S",
     "MIN_STEP_S",
-    "PHASES",
     "ProjectionInputs",
     "load_training",
     "measured_steps",
     "unprofiled_steps",
 ]
 
-PHASES = ("data", "forward", "backward", "optimizer")
 MIN_STEP_S, MAX_STEP_S = 1e-6, 86400.0
 """The mean step the projection accepts: from 1 µs to 1 day. No training step is shorter or
 longer, so one outside (0, a subnormal 1e-320 s, or 1e308 s whose mean overflows) is a damaged
@@ -53,7 +51,7 @@ def _profiled_from_schedule(steps: pd.Series, profile: ProfileConfig | None) -> 
 
 def measured_steps(steps: pd.DataFrame, config: Config) -> tuple[pd.DataFrame, str | None]:
     """The steps the projection measures on and the warning of the rule's fallback: the
-    run-folder rule (profiler.runfolder.throughput_steps: non-warm-up steps the profiler did not
+    run-folder rule (profiler.runfolder.layout.throughput_steps: non-warm-up steps the profiler did not
     record, else every non-warm-up step, with its warning), applied to steps.csv `profiled` when
     present, else to the flags derived from config.profile's schedule (wait, warmup, active,
     repeat)."""
@@ -71,16 +69,16 @@ def unprofiled_steps(steps: pd.DataFrame, config: Config) -> pd.DataFrame:
 
 
 def _training_record(run_dir: Path) -> tuple[RunRecord, dict]:
-    """The run's validated run.json; AnalysisError unless it is a finished single/DDP training."""
+    """The run's validated run.json; InputError unless it is a finished single/DDP training."""
     if is_comm_run(run_dir):
-        raise AnalysisError(run_dir, "is a comm benchmark, not a training run", "pass it as --comm")
+        raise InputError(run_dir, "is a comm benchmark, not a training run", "pass it as --comm")
     rec, raw = read_record(run_dir / RUN_JSON)  # one line when missing or invalid
     if rec.config.mode not in ("single", "ddp"):
-        raise AnalysisError(
+        raise InputError(
             run_dir, "is not a single-device or DDP training run", "pass one made by make profile-*"
         )
     if rec.status != "ok":
-        raise AnalysisError(run_dir, f"status is {rec.status!r}", "pass a finished (ok) run")
+        raise InputError(run_dir, f"status is {rec.status!r}", "pass a finished (ok) run")
     return rec, raw
 
 
@@ -90,7 +88,7 @@ def _measured_body(run_dir: Path, config: Config) -> tuple[pd.DataFrame, str | N
     steps = read_steps_frame(run_dir / STEPS_CSV, world_size=config.world_size)
     body, fallback = measured_steps(steps, config)
     if body.empty:
-        raise AnalysisError(
+        raise InputError(
             run_dir / STEPS_CSV,
             "has no measured step (every step was a warm-up step)",
             "re-run with more --max-steps than --warmup-steps",
@@ -100,9 +98,9 @@ def _measured_body(run_dir: Path, config: Config) -> tuple[pd.DataFrame, str | N
 
 
 def _check_times(path: Path, body: pd.DataFrame) -> None:
-    """One line (AnalysisError) unless the measured rows describe a real step: finite,
+    """One line (InputError) unless the measured rows describe a real step: finite,
     non-negative times and a mean step and phases from MIN_STEP_S to MAX_STEP_S."""
-    cols = ["step_time_s", *(f"{p}_s" for p in PHASES)]
+    cols = ["step_time_s", *(f"{p}_s" for p in STEP_PHASES)]
     values = body[cols].to_numpy(dtype=float)
     with np.errstate(over="ignore"):  # an overflowing mean is what this check is for
         means = values.mean(axis=0)
@@ -112,7 +110,7 @@ def _check_times(path: Path, body: pd.DataFrame) -> None:
     if bad or not step >= MIN_STEP_S:
         what = (f"a non-finite, negative or over-a-day {', '.join(bad)}" if bad
                 else f"a mean step of {step:.3g} s (under {MIN_STEP_S:g} s)")  # fmt: skip
-        raise AnalysisError(
+        raise InputError(
             path,
             f"cannot project: its measured steps have {what}, not a real step time",
             "re-run the training; the projection needs real step times",
@@ -132,7 +130,7 @@ def _buckets(run_json: Path, config: Config, metrics: Metrics) -> tuple[list[int
             f"computed from metrics.param_grad_bytes, bucket_cap_mb {cap:g}, first bucket "
             f"{first / 2**20:g} MiB",
         )
-    raise AnalysisError(
+    raise InputError(
         run_json,
         "has neither metrics.ddp bucket sizes nor metrics.param_grad_bytes",
         "re-run it with the current trainer",
@@ -142,7 +140,7 @@ def _buckets(run_json: Path, config: Config, metrics: Metrics) -> tuple[list[int
 def load_training(
     run_dir: Path, *, traces: bool = True, trace: dict | None = None
 ) -> ProjectionInputs:
-    """A training run's projection inputs; AnalysisError (one line) when it cannot be projected.
+    """A training run's projection inputs; InputError (one line) when it cannot be projected.
 
     A DDP run's traces are analysed for its exposed communication (`traces=False`: not read;
     `trace`: an already computed traces JSON of this run)."""
@@ -150,7 +148,7 @@ def load_training(
     rec, _ = _training_record(run_dir)
     config, metrics = rec.config, rec.metrics
     body, fallback = _measured_body(run_dir, config)
-    phases = {p: float(body[f"{p}_s"].mean()) for p in PHASES}
+    phases = {p: float(body[f"{p}_s"].mean()) for p in STEP_PHASES}
     step = float(body["step_time_s"].mean())
     buckets, source = _buckets(run_dir / RUN_JSON, config, metrics)
     run = ProjectionInputs(
@@ -209,7 +207,7 @@ def _subtract_traced_comm(run: ProjectionInputs, run_dir: Path, trace: dict | No
     self-replay (`traced_calls`)."""
     try:
         ranks = trace["ranks"] if trace is not None else read_rank_rows(run_dir / "traces")
-    except AnalysisError as err:
+    except InputError as err:
         run.warnings.append(f"{err} — backward taken as all compute")
         return
     if trace is None:

@@ -10,9 +10,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from analysis.errors import AnalysisError
 from analysis.project.comm import collective_time_us, ring_steps
 from analysis.trace.collectives import bus_factor
+from profiler.runfolder.errors import InputError
 
 __all__ = [
     "FIRST_BUCKET_BYTES",
@@ -55,7 +55,7 @@ class ProjectionInputs:
     step_time_s: float
     """Mean step time over those steps of every rank."""
     phases_s: dict[str, float]
-    """Mean of each of PHASES over those steps."""
+    """Mean of each of STEP_PHASES over those steps."""
     other_s: float
     """step − Σ phases (≥ 0): the loop's remainder."""
     step_samples_s: np.ndarray
@@ -133,7 +133,7 @@ def parse_inter_node(value: str) -> float:
     except ValueError:
         gbps = -1.0
     if not gbps > 0:
-        raise AnalysisError(
+        raise InputError(
             "--inter-node",
             f"{value!r} is not a preset or Gb/s",
             "use 25, 100, 200, 400 or a number",

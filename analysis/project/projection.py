@@ -31,7 +31,6 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-from analysis.errors import AnalysisError
 from analysis.project.bands import band_fields, comm_model, comm_models, compute_spread
 from analysis.project.checks import check as _check
 from analysis.project.checks import replay_traced as _replay_traced
@@ -44,7 +43,9 @@ from analysis.project.model import (
     parse_inter_node,
 )
 from analysis.project.step import Knobs, predict_step
-from profiler.hostload import is_busy
+from profiler.runfolder.errors import InputError
+from profiler.runfolder.hostload import is_busy
+from profiler.runfolder.versions import PROJECTION_JSON_SCHEMA_VERSION
 
 __all__ = ["load_training", "project", "unprofiled_steps"]  # the inputs re-exported
 
@@ -74,7 +75,7 @@ def project(
     its mode and world size (other seeds) widen the compute band; a 1-rank DDP run, for a
     single-device RUN, gives the compute at n ≥ 2 (`ProjectionInputs.ddp1`). `traces`: read a
     DDP RUN's traces (True), not (False), or a dict: an already computed traces JSON of RUN (its
-    exposed share; no self-replay then). AnalysisError (one line) for bad input, and for a run
+    exposed share; no self-replay then). InputError (one line) for bad input, and for a run
     whose numbers give no finite projection ("cannot project")."""
     inter_gbps = _check_args(ranks, gpus_per_node, inter_node)
     given = traces if isinstance(traces, dict) else None
@@ -92,7 +93,7 @@ def project(
     ends = _band_ends(run, comm, kw, bandwidth, seeds)
     base, preds = _predictions(run, ranks, kw, ends)
     out = {
-        "schema_version": 1,
+        "schema_version": PROJECTION_JSON_SCHEMA_VERSION,
         "run_id": run.run_id,
         "run_path": run.path,
         "comm_run_id": comm["run_id"],
@@ -140,7 +141,7 @@ def _workload_runs(run: ProjectionInputs, paths: list[Path], traces: bool) -> li
         ddp1 = run.mode == "single" and other.mode == "ddp" and other.world_size == 1
         if diff or not (same or ddp1) or (ddp1 and run.ddp1 is not None):
             why = f"differs from RUN in {', '.join(diff)}" if diff else "is not a seed run of RUN"
-            raise AnalysisError(
+            raise InputError(
                 "--workload-runs",
                 f"{path} {why}" + (" (a second 1-rank DDP run)" if ddp1 and not diff else ""),
                 "pass runs of RUN's workload: same mode and world size, or one 1-rank DDP run",
@@ -182,7 +183,7 @@ def _check_finite(out: dict, run_dir: Path) -> None:
     for row in rows:
         bad = [k for k, v in row.items() if isinstance(v, float) and not math.isfinite(v)]
         if bad or not all(r["step_time_s"] > 0 for r in out["predictions"]):
-            raise AnalysisError(
+            raise InputError(
                 run_dir,
                 f"cannot project: its inputs give a non-finite or zero {', '.join(bad) or 'step'}"
                 f" at n={row['ranks']}",
@@ -191,11 +192,11 @@ def _check_finite(out: dict, run_dir: Path) -> None:
 
 
 def _check_args(ranks: list[int], gpus_per_node: int, inter_node: str) -> float:
-    """One line (AnalysisError) for a bad argument; the inter-node link in Gb/s."""
+    """One line (InputError) for a bad argument; the inter-node link in Gb/s."""
     if not ranks or any(n < 1 for n in ranks):
-        raise AnalysisError("--ranks", f"got {ranks}", "every world size must be >= 1")
+        raise InputError("--ranks", f"got {ranks}", "every world size must be >= 1")
     if gpus_per_node < 1:
-        raise AnalysisError("--gpus-per-node", f"got {gpus_per_node}", "pass a count >= 1")
+        raise InputError("--gpus-per-node", f"got {gpus_per_node}", "pass a count >= 1")
     return parse_inter_node(inter_node)
 
 
@@ -216,24 +217,24 @@ def _predictions(
 
 
 def _check_comm(comm: dict, comm_dir: Path, asked: str | None, bandwidth: str) -> None:
-    """One line (AnalysisError) unless the comm run can model `asked`'s collectives."""
+    """One line (InputError) unless the comm run can model `asked`'s collectives."""
     if comm["backend"] != asked:
-        raise AnalysisError(
+        raise InputError(
             comm_dir,
             f"benchmarks {comm['backend']}, not the {asked} asked for",
             f"pass a comm run made with BACKEND={asked}",
         )
     if comm["status"] != "ok" or int(comm["world_size"] or 0) < 2:
-        raise AnalysisError(
+        raise InputError(
             comm_dir,
             f"is not a finished benchmark over >= 2 ranks (status {comm['status']}, "
             f"{comm['world_size']} rank(s): nothing was transferred)",
             "run make bench-comm with NPROC >= 2",
         )
     if "all_reduce" not in comm["models"]:
-        raise AnalysisError(comm_dir, "has no all_reduce fit", "re-run make bench-comm")
+        raise InputError(comm_dir, "has no all_reduce fit", "re-run make bench-comm")
     if bandwidth not in ("measured", "fit"):
-        raise AnalysisError("--bandwidth", f"got {bandwidth!r}", "use measured or fit")
+        raise InputError("--bandwidth", f"got {bandwidth!r}", "use measured or fit")
 
 
 def _warnings(

@@ -41,13 +41,13 @@ __all__ = ["bucket_calls", "exposed_share", "read_rank_rows"]
 def read_rank_rows(trace_dir: Path) -> list[dict[str, Any]]:
     """Every readable trace of `trace_dir` as its traces-JSON rank row plus the collective
     `instances` (µs from that rank's own origin, the clock of its `memory.phases`).
-    AnalysisError (one line) when no trace could be analysed."""
+    InputError (one line) when no trace could be analysed."""
     good, skipped = reduce_files(find_trace_files(trace_dir), progress=False)
     if not good:
-        from analysis.errors import AnalysisError
+        from profiler.runfolder.errors import InputError
 
         reasons = "; ".join(f"{Path(s['file']).name}: {s['reason']}" for s in skipped[:3])
-        raise AnalysisError(trace_dir, f"no usable trace ({reasons})", "fix or re-profile them")
+        raise InputError(trace_dir, f"no usable trace ({reasons})", "fix or re-profile them")
     return [{**traces_row(s), "instances": s.instances} for s in good]
 
 
