@@ -19,7 +19,7 @@ from analysis.columns import C, mib
 from analysis.report.figures import MIB, _theme, _uri
 from analysis.report.findings import Finding, _name
 from analysis.report.tables import Table
-from analysis.runs.compare import workload_key
+from analysis.runs.compare import is_measured, workload_key
 from analysis.trace.memory import downsample
 
 __all__ = ["BREAKDOWN_COLS", "context", "floor_bytes", "memory_findings"]
@@ -55,7 +55,7 @@ BREAKDOWN_COLS = [
 
 
 def _ok(run: dict[str, Any]) -> bool:
-    return run.get("status") == "ok"
+    return is_measured(run)
 
 
 def floor_bytes(entry: dict[str, Any], mode: str | None) -> int | None:
