@@ -299,7 +299,9 @@ def build_parser(prog: str = "python -m workloads.launch") -> argparse.ArgumentP
         "--script",
         default="",
         help="profile this unedited training script instead of dpscope's own training; its "
-        "arguments go after `--` (only --mode single|ddp, no --model/--dataset)",
+        "arguments go after `--` (--mode single|ddp; --max-steps N stops it after N optimizer "
+        "steps; the built-in training's options, --model, --epochs, --batch-size, ..., are "
+        "refused)",
     )
     script.add_argument(
         "--samples-per-step",
