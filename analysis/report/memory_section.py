@@ -240,7 +240,8 @@ def _vs_single(run: dict[str, Any], single: dict[str, Any]) -> Finding | None:
         "parameters_bytes": "parameters",
         "gradients_bytes": "gradients",
     }[cause]
-    hint = "; --gradient-as-bucket-view removes it" if cause == "ddp_buckets_bytes" else ""
+    fix = (run.get("advice") or {}).get("bucket_view", "--gradient-as-bucket-view")
+    hint = f"; {fix} removes it" if cause == "ddp_buckets_bytes" else ""
     text = (
         f"{name} holds {_mib(abs(diff))} ({abs(diff) / grads:.1f}× gradients) "
         f"{'more' if diff > 0 else 'less'} static memory per rank than Single: {because} "
