@@ -7,7 +7,8 @@ After the ranks have ended, the launcher reads their parts (profiler.parts) and 
   failed by itself, a signal reached a rank. `error` = `{kind: interrupted, signal, message,
   rank, exit_code, log_tail: []}`; the steps, traces and metrics the ranks recorded are kept.
   dpscope exits 130 for SIGINT and 143 for SIGTERM (128 + the signal's number).
-- **failed**: a rank raised, exited non-zero or was killed (runlog.finalize gives `error`);
+- **failed**: a rank raised, exited non-zero or was killed, or the watchdog ended a hang
+  (runlog.finalize gives `error`);
   dpscope exits with that first failing rank's exit code (128 + N for a rank killed by signal
   N; 1 when unknown).
 - **ok**: otherwise; exit code 0. A run stopped by `--max-steps` is ok, with `stop_reason`.
@@ -34,6 +35,8 @@ def _signal_of(outcome: Outcome, parts: list[dict], expected: int) -> tuple[str 
     first = first_signal(parts) or {}
     if outcome.interrupted:
         return outcome.interrupted, first
+    if outcome.hang:  # the watchdog's SIGTERM: a hang, which finalize diagnoses
+        return None, {}
     if len(parts) < expected or any(p.get("ended") == "failed" for p in parts):
         return None, {}  # a rank failed or was killed: the signals the others got are its echo
     return (first.get("signal"), first) if first else (None, {})
