@@ -14,6 +14,7 @@ from torch.utils.data import DataLoader, Dataset
 from torch.utils.data.distributed import DistributedSampler
 
 parser = argparse.ArgumentParser(description="PyTorch ImageNet Training")
+parser.add_argument("-j", "--workers", default=0, type=int, help="data loading workers")
 parser.add_argument("--epochs", default=90, type=int)
 parser.add_argument("-b", "--batch-size", default=16, type=int)
 parser.add_argument("--lr", default=0.1, type=float)
@@ -64,7 +65,11 @@ def main() -> None:
     train_dataset = FakeData(1281167)
     sampler = DistributedSampler(train_dataset) if distributed else None
     train_loader = DataLoader(
-        train_dataset, batch_size=args.batch_size, shuffle=sampler is None, sampler=sampler
+        train_dataset,
+        batch_size=args.batch_size,
+        shuffle=sampler is None,
+        num_workers=args.workers,
+        sampler=sampler,
     )
     for epoch in range(args.epochs):
         if sampler is not None:

@@ -62,6 +62,7 @@ class Stopper:
     module docstring); `hold()` defers a signal to the end of dpscope's own bookkeeping."""
 
     def __init__(self) -> None:
+        self.pid = os.getpid()
         self.name: str | None = None
         self.time: float | None = None
         self.armed = False  # the script is running: a signal stops it
@@ -73,6 +74,12 @@ class Stopper:
             signal.signal(sig, self._on_signal)
 
     def _on_signal(self, signum: int, frame: object) -> None:
+        if os.getpid() != self.pid:  # a forked child (a DataLoader worker): as if never set
+            signal.signal(
+                signum, signal.SIG_DFL if signum != signal.SIGINT else signal.default_int_handler
+            )
+            signal.raise_signal(signum)
+            return
         if self.name is None:
             self.name, self.time = signal.Signals(signum).name, time.time()
         if not self.armed:
