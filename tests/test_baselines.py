@@ -1,5 +1,5 @@
 """Baselines and noise (docs/reference/metrics.md §7): run folders written by the `--script`
-assembler (profiler.parts) from hand-made rank parts whose step times are known, so every
+assembler (profiler.runfolder.parts) from hand-made rank parts whose step times are known, so every
 expected number is arithmetic on those times; in-process, no training."""
 
 from __future__ import annotations
@@ -12,9 +12,9 @@ import pytest
 from analysis.columns import CLI_RUN_COLS, SUMMARY_COLS, fmt
 from analysis.report.tables import summary_rows
 from analysis.runs.compare import compare_runs
-from profiler.parts import assemble
-from profiler.runfolder import STEPS_COLUMNS
-from profiler.stepmetrics import step_metrics
+from profiler.runfolder.layout import STEPS_COLUMNS
+from profiler.runfolder.parts import assemble
+from profiler.runfolder.stepmetrics import step_metrics
 
 SAMPLES = 32  # per rank and step
 PROFILE = {"enabled": True, "wait": 1, "warmup": 1, "active": 3, "repeat": 1}

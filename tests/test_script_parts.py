@@ -1,6 +1,6 @@
 """The `--script` launcher's decisions from its ranks' parts, in-process: how a run ended (status,
 error, exit code), the traces it lists or leaves out, and the profiler's lines kept out of the
-terminal (workloads.launch.scriptend, profiler.parts, workloads.launch.kinetolog)."""
+terminal (workloads.launch.scriptend, profiler.runfolder.parts, workloads.launch.kinetolog)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from profiler.parts import assemble, write_part
+from profiler.runfolder.parts import assemble, write_part
 from tests.test_baselines import PROFILE, _part
 from workloads.launch.kinetolog import ProfilerLogFilter, is_profiler_line
 from workloads.launch.scriptend import _signal_of, exit_code

@@ -82,9 +82,14 @@ def test_a_script_without_a_step_limit_stopped_by_a_signal_keeps_what_it_measure
     assert rec["error"]["exit_code"] == code and f"interrupted by {sig.name}" in out
     world = 2 if mode == "ddp" else 1
     rows = steps(run_dir)
-    for rank in range(world):  # step 20 had printed: at least 21 steps on every rank
+    counts = []
+    for rank in range(world):
         mine = sorted(int(r["step"]) for r in rows if int(r["rank"]) == rank)
-        assert mine == list(range(len(mine))) and len(mine) >= 21
+        assert mine == list(range(len(mine)))
+        counts.append(len(mine))
+    # A rank had printed step 20: it recorded 21 steps; a peer may still have been inside step
+    # 20's optimizer step (the ranks meet in its backward), whose half is not a row.
+    assert max(counts) >= 21 and min(counts) >= 20, counts
     assert [t.split(".")[0] for t in rec["traces"]] == [f"traces/rank{r}" for r in range(world)]
     assert all((run_dir / t).is_file() for t in rec["traces"])
     metrics = rec["metrics"]
@@ -144,24 +149,40 @@ def test_a_ddp_script_that_fails_before_init_process_group_says_so(user):
 _ITER = re.compile(r"^iter (\d+): loss [\d.]+, time ([\d.]+)ms$", re.MULTILINE)
 
 
+def _timed_run(user: Path, run_id: str) -> tuple[subprocess.CompletedProcess, dict, dict]:
+    """nanoGPT-style run: (the launcher, its step rows by step, the script's own times)."""
+    proc = profile(
+        user, "--script", "gpt_accum.py", "--run-id", run_id, "--",
+        "--max_iters", "8", "--batch_size", "32", "--block_size", "64", **ONE_THREAD,
+    )  # fmt: skip
+    ok(proc)
+    own = {int(i): float(ms) / 1e3 for i, ms in _ITER.findall(proc.stdout)}
+    rows = {int(r["step"]): r for r in steps(user / "runs" / run_id)}
+    assert sorted(own) == sorted(rows) == list(range(8))
+    return proc, rows, own
+
+
 def test_step_times_match_the_scripts_own_timer_with_the_trace_export_in_its_step(user):
     """nanoGPT times each whole iteration itself. The trace export at the end of the profiler's
     active window (step 4: wait 1, warm-up 1, active 3) runs inside that iteration's
     optimizer.step(): dpscope charges it to that step (`profiler_s`), so every step's time is
-    the script's own within 5%; without it step 4 would be short by the export."""
-    proc = profile(
-        user, "--script", "gpt_accum.py", "--run-id", "gpt", "--",
-        "--max_iters", "8", "--batch_size", "32", "--block_size", "64", **ONE_THREAD,
-    )  # fmt: skip
-    ok(proc)
-    run_dir = user / "runs" / "gpt"
+    the script's own within 5%; without it step 4 would be short by the export.
+
+    The two clocks read a few microseconds apart at each iteration's end; on a loaded machine
+    the scheduler can preempt the script in between, once in a while, so a run with a step off
+    by more is measured again (at most 3 runs): a missing export is off in every run."""
+    tries = []
+    for attempt in range(3):
+        proc, rows, own = _timed_run(user, f"gpt-{attempt}")
+        ratios = {s: round(float(rows[s]["step_time_s"]) / own[s], 4) for s in own}
+        tries.append(ratios)
+        if all(abs(r - 1) <= 0.05 for r in ratios.values()):
+            break
+    else:
+        pytest.fail(f"a step off the script's own time by more than 5% in every run: {tries}")
+    run_dir = user / "runs" / f"gpt-{len(tries) - 1}"
     rec = read_run(run_dir)
-    own = {int(i): float(ms) / 1e3 for i, ms in _ITER.findall(proc.stdout)}
-    rows = {int(r["step"]): r for r in steps(run_dir)}
-    assert sorted(own) == sorted(rows) == list(range(8))
     assert rec["config"]["grad_accum_steps"] == 2
-    ratios = {s: float(rows[s]["step_time_s"]) / own[s] for s in own}
-    assert all(abs(r - 1) <= 0.05 for r in ratios.values()), ratios
     (export,) = rec["metrics"]["profile"]
     assert export["export_s"] > 0
     assert float(rows[4]["profiler_s"]) >= export["export_s"]  # the export is in step 4

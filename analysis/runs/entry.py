@@ -16,47 +16,39 @@ from typing import Any
 import msgspec
 import pandas as pd
 
-from analysis.errors import AnalysisError, unexpected
+from analysis.errors import unexpected
 from analysis.runs.fields import (
     args_text,
     device_type,
     fixed_batch,
     mean_std,
-    memory_fields,
+    memory_peaks,
     num_devices,
 )
-from analysis.runs.fields import memory_fields as _memory  # noqa: F401 - its old name (tests)
 from analysis.runs.notes import advice, overhead_note, workload_label
-from analysis.runs.records import (
-    EvalEntry,
-    InvalidRecord,
-    Metrics,
-    RunRecord,
-    StepTime,
-    read_record,
-    read_steps_frame,
-)
 from analysis.trace.consistency import run_trace_warnings
 from analysis.trace.folder import analyze_trace_dir
 from analysis.trace.memory import breakdown_entries, fill_dynamic
-from profiler.inputfile import safe_text
-from profiler.runfolder import throughput_steps
+from profiler.runfolder.errors import InputError, safe_text
+from profiler.runfolder.layout import STEP_PHASES, throughput_steps
+from profiler.runfolder.records import InvalidRecord, read_record
+from profiler.runfolder.schema import EvalEntry, Metrics, RunRecord, StepTime
+from profiler.runfolder.steps import read_steps_frame
 
 __all__ = [
     "MEASURED",
-    "PHASES",
     "RunEntry",
     "args_text",
     "attach_trace",
     "is_measured",
     "load_run",
     "mean_std",
+    "phases_summary",
 ]
 
 MEASURED = ("ok", "interrupted")
 """Statuses whose numbers count: a run stopped by a signal keeps what it measured."""
 
-PHASES = ("data", "forward", "backward", "optimizer")
 # The config/env fields copied verbatim into each run entry.
 CONFIG_FIELDS = (
     "mode",
@@ -87,9 +79,9 @@ ENV_FIELDS = (
 )
 
 
-def _phases(steps: pd.DataFrame) -> tuple[dict | None, list[dict], str | None]:
+def phases_summary(steps: pd.DataFrame) -> tuple[dict | None, list[dict], str | None]:
     """Mean seconds per step of each phase, over all ranks and per rank, on the steps throughput
-    uses (profiler.runfolder.throughput_steps: neither warm-up nor profiled, else every measured
+    uses (profiler.runfolder.layout.throughput_steps: neither warm-up nor profiled, else every measured
     step with its warning; schema 1 folders have no `profiled` column: every non-warm-up step),
     and the rule's warning. (None, [], None) without a measured step."""
     profiled = steps["profiled"] if "profiled" in steps.columns else None
@@ -97,13 +89,13 @@ def _phases(steps: pd.DataFrame) -> tuple[dict | None, list[dict], str | None]:
     body = steps[mask]
     if body.empty:
         return None, [], None
-    cols = [f"{p}_s" for p in PHASES]
-    overall = {p: float(body[f"{p}_s"].mean()) for p in PHASES}
+    cols = [f"{p}_s" for p in STEP_PHASES]
+    overall = {p: float(body[f"{p}_s"].mean()) for p in STEP_PHASES}
     per_rank = body.groupby("rank")[[*cols, "step_time_s"]].mean().reset_index()
     rows = [
         {
             "rank": int(r["rank"]),
-            **{p: float(r[f"{p}_s"]) for p in PHASES},
+            **{p: float(r[f"{p}_s"]) for p in STEP_PHASES},
             "step_time": float(r["step_time_s"]),
         }
         for r in per_rank.to_dict("records")
@@ -219,7 +211,7 @@ def _measured_steps(metrics: Metrics) -> int | None:
 def load_run(run_dir: Path) -> RunEntry:
     """One run entry of the runs JSON, without the cross-run fields (baseline, speedup, ...).
 
-    run.json and steps.csv are validated first (analysis/runs/records.py). Raises AnalysisError when
+    run.json and steps.csv are validated first (profiler/runfolder/records.py). Raises InputError when
     run.json is missing or unreadable and InvalidRecord when either file breaks the run-folder
     contract; a missing steps.csv (or a bad one in a run that did not finish ok) or bad traces
     only add a line to the entry's `warnings`.
@@ -254,7 +246,7 @@ def load_run(run_dir: Path) -> RunEntry:
         host_load=msgspec.to_builtins(env.host_load) if env.host_load else None,
         epoch_time_s=mean_std(metrics.epoch_time_s)[0],
         memory=memory,
-        **memory_fields(memory),
+        **memory_peaks(memory),
         memory_breakdown=breakdown_entries((raw.get("metrics") or {}).get("memory_breakdown")),
         test_loss=best.test_loss,
         top1_pct=best.top1_pct,
@@ -316,7 +308,7 @@ def _read_phases(entry: RunEntry, steps_csv: Path, schema_version: Any) -> None:
         return
     try:
         steps = read_steps_frame(steps_csv, world_size=entry.world_size)
-    except AnalysisError as err:
+    except InputError as err:
         if entry.status == "ok":
             raise (
                 err
@@ -326,7 +318,7 @@ def _read_phases(entry: RunEntry, steps_csv: Path, schema_version: Any) -> None:
         # A run that did not finish may have been cut off mid-row: its numbers are not used.
         entry.warnings.append(f"{err} — phases left empty")
         return
-    entry.phases_s, entry.phases_per_rank_s, warning = _phases(steps)
+    entry.phases_s, entry.phases_per_rank_s, warning = phases_summary(steps)
     if warning and warning not in entry.warnings:  # the writer's, said once
         entry.warnings.append(warning)
     if "profiled" not in steps.columns and entry.status == "ok":
@@ -348,7 +340,7 @@ def attach_trace(entry: RunEntry, run_dir: Path, *, progress: bool) -> None:
     left_out = frozenset(run_dir / t["file"] for t in entry.traces_left_out)
     try:
         trace = analyze_trace_dir(trace_dir, progress=progress, exclude=left_out)
-    except AnalysisError as err:
+    except InputError as err:
         entry.warnings.append(str(err))
         return
     except Exception as err:  # noqa: BLE001 — the run's record stays; only its traces are lost

@@ -10,12 +10,12 @@ import statistics
 from collections.abc import Iterable
 from typing import Any
 
-from analysis.runs.records import Config
+from profiler.runfolder.schema import Config
 
-__all__ = ["args_text", "device_type", "fixed_batch", "mean_std", "memory_fields", "num_devices"]
+__all__ = ["args_text", "device_type", "fixed_batch", "mean_std", "memory_peaks", "num_devices"]
 
 
-def memory_fields(entries: list[dict]) -> dict:
+def memory_peaks(entries: list[dict]) -> dict:
     """Peak memory and imbalance over the run's memory entries (one per rank/device).
 
     Uses `peak_allocated_bytes` (CUDA) when every entry has it, else `peak_rss_bytes` (CPU runs).

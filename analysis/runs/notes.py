@@ -11,7 +11,7 @@ from pathlib import PurePath
 from typing import Any
 
 from analysis.jsonsafe import clip
-from analysis.runs.records import Config
+from profiler.runfolder.schema import Config
 
 __all__ = ["LABEL_CHARS", "advice", "overhead_note", "workload_label"]
 

@@ -8,7 +8,7 @@ into `logs/rank<r>.log`; the profiler's own log lines (Kineto's, written by C++ 
 stderr file descriptor) go to `logs/rank<r>.profiler.log` instead of the terminal
 (workloads.launch.kinetolog).
 
-However the script ends, the rank writes its part (profiler.parts) with `ended`:
+However the script ends, the rank writes its part (profiler.runfolder.parts) with `ended`:
 
 - `ok`: the script returned (or called `sys.exit(0)`);
 - `max_steps`: `--max-steps N` stopped it after N optimizer steps (`stop_reason` says so);
@@ -38,7 +38,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from profiler.autohooks import AutoSteps, HookedRecorder, MaxStepsReached
-from profiler.parts import write_part
+from profiler.runfolder.parts import write_part
 from profiler.session import ProfileConfig
 from workloads.launch.kinetolog import ProfilerLogFilter
 from workloads.launch.runlog import rank_log, write_error_record

@@ -1,6 +1,6 @@
 """How a `--script` run ended: its record, its exit code and the lines the launcher prints.
 
-After the ranks have ended, the launcher reads their parts (profiler.parts) and decides:
+After the ranks have ended, the launcher reads their parts (profiler.runfolder.parts) and decides:
 
 - **interrupted** (`status: interrupted`): SIGINT or SIGTERM reached the launcher (Ctrl-C, a
   signal to the process group, or its own watchdog), or, with every rank's part there and none
@@ -20,9 +20,9 @@ import shlex
 import signal
 from pathlib import Path
 
-from profiler.parts import assemble, first_signal, read_parts
-from profiler.records import read_record
-from profiler.runfolder import RUN_JSON, utc_now, write_run_json
+from profiler.runfolder.layout import RUN_JSON, utc_now, write_run_json
+from profiler.runfolder.parts import assemble, first_signal, read_parts
+from profiler.runfolder.records import read_record
 from workloads.launch.child import PACKAGE_ROOT
 from workloads.launch.runlog import finalize
 from workloads.launch.supervise import Outcome
@@ -61,7 +61,7 @@ def end_script_run(
     run_dir: Path, outcome: Outcome, *, expected: int, launcher_log: Path, **assembly: object
 ) -> dict:
     """Assemble the ranks' parts into the run folder and give it its final status (see the
-    module docstring); return the record. `assembly`: profiler.parts.assemble's keywords."""
+    module docstring); return the record. `assembly`: profiler.runfolder.parts.assemble's keywords."""
     parts = read_parts(run_dir)  # what the ranks recorded, also of a failed or stopped run
     name, first = _signal_of(outcome, parts, expected)
     if name is not None:

@@ -17,16 +17,16 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from profiler.atomic import write_json_atomic
-from profiler.runfolder import (
-    RUN_FOLDER_SCHEMA_VERSION,
+from profiler.runfolder.atomic import write_json_atomic
+from profiler.runfolder.layout import (
     TRACE_GLOB,
     TRACES_DIR,
     utc_now,
     write_run_json,
     write_steps_csv,
 )
-from profiler.stepmetrics import step_metrics
+from profiler.runfolder.stepmetrics import step_metrics
+from profiler.runfolder.versions import RUN_JSON_SCHEMA_VERSION
 
 __all__ = [
     "FAILED_BEFORE_GROUP_WARNING",
@@ -257,7 +257,7 @@ def assemble(
         warnings.append(NO_STEP_WARNING)
     traces = [t for p in parts for t in p["traces"]] + _unclaimed(run_dir, parts, left, warnings)
     record: dict[str, Any] = {
-        "schema_version": RUN_FOLDER_SCHEMA_VERSION,
+        "schema_version": RUN_JSON_SCHEMA_VERSION,
         "run_id": run_id,
         "status": status,
         "error": error,
