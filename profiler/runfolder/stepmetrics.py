@@ -37,7 +37,7 @@ def throughput_rows(rows: list[dict]) -> tuple[list[dict], str | None]:
 def _traced_s(row: dict) -> float:
     """A traced step's own time: its `step_time_s` less the profiler's work at its end
     (`profiler_s`: starting, stopping and exporting the trace), which the trace never shows."""
-    return row["step_time_s"] - (row.get("profiler_s") or 0.0)
+    return max(0.0, row["step_time_s"] - (row.get("profiler_s") or 0.0))
 
 
 def _slowest(by_rank: dict[int, list[float]]) -> list[float]:
