@@ -13,7 +13,6 @@ process, and runlog.finalize gives each failed run its `error.kind` (never downg
 from __future__ import annotations
 
 import argparse
-import shlex
 import sys
 from pathlib import Path
 
@@ -29,7 +28,7 @@ from workloads.config import (
 )
 from workloads.launch.child import child_env, user_path
 from workloads.launch.runlog import finalize
-from workloads.launch.script import ScriptError, reject_builtin_options, run_script
+from workloads.launch.script import ScriptError, next_lines, parse_script_args, run_script
 from workloads.launch.supervise import flight_recorder_env, run_supervised
 from workloads.plan import Environment, Plan
 from workloads.plan import plan as plan_run
@@ -234,11 +233,7 @@ def run(args: argparse.Namespace, extra: list[str]) -> int:
         if statuses[-1] == "interrupted":
             break  # the user stopped the job: start no further mode
     if args.node_rank == 0:
-        runs = shlex.quote(str(args.runs_dir))
-        print(f"\nnext: dpscope report {runs} --out reports   (make report RUNS={runs})")
-        print(
-            f"      dpscope tensorboard --logdir {runs}   (traces in TensorBoard's profiler plugin)"
-        )
+        print("\n" + "\n".join(next_lines(args.runs_dir)))
     if "interrupted" in statuses:
         return 130
     return 1 if "failed" in statuses else 0
@@ -304,7 +299,9 @@ def build_parser(prog: str = "python -m workloads.launch") -> argparse.ArgumentP
         "--script",
         default="",
         help="profile this unedited training script instead of dpscope's own training; its "
-        "arguments go after `--` (only --mode single|ddp, no --model/--dataset)",
+        "arguments go after `--` (--mode single|ddp; --max-steps N stops it after N optimizer "
+        "steps; the built-in training's options, --model, --epochs, --batch-size, ..., are "
+        "refused)",
     )
     script.add_argument(
         "--samples-per-step",
@@ -330,8 +327,7 @@ def _script_main(parser: argparse.ArgumentParser, argv: list[str], prog: str) ->
 
     def body() -> int:
         try:
-            reject_builtin_options(ours)
-            return run_script(parser.parse_args(ours), script_args)
+            return run_script(parse_script_args(parser, ours), script_args)
         except (ScriptError, ValueError) as exc:
             raise LaunchError(str(exc)) from None
 
