@@ -32,6 +32,7 @@ from analysis.trace.consistency import run_trace_warnings
 from analysis.trace.folder import analyze_trace_dir
 from analysis.trace.memory import breakdown_entries, fill_dynamic
 from profiler.inputfile import safe_text
+from profiler.lease import killed_error
 from profiler.runfolder import throughput_steps
 
 __all__ = ["PHASES", "RunEntry", "args_text", "attach_trace", "load_run", "mean_std"]
@@ -241,6 +242,9 @@ def load_run(run_dir: Path) -> RunEntry:
     only add a line to the entry's `warnings`.
     """
     rec, raw = read_record(run_dir / "run.json")
+    status, error = rec.status, raw.get("error")
+    if status == "running" and (killed := killed_error(run_dir)):  # its launcher is gone
+        status, error = "failed", killed
     config, env, metrics = rec.config, rec.env, rec.metrics
     step_time = metrics.step_time_s or StepTime()
     best = rec.eval.best or EvalEntry()
@@ -248,8 +252,8 @@ def load_run(run_dir: Path) -> RunEntry:
     entry = RunEntry(
         run_id=safe_text(rec.run_id or run_dir.name),  # a non-UTF-8 folder name: U+FFFD
         path=str(run_dir),
-        status=rec.status,
-        error=raw.get("error"),
+        status=status,
+        error=error,
         **{k: getattr(config, k) for k in CONFIG_FIELDS},
         **{k: getattr(env, k) for k in ENV_FIELDS},
         model_args=args_text(config.model_args),
