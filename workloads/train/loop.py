@@ -54,6 +54,7 @@ from workloads.config import (
     default_run_id,
 )
 from workloads.launch import faults
+from workloads.launch.child import die_with_parent
 from workloads.launch.heartbeat import Heartbeat
 from workloads.launch.runlog import rank_log, write_error_record
 from workloads.train.checkpoint import LoopState, checkpoint_now, resume
@@ -333,6 +334,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    if argv is None:  # a process of its own (a rank): it ends with whoever started it
+        die_with_parent()
     parser = build_parser()
     ns = parser.parse_args(argv)
     try:
