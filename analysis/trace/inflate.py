@@ -70,7 +70,8 @@ def inflate_capped(path: Path, data: bytes, limit: int, size_fix: str) -> bytear
             buf = rest
             while not d.eof:
                 chunk = d.decompress(buf, INFLATE_STEP_BYTES)
-                consumed += len(buf) - len(d.unconsumed_tail)
+                # What this call took: not what is left for it, nor the next member's bytes.
+                consumed += len(buf) - len(d.unconsumed_tail) - len(d.unused_data)
                 buf = d.unconsumed_tail
                 out += chunk
                 if len(out) > limit:

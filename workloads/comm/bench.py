@@ -260,7 +260,10 @@ def _job(args: argparse.Namespace) -> _Job:
         job, Environment.detect(), prog="workloads.comm.bench", error=LaunchError, nproc=args.nproc
     )
     check_bytes("--max-bytes", args.max_bytes, allow_zero=True)
-    check_threads(args.threads, Environment.detect())
+    try:
+        check_threads(args.threads, Environment.detect())
+    except ValueError as exc:
+        raise LaunchError(str(exc)) from None
     max_bytes = args.max_bytes or (64 * MIB if plan.use_cuda else 16 * MIB)
     sizes = parse_sizes(args.sizes) if args.sizes else default_sizes(max_bytes)
     if args.iters < 1 or args.warmup < 0:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from profiler.errors import UserError
+from profiler.errors import UserError, disk_writes
 from workloads.config import OneLineParser, add_config_arguments
 from workloads.launch.child import user_path
 
@@ -44,7 +44,8 @@ def check_arguments(args: argparse.Namespace) -> None:
     if args.nnodes > 1 and args.mode != "ddp":
         raise LaunchError("--nnodes > 1 only makes sense with --mode ddp")
     runs = Path(args.runs_dir)
-    existing = next(p for p in (runs, *runs.parents) if p.exists())
+    with disk_writes(runs):  # a name too long for the file system is one line too
+        existing = next(p for p in (runs, *runs.parents) if p.exists())
     if not existing.is_dir():
         raise LaunchError(
             f"--runs-dir {runs}: {existing} is a file, not a folder; pass a folder (make: RUNS=DIR)"

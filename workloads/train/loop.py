@@ -46,6 +46,7 @@ from torch import nn
 from torch.utils.data import DataLoader
 
 from profiler.callbacks import Callback, StepState
+from profiler.errors import UserError
 from workloads.config import (
     OneLineParser,
     TrainConfig,
@@ -353,7 +354,10 @@ def main(argv: list[str] | None = None) -> int:
             ctx = init_context(cfg)
             train(cfg, ctx, run_dir)
         except BaseException as exc:  # noqa: BLE001 - every failure must leave a record for the launcher
-            traceback.print_exc()
+            if isinstance(exc, UserError):  # a full disk, a bad dataset item: its one line
+                print(f"[rank{env_rank}] error: {exc}", file=sys.stderr, flush=True)
+            else:
+                traceback.print_exc()
             details = faults.error_details(exc, cfg)
             write_error_record(run_dir, rank=env_rank, exc=exc, details=details)
         else:
