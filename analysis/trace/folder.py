@@ -205,16 +205,16 @@ def _mixed_job_warnings(path: Path, ranks: list[RankSummary], worlds: list[int])
 
 def _filter_warnings(ranks: list[RankSummary]) -> list[str]:
     """HTA decides its kernel filter over every rank's ProfilerStep names together (two or more:
-    filter every rank). A rank decided alone (analysis.trace.attribution) with fewer than two
-    steps in a folder holding two or more names would be filtered by HTA, its only step
-    dropped: said, since dpscope keeps that step and every kernel of it."""
+    filter every rank). dpscope decides per rank (analysis.trace.attribution), so a rank with
+    fewer than two steps in a folder holding two or more names is said: HTA would filter it
+    (orphans and its last step out) where dpscope keeps every kernel of it."""
     names = {n for r in ranks for n in r.profiler_steps}
     if not hta_filtered(len(names)):
         return []
     return [
         f"{r.file}: {len(set(r.profiler_steps))} ProfilerStep(s) here but {len(names)} step "
-        "names across the traces: HTA would filter this rank too and drop its only step; dpscope "
-        "analyses it with every kernel (keep one job's traces per folder)"
+        "names across the traces: HTA would filter this rank too (orphans and its last step "
+        "out); dpscope analyses it with every kernel (keep one job's traces per folder)"
         for r in ranks
         if not hta_filtered(len(set(r.profiler_steps)))
     ]

@@ -217,8 +217,9 @@ def _write_results(
     out += extra_lines(extra)
     text = "\n".join(out)
     print(text, flush=True)
-    (run_dir / "logs").mkdir(parents=True, exist_ok=True)
-    (run_dir / "logs" / "table.txt").write_text(text + "\n", encoding="utf-8")
+    with disk_writes(run_dir / "logs" / "table.txt"):
+        (run_dir / "logs").mkdir(parents=True, exist_ok=True)
+        (run_dir / "logs" / "table.txt").write_text(text + "\n", encoding="utf-8")
     _, record = read_comm_record(run_dir / RUN_JSON)  # the launcher's `running` record
     record["env"]["host_load"] = extra.pop("host_load", None)
     record.update(

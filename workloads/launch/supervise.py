@@ -40,8 +40,9 @@ __all__ = ["Outcome", "flight_recorder_env", "run_supervised"]
 
 GRACE_S = 30.0
 """How long torchrun gets to stop its workers before everything left is SIGKILLed."""
-LEFTOVER_GRACE_S = 3.0
-"""How long processes left by a finished job get to end by themselves (DataLoader workers do)."""
+LEFTOVER_GRACE_S = 6.0
+"""How long processes left by a finished job get to end by themselves (DataLoader workers of a
+rank that exited at once notice within 5 s)."""
 
 
 @dataclass(frozen=True)
