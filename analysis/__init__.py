@@ -8,7 +8,7 @@ The Python API (analysis/api.py; docs/reference/api.md):
 - `collectives(*paths) -> DataFrame`: one row per (run, collective);
 - `build_report(*paths, out=...) -> Path`: the HTML report; returns index.html.
 
-Bad input raises `AnalysisError` (or `ReportError` from build_report), both `UserError`s whose
+Bad input raises `InputError` (or `ReportError` from build_report), both `UserError`s whose
 message is one line naming the path and the fix. Definitions of every number:
 docs/reference/metrics.md.
 """
@@ -20,8 +20,7 @@ from analysis.api import (
     compare_runs,
     load_runs,
 )
-from analysis.errors import AnalysisError
-from profiler.errors import UserError
+from profiler.runfolder.errors import InputError, UserError
 
 
 def __getattr__(name: str):
@@ -34,7 +33,7 @@ def __getattr__(name: str):
 
 
 __all__ = [
-    "AnalysisError",
+    "InputError",
     "ReportError",
     "UserError",
     "analyze_traces",

@@ -12,7 +12,7 @@ import os
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING
 
-from profiler.runfolder import validate_run_id
+from profiler.runfolder.layout import validate_run_id
 from profiler.session import active
 
 if TYPE_CHECKING:
@@ -50,7 +50,7 @@ def default_run_id() -> str:
 
 def resolve_run_id(run_id: str | None) -> str:
     """The run id a recorder uses: `run_id`, else DPSCOPE_RUN_ID, else `default_run_id()`;
-    validated as every writer's are (profiler.runfolder.validate_run_id, naming its source)."""
+    validated as every writer's are (profiler.runfolder.layout.validate_run_id, naming its source)."""
     if run_id:
         return validate_run_id(run_id, RUN_ID_FLAG)
     if env_id := os.environ.get(RUN_ID_ENV):

@@ -14,8 +14,8 @@ import textwrap
 import pytest
 import torch
 
-from profiler.records import read_record
-from profiler.runfolder import RUN_JSON, write_run_json
+from profiler.runfolder.layout import RUN_JSON, write_run_json
+from profiler.runfolder.records import read_record
 from tests.conftest import read_run
 from workloads.config import EVAL_BATCH, TrainConfig
 from workloads.launch.child import child_env

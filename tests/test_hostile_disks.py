@@ -20,8 +20,8 @@ import pytest
 
 from analysis.runs.compare import compare_runs
 from analysis.trace.folder import find_trace_files
-from profiler.errors import DiskError
-from profiler.runfolder import create_run_folder
+from profiler.runfolder.errors import DiskError
+from profiler.runfolder.layout import create_run_folder
 from tests.conftest import launch, read_run
 from workloads.launch import launcher
 
@@ -137,7 +137,7 @@ def test_runs_folders_that_cannot_hold_runs_are_one_line(runs, words, tmp_path, 
 def test_a_partial_trace_is_never_listed(tmp_path):
     """What the profiler session writes while a trace is being exported (`.<name>.partial.gz`)
     matches no reader's pattern: not the analysis's, not the run folder's TRACE_GLOB."""
-    from profiler.runfolder import TRACE_GLOB
+    from profiler.runfolder.layout import TRACE_GLOB
 
     (tmp_path / "rank0.1.pt.trace.json.gz").write_bytes(b"")
     (tmp_path / ".rank0.2.pt.trace.json.gz.partial.gz").write_bytes(b"")

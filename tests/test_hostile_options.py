@@ -12,7 +12,7 @@ import os
 
 import pytest
 
-from profiler.runfolder import MAX_RUN_ID_BYTES
+from profiler.runfolder.layout import MAX_RUN_ID_BYTES
 from workloads.comm import bench
 from workloads.launch import launcher
 from workloads.tools import tune

@@ -15,14 +15,14 @@ from pathlib import Path
 
 import pytest
 
-from profiler.lease import OWNER_JSON, owner_gone
-from profiler.runfolder import (
+from profiler.runfolder.layout import (
     MAX_RUN_ID_BYTES,
     RunFolderError,
     RunFolderTaken,
     create_run_folder,
     validate_run_id,
 )
+from profiler.runfolder.lease import OWNER_JSON, owner_gone
 from tests.conftest import REPO, read_run
 from workloads.comm import bench
 from workloads.config import TrainConfig

@@ -15,14 +15,15 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from analysis.errors import AnalysisError, unexpected
+from analysis.errors import unexpected
 from analysis.jsonsafe import finite_json
 from analysis.trace.attribution import hta_filtered
 from analysis.trace.collectives import combine_collectives
 from analysis.trace.rank import RankSummary, summarize_file
+from profiler.runfolder.errors import InputError
+from profiler.runfolder.versions import TRACES_JSON_SCHEMA_VERSION
 
 __all__ = [
-    "SCHEMA_VERSION",
     "analyze_trace_dir",
     "combine_summaries",
     "find_trace_files",
@@ -30,7 +31,6 @@ __all__ = [
     "traces_row",
 ]
 
-SCHEMA_VERSION = 2
 _RANK_FIELDS = (
     "rank",
     "file",
@@ -68,7 +68,7 @@ def find_trace_files(path: Path) -> list[Path]:
     if path.exists() and not path.is_dir():  # a FIFO or device too: the loader refuses it
         return [path]
     if not path.is_dir():
-        raise AnalysisError(path, "does not exist", "pass a folder of .pt.trace.json(.gz) files")
+        raise InputError(path, "does not exist", "pass a folder of .pt.trace.json(.gz) files")
     # Not only regular files: a FIFO or device named like a trace gets its own `skipped` line
     # (the loader opens it non-blocking and refuses it) instead of vanishing.
     files = sorted(
@@ -77,7 +77,7 @@ def find_trace_files(path: Path) -> list[Path]:
         if (p.name.endswith(".json") or p.name.endswith(".json.gz")) and not p.is_dir()
     )
     if not files:
-        raise AnalysisError(
+        raise InputError(
             path,
             "no trace files (*.json, *.json.gz)",
             "profile a run first or point at its traces/ folder",
@@ -93,7 +93,7 @@ def traces_row(summary: RankSummary) -> dict:
 def _summarize(path: Path) -> tuple[RankSummary | None, str | None]:
     try:
         return summarize_file(path), None
-    except AnalysisError as err:
+    except InputError as err:
         return None, f"{err.what} — {err.fix}"
     except Exception as err:  # noqa: BLE001 — RecursionError, MemoryError, ...: one hostile
         # file costs one line, never the other ranks.
@@ -238,7 +238,7 @@ def reduce_files(
 def analyze_trace_dir(path: Path, *, workers: int | None = None, progress: bool = True) -> dict:
     """The traces JSON for every trace file in `path` (see docs/reference/metrics.md for each field).
 
-    Raises AnalysisError when no file could be analysed; otherwise bad files are listed in
+    Raises InputError when no file could be analysed; otherwise bad files are listed in
     `skipped` with a one-line reason and the rest is analysed.
     """
     good, skipped = reduce_files(find_trace_files(path), workers=workers, progress=progress)
@@ -255,7 +255,7 @@ def combine_summaries(path: Path | str, good: list[RankSummary], skipped: list[d
     skipped.sort(key=lambda s: s["file"])
     if not ranks:
         reasons = "; ".join(f"{Path(s['file']).name}: {s['reason']}" for s in skipped[:3])
-        raise AnalysisError(path, f"no usable trace ({reasons})", "fix or re-profile the traces")
+        raise InputError(path, f"no usable trace ({reasons})", "fix or re-profile the traces")
     origin = min(r.origin_ns for r in ranks)  # HTA's alignment: earliest event of all ranks = 0
     for r in ranks:
         shift_us = (r.origin_ns - origin) / 1000  # exact integer ns: no float64 absolute clock
@@ -270,7 +270,7 @@ def combine_summaries(path: Path | str, good: list[RankSummary], skipped: list[d
     means = [r.step_time_us_mean for r in ranks]
     lo, hi = min(means), max(means)
     result = {
-        "schema_version": SCHEMA_VERSION,
+        "schema_version": TRACES_JSON_SCHEMA_VERSION,
         "trace_dir": str(path),
         "world_size": world_size if worlds else None,
         "kind": "gpu" if any(r.kind == "gpu" for r in ranks) else "cpu",

@@ -18,7 +18,7 @@ import os
 import zlib
 from pathlib import Path
 
-from analysis.errors import AnalysisError
+from profiler.runfolder.errors import InputError
 
 __all__ = [
     "INFLATE_STEP_BYTES",
@@ -45,7 +45,7 @@ def max_ratio() -> float:
     except ValueError:
         value = 0.0
     if not value >= 1:  # also NaN
-        raise AnalysisError(
+        raise InputError(
             MAX_RATIO_ENV,
             f"{MAX_RATIO_ENV}={text[:40]!r} is not a ratio >= 1",
             f"set {MAX_RATIO_ENV} to a number such as 1000, or unset it",
@@ -53,12 +53,12 @@ def max_ratio() -> float:
     return value
 
 
-def _bomb(path: Path, what: str, fix: str) -> AnalysisError:
-    return AnalysisError(path, what, fix)
+def _bomb(path: Path, what: str, fix: str) -> InputError:
+    return InputError(path, what, fix)
 
 
 def inflate_capped(path: Path, data: bytes, limit: int, size_fix: str) -> bytearray:
-    """Gunzip every member of `data` under both caps (module docstring); AnalysisError naming
+    """Gunzip every member of `data` under both caps (module docstring); InputError naming
     `path` for a bomb or a truncated/corrupt gzip. `size_fix` says how to raise the size cap."""
     ratio = max_ratio()
     out = bytearray()
@@ -91,7 +91,7 @@ def inflate_capped(path: Path, data: bytes, limit: int, size_fix: str) -> bytear
                     raise EOFError  # input used up before the member's end
             rest = d.unused_data
     except (EOFError, zlib.error):
-        raise AnalysisError(
+        raise InputError(
             path, "truncated or corrupt gzip", "the trace was cut off while writing; re-profile"
         ) from None
     return out

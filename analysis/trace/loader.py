@@ -24,9 +24,9 @@ from pathlib import Path
 
 import msgspec
 
-from analysis.errors import AnalysisError
 from analysis.trace.inflate import inflate_capped
 from analysis.trace.timebase import MAX_SPAN_US, median_base, needs_exact, rebase
+from profiler.runfolder.errors import InputError
 
 __all__ = [
     "CHUNK_BYTES",
@@ -192,7 +192,7 @@ class LoadedTrace:
 
     def _pass(self, buffers: Iterator[bytes | memoryview], *, split: bool) -> Iterator[list[Event]]:
         """Decode and rebase each buffer; a chunked pass (`split`) whose piece is not valid JSON
-        raises ChunkSplitError, a whole pass that fails is one AnalysisError naming the file."""
+        raises ChunkSplitError, a whole pass that fails is one InputError naming the file."""
         for buf in buffers:
             if split:
                 try:
@@ -211,7 +211,7 @@ class LoadedTrace:
         yields a second pass decoding everything at once (the consumer restarts on it)."""
         raw = self.raw_events
         if raw.nbytes < 2 or bytes(raw[:1]) != b"[" or bytes(raw[-1:]) != b"]":
-            raise AnalysisError(
+            raise InputError(
                 self.path, "`traceEvents` is not a list", "this is not a torch.profiler trace"
             )
         yield self._pass(_chunks(raw, size), split=True)
@@ -223,7 +223,7 @@ def _decode(decode: Callable, path: Path, raw: bytes | memoryview):
     try:
         return decode(raw)
     except msgspec.DecodeError as err:
-        raise AnalysisError(
+        raise InputError(
             path,
             f"not a Kineto JSON trace ({err})",
             "pass the .pt.trace.json(.gz) files torch.profiler writes",
@@ -241,7 +241,7 @@ def max_trace_bytes() -> int:
     except ValueError:
         value = 0
     if value < 1:
-        raise AnalysisError(
+        raise InputError(
             MAX_TRACE_BYTES_ENV,
             f"{MAX_TRACE_BYTES_ENV}={text[:40]!r} is not a positive number of bytes",
             f"set {MAX_TRACE_BYTES_ENV} to a byte count, e.g. 8589934592, or unset it",
@@ -249,8 +249,8 @@ def max_trace_bytes() -> int:
     return value
 
 
-def _refuse_size(path: Path, what: str, limit: int) -> AnalysisError:
-    return AnalysisError(
+def _refuse_size(path: Path, what: str, limit: int) -> InputError:
+    return InputError(
         path,
         f"{what} more than {limit:,} bytes (the trace size cap)",
         f"raise it with {MAX_TRACE_BYTES_ENV}=<bytes> if this trace is genuine",
@@ -263,13 +263,13 @@ def _read_regular(path: Path, limit: int) -> bytes:
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
     except OSError as err:
-        raise AnalysisError(
+        raise InputError(
             path, f"cannot read ({err.strerror})", "check the path/permissions"
         ) from None
     with os.fdopen(fd, "rb") as f:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
-            raise AnalysisError(
+            raise InputError(
                 path, "is not a regular file (a FIFO, device or socket)", "pass trace files"
             )
         if st.st_size > limit:
@@ -277,7 +277,7 @@ def _read_regular(path: Path, limit: int) -> bytes:
         try:
             return f.read(limit + 1)
         except OSError as err:
-            raise AnalysisError(
+            raise InputError(
                 path, f"cannot read ({err.strerror})", "check the path/permissions"
             ) from None
 
@@ -290,7 +290,7 @@ def _inflate(path: Path, data: bytes, limit: int) -> bytes | bytearray:
     except zlib.error:
         head = b"{"  # let inflate_capped name the corruption
     if head.lstrip(b" \t\r\n\xef\xbb\xbf")[:1] not in (b"{", b"["):
-        raise AnalysisError(path, "is a gzip that holds no JSON", "pass Kineto traces")
+        raise InputError(path, "is a gzip that holds no JSON", "pass Kineto traces")
     fix = f"raise it with {MAX_TRACE_BYTES_ENV}=<bytes> if this trace is genuine"
     return inflate_capped(path, data, limit, fix)
 
@@ -325,7 +325,7 @@ def _count(value: object) -> int | None:
 
 
 def load_trace(path: Path) -> LoadedTrace:
-    """Decode `path`; raises AnalysisError (one line) when it is not a usable Kineto trace."""
+    """Decode `path`; raises InputError (one line) when it is not a usable Kineto trace."""
     path = Path(path)
     data = _read_bytes(path)
     warnings: list[str] = []
@@ -336,7 +336,7 @@ def load_trace(path: Path) -> LoadedTrace:
         trace = _decode(_DECODER.decode, path, data)
         warnings.append(f"{path}: {fixed} lone UTF-16 surrogate(s) in strings replaced by U+FFFD")
     if not trace.traceEvents:
-        raise AnalysisError(path, "no `traceEvents` list", "this is not a torch.profiler trace")
+        raise InputError(path, "no `traceEvents` list", "this is not a torch.profiler trace")
     rank = world = backend = None
     source = "none"
     if trace.distributedInfo:

@@ -32,7 +32,7 @@ from analysis.trace.loader import Event
 
 __all__ = [
     "MAX_MEMORY_BYTES",
-    "PHASES",
+    "MEMORY_PEAK_PHASES",
     "MemoryAccumulator",
     "MemoryEvents",
     "device_name",
@@ -40,7 +40,7 @@ __all__ = [
     "memory_summary",
 ]
 
-PHASES = ("forward", "backward", "optimizer")
+MEMORY_PEAK_PHASES = ("forward", "backward", "optimizer")
 _MEMORY_NAME = "[memory]"
 TIMELINE_POINTS = 1500  # per device per rank: enough for a figure, small in the JSON
 # Plausibility bound of a [memory] event: no device holds 1 PiB, and device numbers are small.
@@ -57,7 +57,7 @@ class _MemArgs(msgspec.Struct, gc=False):
 
 _DECODER = msgspec.json.Decoder(_MemArgs)
 _LIST_DECODER = msgspec.json.Decoder(list[_MemArgs])
-_PHASE_SET = frozenset(PHASES)
+_PHASE_SET = frozenset(MEMORY_PEAK_PHASES)
 
 
 def _decode_one(raw: bytes) -> _MemArgs | None:
@@ -205,7 +205,7 @@ def _device_summary(ev: MemoryEvents, mask: np.ndarray, steps: list[dict]) -> di
     for st in steps:
         base = _level(ts, total, delta, st["forward"][0])
         row: dict = {"start_level_bytes": base}
-        for phase in PHASES:
+        for phase in MEMORY_PEAK_PHASES:
             if phase not in st:
                 row[f"{phase}_peak_bytes"] = None
                 continue
@@ -216,7 +216,7 @@ def _device_summary(ev: MemoryEvents, mask: np.ndarray, steps: list[dict]) -> di
         per_step.append(row)
     t, y = downsample(ts, total)
     out = {"events": int(ts.size)}
-    for phase in PHASES:
+    for phase in MEMORY_PEAK_PHASES:
         vals = [r[f"{phase}_peak_bytes"] for r in per_step if r[f"{phase}_peak_bytes"] is not None]
         out[f"{phase}_peak_bytes"] = max(vals) if vals else None
     return {
@@ -268,7 +268,7 @@ STATIC_FIELDS = (
     "ddp_buckets_bytes",
     "static_total_bytes",
 )
-DYNAMIC_FIELDS = tuple(f"{p}_peak_bytes" for p in PHASES)
+DYNAMIC_FIELDS = tuple(f"{p}_peak_bytes" for p in MEMORY_PEAK_PHASES)
 
 
 def breakdown_entries(entries: object) -> list[dict]:

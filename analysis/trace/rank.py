@@ -14,7 +14,6 @@ from typing import Any
 import msgspec
 import numpy as np
 
-from analysis.errors import AnalysisError
 from analysis.trace.attribution import hta_filtered, kernel_steps
 from analysis.trace.classify import COMM, COMPUTE, MAX_DUR_US, Classified, Ranges, classify
 from analysis.trace.collectives import rank_instances
@@ -23,6 +22,7 @@ from analysis.trace.loader import load_trace
 from analysis.trace.memory import memory_summary
 from analysis.trace.ops import rank_ops
 from analysis.trace.tbprofiler import tb_split
+from profiler.runfolder.errors import InputError
 
 __all__ = ["RankSummary", "summarize_file"]
 
@@ -32,7 +32,7 @@ def _windows(c: Classified, path: Path, warnings: list[str]) -> tuple[np.ndarray
     if len(c.steps) == 0:
         lo, hi = c.cpu_span
         if hi <= lo:
-            raise AnalysisError(
+            raise InputError(
                 path,
                 "no ProfilerStep ranges and no CPU ops",
                 "profile with torch.profiler and call prof.step() every step",
@@ -205,9 +205,9 @@ def _orphan_us(c: Classified) -> float:
 
 
 def _check_events(c: Classified, path: Path, warnings: list[str]) -> None:
-    """A trace with no events is one AnalysisError; dropped events are one warning."""
+    """A trace with no events is one InputError; dropped events are one warning."""
     if not len(c.kernels) and not len(c.compute_ops) and not len(c.anchors) and not len(c.steps):
-        raise AnalysisError(
+        raise InputError(
             path,
             "no profiler events (no ops, kernels or ProfilerSteps)",
             "the profiler recorded nothing; check its schedule",
@@ -241,7 +241,7 @@ def _check_events(c: Classified, path: Path, warnings: list[str]) -> None:
 def summarize_file(path: Path) -> RankSummary:
     """Load one trace and reduce it to its summary (events are dropped before returning).
 
-    Raises AnalysisError with a one-line message when the file cannot be analysed.
+    Raises InputError with a one-line message when the file cannot be analysed.
     """
     loaded = load_trace(path)
     c = classify(loaded.event_chunks())

@@ -20,10 +20,11 @@ from typing import Annotated, Any, Literal
 import msgspec
 import numpy as np
 
-from analysis.errors import AnalysisError
-from analysis.trace.folder import SCHEMA_VERSION, combine_summaries, find_trace_files, reduce_files
+from analysis.trace.folder import combine_summaries, find_trace_files, reduce_files
 from analysis.trace.rank import RankSummary
-from profiler.inputfile import BadJSON, decode_json
+from profiler.runfolder.errors import InputError
+from profiler.runfolder.inputfile import BadJSON, decode_json
+from profiler.runfolder.versions import TRACES_PART_SCHEMA_VERSION
 
 __all__ = ["PART_KIND", "analyze_shard", "merge_parts", "parse_shard"]
 
@@ -32,10 +33,10 @@ _INT_ARRAYS = ("bytes", "group_size")  # every other instance array is float64 Â
 
 
 def parse_shard(text: str) -> tuple[int, int]:
-    """`K/N` -> (K, N) with N >= 1 and 0 <= K < N; anything else is one AnalysisError line."""
+    """`K/N` -> (K, N) with N >= 1 and 0 <= K < N; anything else is one InputError line."""
     m = re.fullmatch(r"\s*(\d+)\s*/\s*(\d+)\s*", str(text))
     if not m or int(m.group(2)) < 1 or int(m.group(1)) >= int(m.group(2)):
-        raise AnalysisError(
+        raise InputError(
             "--shard",
             f"{text!r} is not K/N with N >= 1 and 0 <= K < N",
             "e.g. --shard 0/16 for the first of 16 shards (--shard $SLURM_ARRAY_TASK_ID/16)",
@@ -55,7 +56,7 @@ def _to_json(summary: RankSummary) -> dict:
 
 def _from_json(summary: dict, path: Path) -> RankSummary:
     """The rank summary of a part's entry, the instance arrays back as numpy; a summary that is
-    not one (a hand-edited or foreign part) is one AnalysisError line naming the part."""
+    not one (a hand-edited or foreign part) is one InputError line naming the part."""
     try:
         out = msgspec.convert(summary, RankSummary)
         out.instances = {
@@ -69,13 +70,13 @@ def _from_json(summary: dict, path: Path) -> RankSummary:
         }
     except (msgspec.ValidationError, ValueError, TypeError, OverflowError) as err:
         problem = " ".join(str(err).split())[:200]
-        raise AnalysisError(
+        raise InputError(
             path, f"holds a broken rank summary ({problem})", "re-run that shard"
         ) from None
     for name, inst in out.instances.items():  # one call per index: every array as long
         sizes = {k: v.shape for k, v in inst.items() if isinstance(v, np.ndarray)}
         if len(set(sizes.values())) > 1 or any(len(s) != 1 for s in sizes.values()):
-            raise AnalysisError(
+            raise InputError(
                 path, f"holds ragged call arrays for `{name}` ({sizes})", "re-run that shard"
             )
     return out
@@ -91,7 +92,7 @@ def analyze_shard(
     good, skipped = reduce_files(mine, workers=workers, progress=progress) if mine else ([], [])
     return {
         "kind": PART_KIND,
-        "schema_version": SCHEMA_VERSION,
+        "schema_version": TRACES_PART_SCHEMA_VERSION,
         "trace_dir": str(path),
         "shard": k,
         "shards": n,
@@ -119,25 +120,25 @@ class _Part(msgspec.Struct):
 
 
 def _read_part(path: Path) -> dict[str, Any]:
-    """A part JSON through the reading rules of every record (profiler.inputfile: a regular file
-    under the size limit, bounded nesting), its fields typed; one AnalysisError line otherwise."""
+    """A part JSON through the reading rules of every record (profiler.runfolder.inputfile: a regular file
+    under the size limit, bounded nesting), its fields typed; one InputError line otherwise."""
     fix = "pass the part-K.json files written by `python -m analysis traces DIR --shard K/N`"
     try:
         part = decode_json(path, "part", "re-run that shard", unique=False)
     except BadJSON as err:
-        raise AnalysisError(path, f"unreadable ({err.what})", err.fix) from None
-    except AnalysisError as err:
+        raise InputError(path, f"unreadable ({err.what})", err.fix) from None
+    except InputError as err:
         if err.what == "missing":
-            raise AnalysisError(path, "does not exist", "pass the files `--shard` wrote") from None
+            raise InputError(path, "does not exist", "pass the files `--shard` wrote") from None
         raise
     if not isinstance(part, dict) or part.get("kind") != PART_KIND:
-        raise AnalysisError(path, "is not a traces part", fix)
+        raise InputError(path, "is not a traces part", fix)
     try:
         typed = msgspec.convert(part, _Part)
     except msgspec.ValidationError as err:
-        raise AnalysisError(path, f"is a broken traces part ({err})", "re-run that shard") from None
+        raise InputError(path, f"is a broken traces part ({err})", "re-run that shard") from None
     if typed.shard >= typed.shards:
-        raise AnalysisError(
+        raise InputError(
             path, f"is shard {typed.shard} of only {typed.shards}", "re-run that shard"
         )
     return part
@@ -153,17 +154,15 @@ def _same(parts: list[tuple[Path, dict]], key: str, what: str, fix: str) -> None
         by_value.setdefault(json.dumps(p[key], sort_keys=True), []).append(path)
     if len(by_value) > 1:
         groups = "; ".join(_names(v) for v in by_value.values())
-        raise AnalysisError(
-            _names([p for p, _ in parts]), f"parts differ in {what} ({groups})", fix
-        )
+        raise InputError(_names([p for p, _ in parts]), f"parts differ in {what} ({groups})", fix)
 
 
 def merge_parts(paths: list[Path]) -> dict:
     """The traces JSON of the whole folder from its parts: exactly what the unsharded analysis
     gives. Parts from different folders or dpscope versions, or overlapping or missing shards,
-    raise one AnalysisError line naming the files."""
+    raise one InputError line naming the files."""
     if not paths:
-        raise AnalysisError("merge", "no part files given", "pass part-*.json")
+        raise InputError("merge", "no part files given", "pass part-*.json")
     parts = [(Path(p), _read_part(Path(p))) for p in paths]  # a file given twice overlaps
     _same(parts, "schema_version", "schema version", "re-run every shard with one dpscope version")
     _same(parts, "trace_dir", "trace folder", "merge only the parts of one trace folder")
@@ -172,11 +171,11 @@ def merge_parts(paths: list[Path]) -> dict:
     )
     _same(parts, "shards", "shard count N", "run every shard with the same --shard K/N")
     first = parts[0][1]
-    if first["schema_version"] != SCHEMA_VERSION:
-        raise AnalysisError(
+    if first["schema_version"] != TRACES_PART_SCHEMA_VERSION:
+        raise InputError(
             _names([p for p, _ in parts]),
             f"parts have schema version {first['schema_version']}, this dpscope reads "
-            f"{SCHEMA_VERSION}",
+            f"{TRACES_PART_SCHEMA_VERSION}",
             "re-run the shards with this dpscope version",
         )
     by_shard: dict[int, list[Path]] = {}
@@ -185,14 +184,14 @@ def merge_parts(paths: list[Path]) -> dict:
     twice = {k: v for k, v in by_shard.items() if len(v) > 1}
     if twice:
         k, dup = min(twice.items())
-        raise AnalysisError(
+        raise InputError(
             _names(dup), f"overlapping parts: shard {k} given {len(dup)} times", "pass each once"
         )
     n = int(first["shards"])
     missing = sorted(set(range(n)) - set(by_shard))
     if missing:
         shown = ", ".join(map(str, missing[:10])) + (", ..." if len(missing) > 10 else "")
-        raise AnalysisError(
+        raise InputError(
             _names([p for p, _ in parts]),
             f"missing shards {shown} of {n}",
             "run those shards (--shard K/N) and merge all N parts",

@@ -29,10 +29,10 @@ from typing import NoReturn
 
 import torch
 
-from profiler.atomic import write_json_atomic
 from profiler.callbacks import Callback, StepState
-from profiler.errors import DiskError, disk_error
-from profiler.runfolder import TRACE_GLOB, TRACES_DIR
+from profiler.runfolder.atomic import write_json_atomic
+from profiler.runfolder.errors import DiskError, disk_error
+from profiler.runfolder.layout import TRACE_GLOB, TRACES_DIR
 from workloads.config import TrainConfig
 from workloads.plan import Environment, plan, torchrun_layout
 
@@ -191,7 +191,7 @@ def classify(exc: BaseException, *, per_device_batch: int | None) -> dict:
     kind is `oom` (torch.OutOfMemoryError), `diverged` (NonFiniteLoss), `hang` (a collective or
     store timeout; the launcher names the stuck rank from the heartbeats), `interrupted`
     (KeyboardInterrupt), `disk` (a write the disk refused: full, read-only, no permission; one
-    line naming the path, profiler.errors.DiskError) or `crash` (anything else).
+    line naming the path, profiler.runfolder.errors.DiskError) or `crash` (anything else).
     """
     text = f"{type(exc).__name__}: {exc}"
     if isinstance(exc, torch.OutOfMemoryError):
@@ -229,12 +229,12 @@ def error_details(exc: BaseException, cfg: TrainConfig) -> dict:
 
 def restart_record(run_dir: Path, restarts: int) -> dict:
     """run.json `restarts` and `resumes` (docs/reference/run-folder.md), merged into rank 0's record (which
-    profiler.runfolder.write_run_json writes)."""
+    profiler.runfolder.layout.write_run_json writes)."""
     return {"restarts": restarts, "resumes": read_attempts(run_dir)}
 
 
 def all_traces(run_dir: Path) -> list[str]:
-    """Every attempt's trace files (profiler.runfolder.TRACE_GLOB), relative to the run folder."""
+    """Every attempt's trace files (profiler.runfolder.layout.TRACE_GLOB), relative to the run folder."""
     return sorted(
         p.relative_to(run_dir).as_posix() for p in (run_dir / TRACES_DIR).glob(TRACE_GLOB)
     )

@@ -11,9 +11,9 @@ process, and runlog.finalize gives each failed run its `error.kind` (never downg
 
 Every run it will make is planned and checked first (options, workload, batch against the
 dataset, for every mode of `--mode all`): nothing is written before all pass. Each run folder is
-then claimed exclusively (profiler.runfolder.create_run_folder: of two launchers given the same
+then claimed exclusively (profiler.runfolder.layout.create_run_folder: of two launchers given the same
 --run-id, one runs and the other gets one line; a default id that is taken gets a `-2` suffix)
-and leased while the training runs (profiler.lease), so a launcher killed by SIGKILL leaves a run
+and leased while the training runs (profiler.runfolder.lease), so a launcher killed by SIGKILL leaves a run
 that readers see as `failed (launcher killed)`.
 """
 
@@ -24,9 +24,9 @@ import shlex
 import sys
 from pathlib import Path
 
-from profiler.errors import disk_writes, run_command
-from profiler.lease import Lease
-from profiler.runfolder import RUN_JSON, RunFolderTaken, create_run_folder, write_run_json
+from profiler.runfolder.errors import disk_writes, run_command
+from profiler.runfolder.layout import RUN_JSON, RunFolderTaken, create_run_folder, write_run_json
+from profiler.runfolder.lease import Lease
 from workloads.config import TrainConfig, config_from_namespace, default_run_id, to_argv
 from workloads.launch.child import child_env
 from workloads.launch.options import LaunchError, absolute_paths, build_parser, check_arguments

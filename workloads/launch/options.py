@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from profiler.errors import UserError, disk_writes
+from profiler.runfolder.errors import UserError, disk_writes
 from workloads.config import OneLineParser, add_config_arguments
 from workloads.launch.child import user_path
 

@@ -4,7 +4,7 @@ profile an unedited training script (docs/guides/own-script.md).
 The launcher checks the arguments (one line each, nothing written), writes run.json `running`,
 starts workloads.launch.bootstrap (under torchrun for `--mode ddp`, which sets RANK, WORLD_SIZE,
 LOCAL_RANK and MASTER_* as any torchrun script expects) under the same supervision as built-in
-runs, then assembles the ranks' parts (profiler.parts) into steps.csv and run.json. A failed
+runs, then assembles the ranks' parts (profiler.runfolder.parts) into steps.csv and run.json. A failed
 script becomes `status: failed` through runlog.finalize, as a built-in run does.
 
 run.json `config` adds `script` (absolute path), `script_args`, `script_sha256` and `workload`:
@@ -23,15 +23,11 @@ import sys
 from datetime import UTC, datetime
 from pathlib import Path
 
-from profiler.lease import Lease
-from profiler.parts import assemble, read_parts
-from profiler.record import collect_env
-from profiler.runfolder import (
-    RUN_FOLDER_SCHEMA_VERSION,
-    create_run_folder,
-    utc_now,
-    write_run_json,
-)
+from profiler.environment import collect_env
+from profiler.runfolder.layout import create_run_folder, utc_now, write_run_json
+from profiler.runfolder.lease import Lease
+from profiler.runfolder.parts import assemble, read_parts
+from profiler.runfolder.versions import RUN_JSON_SCHEMA_VERSION
 from profiler.session import ProfileConfig
 from workloads.config import TrainConfig, config_from_namespace
 from workloads.launch.bootstrap import SETTINGS_ENV
@@ -124,7 +120,7 @@ def _running_record(cfg: TrainConfig, mode: str, nproc: int, extra: dict) -> dic
         **extra,
     }
     return {
-        "schema_version": RUN_FOLDER_SCHEMA_VERSION,
+        "schema_version": RUN_JSON_SCHEMA_VERSION,
         "run_id": cfg.run_id,
         "status": "running",
         "error": None,
@@ -151,7 +147,7 @@ def run_script(args: argparse.Namespace, script_args: list[str]) -> int:
     cfg.run_id = cfg.run_id or f"script-{script.stem}-{mode}-n{nproc}-{stamp}"
     run_dir = create_run_folder(cfg.runs_dir, cfg.run_id, writer="launcher")  # exclusive
     (run_dir / "logs").mkdir(parents=True, exist_ok=True)
-    lease = Lease(run_dir, "launcher")  # a killed launcher reads as such (profiler.lease)
+    lease = Lease(run_dir, "launcher")  # a killed launcher reads as such (profiler.runfolder.lease)
     extra = _config_extra(script, script_args, sha, args.workload_name)
     record = _running_record(cfg, mode, nproc, extra)
     write_run_json(run_dir, record)

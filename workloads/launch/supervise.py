@@ -31,7 +31,7 @@ from pathlib import Path
 
 import psutil
 
-from profiler.errors import disk_writes
+from profiler.runfolder.errors import disk_writes
 from workloads.launch.child import set_subreaper
 from workloads.launch.guard import guarded
 from workloads.launch.heartbeat import diagnose_hang, read_heartbeats

@@ -11,8 +11,8 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING
 
-from profiler.errors import OneLineParser, UserError
-from profiler.runfolder import validate_run_id
+from profiler.runfolder.errors import OneLineParser, UserError
+from profiler.runfolder.layout import validate_run_id
 from workloads.config import TrainConfig, config_from_namespace
 from workloads.plan import batch_split
 from workloads.tools import tune_stats

@@ -5,7 +5,7 @@ through it too. A write goes to a temp file in the target's folder (os.replace i
 within one filesystem), is fsync'ed, then replaces the target, so a reader or a crash never sees
 half a file; on any failure the temp file is removed and the old target is left as it was. A
 write the disk refuses (full, read-only, no permission, ...) is one DiskError line naming the
-target (profiler.errors.disk_writes).
+target (profiler.runfolder.errors.disk_writes).
 
 The temp file is created with mode 0666 and the kernel applies the process umask, so the result
 has the mode a plain `open(path, "w")` would give it (mkstemp's private 0600 would make records
@@ -24,7 +24,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from profiler.errors import disk_writes
+from profiler.runfolder.errors import disk_writes
 
 __all__ = [
     "atomic_path",

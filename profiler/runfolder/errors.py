@@ -19,16 +19,44 @@ import argparse
 import contextlib
 import errno
 import os
+import re
 import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import NoReturn
 
-__all__ = ["DiskError", "OneLineParser", "UserError", "disk_error", "disk_writes", "run_command"]
+__all__ = [
+    "DiskError",
+    "InputError",
+    "OneLineParser",
+    "UserError",
+    "disk_error",
+    "disk_writes",
+    "run_command",
+    "safe_text",
+]
 
 
 class UserError(Exception):
     """Bad input: `str(err)` is one line naming the file or argument, the problem and the fix."""
+
+
+class InputError(UserError):
+    """Bad input: `str(err)` is one line naming the file/argument, the problem and the fix (a
+    UserError built from those three parts; the CLI prints it as one line, exit code 2)."""
+
+    def __init__(self, where: str, what: str, fix: str) -> None:
+        self.where, self.what, self.fix = str(safe_text(str(where))), what, fix
+        super().__init__(f"{self.where}: {what} — {fix}")
+
+
+_LONE = re.compile("[\ud800-\udfff]")
+
+
+def safe_text(text: str) -> str:
+    """`text` with lone surrogates (a non-UTF-8 file name read with surrogateescape, a JSON
+    `\\udc80`) replaced by U+FFFD: encodable as UTF-8 and drawable by any font layer."""
+    return _LONE.sub("\ufffd", text) if _LONE.search(text) else text
 
 
 # errno -> (what the disk said, what to do): the faults a writer meets that are the machine's,

@@ -24,8 +24,8 @@ from pathlib import Path
 
 import psutil
 
-from profiler.atomic import write_json_atomic
-from profiler.errors import disk_writes
+from profiler.runfolder.atomic import write_json_atomic
+from profiler.runfolder.errors import disk_writes
 
 __all__ = [
     "OWNER_JSON",
