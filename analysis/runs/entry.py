@@ -34,6 +34,7 @@ from profiler.runfolder.layout import STEP_PHASES, throughput_steps
 from profiler.runfolder.records import InvalidRecord, read_record
 from profiler.runfolder.schema import EvalEntry, Metrics, RunRecord, StepTime
 from profiler.runfolder.steps import read_steps_frame
+from profiler.runfolder.lease import killed_error
 
 __all__ = [
     "MEASURED",
@@ -217,6 +218,9 @@ def load_run(run_dir: Path) -> RunEntry:
     only add a line to the entry's `warnings`.
     """
     rec, raw = read_record(run_dir / "run.json")
+    status, error = rec.status, raw.get("error")
+    if status == "running" and (killed := killed_error(run_dir)):  # its launcher is gone
+        status, error = "failed", killed
     config, env, metrics = rec.config, rec.env, rec.metrics
     step_time = metrics.step_time_s or StepTime()
     best = rec.eval.best or EvalEntry()
@@ -224,8 +228,8 @@ def load_run(run_dir: Path) -> RunEntry:
     entry = RunEntry(
         run_id=safe_text(rec.run_id or run_dir.name),  # a non-UTF-8 folder name: U+FFFD
         path=str(run_dir),
-        status=rec.status,
-        error=raw.get("error"),
+        status=status,
+        error=error,
         **{k: getattr(config, k) for k in CONFIG_FIELDS},
         **{k: getattr(env, k) for k in ENV_FIELDS},
         model_args=args_text(config.model_args),

@@ -154,6 +154,7 @@ class Config(msgspec.Struct):
     amp: str | None = None
     seed: int | None = None
     warmup_steps: Count | None = None
+    eval_batches: Count | None = None  # --eval-batches (0 = the whole test split); newer runs
     sweep_id: str | None = None
     # A `--script` / RunRecorder run: what it ran (the same-workload key, docs/reference/metrics.md).
     workload: str | None = None
@@ -250,6 +251,7 @@ class Eval(msgspec.Struct):
     epochs: list[EvalEntry] = []
     best: EvalEntry | None = None
     note: str | None = None  # why the run has no eval (a dataset without a test split)
+    split_samples: Count | None = None  # the test split's size (newer runs; --eval-batches caps)
 
 
 class RunRecord(msgspec.Struct):

@@ -24,7 +24,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from profiler.environment import collect_env
-from profiler.runfolder.layout import RUN_JSON, utc_now, write_run_json
+from profiler.runfolder.layout import create_run_folder, utc_now, write_run_json
+from profiler.runfolder.lease import Lease
 from profiler.runfolder.versions import RUN_JSON_SCHEMA_VERSION
 from profiler.session import ProfileConfig
 from workloads.config import TrainConfig, config_from_namespace
@@ -192,12 +193,9 @@ def run_script(args: argparse.Namespace, script_args: list[str]) -> int:
     args.workload_name = workload_name(sha, script_args, args.workload)
     stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%S")
     cfg.run_id = cfg.run_id or f"script-{script.stem}-{mode}-n{nproc}-{stamp}"
-    run_dir = Path(cfg.runs_dir) / cfg.run_id
-    if (run_dir / RUN_JSON).exists():
-        raise ScriptError(
-            f"run folder {run_dir} already holds a run; pick another --run-id or remove it"
-        )
+    run_dir = create_run_folder(cfg.runs_dir, cfg.run_id, writer="launcher")  # exclusive
     (run_dir / "logs").mkdir(parents=True, exist_ok=True)
+    lease = Lease(run_dir, "launcher")  # a killed launcher reads as such (profiler.runfolder.lease)
     extra = _config_extra(script, script_args, sha, args.workload_name, cfg.max_steps)
     record = _running_record(cfg, mode, nproc, extra)
     write_run_json(run_dir, record)
@@ -209,6 +207,7 @@ def run_script(args: argparse.Namespace, script_args: list[str]) -> int:
         logs=run_dir / "logs",
         stall_s=SCRIPT_STALL_S,
     )
+    lease.stop()
     final = end_script_run(
         run_dir,
         outcome,
