@@ -40,6 +40,7 @@ import time
 from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
 
+import msgspec
 import torch
 from torch import nn
 from torch.nn.modules.module import register_module_forward_hook, register_module_forward_pre_hook
@@ -49,6 +50,7 @@ from torch.optim.optimizer import (
 )
 
 from profiler.recorder import RunRecorder, first_tensor
+from profiler.runfolder.schema import RankPart
 
 __all__ = ["AutoSteps", "HookedRecorder", "MaxStepsReached"]
 
@@ -65,9 +67,9 @@ class HookedRecorder(RunRecorder):
         super().__init__(*args, **kwargs)  # type: ignore[arg-type]
         self.ending: dict = {}
 
-    def part(self) -> dict:
+    def part(self) -> RankPart:
         exports = self.rec.profiler.exports if self.rec is not None else []
-        return {**super().part(), "profile_exports": exports, **self.ending}
+        return msgspec.structs.replace(super().part(), profile_exports=exports, **self.ending)
 
 
 class AutoSteps:
@@ -155,7 +157,7 @@ class AutoSteps:
             self.rec.begin_step()
             self._charge_tail()
             if self.rec.rec is not None:
-                self.rec.rec.recorder.timer.start_step()  # the next step starts now
+                self.rec.rec.steps.timer.start_step()  # the next step starts now
             self.rec.open_phase("data")
 
     def _begin_step(self) -> None:
@@ -171,11 +173,11 @@ class AutoSteps:
         set-up; the profiler's work is already in `profiler_s`) runs inside the script's
         `optimizer.step()`: it is added to that step's `step_time_s`, in no phase."""
         recording = self.rec.rec
-        if recording is None or not recording.recorder.rows or recording.recorder.ended_at is None:
+        if recording is None or not recording.steps.rows or recording.steps.ended_at is None:
             return
-        row = recording.recorder.rows[-1]
-        tail = time.perf_counter() - recording.recorder.ended_at - (row.get("profiler_s") or 0.0)
-        row["step_time_s"] += max(0.0, tail) + self.setup_s
+        row = recording.steps.rows[-1]
+        tail = time.perf_counter() - recording.steps.ended_at - (row.profiler_s or 0.0)
+        row.step_time_s += max(0.0, tail) + self.setup_s
         self.setup_s = 0.0
 
 

@@ -1,8 +1,8 @@
 """Training loop callbacks: the fixed points a loop calls, and the torch-level instruments.
 
-A loop (dpscope's own, workloads.train.loop; later a user's loop through a recorder) owns one
-`StepState` and one `Callbacks` list, and calls `callbacks.fire(event, state)` at these points,
-in this order (as Composer's `Callback` does):
+A loop (dpscope's own, workloads.train.loop; a user's loop through a RunRecorder) owns one
+`StepState` and one `Callbacks` list, and calls `callbacks.fire(event, state)` at these points
+(`Event`), in this order (as Composer's `Callback` does):
 
 - `run_start`: once, after the model and optimizer exist (and a resumed run has loaded its
   checkpoint), before the first step.
@@ -12,8 +12,8 @@ in this order (as Composer's `Callback` does):
   that all-reduces under DDP (once per optimizer step, also with gradient accumulation).
 - `after_backward`: every micro-batch's backward is done; gradients are ready and the optimizer
   step comes next.
-- `step_end`: after the optimizer step. The `StepRecorder`, first in the list, stops the step's
-  clock and appends `state.row`; the callbacks after it add their steps.csv columns to that row.
+- `step_end`: after the optimizer step; `state.row` is the step's steps.csv row, a fresh
+  StepRow whose columns the callbacks that declare them fill (see below).
 - `checkpoint`: before the loop writes a checkpoint (a collective under DDP).
 - `epoch_end`: after an epoch's last step, before its evaluation.
 - `eval_batch`: before each evaluation batch (progress inside a long evaluation).
@@ -23,6 +23,11 @@ Between these points the loop times its phases with `callbacks.phase(state, name
 forward, backward, optimizer): every callback's `phase` context wraps the block, and
 `state.phase` names it. Callbacks run in list order at every event.
 
+The row: each callback declares the steps.csv columns it writes (`columns`) and those written
+before it that it reads (`reads`). `Callbacks` checks once, when it is built, that the declared
+columns together are exactly STEPS_COLUMNS, each written by one callback, and that every column
+read is written by an earlier one; and after every `step_end`, that each column was written.
+
 This module imports torch only: a loop that is not dpscope's can use every callback here.
 """
 
@@ -31,43 +36,48 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import AbstractContextManager, ExitStack, contextmanager, nullcontext
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import ClassVar
 
 import torch
+from msgspec import UNSET
 
 from profiler.memory import MemoryTracker
 from profiler.memory_breakdown import StaticMemory
 from profiler.runfolder.hostload import HostLoadMeter
-from profiler.runfolder.layout import STEPS_COLUMNS
+from profiler.runfolder.layout import STEP_PHASES, STEPS_COLUMNS
+from profiler.runfolder.schema import HostLoad, StepRow, TraceExport
 from profiler.session import ProfilerSession
 from profiler.timers import StepTimer
 
 __all__ = [
-    "EVENTS",
     "Callback",
     "Callbacks",
     "HostLoadSampler",
     "MemorySampler",
     "ProfilerStep",
     "StaticMemoryCount",
-    "StepRecorder",
+    "StepRows",
+    "Event",
     "StepState",
 ]
 
-EVENTS = (
-    "run_start",
-    "step_start",
-    "after_data",
-    "after_forward",
-    "after_backward",
-    "step_end",
-    "checkpoint",
-    "epoch_end",
-    "eval_batch",
-    "run_end",
-)
-"""The callback points, in the order a loop reaches them (see the module docstring)."""
+
+class Event(StrEnum):
+    """The callback points, in the order a loop reaches them (see the module docstring); each
+    value is the name of the Callback method it calls."""
+
+    RUN_START = "run_start"
+    STEP_START = "step_start"
+    AFTER_DATA = "after_data"
+    AFTER_FORWARD = "after_forward"
+    AFTER_BACKWARD = "after_backward"
+    STEP_END = "step_end"
+    CHECKPOINT = "checkpoint"
+    EPOCH_END = "epoch_end"
+    EVAL_BATCH = "eval_batch"
+    RUN_END = "run_end"
 
 
 @dataclass(kw_only=True)
@@ -95,13 +105,19 @@ class StepState:
     loss: torch.Tensor | None = None
     """The step's loss tensor (set before `after_backward`; a callback may replace it)."""
     loss_value: float | None = None
-    """The loss as a float, read once per step by the StepRecorder at `step_end`."""
-    row: dict[str, Any] = field(default_factory=dict)
-    """The step's steps.csv row, built at `step_end`."""
+    """The loss as a float, read once per step by the StepRows at `step_end`."""
+    row: StepRow | None = None
+    """The step's steps.csv row, new at every `step_end` (None before the first, and in a loop
+    whose callbacks write no columns)."""
 
 
 class Callback:
-    """Base class: override the events you need; every method is a no-op here."""
+    """Base class: override the events you need; every method is a no-op here. A callback that
+    writes steps.csv columns into `state.row` at `step_end` names them in `columns`, and those
+    an earlier callback writes that it reads or adds to in `reads`."""
+
+    columns: ClassVar[tuple[str, ...]] = ()
+    reads: ClassVar[tuple[str, ...]] = ()
 
     def run_start(self, state: StepState) -> None: ...
     def step_start(self, state: StepState) -> None: ...
@@ -120,17 +136,27 @@ class Callback:
 
 
 class Callbacks:
-    """The callbacks of one loop, called in list order."""
+    """The callbacks of one loop, called in list order; checked once that their declared
+    columns make the steps.csv row (see the module docstring)."""
 
     def __init__(self, callbacks: Iterable[Callback]) -> None:
         self.callbacks = list(callbacks)
+        self.writers = _column_writers(self.callbacks)
+        """Which callback writes each steps.csv column ({} when none writes any)."""
 
-    def fire(self, event: str, state: StepState) -> None:
-        """Call every callback's `event` method with `state`."""
-        if event not in EVENTS:
-            raise ValueError(f"unknown callback event {event!r}; use one of {', '.join(EVENTS)}")
+    def fire(self, event: Event, state: StepState) -> None:
+        """Call every callback's method of `event` with `state`; at `step_end` on a fresh row."""
+        if not isinstance(event, Event):
+            raise TypeError(f"callback event {event!r} is not an Event; use one of {list(Event)}")
+        if event is Event.STEP_END and self.writers:
+            state.row = StepRow(**dict.fromkeys(STEPS_COLUMNS, UNSET))
         for cb in self.callbacks:
-            getattr(cb, event)(state)
+            getattr(cb, event.value)(state)
+        if event is Event.STEP_END and self.writers:
+            unset = [c for c in STEPS_COLUMNS if getattr(state.row, c) is UNSET]
+            if unset:
+                who = ", ".join(f"{c} ({type(self.writers[c]).__name__})" for c in unset)
+                raise RuntimeError(f"step {state.step}: steps.csv columns not written: {who}")
 
     @contextmanager
     def phase(self, state: StepState, name: str) -> Iterator[None]:
@@ -145,20 +171,54 @@ class Callbacks:
             state.phase = None
 
 
-class StepRecorder(Callback):
+def _column_writers(callbacks: list[Callback]) -> dict[str, Callback]:
+    """{column: the callback that writes it}; ValueError unless the declared columns are exactly
+    STEPS_COLUMNS, each declared once, and each column read is written by an earlier callback
+    ({} when no callback declares a column)."""
+    writers: dict[str, Callback] = {}
+    for cb in callbacks:
+        for col in cb.reads:
+            if col not in writers:
+                raise ValueError(
+                    f"{type(cb).__name__} reads steps.csv column {col!r}, which no callback "
+                    "before it writes: put the one that writes it earlier in the list"
+                )
+        for col in cb.columns:
+            if col in writers:
+                raise ValueError(
+                    f"steps.csv column {col!r} is written by both {type(writers[col]).__name__} "
+                    f"and {type(cb).__name__}; one callback writes each column"
+                )
+            writers[col] = cb
+    if writers and set(writers) != set(STEPS_COLUMNS):
+        missing = [c for c in STEPS_COLUMNS if c not in writers]
+        unknown = [c for c in writers if c not in STEPS_COLUMNS]
+        raise ValueError(
+            f"the callbacks' columns are not the steps.csv columns: missing {missing}, "
+            f"unknown {unknown}"
+        )
+    return writers
+
+
+class StepRows(Callback):
     """The one writer of steps.csv rows: times each step's phases (profiler.timers) and keeps
     this rank's rows.
 
-    At `step_end` it stops the clock, reads the loss once and appends a row with every column of
-    STEPS_COLUMNS; the later callbacks fill their own in the same dict (`profiled` and
-    `profiler_s` are 0 until ProfilerStep sets them, `rss_bytes` and `cuda_allocated_bytes` None until MemorySampler does).
-    `warmup` is 1 for the run's first `warmup_steps` steps.
+    At `step_end` it stops the clock first, reads the loss once and writes its columns of the
+    step's row (the step, its times, samples and loss), then keeps the row; the callbacks after
+    it write the others into the same row. `warmup` is 1 for the run's first `warmup_steps`
+    steps.
     """
+
+    columns = (
+        "rank", "epoch", "step", "warmup", "step_time_s", *(f"{p}_s" for p in STEP_PHASES),
+        "samples", "loss",
+    )  # fmt: skip
 
     def __init__(self, timer: StepTimer, *, warmup_steps: int) -> None:
         self.timer = timer
         self.warmup_steps = warmup_steps
-        self.rows: list[dict[str, Any]] = []
+        self.rows: list[StepRow] = []
         """This rank's rows; a checkpoint may take (and clear) them."""
         self.ended_at: float | None = None
         """time.perf_counter() when the last step's clock stopped."""
@@ -173,19 +233,13 @@ class StepRecorder(Callback):
         times = self.timer.end_step()  # first: what follows stays outside step_time_s
         self.ended_at = time.perf_counter()
         state.loss_value = None if state.loss is None else float(state.loss.item())
-        state.row = dict.fromkeys(STEPS_COLUMNS)
-        state.row.update(
-            rank=state.rank,
-            epoch=state.epoch,
-            step=state.step,
-            warmup=int(state.step < self.warmup_steps),
-            profiled=0,
-            profiler_s=0.0,
-            **times,
-            samples=state.samples,
-            loss=state.loss_value,
-        )
-        self.rows.append(state.row)
+        row = state.row
+        row.rank, row.epoch, row.step = state.rank, state.epoch, state.step
+        row.warmup = int(state.step < self.warmup_steps)
+        for name, seconds in times.items():
+            setattr(row, name, seconds)
+        row.samples, row.loss = state.samples, state.loss_value
+        self.rows.append(row)
 
 
 class StaticMemoryCount(Callback):
@@ -208,21 +262,24 @@ class ProfilerStep(Callback):
     """Drives the profiler session's schedule: started at `run_start` at the loop's step (a
     resumed run continues its schedule), stepped at every `step_end`, stopped at `run_end`.
 
-    Sets the row's `profiled` (1 when the step was traced, warm-up or active) and keeps the
+    Writes the row's `profiled` (1 when the step was traced, warm-up or active) and keeps the
     steps the profiler recorded in `active_steps` (profiler_overhead_pct).
 
     The profiler's own work at a step's end (preparing, starting or stopping its trace, and
     exporting it at the end of an active window) happens inside the step from the training
     script's point of view (in `optimizer.step()` under `--script`), so its seconds are the
     row's `profiler_s` and are added to its `step_time_s` (in no phase): a step's time matches
-    a timer around the script's iteration. `exports` lists each call that wrote a trace,
-    `{step, export_s}`; the export of a cycle cut short by the end of the run (at `run_end`)
-    has `step` None: it falls in no step."""
+    a timer around the script's iteration. `exports` lists each call that wrote a trace
+    (TraceExport); the export of a cycle cut short by the end of the run (at `run_end`) has
+    `step` None: it falls in no step."""
+
+    columns = ("profiled", "profiler_s")
+    reads = ("step_time_s",)  # it adds its own seconds to the step's
 
     def __init__(self, session: ProfilerSession) -> None:
         self.session = session
         self.active_steps: list[int] = []
-        self.exports: list[dict[str, Any]] = []
+        self.exports: list[TraceExport] = []
 
     def run_start(self, state: StepState) -> None:
         self.session.start(step=state.step)
@@ -234,20 +291,21 @@ class ProfilerStep(Callback):
         call()
         spent = time.perf_counter() - start
         if len(self.session.trace_files()) > written:
-            self.exports.append({"step": step, "export_s": spent})
+            self.exports.append(TraceExport(step=step, export_s=spent))
         return spent
 
     def step_end(self, state: StepState) -> None:
         phase = self.session.phase()  # of this step, asked before step() moves the schedule on
         if phase == "active":
             self.active_steps.append(state.step)
-        state.row["profiled"] = int(phase != "none")
+        row = state.row
+        row.profiled = int(phase != "none")
         if not self.session.running:
-            state.row["profiler_s"] = 0.0
+            row.profiler_s = 0.0
             return
         spent = self._timed(self.session.step, state.step)
-        state.row["profiler_s"] = spent
-        state.row["step_time_s"] += spent
+        row.profiler_s = spent
+        row.step_time_s += spent
 
     def run_end(self, state: StepState) -> None:
         if self.session.running:
@@ -256,13 +314,15 @@ class ProfilerStep(Callback):
     @property
     def export_s(self) -> float:
         """Seconds spent exporting traces, in steps or not."""
-        return sum(e["export_s"] for e in self.exports)
+        return sum(e.export_s for e in self.exports)
 
 
 class MemorySampler(Callback):
     """Samples memory (profiler.memory) from `run_start` to `run_end`: the row's `rss_bytes` and
     `cuda_allocated_bytes` at every `step_end`, and the first-step window after the first step
     this process runs."""
+
+    columns = ("rss_bytes", "cuda_allocated_bytes")
 
     def __init__(self, tracker: MemoryTracker) -> None:
         self.tracker = tracker
@@ -271,7 +331,9 @@ class MemorySampler(Callback):
         self.tracker.start()
 
     def step_end(self, state: StepState) -> None:
-        state.row.update(self.tracker.step_sample())
+        sample = self.tracker.step_sample()
+        state.row.rss_bytes = sample["rss_bytes"]
+        state.row.cuda_allocated_bytes = sample["cuda_allocated_bytes"]
         if state.step == state.first_step:
             self.tracker.mark_first_step()
 
@@ -299,5 +361,5 @@ class HostLoadSampler(Callback):
             self.meter.stop()
 
     @property
-    def result(self) -> dict | None:
+    def result(self) -> HostLoad | None:
         return self.meter.result if self.meter is not None else None

@@ -1,4 +1,4 @@
-"""The `env` block of run.json: software versions and the machine (needs torch to ask).
+"""The `env` of the run record: software versions and the machine (needs torch to ask).
 
 Everything else a run folder holds (schema version, columns, writers) is profiler.runfolder.layout's.
 """
@@ -12,6 +12,9 @@ import sys
 from pathlib import Path
 
 import torch
+from msgspec import UNSET, UnsetType
+
+from profiler.runfolder.schema import Env, HostLoad
 
 __all__ = ["collect_env"]
 
@@ -35,25 +38,29 @@ def _nccl_version() -> str | None:
     return ".".join(str(p) for p in version) if isinstance(version, tuple) else str(version)
 
 
-def collect_env(*, threads_per_rank: int | None) -> dict:
-    """The run.json `env` object (docs/reference/run-folder.md): software versions and the machine
-    (`threads_per_rank` None for a skipped run, which has no layout)."""
+def collect_env(
+    *, threads_per_rank: int | None, host_load: HostLoad | None | UnsetType = UNSET
+) -> Env:
+    """The run record's `env` (docs/reference/run-folder.md): software versions and the machine
+    (`threads_per_rank` None for a skipped run, which has no layout); `host_load` only where the
+    writer measured it (absent from a record written before the steps ran)."""
     gpus = (
         [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
         if torch.cuda.is_available()
         else []
     )
-    return {
-        "os": platform.system(),
-        "platform": platform.platform(),
-        "python": sys.version.split()[0],
-        "torch": torch.__version__,
+    return Env.written(
+        os=platform.system(),
+        platform=platform.platform(),
+        python=sys.version.split()[0],
+        torch=str(torch.__version__),  # a TorchVersion (str subclass) msgspec does not encode
         # torch.version.cuda is the build's CUDA; report it only where a GPU can use it.
-        "cuda": torch.version.cuda if torch.cuda.is_available() else None,
-        "nccl": _nccl_version(),
-        "gpus": gpus,
-        "cpu_model": _cpu_model(),
-        "cpu_cores": os.cpu_count(),
-        "threads_per_rank": None if threads_per_rank is None else int(threads_per_rank),
-        "hostname": socket.gethostname(),
-    }
+        cuda=torch.version.cuda if torch.cuda.is_available() else None,
+        nccl=_nccl_version(),
+        gpus=gpus,
+        cpu_model=_cpu_model(),
+        cpu_cores=os.cpu_count(),
+        threads_per_rank=None if threads_per_rank is None else int(threads_per_rank),
+        hostname=socket.gethostname(),
+        host_load=host_load,
+    )

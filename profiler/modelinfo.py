@@ -8,8 +8,11 @@ and a built-in run describe their model with the same numbers.
 from __future__ import annotations
 
 import re
+from typing import Any
 
 from torch import nn
+
+from profiler.runfolder.schema import DdpMetrics
 
 __all__ = ["ddp_info", "model_metrics", "model_summary", "unwrap"]
 
@@ -29,7 +32,7 @@ def buffer_bytes_by_dtype(module: nn.Module) -> dict[str, int]:
     return out
 
 
-def ddp_info(model: nn.Module) -> dict | None:
+def ddp_info(model: nn.Module) -> DdpMetrics | None:
     """Bucket layout and gradient volume of a DDP model (None for other modes)."""
     if not isinstance(model, nn.parallel.DistributedDataParallel):
         return None
@@ -40,17 +43,18 @@ def ddp_info(model: nn.Module) -> dict | None:
     info = model._get_ddp_logging_data()
     sizes = info.get("rebuilt_bucket_sizes") or info.get("bucket_sizes") or ""
     bucket_sizes = [int(s) for s in re.findall(r"\d+", str(sizes))]
-    return {
-        "num_buckets": len(bucket_sizes),
-        "bucket_sizes_bytes": bucket_sizes,
-        "grad_bytes_total": sum(p.numel() * p.element_size() for p in params),
-        "param_count": sum(p.numel() for p in params),
-    }
+    return DdpMetrics(
+        num_buckets=len(bucket_sizes),
+        bucket_sizes_bytes=bucket_sizes,
+        grad_bytes_total=sum(p.numel() * p.element_size() for p in params),
+        param_count=sum(p.numel() for p in params),
+    )
 
 
-def model_metrics(model: nn.Module, *, inner: nn.Module | None = None) -> dict:
-    """run.json metrics read from the model after training: DDP's buckets, gradient and buffer
-    bytes (of `inner`, the trained module without its wrappers; default `unwrap(model)`)."""
+def model_metrics(model: nn.Module, *, inner: nn.Module | None = None) -> dict[str, Any]:
+    """The run record's metrics read from the model after training, by Metrics field: DDP's
+    buckets, gradient and buffer bytes (of `inner`, the trained module without its wrappers;
+    default `unwrap(model)`)."""
     inner = unwrap(model) if inner is None else inner
     return {
         "ddp": ddp_info(model),

@@ -8,7 +8,7 @@
                 with rec.phase("backward"): ...
                 with rec.phase("optimizer"): ...
 
-It drives the same instruments as dpscope's own loop (`recording`: StepRecorder, the one writer
+It drives the same instruments as dpscope's own loop (`recording`: StepRows, the one writer
 of steps.csv rows, StaticMemoryCount, ProfilerStep, MemorySampler; profiler.callbacks), decides
 the rank, world size and backend from the process group if one exists (at the first step, so a
 script may join one after building the recorder) and, at exit, writes this rank's part
@@ -37,12 +37,13 @@ from contextlib import ExitStack, contextmanager
 from dataclasses import replace
 from pathlib import Path
 
+import msgspec
 import torch
 import torch.distributed as dist
 from torch import nn
 from torch.optim.optimizer import register_optimizer_step_pre_hook
 
-from profiler.callbacks import Callbacks, StepState
+from profiler.callbacks import Callbacks, Event, StepState
 from profiler.environment import collect_env
 from profiler.modelinfo import model_metrics, model_summary
 from profiler.recorderrules import (
@@ -57,6 +58,7 @@ from profiler.recorderrules import (
 from profiler.recording import Recording, recording
 from profiler.runfolder.layout import create_run_folder, utc_now
 from profiler.runfolder.parts import assemble, wait_for_parts, write_part
+from profiler.runfolder.schema import BreakdownEntry, ErrorInfo, MemoryEntry, RankPart
 from profiler.session import ProfileConfig
 
 __all__ = ["OWN_PROFILER_WARNING", "Recording", "RecorderError", "RunRecorder", "recording"]
@@ -127,7 +129,7 @@ class RunRecorder:
         self.micro_batches: list[int] = []
         self.in_step = False
         self._phase: tuple[str, ExitStack] | None = None
-        self._fired: set[str] = set()
+        self._fired: set[Event] = set()
         self._world = (0, 1, "none", False)
         self._start = time.perf_counter()
         self._created_at = utc_now()
@@ -183,7 +185,7 @@ class RunRecorder:
         )
         self.callbacks = Callbacks(self.rec.callbacks())
         self.state.rank = rank
-        self.callbacks.fire("run_start", self.state)
+        self.callbacks.fire(Event.RUN_START, self.state)
 
     def profiler_taken(self) -> None:
         """The script runs its own torch.profiler: stop dpscope's and say so in `warnings`."""
@@ -207,15 +209,15 @@ class RunRecorder:
         self.samples = self.micro = 0
         self._fired = set()
         self.in_step = True
-        self.callbacks.fire("step_start", self.state)
+        self.callbacks.fire(Event.STEP_START, self.state)
 
     def open_phase(self, name: str) -> None:
         """Close the open phase (if any) and time `name` from here."""
         self.close_phase()
         if name == "backward":
-            self._fire_once("after_forward")
+            self._fire_once(Event.AFTER_FORWARD)
         elif name == "optimizer":
-            self._fire_once("after_backward")
+            self._fire_once(Event.AFTER_BACKWARD)
         stack = ExitStack()
         stack.enter_context(self.callbacks.phase(self.state, name))
         self._phase = (name, stack)
@@ -225,7 +227,7 @@ class RunRecorder:
             self._phase[1].close()
             self._phase = None
 
-    def _fire_once(self, event: str) -> None:
+    def _fire_once(self, event: Event) -> None:
         if event not in self._fired:
             self._fired.add(event)
             self.callbacks.fire(event, self.state)
@@ -233,11 +235,11 @@ class RunRecorder:
     def end_step(self, samples: int | None = None) -> None:
         """The step's optimizer step is done: close it and append its row."""
         self.close_phase()
-        self._fire_once("after_backward")
+        self._fire_once(Event.AFTER_BACKWARD)
         self.state.samples = self.samples if samples is None else check_samples(samples)
         self.micro_batches.append(self.micro)
         self.in_step = False
-        self.callbacks.fire("step_end", self.state)
+        self.callbacks.fire(Event.STEP_END, self.state)
 
     def discard_step(self) -> None:
         """A step that never reached its optimizer step (the run ended inside it)."""
@@ -285,7 +287,11 @@ class RunRecorder:
         return self
 
     def __exit__(self, exc_type, exc, tb) -> None:
-        error = None if exc is None else {"message": f"{type(exc).__name__}: {exc}", "exit_code": 1}
+        error = (
+            None
+            if exc is None
+            else ErrorInfo.written(message=f"{type(exc).__name__}: {exc}", exit_code=1)
+        )
         self.close(error=error)
 
     def _mode(self, world: int, pg: bool) -> str:
@@ -296,7 +302,7 @@ class RunRecorder:
             return "ddp"
         return "dp" if isinstance(model, nn.DataParallel) else "single"
 
-    def part(self) -> dict:
+    def part(self) -> RankPart:
         """This rank's part (profiler.runfolder.parts)."""
         rank, world, backend, pg = self._context()
         rec, model = self.rec, self.state.model
@@ -305,39 +311,44 @@ class RunRecorder:
         summary = (
             model_summary(model) if model is not None else {"model": None, "param_count": None}
         )
-        return {
-            "rank": rank,
-            "world_size": len(devices) if mode == "dp" else world,
-            "env_world_size": int(os.environ.get("WORLD_SIZE", "1")),
-            "mode": mode,
-            "backend": backend,
-            "pg_seen": pg,
-            "devices": [str(d) for d in devices],
+        tracker = rec.memory.tracker if rec else None
+        session = rec.profiler.session if rec else None
+        return RankPart.written(
+            rank=rank,
+            world_size=len(devices) if mode == "dp" else world,
+            env_world_size=int(os.environ.get("WORLD_SIZE", "1")),
+            mode=mode,
+            backend=backend,
+            pg_seen=pg,
+            devices=[str(d) for d in devices],
             **summary,
-            "workload": self.workload,
-            "rows": rec.recorder.rows if rec else [],
-            "micro_batches": self.micro_batches,
-            "active_steps": rec.profiler.active_steps if rec else [],
-            "memory": rec.memory.tracker.summary() if rec else [],
-            "memory_after_first_step": rec.memory.tracker.summary_after_first_step() if rec else [],
-            "memory_breakdown": rec.static.static.entries() if rec else [],
-            "traces": [
-                p.relative_to(self.run_dir).as_posix() for p in rec.profiler.session.trace_files()
-            ]
-            if rec
+            workload=self.workload,
+            rows=rec.steps.rows if rec else [],
+            micro_batches=self.micro_batches,
+            active_steps=rec.profiler.active_steps if rec else [],
+            memory=msgspec.convert(tracker.summary() if tracker else [], list[MemoryEntry]),
+            memory_after_first_step=msgspec.convert(
+                tracker.summary_after_first_step() if tracker else [], list[MemoryEntry]
+            ),
+            memory_breakdown=msgspec.convert(
+                rec.static.static.entries() if rec else [], list[BreakdownEntry]
+            ),
+            traces=[p.relative_to(self.run_dir).as_posix() for p in session.trace_files()]
+            if session
             else [],
-            "warnings": self.warnings,
-            "wall_time_s": time.perf_counter() - self._start,
-            "env": collect_env(threads_per_rank=torch.get_num_threads())
-            | {"host_load": rec.host.result if rec else None},
+            warnings=self.warnings,
+            wall_time_s=time.perf_counter() - self._start,
+            env=collect_env(
+                threads_per_rank=torch.get_num_threads(), host_load=rec.host.result if rec else None
+            ),
             **(model_metrics(model) if model is not None else {}),
-        }
+        )
 
-    def close(self, *, error: dict | None = None) -> dict:
+    def close(self, *, error: ErrorInfo | None = None) -> RankPart | None:
         """Stop the instruments and write this rank's part (and, with `assemble`, rank 0 the run
-        folder once every rank's part is there); return the part. Idempotent."""
+        folder once every rank's part is there); return the part (None when already closed)."""
         if self._closed:
-            return {}
+            return None
         self._closed = True
         atexit.unregister(self._close_at_exit)
         release_process(self)
@@ -346,18 +357,18 @@ class RunRecorder:
         if self.in_step:
             self.discard_step()
         if self.rec is not None:
-            self.callbacks.fire("run_end", self.state)
+            self.callbacks.fire(Event.RUN_END, self.state)
         part = self.part()
         write_part(self.run_dir, part)
-        if self.assemble and part["rank"] == 0:
-            n = part["world_size"] if part["mode"] == "ddp" else 1
+        if self.assemble and part.rank == 0:
+            n = part.world_size if part.mode == "ddp" else 1
             assemble(
                 self.run_dir,
                 wait_for_parts(self.run_dir, n, timeout_s=PARTS_TIMEOUT_S),
                 run_id=self.run_id,
                 status="ok" if error is None else "failed",
                 error=error,
-                profile=self.profile.to_dict(),
+                profile=self.profile.settings(),
                 warmup_steps=self.warmup_steps,
                 created_at=self._created_at,
                 wall_time_s=time.perf_counter() - self._start,

@@ -1,6 +1,6 @@
 """The instruments every recorded training loop runs first (docs/callbacks.md), built in one
 place for dpscope's loop (workloads.train.instruments), RunRecorder (profiler.recorder) and so the
-`--script` bootstrap: the step recorder (the one writer of steps.csv rows), the static memory
+`--script` bootstrap: StepRows (the one writer of steps.csv rows), the static memory
 count, the profiler session, the memory sampler and rank 0's host-load sampler.
 """
 
@@ -12,32 +12,43 @@ from pathlib import Path
 import torch
 
 from profiler.callbacks import (
+    Callback,
     HostLoadSampler,
     MemorySampler,
     ProfilerStep,
     StaticMemoryCount,
-    StepRecorder,
+    StepRows,
 )
 from profiler.memory import MemoryTracker
 from profiler.memory_breakdown import StaticMemory
 from profiler.session import ProfileConfig, ProfilerSession
 from profiler.timers import StepTimer
 
-__all__ = ["Recording", "recording"]
+__all__ = ["RECORDING_CALLBACKS", "Recording", "recording"]
+
+RECORDING_CALLBACKS = (
+    StepRows,
+    StaticMemoryCount,
+    ProfilerStep,
+    MemorySampler,
+    HostLoadSampler,
+)
+"""The callbacks of a Recording, in list order (docs/callbacks.md)."""
 
 
 @dataclass(kw_only=True)
 class Recording:
     """The instruments every recorded loop runs first, in this order (docs/callbacks.md)."""
 
-    recorder: StepRecorder
+    steps: StepRows
     static: StaticMemoryCount
     profiler: ProfilerStep
     memory: MemorySampler
     host: HostLoadSampler  # env.host_load, rank 0 only
 
-    def callbacks(self) -> list:
-        return [self.recorder, self.static, self.profiler, self.memory, self.host]
+    def callbacks(self) -> list[Callback]:
+        """The instruments in RECORDING_CALLBACKS order."""
+        return [self.steps, self.static, self.profiler, self.memory, self.host]
 
 
 def recording(
@@ -50,12 +61,12 @@ def recording(
     warmup_steps: int,
     planned_steps: int,
 ) -> Recording:
-    """The step recorder, static memory count, profiler session, memory sampler and (rank 0)
+    """The step rows (StepRows), static memory count, profiler session, memory sampler and (rank 0)
     host-load sampler of one rank (dpscope's loop, workloads.train.instruments, and RunRecorder
     build them here)."""
     device = devices[0]
     return Recording(
-        recorder=StepRecorder(StepTimer(device=device), warmup_steps=warmup_steps),
+        steps=StepRows(StepTimer(device=device), warmup_steps=warmup_steps),
         static=StaticMemoryCount(
             StaticMemory(rank=rank, devices=devices, planned_steps=max(1, planned_steps))
         ),

@@ -32,6 +32,7 @@ from torch.profiler import ProfilerAction, ProfilerActivity, profile, schedule
 
 from profiler.runfolder.errors import disk_writes
 from profiler.runfolder.layout import TRACE_GLOB, TRACE_NAME, trace_name
+from profiler.runfolder.schema import ProfileSettings
 
 __all__ = ["TRACE_GLOB", "TRACE_NAME", "ProfileConfig", "ProfilerBusy", "ProfilerSession", "active"]
 
@@ -80,8 +81,12 @@ class ProfileConfig:
             )
 
     def to_dict(self) -> dict:
-        """The run.json `config.profile` object."""
+        """The settings as keyword arguments (what a `--script` rank is handed)."""
         return asdict(self)
+
+    def settings(self) -> ProfileSettings:
+        """The run record's `config.profile`."""
+        return ProfileSettings(**asdict(self))
 
     def schedule(self) -> Callable[[int], ProfilerAction]:
         """torch's own `torch.profiler.schedule` for this config: the session drives the profiler

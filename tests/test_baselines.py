@@ -7,41 +7,58 @@ from __future__ import annotations
 import statistics
 from pathlib import Path
 
+import msgspec
 import pytest
 
 from analysis.columns import CLI_RUN_COLS, SUMMARY_COLS, fmt
 from analysis.report.tables import summary_rows
 from analysis.runs.compare import compare_runs
-from profiler.runfolder.layout import STEPS_COLUMNS
 from profiler.runfolder.parts import assemble
+from profiler.runfolder.schema import ProfileSettings, RankPart, StepRow
 from profiler.runfolder.stepmetrics import step_metrics
 
 SAMPLES = 32  # per rank and step
-PROFILE = {"enabled": True, "wait": 1, "warmup": 1, "active": 3, "repeat": 1}
+PROFILE = ProfileSettings(enabled=True, wait=1, warmup=1, active=3, repeat=1)
 
 
-def _rows(rank: int, step_s: list[float], profiled: set[int]) -> list[dict]:
-    rows = []
-    for step, t in enumerate(step_s):
-        row = dict.fromkeys(STEPS_COLUMNS)
-        row.update(rank=rank, epoch=0, step=step, warmup=int(step < 2), step_time_s=t,
-                   profiled=int(step in profiled), profiler_s=0.0, data_s=0.1 * t,
-                   forward_s=0.3 * t, backward_s=0.4 * t, optimizer_s=0.1 * t, samples=SAMPLES)  # fmt: skip
-        rows.append(row)
-    return rows
+def _rows(rank: int, step_s: list[float], profiled: set[int]) -> list[StepRow]:
+    return [
+        StepRow(rank=rank, epoch=0, step=step, warmup=int(step < 2), step_time_s=t,
+                profiled=int(step in profiled), profiler_s=0.0, data_s=0.1 * t,
+                forward_s=0.3 * t, backward_s=0.4 * t, optimizer_s=0.1 * t, samples=SAMPLES)
+        for step, t in enumerate(step_s)
+    ]  # fmt: skip
 
 
-def _part(rank: int, world: int, step_s: list[float], *, active=(), profiled=()) -> dict:
+def _part(rank: int, world: int, step_s: list[float], *, active=(), profiled=()) -> RankPart:
     ddp = world > 1
-    return {
-        "rank": rank, "world_size": world, "env_world_size": world, "pg_seen": ddp,
-        "mode": "ddp" if ddp else "single", "backend": "gloo" if ddp else "none",
-        "devices": ["cpu"], "model": "Net", "param_count": 10, "workload": None,
-        "rows": _rows(rank, step_s, set(profiled)), "micro_batches": [1] * len(step_s),
-        "active_steps": list(active), "memory": [], "memory_after_first_step": [],
-        "memory_breakdown": [], "traces": [], "warnings": [], "wall_time_s": 1.0,
-        "env": {"os": "Linux", "host_load": None}, "ended": "ok", "exit_code": 0,
-    }  # fmt: skip
+    return msgspec.convert(
+        {
+            "rank": rank,
+            "world_size": world,
+            "env_world_size": world,
+            "pg_seen": ddp,
+            "mode": "ddp" if ddp else "single",
+            "backend": "gloo" if ddp else "none",
+            "devices": ["cpu"],
+            "model": "Net",
+            "param_count": 10,
+            "workload": None,
+            "rows": _rows(rank, step_s, set(profiled)),
+            "micro_batches": [1] * len(step_s),
+            "active_steps": list(active),
+            "memory": [],
+            "memory_after_first_step": [],
+            "memory_breakdown": [],
+            "traces": [],
+            "warnings": [],
+            "wall_time_s": 1.0,
+            "env": {"os": "Linux", "host_load": None},
+            "ended": "ok",
+            "exit_code": 0,
+        },
+        RankPart,
+    )  # fmt: skip  (as read_parts decodes a part file)
 
 
 def _run(runs: Path, run_id: str, samples_per_s: float, *, world: int = 1, seed=None) -> Path:
@@ -119,13 +136,13 @@ def test_profiler_overhead_below_zero_or_within_noise_is_never_a_cost(tmp_path, 
     """Two standard errors of the difference of the means: 200 × √(s_t²/k + s_c²/m) ÷ mean_c,
     the traced steps borrowing the clean ones' spread when they have none of their own."""
     rows = _overhead_rows(traced_s)
-    metrics = step_metrics(rows, {(0, 2), (0, 3), (0, 4)})
+    metrics, _ = step_metrics(rows, {(0, 2), (0, 3), (0, 4)})
     clean = [1.0, 1.1, 0.9, 1.0, 1.1, 0.9, 1.0]
     s_c, mean_c = statistics.stdev(clean), statistics.fmean(clean)
     noise = 200 * (0.0 / 3 + s_c**2 / 7) ** 0.5 / mean_c  # identical traced steps: s_t = 0
-    assert metrics["profiler_overhead_pct"] == pytest.approx((traced_s / mean_c - 1) * 100)
-    assert metrics["profiler_overhead_noise_pct"] == pytest.approx(noise)
-    part = {**_part(0, 1, [1.0] * 12), "rows": rows, "active_steps": [2, 3, 4]}
+    assert metrics.profiler_overhead_pct == pytest.approx((traced_s / mean_c - 1) * 100)
+    assert metrics.profiler_overhead_noise_pct == pytest.approx(noise)
+    part = msgspec.structs.replace(_part(0, 1, [1.0] * 12), rows=rows, active_steps=[2, 3, 4])
     (tmp_path / "r" / "logs").mkdir(parents=True)
     assemble(tmp_path / "r", [part], run_id="r", status="ok", profile=PROFILE, warmup_steps=2)
     data = compare_runs([tmp_path / "r"], progress=False, traces=False)
@@ -144,7 +161,7 @@ def test_the_export_is_left_out_of_the_overhead():
     """A traced step's own time is its step time less `profiler_s` (the trace export at the end
     of the window, which the trace does not show)."""
     rows = _overhead_rows(1.0)
-    rows[4]["step_time_s"] += 0.8
-    rows[4]["profiler_s"] = 0.8
-    metrics = step_metrics(rows, {(0, 2), (0, 3), (0, 4)})
-    assert metrics["profiler_overhead_pct"] == pytest.approx(0.0, abs=1e-9)
+    rows[4].step_time_s += 0.8
+    rows[4].profiler_s = 0.8
+    metrics, _ = step_metrics(rows, {(0, 2), (0, 3), (0, 4)})
+    assert metrics.profiler_overhead_pct == pytest.approx(0.0, abs=1e-9)

@@ -7,10 +7,11 @@ from __future__ import annotations
 import csv
 from contextlib import contextmanager
 
+import msgspec
 import pytest
 import torch
 
-from profiler.callbacks import EVENTS, Callback, Callbacks, StepState
+from profiler.callbacks import Callback, Callbacks, Event, StepState
 from workloads.config import config_from_namespace
 from workloads.train.context import init_context
 from workloads.train.loop import build_parser, train
@@ -50,12 +51,12 @@ class Recording(Callback):
 
     def step_end(self, state: StepState) -> None:
         self._note("step_end", state)
-        self.rows.append(dict(state.row))
+        self.rows.append(msgspec.structs.asdict(state.row))
 
 
-for _event in EVENTS:
-    if _event != "step_end":
-        setattr(Recording, _event, lambda self, state, _e=_event: self._note(_e, state))
+for _event in Event:
+    if _event is not Event.STEP_END:
+        setattr(Recording, _event.value, lambda self, state, _e=_event.value: self._note(_e, state))
 
 
 @pytest.fixture
@@ -153,8 +154,8 @@ def test_callbacks_reject_an_unknown_event_and_nest_phase_contexts():
     model = torch.nn.Linear(2, 2)
     state = StepState(rank=0, model=model, optimizer=torch.optim.SGD(model.parameters(), lr=0.1))
     cbs = Callbacks([Marks("a"), Marks("b")])
-    with pytest.raises(ValueError, match="unknown callback event 'step_strat'; use one of"):
-        cbs.fire("step_strat", state)
+    with pytest.raises(TypeError, match="callback event 'step_start' is not an Event"):
+        cbs.fire("step_start", state)
     with cbs.phase(state, "forward"):
         assert state.phase == "forward"
     assert state.phase is None

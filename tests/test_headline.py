@@ -27,6 +27,7 @@ from analysis.trace.folder import analyze_trace_dir
 from profiler.runfolder.stepmetrics import step_metrics
 from profiler.session import ProfileConfig
 from tests.conftest import REPO, TINY, launch, read_run
+from tests.test_runfolder import step_rows
 
 
 def _steps(run_dir: Path) -> pd.DataFrame:
@@ -103,14 +104,14 @@ def test_step_metrics_drop_profiled_steps_and_fall_back_with_a_warning():
          "step_time_s": t}
         for s, t in enumerate([9.0, 3.0, 3.0, 1.0, 1.0])
     ]  # fmt: skip
-    m = step_metrics(rows, {(0, 2)})
-    assert m["samples_per_s"] == pytest.approx(20 / 2.0) and m["warnings"] == []
-    assert m["profiler_overhead_pct"] == pytest.approx(200.0)  # 3 s traced vs 1 s clean
+    m, warnings = step_metrics(step_rows(rows), {(0, 2)})
+    assert m.samples_per_s == pytest.approx(20 / 2.0) and warnings == []
+    assert m.profiler_overhead_pct == pytest.approx(200.0)  # 3 s traced vs 1 s clean
     all_profiled = [{**r, "profiled": int(r["step"] > 0)} for r in rows]
-    m = step_metrics(all_profiled, {(0, 2)})
-    assert m["samples_per_s"] == pytest.approx(40 / 8.0)  # every measured step, 10 samples each
-    assert m["profiler_overhead_pct"] is None
-    assert len(m["warnings"]) == 1 and "profiled steps" in m["warnings"][0]
+    m, warnings = step_metrics(step_rows(all_profiled), {(0, 2)})
+    assert m.samples_per_s == pytest.approx(40 / 8.0)  # every measured step, 10 samples each
+    assert m.profiler_overhead_pct is None
+    assert len(warnings) == 1 and "profiled steps" in warnings[0]
 
 
 @pytest.mark.integration

@@ -14,6 +14,7 @@ import textwrap
 import pytest
 import torch
 
+from profiler.environment import collect_env
 from profiler.runfolder.layout import RUN_JSON, write_run_json
 from profiler.runfolder.records import read_record
 from tests.conftest import read_run
@@ -22,7 +23,7 @@ from workloads.launch.child import child_env
 from workloads.launch.runlog import LOG_LINE_CHARS, LOG_TAIL_LINES, MESSAGE_CHARS, finalize
 from workloads.launch.supervise import Outcome
 from workloads.plan import Environment, plan
-from workloads.record import run_record
+from workloads.runrecord import run_record
 from workloads.train.data import GlobalBatchSampler, eval_loader
 from workloads.train.permutation import permute
 
@@ -163,8 +164,10 @@ def test_log_tails_and_messages_are_capped(tmp_path):
     cfg = TrainConfig(run_id="loud", runs_dir=str(tmp_path), device="cpu")
     run_dir = tmp_path / "loud"
     (run_dir / "logs").mkdir(parents=True)
-    write_run_json(run_dir, run_record(cfg, plan(cfg, Environment.detect()), status="running",
-                                       threads_per_rank=1))  # fmt: skip
+    env = collect_env(threads_per_rank=1)
+    write_run_json(
+        run_dir, run_record(cfg, plan(cfg, Environment.detect()), status="running", env=env)
+    )
     line = "x" * 70_000_000
     (run_dir / "logs" / "rank0.log").write_text(f"start\n{line}\nend\n")
     (run_dir / "logs" / "rank0.error.json").write_text(
@@ -176,8 +179,8 @@ def test_log_tails_and_messages_are_capped(tmp_path):
     assert (run_dir / RUN_JSON).stat().st_size < 20_000
     rec, _ = read_record(run_dir / RUN_JSON)  # readable by dpscope's own reader
     assert rec.status == "failed"
-    tail = record["error"]["log_tail"]
+    tail = record.error.log_tail
     assert len(tail) <= LOG_TAIL_LINES and tail[-1] == "end"
     assert all(len(t) <= LOG_LINE_CHARS + 40 for t in tail)
     assert "more chars]" in tail[0] and tail[0].startswith("… x")
-    assert len(record["error"]["message"]) < MESSAGE_CHARS + 100
+    assert len(record.error.message) < MESSAGE_CHARS + 100

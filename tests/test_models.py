@@ -30,7 +30,7 @@ from workloads.spec import (
 from workloads.train.data import DATASETS, build_datasets
 from workloads.train.gpt import gpt
 from workloads.train.loop import main as train_main
-from workloads.train.losses import LOSSES, cross_entropy, eval_record, eval_sums, output_kind
+from workloads.train.losses import LOSSES, cross_entropy, eval_entry, eval_sums, output_kind
 from workloads.train.models import MODELS, build_model
 
 FAST = "--max-steps 4 --batch-size 32 --epochs 1 --no-profile --device cpu".split()
@@ -145,7 +145,7 @@ def test_sequence_cross_entropy_flattens_tokens_and_eval_reports_perplexity():
     assert output_kind(out[:, 0], y[:, 0]) == "class_scores"
     assert output_kind(out, out) == "other"
     halves = eval_sums(out[:2], y[:2], cross_entropy) + eval_sums(out[2:], y[2:], cross_entropy)
-    rec = eval_record("sequence", halves.tolist(), epoch=0)
+    rec = eval_entry("sequence", halves.tolist(), epoch=0)
     assert rec["test_loss"] == pytest.approx(float(flat), rel=1e-6)
     assert rec["perplexity"] == pytest.approx(float(flat.exp()), rel=1e-6)
     hits = (out.argmax(-1) == y).sum().item()

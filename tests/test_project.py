@@ -31,7 +31,7 @@ from analysis.project.step import bucket_timeline
 from analysis.runs.entry import load_run
 from analysis.trace.collectives import bus_factor
 from profiler.runfolder.layout import NO_UNPROFILED_STEP_WARNING
-from profiler.runfolder.schema import Config, ProfileConfig
+from profiler.runfolder.schema import Config, ProfileSettings
 from profiler.runfolder.versions import RUN_JSON_SCHEMA_VERSION
 from tests.conftest import REPO, read_run
 
@@ -181,7 +181,7 @@ def test_every_step_profiled_falls_back_with_the_one_warning(tmp_path, comm_run,
 
 def test_unprofiled_steps_from_schedule_and_column():
     steps = pd.DataFrame({"step": range(8), "warmup": [1, 1, 0, 0, 0, 0, 0, 0]})
-    profile = ProfileConfig(enabled=True, wait=1, warmup=1, active=3, repeat=1)
+    profile = ProfileSettings(enabled=True, wait=1, warmup=1, active=3, repeat=1)
     config = Config(mode="single", world_size=1, profile=profile)
     assert list(unprofiled_steps(steps, config)["step"]) == [5, 6, 7]  # 1..4: profiler on
     profile.repeat = 0  # cycles until the end: 6, 7 are the next cycle's on-steps

@@ -9,12 +9,14 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
+import msgspec
 import numpy as np
 import pandas as pd
 import pytest
 
 from analysis.project.inputs import measured_steps
 from analysis.runs.entry import phases_summary
+from profiler.environment import collect_env
 from profiler.runfolder.layout import (
     NO_UNPROFILED_STEP_WARNING,
     STEPS_COLUMNS,
@@ -23,14 +25,14 @@ from profiler.runfolder.layout import (
     write_steps_csv,
 )
 from profiler.runfolder.records import InvalidRecord, read_comm_record, read_record
-from profiler.runfolder.schema import REQUIRED_STEP_COLUMNS, Config, StepRow
+from profiler.runfolder.schema import REQUIRED_STEP_COLUMNS, Config, ErrorInfo, StepRow
 from profiler.runfolder.stepmetrics import step_metrics, throughput_rows
 from profiler.runfolder.steps import read_steps
 from profiler.runfolder.versions import RUN_JSON_SCHEMA_VERSION
 from tests.conftest import REPO
 from workloads.config import TrainConfig
 from workloads.plan import Environment, plan
-from workloads.record import run_record
+from workloads.runrecord import run_record
 
 CPU = Environment(system="Linux", cuda=False, gpus=0, nccl=False, cpu_cores=4, torch_threads=4)
 
@@ -59,6 +61,12 @@ def test_throughput_steps_rule(warmup, profiled, rows, warning):
     assert got == warning
 
 
+def step_rows(rows: list[dict]) -> list[StepRow]:
+    """StepRows of hand-written rows: the columns not given are 0 (times, step) or empty."""
+    base = dict.fromkeys(REQUIRED_STEP_COLUMNS, 0)
+    return [StepRow(**(base | r)) for r in rows]
+
+
 def _steps_frame(profiled: list[int]) -> pd.DataFrame:
     """Two ranks, six steps (two warm-up), step s taking s+1 seconds split over the phases."""
     rows = []
@@ -83,12 +91,12 @@ def _steps_frame(profiled: list[int]) -> pd.DataFrame:
 def test_trainer_run_entry_and_projection_measure_the_same_steps(profiled, steps, warned):
     """The three users of the rule pick the same rows and give the same one warning."""
     frame = _steps_frame(profiled)
-    rows = frame.to_dict("records")
+    rows = step_rows(frame.to_dict("records"))
     picked, w_summary = throughput_rows(rows)
-    assert sorted({r["step"] for r in picked}) == steps
-    metrics = step_metrics(rows)
+    assert sorted({r.step for r in picked}) == steps
+    metrics, warnings = step_metrics(rows)
     expected_mean = frame[frame["step"].isin(steps)]["step_time_s"].mean()
-    assert metrics["step_time_s"]["mean"] == pytest.approx(expected_mean)
+    assert metrics.step_time_s.mean == pytest.approx(expected_mean)
     overall, per_rank, w_entry = phases_summary(frame)
     assert overall["forward"] == pytest.approx(0.3 * expected_mean)
     assert [r["step_time"] for r in per_rank] == pytest.approx([expected_mean] * 2)
@@ -96,7 +104,7 @@ def test_trainer_run_entry_and_projection_measure_the_same_steps(profiled, steps
     assert sorted(set(body["step"])) == steps
     expected = NO_UNPROFILED_STEP_WARNING if warned else None
     assert w_summary == w_entry == w_project == expected
-    assert metrics["warnings"] == ([expected] if warned else [])
+    assert warnings == ([expected] if warned else [])
 
 
 # --- steps.csv: writer columns = reader fields ------------------------------------------------
@@ -106,13 +114,13 @@ def test_steps_columns_are_the_readers_fields(tmp_path: Path):
     assert set(STEPS_COLUMNS) == set(StepRow.__struct_fields__)
     assert set(REQUIRED_STEP_COLUMNS) <= set(STEPS_COLUMNS)
     frame = _steps_frame([0, 1, 1, 1, 0, 0])
-    write_steps_csv(tmp_path, frame.to_dict("records"))
+    write_steps_csv(tmp_path, step_rows(frame.to_dict("records")))
     rows = read_steps(tmp_path / "steps.csv")
     assert len(rows) == len(frame)
     for row, want in zip(rows, frame.to_dict("records"), strict=True):
         assert {c: getattr(row, c) for c in STEPS_COLUMNS} == pytest.approx(want)
-    with pytest.raises(ValueError):
-        write_steps_csv(tmp_path, [{**frame.iloc[0].to_dict(), "extra_s": 1.0}])
+    with pytest.raises(TypeError):  # a StepRow has exactly the columns
+        step_rows([{**frame.iloc[0].to_dict(), "extra_s": 1.0}])
 
 
 # --- run.json: every writer's record is accepted by the typed reader ---------------------------
@@ -125,25 +133,27 @@ def test_launcher_records_pass_the_typed_reader(tmp_path: Path, mode: str):
     cfg = TrainConfig(mode=mode, model="mlp", device="cpu", run_id=f"r-{mode}")
     laid_out = plan(cfg, CPU, nproc=2)
     status = "skipped" if laid_out.reason else "running"
-    error = {"message": laid_out.reason, "rank": None, "exit_code": None, "log_tail": []}
+    error = ErrorInfo.written(message=laid_out.reason, rank=None, exit_code=None, log_tail=[])
     record = run_record(
         cfg,
         laid_out,
         status=status,
-        threads_per_rank=laid_out.threads_per_rank,
+        env=collect_env(threads_per_rank=laid_out.threads_per_rank),
         error=error if laid_out.reason else None,
     )
     path = write_run_json(tmp_path / cfg.run_id, record)
     rec, raw = read_record(path)
-    assert raw == record and rec.status == status == ("skipped" if mode == "dp" else "running")
-    assert rec.schema_version == RUN_JSON_SCHEMA_VERSION and rec.created_at == record["created_at"]
+    assert raw == msgspec.to_builtins(record)
+    assert rec.status == status == ("skipped" if mode == "dp" else "running")
+    assert rec.schema_version == RUN_JSON_SCHEMA_VERSION and rec.created_at == record.created_at
 
 
 @pytest.mark.integration
 def test_a_record_breaking_the_contract_is_one_line(tmp_path: Path):
     cfg = TrainConfig(mode="single", model="mlp", device="cpu", run_id="bad")
-    record = run_record(cfg, plan(cfg, CPU), status="running", threads_per_rank=1)
-    path = write_run_json(tmp_path, {**record, "schema_version": RUN_JSON_SCHEMA_VERSION + 1})
+    record = run_record(cfg, plan(cfg, CPU), status="running", env=collect_env(threads_per_rank=1))
+    bad = msgspec.structs.replace(record, schema_version=RUN_JSON_SCHEMA_VERSION + 1)
+    path = write_run_json(tmp_path, bad)
     with pytest.raises(InvalidRecord, match="schema_version"):
         read_record(path)
 

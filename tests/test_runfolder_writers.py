@@ -9,6 +9,7 @@ import re
 import stat
 from pathlib import Path
 
+import msgspec
 import pytest
 
 from profiler import environment
@@ -85,7 +86,7 @@ def test_write_csv_atomic_columns_and_none(tmp_path: Path):
 
 
 def test_collect_env_fields():
-    env = environment.collect_env(threads_per_rank=3)
+    env = msgspec.to_builtins(environment.collect_env(threads_per_rank=3))
     assert set(env) == {
         "os",
         "platform",

@@ -9,18 +9,21 @@ import os
 import signal
 from pathlib import Path
 
+import msgspec
 import pytest
+from msgspec.structs import replace
 
-from profiler.runfolder.parts import assemble, write_part
+from profiler.runfolder.parts import assemble, read_parts, write_part
+from profiler.runfolder.schema import RankPart, RunRecord
 from tests.test_baselines import PROFILE, _part
 from workloads.launch.kinetolog import ProfilerLogFilter, is_profiler_line
 from workloads.launch.scriptend import _signal_of, exit_code
 from workloads.launch.supervise import Outcome
 
 
-def _stopped(part: dict, name: str, at: float) -> dict:
+def _stopped(part: RankPart, name: str, at: float) -> RankPart:
     code = 128 + int(signal.Signals[name])
-    return {**part, "ended": "signal", "signal": name, "signal_time": at, "exit_code": code}
+    return replace(part, ended="signal", signal=name, signal_time=at, exit_code=code)
 
 
 def test_a_signal_to_a_rank_interrupts_unless_a_rank_failed_by_itself():
@@ -29,12 +32,12 @@ def test_a_signal_to_a_rank_interrupts_unless_a_rank_failed_by_itself():
     name, first = _signal_of(
         Outcome(1), [_stopped(a, "SIGTERM", 2.0), _stopped(b, "SIGTERM", 1.0)], 2
     )
-    assert (name, first["rank"]) == ("SIGTERM", 1)
+    assert (name, first.rank) == ("SIGTERM", 1)
     # Rank 1 raised and torchrun stopped rank 0 with SIGTERM: a failure, not an interruption.
-    failed = {**b, "ended": "failed", "exit_code": 1}
-    assert _signal_of(Outcome(1), [_stopped(a, "SIGTERM", 1.0), failed], 2) == (None, {})
+    failed = replace(b, ended="failed", exit_code=1)
+    assert _signal_of(Outcome(1), [_stopped(a, "SIGTERM", 1.0), failed], 2) == (None, None)
     # A rank without a part (SIGKILL) fails the run too; the launcher's own signal always wins.
-    assert _signal_of(Outcome(1), [_stopped(a, "SIGTERM", 1.0)], 2) == (None, {})
+    assert _signal_of(Outcome(1), [_stopped(a, "SIGTERM", 1.0)], 2) == (None, None)
     assert _signal_of(Outcome(-2, interrupted="SIGINT"), [failed], 2)[0] == "SIGINT"
 
 
@@ -49,7 +52,10 @@ def test_a_signal_to_a_rank_interrupts_unless_a_rank_failed_by_itself():
     ],
 )
 def test_dpscope_exits_with_the_scripts_code(record, code):
-    assert exit_code(record) == code
+    rec = msgspec.convert(
+        {"schema_version": 2, "config": {"mode": "single", "world_size": 1}, **record}, RunRecord
+    )
+    assert exit_code(rec) == code
 
 
 def _folder(tmp_path: Path) -> Path:
@@ -59,7 +65,7 @@ def _folder(tmp_path: Path) -> Path:
     return run_dir
 
 
-def _assemble(run_dir: Path, parts: list[dict], status: str = "ok") -> dict:
+def _assemble(run_dir: Path, parts: list[RankPart], status: str = "ok") -> RunRecord:
     return assemble(run_dir, parts, run_id="run", status=status, profile=PROFILE, warmup_steps=2)
 
 
@@ -69,27 +75,26 @@ def test_processes_that_never_joined_a_group_leave_their_traces_out_with_the_rea
     for rank in (0, 1):
         name = f"traces/rank{rank}.1.pt.trace.json.gz"
         (run_dir / name).write_bytes(b"")
-        parts.append({**_part(rank, 1, [1.0] * 3), "env_world_size": 2, "traces": [name]})
+        parts.append(replace(_part(rank, 1, [1.0] * 3), env_world_size=2, traces=[name]))
     rec = _assemble(run_dir, parts)
-    assert rec["traces"] == ["traces/rank0.1.pt.trace.json.gz"]
-    assert rec["traces_left_out"] == [
-        {"file": "traces/rank1.1.pt.trace.json.gz", "reason": rec["traces_left_out"][0]["reason"]}
-    ]
-    assert "rank 1 never joined a process group" in rec["traces_left_out"][0]["reason"]
-    assert (rec["config"]["mode"], rec["config"]["world_size"]) == ("single", 1)
+    assert rec.traces == ["traces/rank0.1.pt.trace.json.gz"]
+    (left,) = rec.traces_left_out
+    assert left.file == "traces/rank1.1.pt.trace.json.gz"
+    assert "rank 1 never joined a process group" in left.reason
+    assert (rec.config.mode, rec.config.world_size) == ("single", 1)
 
 
 def test_a_script_that_failed_before_any_group_is_the_ddp_run_it_was_launched_as(tmp_path):
     run_dir = _folder(tmp_path)
     parts = [
-        {**_part(r, 1, []), "env_world_size": 2, "ended": "failed", "exit_code": 1} for r in (0, 1)
+        replace(_part(r, 1, []), env_world_size=2, ended="failed", exit_code=1) for r in (0, 1)
     ]
     rec = _assemble(run_dir, parts, status="running")
-    assert (rec["config"]["mode"], rec["config"]["world_size"]) == ("ddp", 2)
+    assert (rec.config.mode, rec.config.world_size) == ("ddp", 2)
     assert any(
-        w.startswith("the script failed before init_process_group: rank 0") for w in rec["warnings"]
+        w.startswith("the script failed before init_process_group: rank 0") for w in rec.warnings
     )
-    assert not any("trained alone" in w for w in rec["warnings"])
+    assert not any("trained alone" in w for w in rec.warnings)
 
 
 def test_a_killed_ranks_traces_on_disk_are_listed(tmp_path):
@@ -97,11 +102,12 @@ def test_a_killed_ranks_traces_on_disk_are_listed(tmp_path):
     run_dir = _folder(tmp_path)
     for name in ("rank0.1.pt.trace.json.gz", "rank1.2.pt.trace.json.gz"):
         (run_dir / "traces" / name).write_bytes(b"")
-    part = {**_part(0, 2, [1.0] * 3), "traces": ["traces/rank0.1.pt.trace.json.gz"]}
+    part = replace(_part(0, 2, [1.0] * 3), traces=["traces/rank0.1.pt.trace.json.gz"])
     write_part(run_dir, part)
+    assert read_parts(run_dir) == [part]  # a part file reads back as it was written
     rec = _assemble(run_dir, [part], status="running")
-    assert rec["traces"] == ["traces/rank0.1.pt.trace.json.gz", "traces/rank1.2.pt.trace.json.gz"]
-    assert any(w.startswith("rank 1 wrote no part") for w in rec["warnings"])
+    assert rec.traces == ["traces/rank0.1.pt.trace.json.gz", "traces/rank1.2.pt.trace.json.gz"]
+    assert any(w.startswith("rank 1 wrote no part") for w in rec.warnings)
 
 
 @pytest.mark.parametrize(

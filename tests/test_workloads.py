@@ -11,14 +11,16 @@ import gzip
 import json
 import threading
 
+import msgspec
 import pytest
 import torch
 
 from profiler.runfolder.stepmetrics import step_metrics
 from tests.conftest import launch, read_run
+from tests.test_runfolder import step_rows
 from workloads.config import TrainConfig, to_argv
 from workloads.plan import Environment, batch_split, plan
-from workloads.record import config_record
+from workloads.runrecord import run_config
 from workloads.train.checkpoint import load_checkpoint
 from workloads.train.context import AutocastForward, unwrap_model
 from workloads.train.data import GlobalBatchSampler
@@ -131,7 +133,7 @@ def test_to_argv_round_trips_through_the_train_parser():
     two_gpus = Environment(
         system="Linux", cuda=True, gpus=2, nccl=True, cpu_cores=8, torch_threads=8
     )
-    record = config_record(cfg, plan(cfg, two_gpus, nproc=2))
+    record = msgspec.to_builtins(run_config(cfg, plan(cfg, two_gpus, nproc=2)))
     assert set(record) == CONFIG_KEYS and record["per_device_batch"] == 32
     assert (record["world_size"], record["devices"]) == (2, ["cuda:0", "cuda:1"])
 
@@ -142,10 +144,10 @@ def test_step_metrics_exclude_warmup_and_use_the_slowest_rank():
         for r, times in ((0, [9.0, 1.0, 1.0]), (1, [9.0, 2.0, 2.0]))
         for s, t in enumerate(times)
     ]
-    m = step_metrics(rows)
-    assert m["samples_per_s"] == pytest.approx(4 * 32 / 4.0)  # 128 samples / rank 1's 4 s
-    assert [p["samples_per_s"] for p in m["per_rank"]] == pytest.approx([32.0, 16.0])
-    assert m["step_time_s"]["mean"] == pytest.approx(1.5)
+    m, _ = step_metrics(step_rows(rows))
+    assert m.samples_per_s == pytest.approx(4 * 32 / 4.0)  # 128 samples / rank 1's 4 s
+    assert [p.samples_per_s for p in m.per_rank] == pytest.approx([32.0, 16.0])
+    assert m.step_time_s.mean == pytest.approx(1.5)
     assert (
         best_epoch([{"epoch": 0, "top1_pct": 50.0}, {"epoch": 1, "top1_pct": 40.0}])["epoch"] == 0
     )
@@ -269,7 +271,7 @@ def test_grad_accum_splits_each_share_into_micro_batches():
     two_cpus = Environment(
         system="Linux", cuda=False, gpus=0, nccl=False, cpu_cores=2, torch_threads=2
     )
-    record = config_record(cfg, plan(cfg, two_cpus, nproc=2))
+    record = msgspec.to_builtins(run_config(cfg, plan(cfg, two_cpus, nproc=2)))
     # global batch = per-device micro-batch x world x K
     assert (record["global_batch"], record["micro_batch"], record["grad_accum_steps"]) == (
         64,

@@ -1,5 +1,5 @@
 """The training configuration: one keyword-only dataclass and its CLI (its run.json record:
-workloads.record; its layout: workloads.plan).
+workloads.runrecord; its layout: workloads.plan).
 
 `TrainConfig` is the single source of truth for the flags of `python -m workloads.train`; the
 launcher builds its parser from the same fields (`add_config_arguments`) and hands the validated

@@ -20,7 +20,7 @@ from analysis.project.traced import bucket_calls, exposed_share, read_rank_rows
 from profiler.runfolder.errors import InputError, safe_text
 from profiler.runfolder.layout import RUN_JSON, STEP_PHASES, STEPS_CSV, throughput_steps
 from profiler.runfolder.records import read_record
-from profiler.runfolder.schema import Config, Metrics, ProfileConfig, RunRecord
+from profiler.runfolder.schema import Config, Metrics, ProfileSettings, RunRecord
 from profiler.runfolder.steps import read_steps_frame
 
 __all__ = [
@@ -38,7 +38,7 @@ longer, so one outside (0, a subnormal 1e-320 s, or 1e308 s whose mean overflows
 record, not a measurement."""
 
 
-def _profiled_from_schedule(steps: pd.Series, profile: ProfileConfig | None) -> pd.Series:
+def _profiled_from_schedule(steps: pd.Series, profile: ProfileSettings | None) -> pd.Series:
     """Steps the profiler was on for (its warm-up and active steps), from config.profile."""
     if profile is None or not profile.enabled:
         return pd.Series(False, index=steps.index)

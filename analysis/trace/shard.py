@@ -24,7 +24,7 @@ from analysis.trace.folder import combine_summaries, find_trace_files, reduce_fi
 from analysis.trace.rank import RankSummary
 from profiler.runfolder.errors import InputError
 from profiler.runfolder.inputfile import BadJSON, decode_json
-from profiler.runfolder.versions import TRACES_PART_SCHEMA_VERSION
+from profiler.runfolder.versions import TRACES_SHARD_SCHEMA_VERSION
 
 __all__ = ["PART_KIND", "analyze_shard", "merge_parts", "parse_shard"]
 
@@ -92,7 +92,7 @@ def analyze_shard(
     good, skipped = reduce_files(mine, workers=workers, progress=progress) if mine else ([], [])
     return {
         "kind": PART_KIND,
-        "schema_version": TRACES_PART_SCHEMA_VERSION,
+        "schema_version": TRACES_SHARD_SCHEMA_VERSION,
         "trace_dir": str(path),
         "shard": k,
         "shards": n,
@@ -171,11 +171,11 @@ def merge_parts(paths: list[Path]) -> dict:
     )
     _same(parts, "shards", "shard count N", "run every shard with the same --shard K/N")
     first = parts[0][1]
-    if first["schema_version"] != TRACES_PART_SCHEMA_VERSION:
+    if first["schema_version"] != TRACES_SHARD_SCHEMA_VERSION:
         raise InputError(
             _names([p for p, _ in parts]),
             f"parts have schema version {first['schema_version']}, this dpscope reads "
-            f"{TRACES_PART_SCHEMA_VERSION}",
+            f"{TRACES_SHARD_SCHEMA_VERSION}",
             "re-run the shards with this dpscope version",
         )
     by_shard: dict[int, list[Path]] = {}

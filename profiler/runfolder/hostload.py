@@ -28,6 +28,8 @@ from typing import Any
 
 import psutil
 
+from profiler.runfolder.schema import HostLoad
+
 __all__ = ["BUSY_OTHER_CORES_FRAC", "HostLoadMeter", "is_busy"]
 
 # Other processes using more than this share of the cores while a run measured: throughput unreliable.
@@ -83,14 +85,14 @@ class HostLoadMeter:
 
     def __init__(self) -> None:
         self.root = _own_root()
-        self.result: dict | None = None
+        self.result: HostLoad | None = None
         self._start: tuple | None = None
 
     def start(self) -> None:
         own, _ = _tree_cpu_s(self.root)
         self._start = (time.perf_counter(), _system(), own, os.getloadavg()[0])
 
-    def stop(self) -> dict | None:
+    def stop(self) -> HostLoad | None:
         """env.host_load (the module docstring); None when `start` never ran."""
         if self._start is None:
             return None
@@ -103,12 +105,12 @@ class HostLoadMeter:
         steal = None
         if steal0 is not None and steal1 is not None and total1 > total0:
             steal = min(100.0, max(0.0, 100 * (steal1 - steal0) / (total1 - total0)))
-        self.result = {
-            "load_avg_1m_start": load0,
-            "load_avg_1m_end": os.getloadavg()[0],
-            "other_cpu_cores_mean": max(0.0, (busy1 - busy0 - own) / wall),
-            "steal_pct": steal,
-            "cores": psutil.cpu_count() or 1,
-            "own_threads": threads,
-        }
+        self.result = HostLoad(
+            load_avg_1m_start=load0,
+            load_avg_1m_end=os.getloadavg()[0],
+            other_cpu_cores_mean=max(0.0, (busy1 - busy0 - own) / wall),
+            steal_pct=steal,
+            cores=psutil.cpu_count() or 1,
+            own_threads=threads,
+        )
         return self.result

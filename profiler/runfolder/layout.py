@@ -22,11 +22,13 @@ from collections.abc import Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 
+import msgspec
 import numpy as np
 
 from profiler.runfolder.atomic import write_csv_atomic, write_json_atomic
 from profiler.runfolder.errors import UserError, disk_writes
 from profiler.runfolder.lease import FolderTaken, claim, owner_record
+from profiler.runfolder.schema import CommRunRecord, RunRecord, StepRow
 
 __all__ = [
     "COMM_COLUMNS",
@@ -60,24 +62,8 @@ RUN_JSON, STEPS_CSV, COMM_CSV, TRACES_DIR = "run.json", "steps.csv", "comm.csv",
 # `<phase>_s` column each (STEPS_COLUMNS).
 STEP_PHASES: tuple[str, ...] = ("data", "forward", "backward", "optimizer")
 
-# Exactly the steps.csv columns of docs/reference/run-folder.md, in order (the reader's StepRow fields).
-STEPS_COLUMNS: list[str] = [
-    "rank",
-    "epoch",
-    "step",
-    "warmup",
-    "profiled",
-    "step_time_s",
-    "data_s",
-    "forward_s",
-    "backward_s",
-    "optimizer_s",
-    "profiler_s",
-    "samples",
-    "loss",
-    "rss_bytes",
-    "cuda_allocated_bytes",
-]
+# Exactly the steps.csv columns, in order: StepRow's fields (profiler.runfolder.schema).
+STEPS_COLUMNS: list[str] = list(StepRow.__struct_fields__)
 
 # comm.csv of a `make bench-comm` run folder: one row per collective and message size.
 COMM_COLUMNS: list[str] = [
@@ -207,17 +193,24 @@ def utc_now() -> str:
     return datetime.now(UTC).isoformat(timespec="seconds")
 
 
-def write_run_json(run_dir: Path, record: dict) -> Path:
-    """Write `record` as `run_dir/run.json` atomically (never half a record); return the path."""
+def write_run_json(run_dir: Path, record: RunRecord | CommRunRecord) -> Path:
+    """Write the run record `record` as `run_dir/run.json` atomically (never half a record);
+    return the path. The one run.json writer: it takes nothing but the run records of
+    profiler.runfolder.schema (a field a writer did not give stays absent from the file)."""
+    if not isinstance(record, RunRecord | CommRunRecord):
+        raise TypeError(
+            f"write_run_json takes a RunRecord or CommRunRecord, not {type(record).__name__}: build "
+            "it with profiler.runfolder.schema"
+        )
     path = Path(run_dir) / RUN_JSON
-    write_json_atomic(path, record)
+    write_json_atomic(path, msgspec.to_builtins(record))
     return path
 
 
-def write_steps_csv(run_dir: Path, rows: list[dict]) -> Path:
-    """Write steps.csv with exactly STEPS_COLUMNS (a row with another key raises ValueError)."""
+def write_steps_csv(run_dir: Path, rows: Sequence[StepRow]) -> Path:
+    """Write steps.csv: one StepRow per line, its fields the columns (STEPS_COLUMNS)."""
     path = Path(run_dir) / STEPS_CSV
-    write_csv_atomic(path, rows, STEPS_COLUMNS)
+    write_csv_atomic(path, [msgspec.structs.asdict(r) for r in rows], STEPS_COLUMNS)
     return path
 
 

@@ -11,11 +11,12 @@ Torch-free: the launcher assembles without importing what the ranks ran.
 
 from __future__ import annotations
 
-import json
 import time
 from collections import Counter
 from pathlib import Path
 from typing import Any
+
+import msgspec
 
 from profiler.runfolder.atomic import write_json_atomic
 from profiler.runfolder.layout import (
@@ -24,6 +25,18 @@ from profiler.runfolder.layout import (
     utc_now,
     write_run_json,
     write_steps_csv,
+)
+from profiler.runfolder.schema import (
+    Config,
+    ErrorInfo,
+    Eval,
+    LeftOut,
+    Metrics,
+    ProfileExport,
+    ProfileSettings,
+    RankPart,
+    RunRecord,
+    Status,
 )
 from profiler.runfolder.stepmetrics import step_metrics
 from profiler.runfolder.versions import RUN_JSON_SCHEMA_VERSION
@@ -71,26 +84,29 @@ def part_path(run_dir: Path, rank: int) -> Path:
     return Path(run_dir) / "logs" / f"rank{rank}.part.json"
 
 
-def write_part(run_dir: Path, part: dict) -> Path:
-    """Write one rank's part atomically; return its path."""
-    path = part_path(run_dir, int(part["rank"]))
-    write_json_atomic(path, part)
+def write_part(run_dir: Path, part: RankPart) -> Path:
+    """Write one rank's part atomically; return its path. The one part writer: it takes a
+    RankPart only."""
+    if not isinstance(part, RankPart):
+        raise TypeError(f"write_part takes a RankPart, not {type(part).__name__}")
+    path = part_path(run_dir, part.rank)
+    write_json_atomic(path, msgspec.to_builtins(part))
     return path
 
 
-def read_parts(run_dir: Path) -> list[dict]:
+def read_parts(run_dir: Path) -> list[RankPart]:
     """Every rank part in the run folder, by rank (an unreadable one is left out: its rank
     failed while writing and the run's error says so)."""
     parts = []
     for path in sorted((Path(run_dir) / "logs").glob("rank*.part.json")):
         try:
-            parts.append(json.loads(path.read_text(encoding="utf-8")))
-        except (OSError, ValueError):
+            parts.append(msgspec.json.decode(path.read_bytes(), type=RankPart))
+        except (OSError, msgspec.DecodeError):
             continue
-    return sorted(parts, key=lambda p: p["rank"])
+    return sorted(parts, key=lambda p: p.rank)
 
 
-def wait_for_parts(run_dir: Path, world_size: int, *, timeout_s: float) -> list[dict]:
+def wait_for_parts(run_dir: Path, world_size: int, *, timeout_s: float) -> list[RankPart]:
     """The parts of all `world_size` ranks, or those there after `timeout_s` seconds."""
     deadline = time.monotonic() + timeout_s
     while len(parts := read_parts(run_dir)) < world_size and time.monotonic() < deadline:
@@ -102,101 +118,108 @@ def _most_common(values: list[int]) -> int | None:
     return Counter(values).most_common(1)[0][0] if values else None
 
 
-def recorded_config(parts: list[dict], *, profile: dict, warmup_steps: int) -> dict:
-    """run.json `config` of a recorded run: the mode, world and devices the ranks saw, the model
-    they trained, and the samples per step (the most common per rank and summed over ranks)."""
+def recorded_config(
+    parts: list[RankPart], *, profile: ProfileSettings, warmup_steps: int
+) -> Config:
+    """The run record's `config` of a recorded run: the mode, world and devices the ranks saw,
+    the model they trained, and the samples per step (the most common per rank and summed over
+    ranks)."""
     first = parts[0]
-    rows = [r for p in parts for r in p["rows"]]
     per_step: dict[int, int] = {}
-    for r in rows:
-        per_step[r["step"]] = per_step.get(r["step"], 0) + (r["samples"] or 0)
-    return {
-        "mode": first["mode"],
-        "backend": first["backend"],
-        "world_size": first["world_size"],
-        "nnodes": 1,
-        "nproc_per_node": len(parts) if first["mode"] == "ddp" else 1,
-        "devices": [d for p in parts for d in p["devices"]],
-        "model": first["model"],
-        "param_count": first["param_count"],
-        "dataset": None,
-        "global_batch": _most_common(list(per_step.values())) or None,
-        "per_device_batch": _most_common([r["samples"] for r in first["rows"] if r["samples"]]),
-        "grad_accum_steps": _most_common(first["micro_batches"]) or 1,
-        "scaling": None,
-        "amp": None,
-        "seed": None,
-        "warmup_steps": warmup_steps,
-        "profile": profile,
-        "workload": first.get("workload"),
-    }
+    for r in (r for p in parts for r in p.rows):
+        per_step[r.step] = per_step.get(r.step, 0) + (r.samples or 0)
+    return Config.written(
+        mode=first.mode,
+        backend=first.backend,
+        world_size=first.world_size,
+        nnodes=1,
+        nproc_per_node=len(parts) if first.mode == "ddp" else 1,
+        devices=[d for p in parts for d in p.devices],
+        model=first.model,
+        param_count=first.param_count,
+        dataset=None,
+        global_batch=_most_common(list(per_step.values())) or None,
+        per_device_batch=_most_common([r.samples for r in first.rows if r.samples]),
+        grad_accum_steps=_most_common(first.micro_batches) or 1,
+        scaling=None,
+        amp=None,
+        seed=None,
+        warmup_steps=warmup_steps,
+        profile=profile,
+        workload=first.workload,
+    )
 
 
-def _profile(parts: list[dict]) -> list[dict]:
-    """run.json `metrics.profile`: per rank, the seconds its profiler spent exporting traces
-    (`export_s`; profiler.callbacks.ProfilerStep), in its steps (in their `profiler_s`) or after
-    its last one."""
+def _profile(parts: list[RankPart]) -> list[ProfileExport]:
+    """The run record's `metrics.profile`: per rank, the seconds its profiler spent exporting
+    traces (`export_s`; profiler.callbacks.ProfilerStep), in its steps (in their `profiler_s`)
+    or after its last one."""
     return [
-        {"rank": p["rank"], "export_s": sum(e["export_s"] for e in p["profile_exports"])}
+        ProfileExport(rank=p.rank, export_s=sum(e.export_s for e in p.profile_exports))
         for p in parts
-        if "profile_exports" in p
+        if isinstance(p.profile_exports, list)  # a `--script` rank's (None or absent otherwise)
     ]
 
 
-def _metrics(parts: list[dict], rows: list[dict], *, wall_time_s: float | None) -> dict:
-    active = {(p["rank"], s) for p in parts for s in p["active_steps"]}
-    metrics = step_metrics(rows, active)
+def _metrics(
+    parts: list[RankPart], rows: list, *, wall_time_s: float | None
+) -> tuple[Metrics, list[str]]:
+    active = {(p.rank, s) for p in parts for s in p.active_steps}
+    metrics, warnings = step_metrics(rows, active)
     first = parts[0]
-    return {
-        **metrics,
-        "epoch_time_s": [],
+    metrics = msgspec.structs.replace(
+        metrics,
+        epoch_time_s=[],
         # rank 0's time from its recorder's creation (the bootstrap: the script's start) to its end
-        "wall_time_s": first.get("wall_time_s") if wall_time_s is None else wall_time_s,
-        "memory": [m for p in parts for m in p["memory"]],
-        "memory_after_first_step": [m for p in parts for m in p["memory_after_first_step"]],
-        "memory_breakdown": [m for p in parts for m in p["memory_breakdown"]],
-        "ddp": first.get("ddp"),
-        "param_grad_bytes": first.get("param_grad_bytes", []),
-        "buffer_bytes_by_dtype": first.get("buffer_bytes_by_dtype", {}),
-        "profile": _profile(parts),
-    }
+        wall_time_s=first.wall_time_s if wall_time_s is None else wall_time_s,
+        memory=[m for p in parts for m in p.memory],
+        memory_after_first_step=[m for p in parts for m in p.memory_after_first_step],
+        memory_breakdown=[m for p in parts for m in p.memory_breakdown],
+        ddp=first.ddp,
+        param_grad_bytes=first.param_grad_bytes,
+        buffer_bytes_by_dtype=first.buffer_bytes_by_dtype,
+        profile=_profile(parts),
+    )
+    return metrics, warnings
 
 
-def first_signal(parts: list[dict]) -> dict | None:
+def first_signal(parts: list[RankPart]) -> RankPart | None:
     """The part of the rank a signal reached first (`ended` = `signal`), or None."""
-    signalled = [p for p in parts if p.get("ended") == "signal"]
-    return min(signalled, key=lambda p: p.get("signal_time") or 0.0, default=None)
+    signalled = [p for p in parts if p.ended == "signal"]
+    return min(signalled, key=lambda p: p.signal_time or 0.0, default=None)
 
 
-def _no_group(parts: list[dict], warnings: list[str]) -> tuple[list[dict], list[dict]]:
+def _no_group(parts: list[RankPart], warnings: list[str]) -> tuple[list[RankPart], list[LeftOut]]:
     """Under a multi-process launch in which no process joined a process group: (the parts the
     record keeps, the traces it leaves out). A script that failed there (some rank ended
     `failed`) keeps every part and says so; one whose processes all trained alone keeps rank
     0's, and the others' traces are left out with the reason."""
-    launched = max(len(parts), int(parts[0].get("env_world_size", 1)))
-    if launched <= 1 or any(p["pg_seen"] for p in parts):
+    launched = max(len(parts), parts[0].env_world_size)
+    if launched <= 1 or any(p.pg_seen for p in parts):
         return parts, []
-    failed = [p for p in parts if p.get("ended") == "failed"]
+    failed = [p for p in parts if p.ended == "failed"]
     if failed:
         warnings.append(
-            FAILED_BEFORE_GROUP_WARNING.format(rank=failed[0]["rank"], code=failed[0]["exit_code"])
+            FAILED_BEFORE_GROUP_WARNING.format(rank=failed[0].rank, code=failed[0].exit_code)
         )
         return parts, []
-    kept = [p for p in parts if p["rank"] == 0] or parts[:1]
+    kept = [p for p in parts if p.rank == 0] or parts[:1]
     warnings.append(NO_PROCESS_GROUP_WARNING.format(n=launched))
     left = [
-        {"file": t, "reason": LEFT_OUT_REASON.format(rank=p["rank"])}
+        LeftOut(file=t, reason=LEFT_OUT_REASON.format(rank=p.rank))
         for p in parts
         if p not in kept
-        for t in p["traces"]
+        for t in p.traces
     ]
     return kept, left
 
 
-def _unclaimed(run_dir: Path, parts: list[dict], left: list[dict], warnings: list[str]) -> list:
+def _unclaimed(
+    run_dir: Path, parts: list[RankPart], left: list[LeftOut], warnings: list[str]
+) -> list[str]:
     """Traces on disk of ranks that wrote no part (killed): listed, with a warning per rank."""
-    claimed = {t for p in parts for t in p["traces"]} | {t["file"] for t in left}
-    ranks = {p["rank"] for p in parts}
+    claimed = {t for p in parts for t in p.traces} | {t.file for t in left}
+    ranks = {p.rank for p in parts}
     found = []
     for path in sorted((Path(run_dir) / TRACES_DIR).glob(TRACE_GLOB)):
         name = f"{TRACES_DIR}/{path.name}"
@@ -209,70 +232,67 @@ def _unclaimed(run_dir: Path, parts: list[dict], left: list[dict], warnings: lis
     return found
 
 
-def _layout(parts: list[dict], config: dict, failed_before_group: bool) -> dict:
+def _layout(parts: list[RankPart], config: Config, failed_before_group: bool) -> Config:
     """A script that failed before any rank joined a group keeps the launched layout: DDP over
     its processes (what was asked for; nothing ran as anything else)."""
-    if failed_before_group:
-        n = max(len(parts), int(parts[0].get("env_world_size", 1)))
-        config.update(mode="ddp", world_size=n, nproc_per_node=n)
-    return config
+    if not failed_before_group:
+        return config
+    n = max(len(parts), parts[0].env_world_size)
+    return msgspec.structs.replace(config, mode="ddp", world_size=n, nproc_per_node=n)
 
 
 def assemble(
     run_dir: Path,
-    parts: list[dict],
+    parts: list[RankPart],
     *,
     run_id: str,
-    status: str,
-    profile: dict,
+    status: Status,
+    profile: ProfileSettings,
     warmup_steps: int,
-    config_extra: dict | None = None,
+    config_extra: dict[str, Any] | None = None,
     created_at: str | None = None,
-    error: dict | None = None,
+    error: ErrorInfo | None = None,
     wall_time_s: float | None = None,
-) -> dict:
-    """Write steps.csv and run.json from the ranks' `parts`; return the record. `config` is
-    `recorded_config` plus `config_extra` (a script run's path, arguments and hash).
+) -> RunRecord:
+    """Write steps.csv and run.json from the ranks' `parts`; return the run record. `config` is
+    `recorded_config` with the Config fields of `config_extra` (a script run's path, arguments
+    and hash).
 
     Under a multi-process launch in which no process joined a process group, see `_no_group`;
     `traces` lists every rank's traces, also those on disk of a rank that wrote no part, and
     `traces_left_out` those of the processes left out, each with its reason."""
     warnings: list[str] = []
     parts, left = _no_group(parts, warnings)
-    config = _layout(
-        parts,
-        {
-            **recorded_config(parts, profile=profile, warmup_steps=warmup_steps),
-            **(config_extra or {}),
-        },
-        any(w.startswith("the script failed before") for w in warnings),
+    config = msgspec.structs.replace(
+        recorded_config(parts, profile=profile, warmup_steps=warmup_steps), **(config_extra or {})
     )
-    rows = sorted((r for p in parts for r in p["rows"]), key=lambda r: (r["step"], r["rank"]))
+    config = _layout(parts, config, any(w.startswith("the script failed before") for w in warnings))
+    rows = sorted((r for p in parts for r in p.rows), key=lambda r: (r.step, r.rank))
     write_steps_csv(run_dir, rows)
-    metrics = _metrics(parts, rows, wall_time_s=wall_time_s)
-    for w in [*metrics.pop("warnings"), *(w for p in parts for w in p["warnings"])]:
+    metrics, metric_warnings = _metrics(parts, rows, wall_time_s=wall_time_s)
+    for w in [*metric_warnings, *(w for p in parts for w in p.warnings)]:
         if w not in warnings:
             warnings.append(w)
     if not rows and NO_STEP_WARNING not in warnings:
         warnings.append(NO_STEP_WARNING)
-    traces = [t for p in parts for t in p["traces"]] + _unclaimed(run_dir, parts, left, warnings)
-    record: dict[str, Any] = {
-        "schema_version": RUN_JSON_SCHEMA_VERSION,
-        "run_id": run_id,
-        "status": status,
-        "error": error,
-        "created_at": created_at or utc_now(),
-        "finished_at": utc_now(),
-        "config": config,
-        "env": parts[0]["env"],
-        "metrics": metrics,
+    traces = [t for p in parts for t in p.traces] + _unclaimed(run_dir, parts, left, warnings)
+    reason = next((p.stop_reason for p in parts if p.stop_reason), None)
+    record = RunRecord.written(
+        schema_version=RUN_JSON_SCHEMA_VERSION,
+        run_id=run_id,
+        status=status,
+        error=error,
+        created_at=created_at or utc_now(),
+        finished_at=utc_now(),
+        config=config,
+        env=parts[0].env,
+        metrics=metrics,
         # Accuracy is the script's own business: absent (no epochs), never zeros.
-        "eval": {"epochs": [], "best": None},
-        "traces": sorted(traces),
-        "traces_left_out": left,
-        "warnings": warnings,
-    }
-    if reason := next((p["stop_reason"] for p in parts if p.get("stop_reason")), None):
-        record["stop_reason"] = reason
+        eval=Eval.written(epochs=[], best=None),
+        traces=sorted(traces),
+        traces_left_out=left,
+        warnings=warnings,
+        **({"stop_reason": reason} if reason else {}),
+    )
     write_run_json(run_dir, record)
     return record

@@ -19,13 +19,15 @@ import msgspec
 
 from profiler.runfolder.errors import InputError
 from profiler.runfolder.inputfile import BadJSON, decode_json, read_regular
-from profiler.runfolder.schema import FINITE_MAX, CommRecord, RunRecord
+from profiler.runfolder.schema import FINITE_MAX, CommRunRecord, RunRecord, as_written
 from profiler.runfolder.versions import READABLE_RUN_JSON_SCHEMAS
 
 __all__ = [
     "InvalidRecord",
     "read_comm_record",
+    "read_comm_record_to_update",
     "read_record",
+    "read_record_to_update",
     "record_kind",
     "short_repr",
 ]
@@ -125,6 +127,20 @@ def read_record(path: Path) -> tuple[RunRecord, dict]:
     return rec, raw
 
 
+def read_record_to_update(path: Path) -> RunRecord:
+    """A training run's run record for a writer that updates it (`msgspec.structs.replace`) and
+    writes it back: validated as `read_record` does, with every field absent from the file
+    absent again (`as_written`), so the file keeps the fields it had."""
+    rec, raw = read_record(path)
+    return as_written(rec, raw)
+
+
+def read_comm_record_to_update(path: Path) -> CommRunRecord:
+    """A comm run's run record for a writer that updates it (see `read_record_to_update`)."""
+    rec, raw = read_comm_record(path)
+    return as_written(rec, raw)
+
+
 class _Kind(msgspec.Struct):
     kind: Any = None
 
@@ -139,10 +155,10 @@ def record_kind(path: Path) -> str | None:
     return kind if isinstance(kind, str) else None
 
 
-def read_comm_record(path: Path) -> tuple[CommRecord, dict]:
+def read_comm_record(path: Path) -> tuple[CommRunRecord, dict]:
     """Decode and validate a comm run's run.json (`kind: "comm"`): (typed record, raw object).
 
     Raises InputError when the file is missing or not JSON, InvalidRecord when it breaks a rule
     (a training run's run.json breaks `kind`)."""
     raw = _decode_json(path)
-    return _convert(path, raw, CommRecord), raw
+    return _convert(path, raw, CommRunRecord), raw

@@ -14,7 +14,7 @@ __all__ = [
     "RUNS_JSON_SCHEMA_VERSION",
     "RUN_JSON_SCHEMA_VERSION",
     "TRACES_JSON_SCHEMA_VERSION",
-    "TRACES_PART_SCHEMA_VERSION",
+    "TRACES_SHARD_SCHEMA_VERSION",
     "TUNE_JSON_SCHEMA_VERSION",
 ]
 
@@ -26,7 +26,7 @@ TUNE_JSON_SCHEMA_VERSION: int = 1
 """tune.json of a `dpscope tune` folder."""
 TRACES_JSON_SCHEMA_VERSION: int = 2
 """The traces JSON of `dpscope traces` (one folder of per-rank traces)."""
-TRACES_PART_SCHEMA_VERSION: int = 2
+TRACES_SHARD_SCHEMA_VERSION: int = 2
 """A sharded analysis part (`dpscope traces --shard K/N`), merged by `dpscope merge`."""
 RUNS_JSON_SCHEMA_VERSION: int = 2
 """The runs JSON of `dpscope runs --json` and the report's summary.json."""

@@ -42,6 +42,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
+import msgspec
 import numpy as np
 import pandas as pd
 import torch
@@ -63,7 +64,8 @@ from profiler.runfolder.layout import (
     write_run_json,
 )
 from profiler.runfolder.lease import Lease
-from profiler.runfolder.records import read_comm_record
+from profiler.runfolder.records import read_comm_record_to_update
+from profiler.runfolder.schema import CommConfig, CommMetrics, CommRunRecord, ErrorInfo
 from profiler.runfolder.versions import RUN_JSON_SCHEMA_VERSION
 from workloads.comm.host import measure_contention
 from workloads.comm.idle import SWEPT, extra_lines, idle_sweep, sweep_bound_s, sweep_sizes
@@ -228,18 +230,22 @@ def _write_results(
     with disk_writes(run_dir / "logs" / "table.txt"):
         (run_dir / "logs").mkdir(parents=True, exist_ok=True)
         (run_dir / "logs" / "table.txt").write_text(text + "\n", encoding="utf-8")
-    _, record = read_comm_record(run_dir / RUN_JSON)  # the launcher's `running` record
-    record["env"]["host_load"] = extra.pop("host_load", None)
-    record.update(
+    host_load = extra.pop("host_load", None)
+    record = read_comm_record_to_update(run_dir / RUN_JSON)  # the launcher's `running` record
+    record = msgspec.structs.replace(
+        record,
         status="ok",
         finished_at=utc_now(),
-        metrics={
-            "comm_model": models,
-            "checks": checks,
-            "skipped": skipped,
-            "time_us_mean": means,
-            **extra,
-        },
+        env=msgspec.structs.replace(record.env, host_load=host_load),
+        metrics=CommMetrics.from_fields(
+            {
+                "comm_model": models,
+                "checks": checks,
+                "skipped": skipped,
+                "time_us_mean": means,
+                **extra,
+            }  # fmt: skip
+        ),
     )
     write_run_json(run_dir, record)
     print(f"\nrun folder: {run_dir}  status: ok  (comm.csv, α–β fits in run.json)")
@@ -286,33 +292,33 @@ def _job(args: argparse.Namespace) -> _Job:
     return _Job(plan, sizes, names, gaps, args.threads or plan.threads_per_rank)
 
 
-def _start_record(run_id: str, job: _Job, args: argparse.Namespace) -> dict:
-    """run.json of a comm run as it starts (status `running`)."""
+def _start_record(run_id: str, job: _Job, args: argparse.Namespace) -> CommRunRecord:
+    """The run record of a comm run as it starts (status `running`)."""
     plan = job.plan
-    return {
-        "schema_version": RUN_JSON_SCHEMA_VERSION,
-        "kind": "comm",
-        "run_id": run_id,
-        "status": "running",
-        "error": None,
-        "created_at": utc_now(),
-        "finished_at": None,
-        "config": {
-            "backend": plan.backend,
-            "world_size": plan.replicas,
-            "nproc_per_node": plan.nproc,
-            "devices": plan.devices,
-            "sizes_bytes": job.sizes,
-            "iters": args.iters,
-            "warmup": args.warmup,
-            "dtype": "float32",
-            "collectives": list(job.collectives),
-            "gaps_ms": list(job.gaps),
-            "gap_iters": args.gap_iters,
-        },
-        "env": collect_env(threads_per_rank=job.threads),
-        "metrics": {},
-    }
+    return CommRunRecord.written(
+        schema_version=RUN_JSON_SCHEMA_VERSION,
+        kind="comm",
+        run_id=run_id,
+        status="running",
+        error=None,
+        created_at=utc_now(),
+        finished_at=None,
+        config=CommConfig.written(
+            backend=plan.backend,
+            world_size=plan.replicas,
+            nproc_per_node=plan.nproc,
+            devices=plan.devices,
+            sizes_bytes=job.sizes,
+            iters=args.iters,
+            warmup=args.warmup,
+            dtype="float32",
+            collectives=list(job.collectives),
+            gaps_ms=list(job.gaps),
+            gap_iters=args.gap_iters,
+        ),
+        env=collect_env(threads_per_rank=job.threads),
+        metrics=CommMetrics.written(),
+    )
 
 
 def _worker_argv(run_dir: Path, job: _Job, args: argparse.Namespace) -> list[str]:
@@ -332,18 +338,19 @@ def _worker_argv(run_dir: Path, job: _Job, args: argparse.Namespace) -> list[str
 def _finish(run_dir: Path, code: int) -> int:
     """The exit code; the run is marked failed (torchrun's exit code) unless rank 0 recorded
     it `ok` and torchrun exited 0."""
-    rec, record = read_comm_record(run_dir / RUN_JSON)  # rank 0's `ok` record, or ours
-    if code == 0 and rec.status == "ok":
+    record = read_comm_record_to_update(run_dir / RUN_JSON)  # rank 0's `ok` record, or ours
+    if code == 0 and record.status == "ok":
         return 0
-    record.update(
+    record = msgspec.structs.replace(
+        record,
         status="failed",
         finished_at=utc_now(),
-        error={
-            "message": f"torchrun exited with code {code}; see the output above",
-            "rank": None,
-            "exit_code": code,
-            "log_tail": [],
-        },
+        error=ErrorInfo.written(
+            message=f"torchrun exited with code {code}; see the output above",
+            rank=None,
+            exit_code=code,
+            log_tail=[],
+        ),
     )
     write_run_json(run_dir, record)
     print(f"run folder: {run_dir}  status: failed (torchrun exit code {code})")

@@ -41,7 +41,7 @@ from profiler.autohooks import AutoSteps, HookedRecorder, MaxStepsReached
 from profiler.runfolder.parts import write_part
 from profiler.session import ProfileConfig
 from workloads.launch.kinetolog import ProfilerLogFilter
-from workloads.launch.runlog import rank_log, write_error_record
+from workloads.launch.runlog import rank_log, write_error_file
 
 __all__ = ["SETTINGS_ENV", "Terminated", "main"]
 
@@ -207,7 +207,7 @@ def main(argv: list[str] | None = None) -> int:
         rec.ending = ending
         _close(rec, run_dir)
         if failure is not None:
-            write_error_record(
+            write_error_file(
                 run_dir, rank=rank, exc=failure, details={"exit_code": ending["exit_code"]}
             )
         if ending["ended"] == "max_steps":

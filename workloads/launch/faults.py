@@ -33,6 +33,7 @@ from profiler.callbacks import Callback, StepState
 from profiler.runfolder.atomic import write_json_atomic
 from profiler.runfolder.errors import DiskError, disk_error
 from profiler.runfolder.layout import TRACE_GLOB, TRACES_DIR
+from profiler.runfolder.schema import Resume
 from workloads.config import TrainConfig
 from workloads.plan import Environment, plan, torchrun_layout
 
@@ -47,7 +48,6 @@ __all__ = [
     "error_details",
     "injected_failure_step",
     "raise_injected_failure",
-    "restart_record",
     "per_device_batch",
     "read_attempts",
     "signal_name",
@@ -223,14 +223,8 @@ def per_device_batch(cfg: TrainConfig) -> int | None:
 
 
 def error_details(exc: BaseException, cfg: TrainConfig) -> dict:
-    """A rank's error record fields beyond its message: classify's, plus the attempt."""
+    """A rank's error file fields beyond its message: classify's, plus the attempt."""
     return {**classify(exc, per_device_batch=per_device_batch(cfg)), "attempt": attempt()}
-
-
-def restart_record(run_dir: Path, restarts: int) -> dict:
-    """run.json `restarts` and `resumes` (docs/reference/run-folder.md), merged into rank 0's record (which
-    profiler.runfolder.layout.write_run_json writes)."""
-    return {"restarts": restarts, "resumes": read_attempts(run_dir)}
 
 
 def all_traces(run_dir: Path) -> list[str]:
@@ -248,13 +242,13 @@ def write_attempt(run_dir: Path, *, attempt_no: int, resumed_from_step: int) -> 
     )
 
 
-def read_attempts(run_dir: Path) -> list[dict]:
-    """run.json `resumes`: {attempt, resumed_from_step} of every restarted attempt, in order."""
+def read_attempts(run_dir: Path) -> list[Resume]:
+    """The run record's `resumes`: where every restarted attempt resumed, in order."""
     out = []
     for p in (run_dir / "logs").glob("attempt*.json"):
         try:
             a = json.loads(p.read_text())
-            out.append({"attempt": int(a["attempt"]), "resumed_from_step": a["resumed_from_step"]})
+            out.append(Resume(attempt=int(a["attempt"]), resumed_from_step=a["resumed_from_step"]))
         except (OSError, ValueError, KeyError, TypeError):
             continue
-    return sorted(out, key=lambda a: a["attempt"])
+    return sorted(out, key=lambda a: a.attempt)

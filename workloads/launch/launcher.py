@@ -23,9 +23,11 @@ import argparse
 import sys
 from pathlib import Path
 
+from profiler.environment import collect_env
 from profiler.runfolder.errors import disk_writes, run_command
 from profiler.runfolder.layout import RUN_JSON, RunFolderTaken, create_run_folder, write_run_json
 from profiler.runfolder.lease import Lease
+from profiler.runfolder.schema import ErrorInfo, RunRecord, Status
 from workloads.config import TrainConfig, config_from_namespace, default_run_id, to_argv
 from workloads.launch.child import child_env
 from workloads.launch.options import LaunchError, absolute_paths, build_parser, check_arguments
@@ -34,7 +36,7 @@ from workloads.launch.script import ScriptError, next_lines, parse_script_args, 
 from workloads.launch.supervise import flight_recorder_env, run_supervised
 from workloads.plan import Environment, Plan, check_machine
 from workloads.plan import plan as plan_run
-from workloads.record import run_record
+from workloads.runrecord import run_record
 from workloads.train.workload import WorkloadFacts, check_workload
 
 __all__ = ["LaunchError", "build_parser", "main"]
@@ -50,17 +52,12 @@ def _record(
     plan: Plan,
     workload: WorkloadFacts,
     *,
-    status: str,
-    error: dict | None = None,
-) -> dict:
-    return run_record(
-        cfg,
-        plan,
-        status=status,
-        threads_per_rank=plan.threads_per_rank,
-        error=error,
-        workload=workload,
-    )
+    status: Status,
+    error: ErrorInfo | None = None,
+) -> RunRecord:
+    """The launcher's run record: `running` before the training starts, or `skipped`."""
+    env = collect_env(threads_per_rank=plan.threads_per_rank)
+    return run_record(cfg, plan, status=status, env=env, error=error, workload=workload)
 
 
 def _command(cfg: TrainConfig, plan: Plan, args: argparse.Namespace, extra: list[str]) -> list[str]:
@@ -164,18 +161,15 @@ def _execute(
         )
         return "ok" if returncode == 0 else "failed"
     record = finalize(run_dir, outcome, launcher_log)
-    print(f"\nrun folder: {run_dir}  status: {record['status']}")
-    if record["status"] == "failed":
-        print(
-            f"  error ({record['error']['kind']}): {record['error']['message']}\n"
-            f"  logs:  {run_dir / 'logs'}"
-        )
-    return "interrupted" if outcome.interrupted and record["status"] != "ok" else record["status"]
+    print(f"\nrun folder: {run_dir}  status: {record.status}")
+    if record.status == "failed" and record.error:
+        print(f"  error ({record.error.kind}): {record.error.message}\n  logs:  {run_dir / 'logs'}")
+    return "interrupted" if outcome.interrupted and record.status != "ok" else record.status
 
 
 def _skip(cfg: TrainConfig, plan: Plan, workload: WorkloadFacts, *, given: bool) -> None:
     run_dir = _claim(cfg, given=given)
-    error = {"message": plan.reason, "rank": None, "exit_code": None, "log_tail": []}
+    error = ErrorInfo.written(message=plan.reason, rank=None, exit_code=None, log_tail=[])
     write_run_json(run_dir, _record(cfg, plan, workload, status="skipped", error=error))
     print(f"\nrun folder: {run_dir}  status: skipped ({plan.reason})")
 

@@ -1,4 +1,4 @@
-"""Per-rank logs and error records, and reading them back into run.json's `error` object.
+"""Per-rank logs and error files, and reading them back into the run record's `error`.
 
 Every rank tees its stdout/stderr into `logs/rank<r>.log`. A rank that raises writes
 `logs/rank<r>.error.json` ({rank, exit_code, message, time}); after a failed run the launcher
@@ -8,7 +8,7 @@ and joins it with torchrun's own failure summary and the tail of that rank's log
 Bounded by design: a log tail is read from the file's last TAIL_READ_BYTES only, keeps at most
 LOG_TAIL_LINES lines of at most LOG_LINE_CHARS characters each (a 70 MB line is cut, saying how
 much), and messages are cut at MESSAGE_CHARS, so run.json stays small whatever a script printed.
-A run that fails on a full disk (or any disk fault, with no error record to say otherwise) gets
+A run that fails on a full disk (or any disk fault, with no error file to say otherwise) gets
 `error.kind: "disk"`.
 """
 
@@ -25,18 +25,21 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
+
+import msgspec
 
 from profiler.runfolder.atomic import write_json_atomic
 from profiler.runfolder.errors import DiskError
 from profiler.runfolder.layout import RUN_JSON, utc_now, write_run_json
-from profiler.runfolder.records import read_record
+from profiler.runfolder.records import read_record_to_update
+from profiler.runfolder.schema import ErrorInfo, RunRecord
 from workloads.launch.faults import read_attempts, signal_name
 
 if TYPE_CHECKING:
     from workloads.launch.supervise import Outcome
 
-__all__ = ["cut", "diagnose", "finalize", "leftover_warning", "rank_log", "write_error_record"]
+__all__ = ["cut", "diagnose", "finalize", "leftover_warning", "rank_log", "write_error_file"]
 
 LOG_TAIL_LINES = 20
 LOG_LINE_CHARS = 500
@@ -87,7 +90,7 @@ def rank_log(path: Path) -> Iterator[None]:
             sys.stdout, sys.stderr = old
 
 
-def write_error_record(
+def write_error_file(
     run_dir: Path, *, rank: int, exc: BaseException, details: dict | None = None
 ) -> None:
     """Record why this rank is exiting with code 1 (read back by `diagnose`); `details` adds
@@ -152,7 +155,7 @@ def _killed_message(rank: int, code: int) -> str:
 
 
 def _last_attempt(logs: Path) -> list[dict]:
-    """The ranks' error records of the last attempt (earlier attempts were restarted)."""
+    """The ranks' error files of the last attempt (earlier attempts were restarted)."""
     records = []
     for p in sorted(logs.glob("rank*.error.json")):
         try:
@@ -168,7 +171,7 @@ def _last_attempt(logs: Path) -> list[dict]:
 def _from_record(
     first: dict, codes: dict[int, int], logs: Path
 ) -> tuple[int, int | None, str, str, dict]:
-    """(rank, exit code, kind, message, extra fields) from the first rank's error record; a
+    """(rank, exit code, kind, message, extra fields) from the first rank's error file; a
     hang names the rank whose heartbeat stopped first instead."""
     from workloads.launch.heartbeat import diagnose_hang, read_heartbeats
 
@@ -189,7 +192,7 @@ def _from_record(
 def _without_record(
     root: int | None, codes: dict[int, int], returncode: int, launcher_log: Path
 ) -> tuple[int | None, int | None, str, str]:
-    """(rank, exit code, kind, message) when no rank wrote an error record: torchrun's root
+    """(rank, exit code, kind, message) when no rank wrote an error file: torchrun's root
     cause if it named one, else the training's own exit code."""
     if root is not None:
         exit_code = codes.get(root)
@@ -204,12 +207,12 @@ def _without_record(
     return None, returncode, "killed" if returncode < 0 else "crash", message
 
 
-def diagnose(run_dir: Path, returncode: int, launcher_log: Path) -> dict:
-    """The run.json `error` object for a failed run: its `kind`, the first rank that failed, its
+def diagnose(run_dir: Path, returncode: int, launcher_log: Path) -> ErrorInfo:
+    """The run record's `error` of a failed run: its `kind`, the first rank that failed, its
     exit code, its message and the last lines of its log.
 
-    Only the last attempt's error records count (earlier attempts were restarted). A rank ended
-    by a signal other than torchrun's own SIGTERM, without an error record, comes first: the
+    Only the last attempt's error files count (earlier attempts were restarted). A rank ended
+    by a signal other than torchrun's own SIGTERM, without an error file, comes first: the
     errors of its peers (a closed connection) are consequences. A rank that timed out in a
     collective means a hang: the heartbeats then name the rank that stopped first.
     """
@@ -230,14 +233,17 @@ def diagnose(run_dir: Path, returncode: int, launcher_log: Path) -> dict:
     else:
         rank, exit_code, kind, message = _without_record(root, codes, returncode, launcher_log)
     rank_log = logs / f"rank{rank}.log"
-    return {
-        "kind": kind,
-        "message": message,
-        "rank": rank,
-        "exit_code": exit_code,
-        **extra,
-        "log_tail": _tail(rank_log if rank is not None and rank_log.is_file() else launcher_log),
-    }
+    tail = _tail(rank_log if rank is not None and rank_log.is_file() else launcher_log)
+    return ErrorInfo.from_fields(
+        {
+            "kind": kind,
+            "message": message,
+            "rank": rank,
+            "exit_code": exit_code,
+            **extra,
+            "log_tail": tail,
+        }  # fmt: skip
+    )
 
 
 def leftover_warning(leftovers: tuple[str, ...]) -> str:
@@ -248,31 +254,32 @@ def leftover_warning(leftovers: tuple[str, ...]) -> str:
     )
 
 
-def finalize(run_dir: Path, outcome: Outcome, launcher_log: Path) -> dict:
-    """After the training ended: turn a run.json that is not `ok` into `failed` with its error
-    (and restarts); return the record. Never downgraded: once rank 0 wrote `ok`, whatever
+def finalize(run_dir: Path, outcome: Outcome, launcher_log: Path) -> RunRecord:
+    """After the training ended: turn a run record that is not `ok` into `failed` with its
+    error (and restarts); return the record. Never downgraded: once rank 0 wrote `ok`, whatever
     happens afterwards (a signal to the launcher, a rank failing in teardown) leaves it ok.
     Processes the job left behind add a warning either way."""
-    rec, record = read_record(run_dir / RUN_JSON)  # rank 0's `ok` record, or the launcher's own
-    changed = bool(outcome.leftovers)
+    rec = read_record_to_update(run_dir / RUN_JSON)  # rank 0's `ok` record, or the launcher's
+    changes: dict[str, Any] = {}
     if outcome.leftovers:
-        record["warnings"] = [*record.get("warnings", []), leftover_warning(outcome.leftovers)]
+        changes["warnings"] = [*(rec.warnings or []), leftover_warning(outcome.leftovers)]
     if rec.status != "ok":
         resumes = read_attempts(run_dir)
-        record.update(
-            status="failed",
-            error=_error(run_dir, outcome, launcher_log),
-            finished_at=utc_now(),
-            restarts=max((a["attempt"] for a in resumes), default=0),
-            resumes=resumes,
-        )
-        changed = True
-    if changed:
-        _write_final(run_dir, record)
-    return record
+        changes |= {
+            "status": "failed",
+            "error": _error(run_dir, outcome, launcher_log),
+            "finished_at": utc_now(),
+            "restarts": max((a.attempt for a in resumes), default=0),
+            "resumes": resumes,
+        }
+    if not changes:
+        return rec
+    rec = msgspec.structs.replace(rec, **changes)
+    _write_final(run_dir, rec)
+    return rec
 
 
-def _write_final(run_dir: Path, record: dict) -> None:
+def _write_final(run_dir: Path, record: RunRecord) -> None:
     """run.json, atomically; on a full disk (no room for the temp file) the record is written
     over the old one in place, without its log tail: a `failed` record that is not atomic beats
     a `running` one forever."""
@@ -281,8 +288,11 @@ def _write_final(run_dir: Path, record: dict) -> None:
     except DiskError as err:
         if err.errno != errno.ENOSPC:
             raise
-        error = record.get("error")
-        small = dict(record, error=dict(error, log_tail=[])) if isinstance(error, dict) else record
+        if isinstance(record.error, ErrorInfo):
+            record = msgspec.structs.replace(
+                record, error=msgspec.structs.replace(record.error, log_tail=[])
+            )
+        small = msgspec.to_builtins(record)
         data = (json.dumps(small, indent=2, allow_nan=False) + "\n").encode()
         try:
             with open(run_dir / RUN_JSON, "r+b") as f:
@@ -303,26 +313,27 @@ def _disk_full(run_dir: Path) -> int | None:
     return free if free < DISK_FREE_BYTES else None
 
 
-def _error(run_dir: Path, outcome: Outcome, launcher_log: Path) -> dict:
-    """run.json `error` of a failed run (kinds: docs/reference/run-folder.md)."""
+def _error(run_dir: Path, outcome: Outcome, launcher_log: Path) -> ErrorInfo:
+    """The run record's `error` of a failed run (kinds: docs/reference/run-folder.md)."""
     if outcome.interrupted:
-        return {
-            "kind": "interrupted",
-            "message": f"interrupted: {outcome.interrupted} reached the launcher; every rank "
+        return ErrorInfo.written(
+            kind="interrupted",
+            message=f"interrupted: {outcome.interrupted} reached the launcher; every rank "
             "was stopped",
-            "rank": None,
-            "exit_code": outcome.returncode,
-            "log_tail": [],
-        }
+            rank=None,
+            exit_code=outcome.returncode,
+            log_tail=[],
+        )
     if outcome.hang:
-        base = diagnose(run_dir, outcome.returncode, launcher_log)
-        return {**base, **outcome.hang, "exit_code": outcome.returncode}
+        base = msgspec.to_builtins(diagnose(run_dir, outcome.returncode, launcher_log))
+        return ErrorInfo.from_fields({**base, **outcome.hang, "exit_code": outcome.returncode})
     error = diagnose(run_dir, outcome.returncode, launcher_log)
-    free = _disk_full(run_dir) if error["kind"] == "crash" else None
-    if free is not None:  # a rank that could not even write its error record
-        error.update(
+    free = _disk_full(run_dir) if error.kind == "crash" else None
+    if free is not None:  # a rank that could not even write its error file
+        error = msgspec.structs.replace(
+            error,
             kind="disk",
             message=f"{run_dir}: the disk is full ({free:,} bytes free) — free space there or "
-            f"point --runs-dir at another disk ({error['message']})",
+            f"point --runs-dir at another disk ({error.message})",
         )
     return error

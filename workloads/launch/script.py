@@ -22,10 +22,12 @@ import shlex
 import sys
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 from profiler.environment import collect_env
 from profiler.runfolder.layout import create_run_folder, utc_now, write_run_json
 from profiler.runfolder.lease import Lease
+from profiler.runfolder.schema import Config, Eval, Metrics, RunRecord
 from profiler.runfolder.versions import RUN_JSON_SCHEMA_VERSION
 from profiler.session import ProfileConfig
 from workloads.config import TrainConfig, config_from_namespace
@@ -107,7 +109,10 @@ def workload_name(sha256: str, args: list[str], given: str) -> str:
     return given or " ".join([f"script:{sha256[:16]}", *map(shlex.quote, args)])
 
 
-def _config_extra(script: Path, args: list[str], sha: str, workload: str, max_steps: int) -> dict:
+def _config_extra(
+    script: Path, args: list[str], sha: str, workload: str, max_steps: int
+) -> dict[str, Any]:
+    """The Config fields of a script run beyond what its ranks record."""
     return {
         "max_steps": max_steps or None,
         "script": str(script),
@@ -158,27 +163,28 @@ def _env(cfg: TrainConfig, run_dir: Path, args: argparse.Namespace, nproc: int) 
     return env
 
 
-def _running_record(cfg: TrainConfig, mode: str, nproc: int, extra: dict) -> dict:
-    config = {
-        "mode": mode,
-        "world_size": nproc if mode == "ddp" else 1,
-        "profile": ProfileConfig(**cfg.profile_kwargs()).to_dict(),
-        "warmup_steps": cfg.warmup_steps,
+def _running_record(cfg: TrainConfig, mode: str, nproc: int, extra: dict[str, Any]) -> RunRecord:
+    """The launcher's `running` run record of a script run."""
+    config = Config.written(
+        mode=mode,
+        world_size=nproc if mode == "ddp" else 1,
+        profile=ProfileConfig(**cfg.profile_kwargs()).settings(),
+        warmup_steps=cfg.warmup_steps,
         **extra,
-    }
-    return {
-        "schema_version": RUN_JSON_SCHEMA_VERSION,
-        "run_id": cfg.run_id,
-        "status": "running",
-        "error": None,
-        "created_at": utc_now(),
-        "finished_at": None,
-        "config": config,
-        "env": collect_env(threads_per_rank=None),
-        "metrics": {},
-        "eval": {"epochs": [], "best": None},
-        "traces": [],
-    }
+    )
+    return RunRecord.written(
+        schema_version=RUN_JSON_SCHEMA_VERSION,
+        run_id=cfg.run_id,
+        status="running",
+        error=None,
+        created_at=utc_now(),
+        finished_at=None,
+        config=config,
+        env=collect_env(threads_per_rank=None),
+        metrics=Metrics.written(),
+        eval=Eval.written(epochs=[], best=None),
+        traces=[],
+    )
 
 
 def run_script(args: argparse.Namespace, script_args: list[str]) -> int:
@@ -214,10 +220,10 @@ def run_script(args: argparse.Namespace, script_args: list[str]) -> int:
         expected=nproc,
         launcher_log=launcher_log,
         run_id=cfg.run_id,
-        profile=record["config"]["profile"],
+        profile=record.config.profile,
         warmup_steps=cfg.warmup_steps,
         config_extra=extra,
-        created_at=record["created_at"],
+        created_at=record.created_at,
     )
     print_summary(final, run_dir, args.runs_dir)
     return exit_code(final)

@@ -19,10 +19,14 @@ from __future__ import annotations
 import shlex
 import signal
 from pathlib import Path
+from typing import Any
+
+import msgspec
 
 from profiler.runfolder.layout import RUN_JSON, utc_now, write_run_json
 from profiler.runfolder.parts import assemble, first_signal, read_parts
-from profiler.runfolder.records import read_record
+from profiler.runfolder.records import read_record_to_update
+from profiler.runfolder.schema import ErrorInfo, RankPart, RunRecord
 from workloads.launch.child import PACKAGE_ROOT
 from workloads.launch.runlog import finalize
 from workloads.launch.supervise import Outcome
@@ -30,60 +34,67 @@ from workloads.launch.supervise import Outcome
 __all__ = ["end_script_run", "exit_code", "next_lines", "print_summary"]
 
 
-def _signal_of(outcome: Outcome, parts: list[dict], expected: int) -> tuple[str | None, dict]:
+def _signal_of(
+    outcome: Outcome, parts: list[RankPart], expected: int
+) -> tuple[str | None, RankPart | None]:
     """(the signal that interrupted the run or None, the part of the rank it reached first)."""
-    first = first_signal(parts) or {}
+    first = first_signal(parts)
     if outcome.interrupted:
         return outcome.interrupted, first
     if outcome.hang:  # the watchdog's SIGTERM: a hang, which finalize diagnoses
-        return None, {}
-    if len(parts) < expected or any(p.get("ended") == "failed" for p in parts):
-        return None, {}  # a rank failed or was killed: the signals the others got are its echo
-    return (first.get("signal"), first) if first else (None, {})
+        return None, None
+    if len(parts) < expected or any(p.ended == "failed" for p in parts):
+        return None, None  # a rank failed or was killed: the signals the others got are its echo
+    return (first.signal, first) if first else (None, None)
 
 
-def _interrupted_error(name: str, rank: int | None, parts: list[dict]) -> dict:
+def _interrupted_error(name: str, rank: int | None, parts: list[RankPart]) -> ErrorInfo:
     """`error` of an interrupted run; `rank` the one the signal reached (None: the launcher)."""
-    steps = max((len(p["rows"]) for p in parts), default=0)
+    steps = max((len(p.rows) for p in parts), default=0)
     where = " (at the launcher)" if rank is None else f" on rank {rank}"
-    return {
-        "kind": "interrupted",
-        "signal": name,
-        "message": f"interrupted by {name}{where} after {steps} step(s): every rank kept the "
+    return ErrorInfo.written(
+        kind="interrupted",
+        signal=name,
+        message=f"interrupted by {name}{where} after {steps} step(s): every rank kept the "
         "steps, traces and metrics it had recorded",
-        "rank": rank,
-        "exit_code": 128 + int(signal.Signals[name]),
-        "log_tail": [],
-    }
+        rank=rank,
+        exit_code=128 + int(signal.Signals[name]),
+        log_tail=[],
+    )
 
 
 def end_script_run(
-    run_dir: Path, outcome: Outcome, *, expected: int, launcher_log: Path, **assembly: object
-) -> dict:
+    run_dir: Path, outcome: Outcome, *, expected: int, launcher_log: Path, **assembly: Any
+) -> RunRecord:
     """Assemble the ranks' parts into the run folder and give it its final status (see the
-    module docstring); return the record. `assembly`: profiler.runfolder.parts.assemble's keywords."""
+    module docstring); return the run record. `assembly`: profiler.runfolder.parts.assemble's
+    keywords."""
     parts = read_parts(run_dir)  # what the ranks recorded, also of a failed or stopped run
     name, first = _signal_of(outcome, parts, expected)
     if name is not None:
-        rank = None if outcome.interrupted else first.get("rank")
+        rank = None if outcome.interrupted or first is None else first.rank
         error = _interrupted_error(name, rank, parts)
         if parts:
-            return assemble(run_dir, parts, status="interrupted", error=error, **assembly)  # type: ignore[arg-type]
-        _, record = read_record(run_dir / RUN_JSON)
-        record.update(status="interrupted", error=error, finished_at=utc_now())
+            return assemble(run_dir, parts, status="interrupted", error=error, **assembly)
+        record = msgspec.structs.replace(
+            read_record_to_update(run_dir / RUN_JSON),
+            status="interrupted",
+            error=error,
+            finished_at=utc_now(),
+        )
         write_run_json(run_dir, record)
         return record
     if parts:
         status = "ok" if outcome.returncode == 0 else "running"  # finalize makes it failed
-        assemble(run_dir, parts, status=status, **assembly)  # type: ignore[arg-type]
+        assemble(run_dir, parts, status=status, **assembly)
     return finalize(run_dir, outcome, launcher_log)
 
 
-def exit_code(record: dict) -> int:
+def exit_code(record: RunRecord) -> int:
     """dpscope's exit code for a finished script run (see the module docstring)."""
-    if record["status"] == "ok":
+    if record.status == "ok":
         return 0
-    code = (record.get("error") or {}).get("exit_code")
+    code = record.error.exit_code if record.error else None
     if not isinstance(code, int) or code == 0:
         return 1
     return 128 - code if code < 0 else code
@@ -101,15 +112,15 @@ def next_lines(runs_dir: str | Path) -> list[str]:
     ]
 
 
-def print_summary(record: dict, run_dir: Path, runs_dir: str | Path) -> None:
+def print_summary(record: RunRecord, run_dir: Path, runs_dir: str | Path) -> None:
     """The launcher's closing lines: status, stop reason, warnings, error, what next."""
-    print(f"\nrun folder: {run_dir}  status: {record['status']}")
-    if record.get("stop_reason"):
-        print(f"  {record['stop_reason']}")
-    for warning in record.get("warnings", []):
+    print(f"\nrun folder: {run_dir}  status: {record.status}")
+    if record.stop_reason:
+        print(f"  {record.stop_reason}")
+    for warning in record.warnings or []:
         print(f"  warning: {warning}")
-    if record["status"] == "failed":
-        print(f"  error ({record['error']['kind']}): {record['error']['message']}")
-    elif record["status"] == "interrupted":
-        print(f"  {record['error']['message']}")
+    if record.status == "failed" and record.error:
+        print(f"  error ({record.error.kind}): {record.error.message}")
+    elif record.status == "interrupted" and record.error:
+        print(f"  {record.error.message}")
     print("\n" + "\n".join(next_lines(runs_dir)))

@@ -14,12 +14,14 @@ import random
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import msgspec
 import numpy as np
 import torch
 from torch import nn
 
 from profiler.callbacks import Callback, StepState
 from profiler.runfolder.atomic import atomic_path
+from profiler.runfolder.schema import StepRow
 from workloads.train.context import RunContext, unwrap_model
 
 __all__ = [
@@ -49,7 +51,7 @@ class LoopState:
     """Eval results of finished epochs."""
     epoch_times: list[float] = field(default_factory=list)
     """Wall time of each finished training epoch (s)."""
-    rows: list[dict] = field(default_factory=list)
+    rows: list[StepRow] = field(default_factory=list)
     """Rank 0 only: every rank's steps.csv rows up to the last checkpoint."""
 
     def state_dict(self) -> dict:
@@ -60,14 +62,14 @@ class LoopState:
             # Plain strings load under weights_only=True (NaN-safe, any nesting).
             "evals": json.dumps(self.evals),
             "epoch_times": json.dumps(self.epoch_times),
-            "rows": json.dumps(self.rows),
+            "rows": json.dumps(msgspec.to_builtins(self.rows)),
         }
 
     def load_state_dict(self, sd: dict) -> None:
         self.epoch, self.step, self.epoch_step = sd["epoch"], sd["step"], sd["epoch_step"]
         self.evals = json.loads(sd["evals"])
         self.epoch_times = json.loads(sd.get("epoch_times", "[]"))
-        self.rows = json.loads(sd.get("rows", "[]"))
+        self.rows = msgspec.convert(json.loads(sd.get("rows", "[]")), list[StepRow])
 
 
 def capture_rng() -> dict:
@@ -129,7 +131,7 @@ def checkpoint_now(
     optimizer: torch.optim.Optimizer,
     scaler: torch.amp.GradScaler,
     state: LoopState,
-    pending: list[dict],
+    pending: list[StepRow],
 ) -> None:
     """Collective under DDP: every rank hands its RNG states and its step rows since the last
     checkpoint to rank 0, which folds the rows into `state.rows` and writes one consistent file.

@@ -9,22 +9,30 @@ rebuilds its buckets in gradient-ready order during the first steps.
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+import msgspec
 from torch import nn
 
-from profiler.memory import MemoryTracker
-from profiler.memory_breakdown import StaticMemory
+from profiler.environment import collect_env
 from profiler.modelinfo import ddp_info, model_metrics
 from profiler.runfolder.errors import InputError
 from profiler.runfolder.layout import RUN_JSON, write_run_json, write_steps_csv
 from profiler.runfolder.records import read_record
+from profiler.runfolder.schema import (
+    BreakdownEntry,
+    Eval,
+    EvalEntry,
+    MemoryEntry,
+    Metrics,
+    StepRow,
+)
 from profiler.runfolder.stepmetrics import step_metrics
-from profiler.session import ProfilerSession
 from workloads.config import TrainConfig
 from workloads.launch import faults
-from workloads.record import run_record
+from workloads.runrecord import run_record
 from workloads.train.context import RunContext, unwrap_model
 from workloads.train.losses import best_epoch
 from workloads.train.workload import WorkloadFacts
@@ -35,43 +43,54 @@ if TYPE_CHECKING:  # the loop's instruments: finish reads their results, never b
 __all__ = ["ddp_info", "finish"]
 
 
-def _rank_part(
-    run_dir: Path,
-    ctx: RunContext,
-    *,
-    rows: list[dict],
-    active_steps: list[int],
-    memory: MemoryTracker,
-    static: StaticMemory,
-    profiler: ProfilerSession,
-) -> dict:
-    """What this rank hands to rank 0: its rows, traced steps, memory and trace files."""
-    return {
-        "rows": rows,
-        "rank": ctx.rank,
-        "active_steps": active_steps,
-        "memory": memory.summary(),
-        "memory_after_first_step": memory.summary_after_first_step(),
-        "memory_breakdown": static.entries(),
-        "traces": [p.relative_to(run_dir).as_posix() for p in profiler.trace_files()],
-    }
+@dataclass(frozen=True)
+class RankResults:
+    """What one rank hands to rank 0 at the end: its rows, traced steps, memory and traces."""
+
+    rank: int
+    rows: list[StepRow]
+    active_steps: list[int]
+    memory: list[MemoryEntry]
+    memory_after_first_step: list[MemoryEntry]
+    memory_breakdown: list[BreakdownEntry]
+    traces: list[str]
+
+
+def _results(run_dir: Path, ctx: RunContext, rows: list[StepRow], inst: Instruments) -> RankResults:
+    rec = inst.recording
+    tracker = rec.memory.tracker
+    return RankResults(
+        rank=ctx.rank,
+        rows=rows,
+        active_steps=rec.profiler.active_steps,
+        memory=msgspec.convert(tracker.summary(), list[MemoryEntry]),
+        memory_after_first_step=msgspec.convert(
+            tracker.summary_after_first_step(), list[MemoryEntry]
+        ),
+        memory_breakdown=msgspec.convert(rec.static.static.entries(), list[BreakdownEntry]),
+        traces=[p.relative_to(run_dir).as_posix() for p in rec.profiler.session.trace_files()],
+    )
 
 
 def _run_metrics(
-    gathered: list[dict], rows: list[dict], *, model: dict, epoch_times: list[float], start: float
-) -> tuple[dict, list[str]]:
-    """run.json `metrics` from every rank's part (and the warnings of the step metrics)."""
-    metrics = step_metrics(rows, {(g["rank"], s) for g in gathered for s in g["active_steps"]})
-    warnings = metrics.pop("warnings")
-    metrics = {
-        **metrics,
-        "epoch_time_s": epoch_times,
-        "wall_time_s": time.perf_counter() - start,
-        "memory": [m for g in gathered for m in g["memory"]],
-        "memory_after_first_step": [m for g in gathered for m in g["memory_after_first_step"]],
-        "memory_breakdown": [m for g in gathered for m in g["memory_breakdown"]],
-        **model,
-    }
+    gathered: list[RankResults],
+    rows: list[StepRow],
+    *,
+    model: nn.Module,
+    epoch_times: list[float],
+    start: float,
+) -> tuple[Metrics, list[str]]:
+    """The run record's `metrics` from every rank's results (and the step metrics' warnings)."""
+    metrics, warnings = step_metrics(rows, {(g.rank, s) for g in gathered for s in g.active_steps})
+    metrics = msgspec.structs.replace(
+        metrics,
+        epoch_time_s=epoch_times,
+        wall_time_s=time.perf_counter() - start,
+        memory=[m for g in gathered for m in g.memory],
+        memory_after_first_step=[m for g in gathered for m in g.memory_after_first_step],
+        memory_breakdown=[m for g in gathered for m in g.memory_breakdown],
+        **model_metrics(model, inner=unwrap_model(model)),
+    )
     return metrics, warnings
 
 
@@ -81,7 +100,7 @@ def finish(
     run_dir: Path,
     *,
     model: nn.Module,
-    rows: list[dict],
+    rows: list[StepRow],
     inst: Instruments,
     evals: list[dict],
     eval_note: str | None,
@@ -92,50 +111,38 @@ def finish(
     start: float,
 ) -> None:
     """Gather every rank's rows and memory to rank 0, which writes steps.csv and run.json."""
-    mine = _rank_part(
-        run_dir,
-        ctx,
-        rows=rows,
-        active_steps=inst.profiler.active_steps,
-        memory=inst.memory.tracker,
-        static=inst.static.static,
-        profiler=inst.profiler.session,
-    )
-    gathered = ctx.gather_to_main(mine)
+    gathered = ctx.gather_to_main(_results(run_dir, ctx, rows, inst))
     if gathered is None:  # not rank 0
         return
-    all_rows = sorted(
-        (r for g in gathered for r in g["rows"]), key=lambda r: (r["step"], r["rank"])
-    )
+    all_rows = sorted((r for g in gathered for r in g.rows), key=lambda r: (r.step, r.rank))
     write_steps_csv(run_dir, all_rows)
-    created = _created_at(run_dir)
     metrics, warnings = _run_metrics(
-        gathered,
-        all_rows,
-        model=model_metrics(model, inner=unwrap_model(model)),
-        epoch_times=epoch_times,
-        start=start,
+        gathered, all_rows, model=model, epoch_times=epoch_times, start=start
     )
+    epochs = [EvalEntry.from_fields(e) for e in evals]
+    best = best_epoch(evals)
     record = run_record(
         cfg,
         ctx.plan,
         status="ok",
-        threads_per_rank=threads,
-        created_at=created,
+        env=collect_env(threads_per_rank=threads, host_load=inst.recording.host.result),
+        created_at=_created_at(run_dir),
         metrics=metrics,
-        evals={
-            "epochs": evals,
-            "best": best_epoch(evals),
-            "note": eval_note,
-            "split_samples": workload.test_samples,  # what --eval-batches capped (epochs: samples)
-        },
+        evals=Eval(
+            epochs=epochs,
+            best=None if best is None else EvalEntry.from_fields(best),
+            note=eval_note,
+            split_samples=workload.test_samples,  # what --eval-batches capped (epochs: samples)
+        ),
+        # Earlier attempts' traces too, after a restart (their names say which attempt).
+        traces=faults.all_traces(run_dir)
+        if restarts
+        else sorted(t for g in gathered for t in g.traces),
+        warnings=warnings,  # e.g. no unprofiled measured step: throughput fell back
+        restarts=restarts or None,
+        resumes=faults.read_attempts(run_dir) if restarts else None,
         workload=workload,
-        traces=sorted(t for g in gathered for t in g["traces"]),
     )
-    record["warnings"] = warnings  # e.g. no unprofiled measured step: throughput fell back
-    record["env"]["host_load"] = inst.host.result  # rank 0's host (profiler.runfolder.hostload)
-    if restarts:  # earlier attempts' traces too (their names say which attempt)
-        record.update(faults.restart_record(run_dir, restarts), traces=faults.all_traces(run_dir))
     print(f"[rank0] wrote {write_run_json(run_dir, record)}", flush=True)
 
 

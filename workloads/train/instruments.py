@@ -1,9 +1,9 @@
 """The callbacks of dpscope's training loop (workloads.train.loop), built once per rank.
 
-The torch-level ones come from profiler.callbacks, built by profiler.recorder.recording, as a
-RunRecorder (and so the `--script` bootstrap) builds them: one writer of step rows; the launcher's (fault injection, heartbeat)
-from workloads.launch; `--save-final` from workloads.train.checkpoint. The order of the list is
-the order of the loop module's docstring.
+The torch-level ones are a profiler.recording.Recording, built as a RunRecorder (and so the
+`--script` bootstrap) builds it: one writer of step rows; then `--save-final`
+(workloads.train.checkpoint), the launcher's (fault injection, heartbeat: workloads.launch) and
+the progress bar. `LOOP_CALLBACKS` is their order (docs/callbacks.md lists it; tests check both).
 """
 
 from __future__ import annotations
@@ -15,17 +15,8 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from profiler.callbacks import (
-    Callback,
-    Callbacks,
-    HostLoadSampler,
-    MemorySampler,
-    ProfilerStep,
-    StaticMemoryCount,
-    StepRecorder,
-    StepState,
-)
-from profiler.recording import recording
+from profiler.callbacks import Callback, Callbacks, StepState
+from profiler.recording import RECORDING_CALLBACKS, Recording, recording
 from profiler.session import ProfileConfig
 from workloads.config import TrainConfig
 from workloads.launch import faults
@@ -33,7 +24,7 @@ from workloads.launch.heartbeat import Heartbeat, HeartbeatCallback
 from workloads.train.checkpoint import SaveFinal
 from workloads.train.context import RunContext
 
-__all__ = ["Instruments", "ProgressBar", "build_instruments"]
+__all__ = ["LOOP_CALLBACKS", "Instruments", "ProgressBar", "build_instruments"]
 
 
 class ProgressBar(Callback):
@@ -57,15 +48,21 @@ class ProgressBar(Callback):
         self.bar.close()
 
 
+LOOP_CALLBACKS: tuple[type[Callback], ...] = (
+    *RECORDING_CALLBACKS,
+    SaveFinal,  # --save-final, rank 0 only
+    faults.FaultInjection,
+    HeartbeatCallback,
+    ProgressBar,
+)
+"""dpscope's loop's own callbacks, in list order (the user's `train(callbacks=...)` follow)."""
+
+
 @dataclass(kw_only=True)
 class Instruments:
-    """The loop's callbacks, and by name the ones whose results the run record takes."""
+    """The loop's callbacks, and the recording whose results the run record takes."""
 
-    recorder: StepRecorder
-    static: StaticMemoryCount
-    profiler: ProfilerStep
-    memory: MemorySampler
-    host: HostLoadSampler
+    recording: Recording
     callbacks: Callbacks
 
 
@@ -79,7 +76,7 @@ def build_instruments(
     first_step: int,
     extra: Sequence[Callback],
 ) -> Instruments:
-    """Every callback of the loop, in the order of the module docstring."""
+    """Every callback of the loop, in the order of LOOP_CALLBACKS, then `extra`."""
     attempt_no = beat.attempt
     rec = recording(
         rank=ctx.rank,
@@ -92,22 +89,10 @@ def build_instruments(
         warmup_steps=cfg.warmup_steps,
         planned_steps=planned - first_step,
     )
-    inst = Instruments(
-        recorder=rec.recorder,
-        static=rec.static,
-        profiler=rec.profiler,
-        memory=rec.memory,
-        host=rec.host,
-        callbacks=Callbacks([]),
-    )
     final = [SaveFinal(run_dir / "final.pt")] if cfg.save_final and ctx.is_main else []
-    inst.callbacks = Callbacks(
+    callbacks = Callbacks(
         [
-            inst.recorder,
-            inst.static,
-            inst.profiler,
-            inst.memory,
-            inst.host,
+            *rec.callbacks(),
             *final,
             faults.FaultInjection.from_env(rank=ctx.rank, stop=cfg.stop_on_nonfinite),
             HeartbeatCallback(beat),
@@ -115,4 +100,4 @@ def build_instruments(
             *extra,
         ]
     )
-    return inst
+    return Instruments(recording=rec, callbacks=callbacks)

@@ -20,7 +20,7 @@ of every step, in this order:
 
 ([phase] is a timed phase; with gradient accumulation forward and backward alternate per
 micro-batch and after_forward fires once, before the last micro-batch's backward.) The
-callbacks, in list order: StepRecorder (phase timers, steps.csv rows), StaticMemoryCount,
+callbacks, in list order: StepRows (phase timers, steps.csv rows), StaticMemoryCount,
 ProfilerStep, MemorySampler (profiler.callbacks), SaveFinal (workloads.train.checkpoint),
 FaultInjection (workloads.launch.faults), HeartbeatCallback (workloads.launch.heartbeat, which
 rewrites `logs/rank<r>.heartbeat.json`), the progress bar, then any passed to `train`; they are
@@ -45,7 +45,7 @@ import torch.distributed as dist
 from torch import nn
 from torch.utils.data import DataLoader
 
-from profiler.callbacks import Callback, StepState
+from profiler.callbacks import Callback, Event, StepState
 from profiler.runfolder.errors import UserError
 from workloads.config import (
     OneLineParser,
@@ -57,13 +57,13 @@ from workloads.config import (
 from workloads.launch import faults
 from workloads.launch.child import die_with_parent
 from workloads.launch.heartbeat import Heartbeat
-from workloads.launch.runlog import rank_log, write_error_record
+from workloads.launch.runlog import rank_log, write_error_file
 from workloads.train.checkpoint import LoopState, checkpoint_now, resume
 from workloads.train.components import Components, build_components, planned_steps
 from workloads.train.context import RunContext, init_context, teardown, unwrap_model
 from workloads.train.finish import finish
 from workloads.train.instruments import Instruments, build_instruments
-from workloads.train.losses import LossFn, eval_record, eval_sums, output_kind
+from workloads.train.losses import LossFn, eval_entry, eval_sums, output_kind
 
 __all__ = ["evaluate", "main", "train"]
 
@@ -102,7 +102,7 @@ def evaluate(
     if ctx.mode == "ddp":
         dist.all_reduce(sums)
     model.train()
-    return eval_record(kind, sums.tolist(), epoch=epoch)
+    return eval_entry(kind, sums.tolist(), epoch=epoch)
 
 
 def _eval_line(result: dict) -> str:
@@ -169,7 +169,7 @@ class _Run:
     inst: Instruments
     checkpoint_path: Path
 
-    def fire(self, event: str) -> None:
+    def fire(self, event: Event) -> None:
         self.state.epoch, self.state.step = self.loop.epoch, self.loop.step
         self.inst.callbacks.fire(event, self.state)
 
@@ -179,13 +179,13 @@ class _Run:
     def step(self, batches: Iterator) -> None:
         """One optimizer step, with its callbacks."""
         p, device = self.components, self.ctx.device
-        self.fire("step_start")
+        self.fire(Event.STEP_START)
         with self.phase("data"):
             x, y = next(batches)
             x = x.to(device, non_blocking=True)
             y = y.to(device, non_blocking=True)
         self.state.samples = len(y)
-        self.fire("after_data")
+        self.fire(Event.AFTER_DATA)
         self.state.loss = _forward_backward(
             p.model,
             x,
@@ -195,18 +195,18 @@ class _Run:
             scaler=p.scaler,
             amp=p.amp,
             loss_fn=p.loss_fn,
-            before_sync_backward=partial(self.fire, "after_forward"),
+            before_sync_backward=partial(self.fire, Event.AFTER_FORWARD),
         )
-        self.fire("after_backward")
+        self.fire(Event.AFTER_BACKWARD)
         with self.phase("optimizer"):
             p.scaler.step(p.optimizer)
             p.scaler.update()
             p.optimizer.zero_grad(set_to_none=True)
-        self.fire("step_end")
+        self.fire(Event.STEP_END)
 
     def checkpoint(self) -> None:
         """Collective under DDP: the loop state and every rank's rows so far (rank 0 saves)."""
-        self.fire("checkpoint")
+        self.fire(Event.CHECKPOINT)
         p = self.components
         checkpoint_now(
             self.checkpoint_path,
@@ -215,7 +215,7 @@ class _Run:
             p.optimizer,
             p.scaler,
             self.loop,
-            self.inst.recorder.rows,
+            self.inst.recording.steps.rows,
         )
 
     def epoch(self, planned: int) -> None:
@@ -231,7 +231,7 @@ class _Run:
             if cfg.checkpoint_every and loop.step % cfg.checkpoint_every == 0:
                 self.checkpoint()
         loop.epoch_times.append(time.perf_counter() - epoch_start)
-        self.fire("epoch_end")
+        self.fire(Event.EPOCH_END)
         done = f"[rank{self.ctx.rank}] epoch {loop.epoch}: {loop.epoch_step} steps"
         if (
             self.components.test_loader is None
@@ -244,7 +244,7 @@ class _Run:
                 self.ctx,
                 loss_fn=self.components.loss_fn,
                 epoch=loop.epoch,
-                on_batch=partial(self.fire, "eval_batch"),
+                on_batch=partial(self.fire, Event.EVAL_BATCH),
             )
             loop.evals.append(result)
             print(f"{done}, {_eval_line(result)}", flush=True)
@@ -315,17 +315,17 @@ def train(
         inst=inst,
         checkpoint_path=ckpt,
     )
-    run.fire("run_start")
+    run.fire(Event.RUN_START)
     while loop.epoch < cfg.epochs and loop.step < planned:
         run.epoch(planned)
-    run.fire("run_end")
+    run.fire(Event.RUN_END)
     finish(
         cfg,
         ctx,
         run_dir,
         model=components.model,
         rows=loop.rows
-        + inst.recorder.rows,  # rank 0: every rank's rows to the checkpoint, then its own
+        + inst.recording.steps.rows,  # rank 0: every rank's rows to the checkpoint, then its own
         inst=inst,
         evals=loop.evals,
         eval_note=None if components.test_loader else f"--dataset {cfg.dataset} has no test split",
@@ -372,7 +372,7 @@ def main(argv: list[str] | None = None) -> int:
             else:
                 traceback.print_exc()
             details = faults.error_details(exc, cfg)
-            write_error_record(run_dir, rank=env_rank, exc=exc, details=details)
+            write_error_file(run_dir, rank=env_rank, exc=exc, details=details)
         else:
             teardown()
             return 0

@@ -27,7 +27,7 @@ __all__ = [
     "LossFn",
     "build_loss",
     "check_loss",
-    "eval_record",
+    "eval_entry",
     "eval_sums",
     "output_kind",
 ]
@@ -113,7 +113,7 @@ def eval_sums(output: torch.Tensor, target: torch.Tensor, loss_fn: LossFn) -> to
     return torch.cat([torch.stack([loss, top1, top5, ce]), counts])
 
 
-def eval_record(kind: str, sums: list[float], *, epoch: int) -> dict:
+def eval_entry(kind: str, sums: list[float], *, epoch: int) -> dict:
     """The run.json eval entry from the summed `eval_sums` (docs/reference/run-folder.md)."""
     loss, top1, top5, ce, units, samples = sums
     units = max(units, 1.0)

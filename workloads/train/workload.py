@@ -17,6 +17,7 @@ import torch
 from torch import nn
 from torch.utils.data import default_collate
 
+from profiler.runfolder.schema import ModelFacts
 from workloads.config import TrainConfig
 from workloads.spec import SpecError
 from workloads.train.data import Datasets, build_datasets, dataset_item
@@ -100,24 +101,24 @@ class WorkloadFacts:
     test_samples: int | None
     """len() of the test split (None: no test split); run.json eval.split_samples."""
 
-    def record(self, micro_batch: int | None) -> dict:
-        """run.json `config.model_facts`: the parameter count (tied weights once), and the shape and
+    def model_facts(self, micro_batch: int | None) -> ModelFacts:
+        """The run record's `config.model_facts`: the parameter count (tied weights once), and the shape and
         dtype of one micro-batch's input and target as the model sees them on one device (null
         shapes for non-tensor values or an unknown batch)."""
 
         def batch(shape: tuple[int, ...] | None) -> list[int] | None:
             return None if shape is None or micro_batch is None else [micro_batch, *shape]
 
-        return {
-            "parameters": self.parameters,
-            "trainable_parameters": self.trainable_parameters,
-            "num_classes": self.num_classes,
-            "has_test_split": self.has_test_split,
-            "input_shape": batch(self.input_sample_shape),
-            "input_dtype": self.input_dtype,
-            "target_shape": batch(self.target_sample_shape),
-            "target_dtype": self.target_dtype,
-        }
+        return ModelFacts(
+            parameters=self.parameters,
+            trainable_parameters=self.trainable_parameters,
+            num_classes=self.num_classes,
+            has_test_split=self.has_test_split,
+            input_shape=batch(self.input_sample_shape),
+            input_dtype=self.input_dtype,
+            target_shape=batch(self.target_sample_shape),
+            target_dtype=self.target_dtype,
+        )
 
 
 def describe(model: nn.Module, data: Datasets) -> WorkloadFacts:

@@ -1,0 +1,123 @@
+"""The run record of a training run (run.json, docs/reference/run-folder.md): what the launcher
+writes before the training starts (`running`, or `skipped` with the reason) and rank 0 writes at
+its end (`ok`), each built once as a profiler.runfolder.schema.RunRecord.
+
+Kept apart from the configuration (workloads.config) and the plan (workloads.plan), which it
+joins: both are inputs of the record, neither needs it. The file itself is written through the
+run-folder contract (profiler.runfolder.layout.write_run_json), like every other run record.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from profiler.runfolder.layout import utc_now
+from profiler.runfolder.schema import (
+    Config,
+    DdpConfig,
+    Env,
+    ErrorInfo,
+    Eval,
+    Metrics,
+    Resume,
+    RunRecord,
+    Status,
+)
+from profiler.runfolder.versions import RUN_JSON_SCHEMA_VERSION
+from profiler.session import ProfileConfig
+from workloads.config import TrainConfig
+from workloads.plan import Plan
+from workloads.train.context import first_bucket_bytes
+
+if TYPE_CHECKING:  # the type only: the launcher and rank 0 pass what they measured
+    from workloads.train.workload import WorkloadFacts
+
+__all__ = ["run_config", "run_record"]
+
+
+def run_record(
+    cfg: TrainConfig,
+    plan: Plan,
+    *,
+    status: Status,
+    env: Env,
+    error: ErrorInfo | None = None,
+    created_at: str | None = None,
+    metrics: Metrics | None = None,
+    evals: Eval | None = None,
+    traces: list[str] | None = None,
+    warnings: list[str] | None = None,
+    restarts: int | None = None,
+    resumes: list[Resume] | None = None,
+    workload: WorkloadFacts | None = None,
+) -> RunRecord:
+    """The whole run record, as the launcher and rank 0 write it. `warnings` (rank 0's) and
+    `restarts` with `resumes` (a restarted run's) are absent when None, and `metrics` is `{}`
+    until the run measured something."""
+    now = utc_now()
+    extra = {} if warnings is None else {"warnings": warnings}
+    if restarts is not None:
+        extra |= {"restarts": restarts, "resumes": resumes or []}
+    return RunRecord.written(
+        schema_version=RUN_JSON_SCHEMA_VERSION,
+        run_id=cfg.run_id,
+        status=status,
+        error=error,
+        created_at=created_at or now,
+        finished_at=None if status == "running" else now,
+        config=run_config(cfg, plan, workload=workload),
+        env=env,
+        metrics=metrics or Metrics.written(),
+        eval=evals or Eval.written(epochs=[], best=None),
+        traces=traces or [],
+        **extra,
+    )
+
+
+def run_config(cfg: TrainConfig, plan: Plan, *, workload: WorkloadFacts | None = None) -> Config:
+    """The run record's `config`; layout fields come from the plan (null where a skipped run's
+    plan could not decide them), `model_facts` from the built model and data (null when not
+    given)."""
+    micro = None if plan.per_device_batch is None else plan.per_device_batch // cfg.grad_accum_steps
+    return Config.written(
+        mode=cfg.mode,
+        backend=plan.backend,
+        world_size=plan.replicas,
+        nnodes=plan.nnodes,
+        nproc_per_node=plan.nproc,
+        devices=plan.devices,
+        model=cfg.model,
+        model_args=cfg.model_kwargs(),
+        dataset=cfg.dataset,
+        dataset_args=cfg.dataset_kwargs(),
+        loss=cfg.loss,
+        model_facts=None if workload is None else workload.model_facts(micro),
+        global_batch=plan.global_batch,
+        per_device_batch=plan.per_device_batch,
+        grad_accum_steps=cfg.grad_accum_steps,
+        micro_batch=micro,
+        scaling=cfg.scaling,
+        amp=cfg.amp,
+        seed=cfg.seed,
+        epochs=cfg.epochs,
+        max_steps=cfg.max_steps,
+        lr=cfg.lr,
+        momentum=cfg.momentum,
+        weight_decay=cfg.weight_decay,
+        sync_bn=cfg.sync_bn,
+        num_workers=cfg.num_workers,
+        pin_memory=cfg.pin_memory,
+        warmup_steps=cfg.warmup_steps,
+        eval_batches=cfg.eval_batches,
+        rendezvous=cfg.rendezvous,
+        ddp=DdpConfig(
+            bucket_cap_mb=cfg.bucket_cap_mb,
+            first_bucket_bytes=first_bucket_bytes(cfg.bucket_cap_mb),
+            gradient_as_bucket_view=cfg.gradient_as_bucket_view,
+            static_graph=cfg.static_graph,
+            find_unused_parameters=cfg.find_unused_parameters,
+            comm_hook=cfg.comm_hook,
+        ),
+        profile=ProfileConfig(**cfg.profile_kwargs()).settings(),
+        sweep_id=cfg.sweep_id or None,
+    )
