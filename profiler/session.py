@@ -7,11 +7,13 @@ profiler plugin needs to find the file and to take the worker from it. torch add
 `distributedInfo` (backend, rank, world_size) to the trace when a process group is initialised.
 
 With `enabled=False` every method is a no-op, so `--no-profile` runs measure the profiler's
-overhead against otherwise identical runs.
+overhead against otherwise identical runs. The multi-host test hook DPSCOPE_CLOCK_SHIFT
+(profiler.clockshift) is read once, here, and applied to each trace as it is written.
 """
 
 from __future__ import annotations
 
+import os
 import time
 import warnings
 from collections.abc import Callable
@@ -21,6 +23,7 @@ from types import TracebackType
 
 from torch.profiler import ProfilerAction, ProfilerActivity, profile, schedule
 
+from profiler.clockshift import apply_clock_shift, clock_shift_us
 from profiler.runfolder.layout import TRACE_GLOB, TRACE_NAME, trace_name
 
 __all__ = ["TRACE_GLOB", "TRACE_NAME", "ProfileConfig", "ProfilerSession"]
@@ -103,12 +106,16 @@ class ProfilerSession:
         self._prof: profile | None = None
         self._running = False
         self._steps = 0  # prof.step() calls since start(): the schedule's step number
+        self._rank = int(os.environ.get("RANK", "0") or 0)
+        self._clock_shift_us = clock_shift_us(self._rank)  # the test hook, read once
 
     def _on_trace_ready(self, prof: profile) -> None:
         # What torch's tensorboard_trace_handler does, with the name taken from our template so
         # the session knows the file it wrote without looking at the folder.
         path = self.trace_dir / trace_name(self.worker_name, time.time_ns())
         prof.export_chrome_trace(str(path))  # gzipped because the name ends in .gz
+        if self._clock_shift_us is not None:
+            apply_clock_shift(path, self._clock_shift_us, self._rank)
         self._written.append(path)
 
     def start(self, *, step: int = 0) -> None:

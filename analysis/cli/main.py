@@ -30,6 +30,7 @@ from analysis.columns import (
 from analysis.jsonsafe import clip, finite_json
 from analysis.outputs import check_json_out
 from analysis.runs.compare import compare_runs, find_run_dirs
+from analysis.trace.clocks import add_clock_align
 from analysis.trace.folder import analyze_trace_dir, find_trace_files
 from analysis.trace.shard import analyze_shard, merge_parts, parse_shard
 from profiler.runfolder.atomic import write_json_atomic
@@ -135,6 +136,8 @@ def build_parser(prog: str = "python -m analysis") -> argparse.ArgumentParser:
     r = sub.add_parser("runs", help="compare run folders (speedup, memory, accuracy, comm)")
     r.add_argument("runs_dirs", type=Path, nargs="+", metavar="RUNS_DIR")
     r.add_argument("--no-traces", action="store_true", help="skip trace analysis")
+    for s in (t, m, r):
+        add_clock_align(s)
     for s in (t, r, m, *opscli.add_parsers(sub), add_parser(sub)):
         s.add_argument("--json", type=Path, default=None, metavar="OUT", help="write JSON here")
         s.add_argument("--no-progress", action="store_true", help="no progress bar")
@@ -197,13 +200,20 @@ def _run(args: argparse.Namespace) -> int:
     if args.command == "project":
         result, show = run_projection(args), print_projection
     elif args.command == "traces":
-        result = analyze_trace_dir(args.trace_dir, workers=args.workers, progress=progress)
+        result = analyze_trace_dir(
+            args.trace_dir, workers=args.workers, progress=progress, clock_align=args.clock_align
+        )
         show = print_traces
     elif args.command == "merge":
-        result = merge_parts(args.parts)
+        result = merge_parts(args.parts, clock_align=args.clock_align)
         show = print_traces
     elif args.command == "runs":
-        result = compare_runs(args.runs_dirs, progress=progress, traces=not args.no_traces)
+        result = compare_runs(
+            args.runs_dirs,
+            progress=progress,
+            traces=not args.no_traces,
+            clock_align=args.clock_align,
+        )
         show = print_runs
     else:
         result, show = opscli.run(args)

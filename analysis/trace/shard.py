@@ -157,7 +157,7 @@ def _same(parts: list[tuple[Path, dict]], key: str, what: str, fix: str) -> None
         raise InputError(_names([p for p, _ in parts]), f"parts differ in {what} ({groups})", fix)
 
 
-def merge_parts(paths: list[Path]) -> dict:
+def merge_parts(paths: list[Path], *, clock_align: str = "auto") -> dict:
     """The traces JSON of the whole folder from its parts: exactly what the unsharded analysis
     gives. Parts from different folders or dpscope versions, or overlapping or missing shards,
     raise one InputError line naming the files."""
@@ -198,4 +198,4 @@ def merge_parts(paths: list[Path]) -> dict:
         )
     summaries = [_from_json(s, path) for path, p in parts for s in p["summaries"]]
     skipped = [s for _, p in parts for s in p["skipped"]]
-    return combine_summaries(first["trace_dir"], summaries, skipped)
+    return combine_summaries(first["trace_dir"], summaries, skipped, clock_align=clock_align)
