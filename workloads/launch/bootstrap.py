@@ -9,7 +9,9 @@ into `logs/rank<r>.log`. At the end, whichever way the script ends, the rank wri
 (workloads.launch.runlog) with its exit code, and the launcher assembles the run folder.
 
 The launcher passes its settings in DPSCOPE_SCRIPT (JSON: run_dir, profile, warmup_steps,
-samples_per_step), so the script's own arguments stay untouched.
+samples_per_step, collective_timeout), so the script's own arguments stay untouched. A DDP rank
+also gets `--collective-timeout` as its process groups' default timeout, the flight recorder's
+dumper and a heartbeat (workloads.launch.flightrec); a failing rank dumps and asks its peers to.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from pathlib import Path
 from profiler.autohooks import AutoSteps
 from profiler.recorder import RunRecorder
 from profiler.session import ProfileConfig
+from workloads.launch.flightrec import dump_on_failure, watch_script_rank
 from workloads.launch.runlog import rank_log, write_error_record
 
 __all__ = ["SETTINGS_ENV", "main"]
@@ -68,6 +71,12 @@ def main(argv: list[str] | None = None) -> int:
         )
         hooks = AutoSteps(rec, samples_per_step=settings.get("samples_per_step"))
         hooks.install()
+        watch_script_rank(  # --collective-timeout, the flight recorder and the heartbeat
+            run_dir,
+            rank=rank,
+            timeout_s=settings.get("collective_timeout"),
+            progress=lambda: (rec.state.step, rec.state.phase or ("data" if rec.in_step else None)),
+        )
         code, failure = 0, None
         try:
             _run_script(script, argv[1:])
@@ -81,6 +90,7 @@ def main(argv: list[str] | None = None) -> int:
         rec.close()
         if failure is not None:
             write_error_record(run_dir, rank=rank, exc=failure, details={"exit_code": code})
+            dump_on_failure(f"{type(failure).__name__}: {failure}"[:300])
     sys.stdout.flush()
     sys.stderr.flush()
     if code:
