@@ -112,10 +112,10 @@ def _agreed(dumps: dict[int, Dump], *, no_dump: list[int]) -> dict:
     same = sorted(r for r, x in last.items() if x.seq == e.seq)
     text = f"{ranks_text(same)} last entered {e.op} #{e.seq} with input sizes {_sizes(e)}"
     text += f" ({'/'.join(map(str, e.dtypes))})" if e.dtypes else ""
-    if pending and not no_dump:
-        text += f"; {ranks_text(list(pending))} had not completed it"
     if waited:
-        text += f" after {max(waited.values()):.0f} s"
+        text += f"; {ranks_text(list(waited))} waited {max(waited.values()):.0f} s in it"
+    elif pending:
+        text += f"; {ranks_text(list(pending))} had not completed it"
     return {**fields, "process_group": e.pg, "seq": e.seq, "collective": e.op, "entered": same,
             "waited_s": {str(r): w for r, w in sorted(waited.items())}, "message": text}  # fmt: skip
 
@@ -132,8 +132,10 @@ def diagnose_dumps(
         return None
     expected = range(world_size) if world_size else sorted(dumps)
     no_dump = [r for r in expected if r not in dumps]
-    problems = [*problems, *([f"no dump from {ranks_text(no_dump)} (dead before it could dump?"
-                              " see its logs/rank<r>.log)"] if no_dump else [])]  # fmt: skip
+    if no_dump:
+        logs = ", ".join(f"logs/rank{r}.log" for r in no_dump[:4])
+        problems.append(f"no dump from {ranks_text(no_dump)} (it died before it could dump, or "
+                        f"wrote elsewhere: see {logs})")  # fmt: skip
     found = []
     for pg, by_rank in _groups(dumps).items():
         hit = _first_disagreement(by_rank)
