@@ -1,5 +1,5 @@
 """Per-host clock offsets from the collectives the ranks share, and their removal before any
-cross-rank time comparison (definitions: docs/reference/metrics.md §4b).
+cross-rank time comparison (definitions: docs/reference/metrics.md §6, "Clock alignment across hosts").
 
 Every rank's Kineto times come from its own host's clock; across hosts those clocks differ by
 hundreds of µs to milliseconds. The traces are first put on one origin (the earliest event of

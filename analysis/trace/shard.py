@@ -3,8 +3,9 @@ array, any batch system), then merge.
 
 `python -m analysis traces DIR --shard K/N --json part-K.json` reduces only shard K's files: the
 folder's trace files sorted by path, file i going to shard i mod N. A part holds each of its
-ranks' full summary, including the per-rank collective call arrays (start, latency, device time,
-bytes, group size) that cross-rank matching, stragglers and the step-time spread need, not only
+ranks' full summary, including the per-rank collective call arrays (start, end, latency, device
+time, bytes, group size) that clock alignment, cross-rank matching, stragglers and the step-time
+spread need, not only
 totals. `python -m analysis merge part-*.json --json all.json` checks that the parts belong
 together and runs the same cross-rank step as the unsharded analysis, so its output is exactly the
 unsharded traces JSON (JSON floats round-trip exactly).
@@ -74,6 +75,11 @@ def _from_json(summary: dict, path: Path) -> RankSummary:
             path, f"holds a broken rank summary ({problem})", "re-run that shard"
         ) from None
     for name, inst in out.instances.items():  # one call per index: every array as long
+        if "end_us" not in inst or "start_us" not in inst:  # the clock alignment needs both
+            raise InputError(
+                path, f"holds no call start/end times for `{name}` (an older dpscope's part)",
+                "re-run that shard with this dpscope",
+            )  # fmt: skip
         sizes = {k: v.shape for k, v in inst.items() if isinstance(v, np.ndarray)}
         if len(set(sizes.values())) > 1 or any(len(s) != 1 for s in sizes.values()):
             raise InputError(
