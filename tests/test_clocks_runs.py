@@ -64,10 +64,25 @@ def shifted_job(request, runs_dir: Path, tmp_path_factory) -> tuple[int, Path, P
     tiny[tiny.index("--max-steps") + 1] = "16"
     shifts = {r: s for r, s in SHIFT_US.items() if r < world}
     launch(
-        ["--mode", "ddp", "--nproc", str(world), "--backend", "gloo", "--run-id", run_id,
-         "--runs-dir", str(runs_dir), *tiny, "--model-args", "hidden=8", "--profile-active", "12"],
+        [
+            "--mode",
+            "ddp",
+            "--nproc",
+            str(world),
+            "--backend",
+            "gloo",
+            "--run-id",
+            run_id,
+            "--runs-dir",
+            str(runs_dir),
+            *tiny,
+            "--model-args",
+            "hidden=8",
+            "--profile-active",
+            "12",
+        ],
         env={"DPSCOPE_CLOCK_SHIFT": ",".join(f"{r}:{s}" for r, s in shifts.items())},
-    )  # fmt: skip
+    )
     traces = runs_dir / run_id / "traces"
     truth = tmp_path_factory.mktemp("unshifted")
     host0 = _host(next(traces.glob("rank0.*")))
@@ -105,8 +120,10 @@ def test_shifted_clocks_are_recovered_and_the_straggler_figures_put_back(shifted
     auto = analyze_trace_dir(traces, progress=False)
     one_clock = analyze_trace_dir(truth, progress=False)
     raw = analyze_trace_dir(traces, progress=False, clock_align="off")
-    print(f"\n{world} ranks:", [(r["clock_offset_us"], r["clock_offset_uncertainty_us"])
-                                for r in shifted["ranks"]])  # fmt: skip
+    print(
+        f"\n{world} ranks:",
+        [(r["clock_offset_us"], r["clock_offset_uncertainty_us"]) for r in shifted["ranks"]],
+    )
     errors = {0: 0.0}
     for row in shifted["ranks"][1:]:
         r = row["rank"]

@@ -185,10 +185,12 @@ def test_a_hung_rank_is_named_within_bounded_time(runs_dir):
     fr = err["flight_recorder"]
     logs = runs_dir / "fault-hang" / "logs"
     last = {
-        r: max(e["collective_seq_id"] for e in json.loads(
-            (logs / f"rank{r}.flightrec.json").read_text())["trace"]["entries"])
+        r: max(
+            e["collective_seq_id"]
+            for e in json.loads((logs / f"rank{r}.flightrec.json").read_text())["trace"]["entries"]
+        )
         for r in (0, 1)
-    }  # fmt: skip
+    }
     assert (fr["collective"], fr["seq"], fr["entered"], fr["never_entered"]) == (
         "all_reduce",
         last[0],

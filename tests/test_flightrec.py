@@ -62,8 +62,14 @@ def test_a_pickle_holding_code_or_cut_short_is_one_line_and_runs_nothing(
 
 
 def _write(logs: Path, rank: int, trace: dict, *, run_id: str = "job", at: float | None = None):
-    doc = {"kind": DUMP_KIND, "run_id": run_id, "rank": rank, "reason": "test",
-           "dumped_at": time.time() if at is None else at, "trace": trace}  # fmt: skip
+    doc = {
+        "kind": DUMP_KIND,
+        "run_id": run_id,
+        "rank": rank,
+        "reason": "test",
+        "dumped_at": time.time() if at is None else at,
+        "trace": trace,
+    }
     (logs / dump_name(rank)).write_text(json.dumps(doc))
 
 
@@ -118,8 +124,9 @@ def test_dumps_of_another_job_and_missing_ranks_are_one_line_each(tmp_path, torc
     _write(logs, 0, _entries(torch_dumps[1], 5))
     _write(logs, 1, _entries(torch_dumps[1], 5), run_id="yesterday")
     _write(logs, 7, _entries(torch_dumps[1], 5))  # outside a world of 4
-    (logs / dump_name(3)).write_text(json.dumps({"kind": DUMP_KIND, "run_id": "job", "rank": 2,
-                                                 "trace": {"entries": []}}))  # fmt: skip
+    (logs / dump_name(3)).write_text(
+        json.dumps({"kind": DUMP_KIND, "run_id": "job", "rank": 2, "trace": {"entries": []}})
+    )
     old = logs / "nccl_trace_rank_2"
     old.write_bytes(torch_dumps[0])
     os.utime(old, (1e9, 1e9))  # written long before this run started
@@ -141,8 +148,11 @@ def test_dumps_of_another_job_and_missing_ranks_are_one_line_each(tmp_path, torc
 def _run(tmp_path: Path) -> tuple[Path, dict]:
     run_dir = tmp_path / "job"
     (run_dir / "logs").mkdir(parents=True)
-    record = {"run_id": "job", "created_at": "2000-01-01T00:00:00+00:00",
-              "config": {"world_size": 2}}  # fmt: skip
+    record = {
+        "run_id": "job",
+        "created_at": "2000-01-01T00:00:00+00:00",
+        "config": {"world_size": 2},
+    }
     return run_dir, record
 
 
@@ -164,6 +174,21 @@ def test_a_hang_error_names_the_stuck_rank_its_collective_and_its_last_phase(tmp
         "; its last phase: data, step 12 — rank 0 failed: RuntimeError: timed out" in out["message"]
     )
     assert out["log_tail"] == ["rank1.log"] and out["flight_recorder"]["seq"] == 5
+    # A script's record says `crash` for any exception: a timeout's message makes it the hang...
+    timeout = {
+        **error,
+        "kind": "crash",
+        "message": "rank 0 failed: RuntimeError: Timed out waiting",
+    }
+    assert explain_failure(run_dir, timeout, record, tail=lambda p: [])["kind"] == "hang"
+    # ...while a rank that raised is the cause: the others waiting for it are a consequence.
+    crash = {"kind": "crash", "message": "rank 1 failed: RuntimeError: out of patience", "rank": 1}
+    out = explain_failure(run_dir, crash, record, tail=lambda p: [])
+    assert out["kind"] == "crash" and out["rank"] == 1
+    assert out["message"].startswith(
+        "rank 1 failed: RuntimeError: out of patience; flight recorder: rank 1 never entered "
+        "all_reduce #5 (rank 0 waited "
+    )
 
 
 def test_gloos_abort_line_makes_a_desync_and_a_killed_rank_stays_killed(tmp_path, torch_dumps):

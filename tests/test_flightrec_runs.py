@@ -44,16 +44,38 @@ def fr_runs(tmp_path_factory) -> tuple[Path, dict[str, tuple[int, float]]]:
     env.update(PYTHONPATH=str(REPO), PYTHONUNBUFFERED="1")
     procs = {}
     for run_id, (script, *rest) in RUNS.items():
-        cmd = [sys.executable, "-m", "workloads.launch", "--runs-dir", "runs", "--script", script,
-               "--mode", "ddp", "--nproc", "2", "--collective-timeout", "3", "--no-profile",
-               "--run-id", run_id, *rest]  # fmt: skip
-        procs[run_id] = (subprocess.Popen(cmd, cwd=user, env=env, stdout=subprocess.DEVNULL,
-                                          stderr=subprocess.DEVNULL), time.monotonic())  # fmt: skip
+        cmd = [
+            sys.executable,
+            "-m",
+            "workloads.launch",
+            "--runs-dir",
+            "runs",
+            "--script",
+            script,
+            "--mode",
+            "ddp",
+            "--nproc",
+            "2",
+            "--collective-timeout",
+            "3",
+            "--no-profile",
+            "--run-id",
+            run_id,
+            *rest,
+        ]
+        procs[run_id] = (
+            subprocess.Popen(
+                cmd, cwd=user, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
+            ),
+            time.monotonic(),
+        )
     out = {}
     try:
         for run_id, (proc, start) in procs.items():
-            out[run_id] = (proc.wait(timeout=max(1, start + 240 - time.monotonic())),
-                           time.monotonic() - start)  # fmt: skip
+            out[run_id] = (
+                proc.wait(timeout=max(1, start + 240 - time.monotonic())),
+                time.monotonic() - start,
+            )
     finally:
         for proc, _ in procs.values():
             if proc.poll() is None:

@@ -61,33 +61,54 @@ def run_flightrec(path: Path) -> dict:
     if not dumps:
         reasons = "; ".join(problems[:3]) or "no rank<r>.flightrec.json or nccl_trace_rank_<r>"
         raise InputError(
-            logs, f"no usable flight-recorder dump ({reasons})",
+            logs,
+            f"no usable flight-recorder dump ({reasons})",
             "dumps are written when a DDP run's collective fails or its watchdog fires",
-        )  # fmt: skip
+        )
     diagnosis = diagnose_dumps(dumps, world_size=world, problems=problems)
     ranks = []
     for r, d in sorted(dumps.items()):
         last = max(d.entries, key=lambda e: (e.pg == "0", e.seq)) if d.entries else None
-        ranks.append({
-            "rank": r, "file": d.file, "entries": len(d.entries), "reason": d.reason,
-            "last": None if last is None else {
-                "process_group": last.pg, "seq": last.seq, "op": last.op,
-                "input_sizes": last.input_sizes, "dtypes": last.dtypes,
-                "completed": last.completed,
-            },
-        })  # fmt: skip
-    return {"run_dir": str(run_dir), "run_id": run_id, "world_size": world, "ranks": ranks,
-            "diagnosis": diagnosis, "warnings": []}  # fmt: skip
+        ranks.append(
+            {
+                "rank": r,
+                "file": d.file,
+                "entries": len(d.entries),
+                "reason": d.reason,
+                "last": None
+                if last is None
+                else {
+                    "process_group": last.pg,
+                    "seq": last.seq,
+                    "op": last.op,
+                    "input_sizes": last.input_sizes,
+                    "dtypes": last.dtypes,
+                    "completed": last.completed,
+                },
+            }
+        )
+    return {
+        "run_dir": str(run_dir),
+        "run_id": run_id,
+        "world_size": world,
+        "ranks": ranks,
+        "diagnosis": diagnosis,
+        "warnings": [],
+    }
 
 
 def print_flightrec(result: dict) -> None:
     say(f"flight recorder: {result['run_dir']}  world_size={result['world_size']}")
     for r in result["ranks"]:
         last = r["last"]
-        tail = "no collective" if last is None else (
-            f"last {last['op']} #{last['seq']} (group {last['process_group']}) input sizes "
-            f"{str(last['input_sizes'])[:60]} {'ended' if last['completed'] else 'still in flight'}"
-        )  # fmt: skip
+        tail = (
+            "no collective"
+            if last is None
+            else (
+                f"last {last['op']} #{last['seq']} (group {last['process_group']}) input sizes "
+                f"{str(last['input_sizes'])[:60]} {'ended' if last['completed'] else 'still in flight'}"
+            )
+        )
         say(f"  rank {r['rank']}: {r['file']}, {r['entries']} collectives; {tail}")
     diagnosis = result["diagnosis"] or {}
     if diagnosis.get("message"):

@@ -77,9 +77,10 @@ def _from_json(summary: dict, path: Path) -> RankSummary:
     for name, inst in out.instances.items():  # one call per index: every array as long
         if "end_us" not in inst or "start_us" not in inst:  # the clock alignment needs both
             raise InputError(
-                path, f"holds no call start/end times for `{name}` (an older dpscope's part)",
+                path,
+                f"holds no call start/end times for `{name}` (an older dpscope's part)",
                 "re-run that shard with this dpscope",
-            )  # fmt: skip
+            )
         sizes = {k: v.shape for k, v in inst.items() if isinstance(v, np.ndarray)}
         if len(set(sizes.values())) > 1 or any(len(s) != 1 for s in sizes.values()):
             raise InputError(

@@ -106,8 +106,18 @@ def decode_dump(data: bytes) -> dict:
     else:
         try:
             value = _PlainUnpickler(io.BytesIO(data)).load()
-        except (pickle.UnpicklingError, EOFError, ValueError, TypeError, IndexError,
-                KeyError, AttributeError, RecursionError, MemoryError, OverflowError) as err:  # fmt: skip
+        except (
+            pickle.UnpicklingError,
+            EOFError,
+            ValueError,
+            TypeError,
+            IndexError,
+            KeyError,
+            AttributeError,
+            RecursionError,
+            MemoryError,
+            OverflowError,
+        ) as err:
             raise ValueError(f"truncated or not a plain-data pickle ({str(err)[:80]})") from None
     if not isinstance(value, dict):
         raise ValueError("not a flight-recorder dump (no top-level object)")

@@ -102,8 +102,15 @@ def _agreed(dumps: dict[int, Dump], *, no_dump: list[int]) -> dict:
     last = {
         r: max(d.entries, key=lambda e: (e.pg == "0", e.seq)) for r, d in dumps.items() if d.entries
     }
-    fields = {"process_group": None, "seq": None, "collective": None, "entered": sorted(last),
-              "never_entered": [], "waited_s": {}, "desync": None}  # fmt: skip
+    fields = {
+        "process_group": None,
+        "seq": None,
+        "collective": None,
+        "entered": sorted(last),
+        "never_entered": [],
+        "waited_s": {},
+        "desync": None,
+    }
     if not last:
         return {**fields, "message": "the flight recorder holds no collective"}
     e = last[min(last, key=lambda r: (-last[r].seq, r))]  # the furthest rank's
@@ -116,8 +123,15 @@ def _agreed(dumps: dict[int, Dump], *, no_dump: list[int]) -> dict:
         text += f"; {ranks_text(list(waited))} waited {max(waited.values()):.0f} s in it"
     elif pending:
         text += f"; {ranks_text(list(pending))} had not completed it"
-    return {**fields, "process_group": e.pg, "seq": e.seq, "collective": e.op, "entered": same,
-            "waited_s": {str(r): w for r, w in sorted(waited.items())}, "message": text}  # fmt: skip
+    return {
+        **fields,
+        "process_group": e.pg,
+        "seq": e.seq,
+        "collective": e.op,
+        "entered": same,
+        "waited_s": {str(r): w for r, w in sorted(waited.items())},
+        "message": text,
+    }
 
 
 def diagnose_dumps(
@@ -126,16 +140,20 @@ def diagnose_dumps(
     """run.json `error.flight_recorder` from the ranks' dumps (None without any dump)."""
     problems, dumps = list(problems), dict(dumps)
     for r in [r for r in dumps if world_size and r >= world_size]:
-        problems.append(f"logs/{dumps.pop(r).file}: rank {r} is outside the world of {world_size}"
-                        " ranks, so from another job — ignored")  # fmt: skip
+        problems.append(
+            f"logs/{dumps.pop(r).file}: rank {r} is outside the world of {world_size}"
+            " ranks, so from another job — ignored"
+        )
     if not dumps:
         return None
     expected = range(world_size) if world_size else sorted(dumps)
     no_dump = [r for r in expected if r not in dumps]
     if no_dump:
         logs = ", ".join(f"logs/rank{r}.log" for r in no_dump[:4])
-        problems.append(f"no dump from {ranks_text(no_dump)} (it died before it could dump, or "
-                        f"wrote elsewhere: see {logs})")  # fmt: skip
+        problems.append(
+            f"no dump from {ranks_text(no_dump)} (it died before it could dump, or "
+            f"wrote elsewhere: see {logs})"
+        )
     found = []
     for pg, by_rank in _groups(dumps).items():
         hit = _first_disagreement(by_rank)
@@ -143,8 +161,11 @@ def diagnose_dumps(
             k, have = hit
             first = min((e.created_ns or 0) for e in have.values()) if have else 0
             found.append((pg != "0", first, pg, k, have, sorted(set(by_rank) - set(have))))
-    out = {"no_dump": no_dump, "dumps": sorted(d.file for d in dumps.values()),
-           "problems": problems}  # fmt: skip
+    out = {
+        "no_dump": no_dump,
+        "dumps": sorted(d.file for d in dumps.values()),
+        "problems": problems,
+    }
     if not found:
         return {**out, **_agreed(dumps, no_dump=no_dump)}
     _, _, pg, k, have, never = min(found, key=lambda f: f[:2])
@@ -159,7 +180,7 @@ def diagnose_dumps(
                 "input_sizes": e.input_sizes,
                 "output_sizes": e.output_sizes,
                 "dtypes": e.dtypes,
-            }  # fmt: skip
+            }
             for r, e in sorted(have.items())
         ]
     return {

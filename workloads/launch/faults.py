@@ -50,6 +50,7 @@ __all__ = [
     "per_device_batch",
     "read_attempts",
     "signal_name",
+    "timed_out",
     "write_attempt",
 ]
 
@@ -203,9 +204,14 @@ def classify(exc: BaseException, *, per_device_batch: int | None) -> dict:
         return {"kind": "diverged", "message": str(exc), "step": exc.step, "value": str(exc.value)}
     if isinstance(exc, KeyboardInterrupt):
         return {"kind": "interrupted", "message": "interrupted (SIGINT)"}
-    if any(w in str(exc).lower() for w in _TIMEOUT_WORDS):
+    if timed_out(str(exc)):
         return {"kind": "hang", "message": text}
     return {"kind": "crash", "message": text}
+
+
+def timed_out(text: str) -> bool:
+    """Whether an error message is a gloo/NCCL/store timeout's (a hang, not a crash)."""
+    return any(w in text.lower() for w in _TIMEOUT_WORDS)
 
 
 def per_device_batch(cfg: TrainConfig) -> int | None:

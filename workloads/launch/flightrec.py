@@ -31,6 +31,7 @@ from pathlib import Path
 
 from profiler.runfolder.atomic import write_text_atomic
 from profiler.runfolder.flightrec import DUMP_KIND, FR_REQUEST, dump_name
+from workloads.launch.heartbeat import Heartbeat
 
 __all__ = [
     "FR_BUFFER_ENTRIES",
@@ -70,10 +71,11 @@ def _fr_trace() -> dict | None:
     """torch's flight-recorder dump of this process as a dict (None without a process group):
     the NCCL recorder's on NCCL, the generic one (gloo) otherwise."""
     import torch.distributed as dist
-    from torch._C import _distributed_c10d as c10d
 
     if not dist.is_available() or not dist.is_initialized():
         return None
+    from torch._C import _distributed_c10d as c10d  # absent from builds without distributed
+
     dump = c10d._dump_fr_trace_json
     if dist.get_backend() == "nccl" and hasattr(c10d, "_dump_nccl_trace_json"):
         dump = c10d._dump_nccl_trace_json
@@ -84,10 +86,11 @@ def _fr_progress() -> tuple[int, int] | None:
     """(last enqueued, last completed) sequence numbers summed over the process groups: the
     recorder's status only, a fraction of a millisecond."""
     import torch.distributed as dist
-    from torch._C import _distributed_c10d as c10d
 
     if not dist.is_available() or not dist.is_initialized():
         return None
+    from torch._C import _distributed_c10d as c10d  # absent from builds without distributed
+
     status = json.loads(c10d._dump_fr_trace_json(includeCollectives=False)).get("pg_status", {})
     enq = sum(int(s.get("last_enqueued_collective", 0)) for s in status.values())
     done = sum(max(0, int(s.get("last_completed_collective", 0))) for s in status.values())
@@ -122,8 +125,6 @@ class FlightDumper:
         self._warned = False  # one line in the rank's log, not one per poll
         self._beat = None
         if progress is not None:
-            from workloads.launch.heartbeat import Heartbeat
-
             self._beat = Heartbeat.of_rank(run_dir, rank, attempt=attempt, collectives=False)
         threading.Thread(target=self._loop, daemon=True, name="flightrec").start()
 

@@ -14,8 +14,9 @@ phase; a script run: the step hooks'):
   gloo aborted a rank with its "Received data size doesn't match expected size ... Is there a
   distributed collective mismatch in your code?" (gloo kills that rank at once, so it leaves
   no dump of its own; its log line names the mismatch).
-- A run that failed otherwise (a killed rank, out of memory) keeps its kind; the recorder's
-  view is appended to the message.
+- A run that failed otherwise (a rank that raised, was killed or ran out of memory: the others
+  then wait for it, a consequence) keeps its kind; the recorder's view is appended to the
+  message.
 
 Dump files that could not be read, and ranks that left none, are listed one line each in
 `error.flight_recorder.problems`.
@@ -29,6 +30,7 @@ from pathlib import Path
 
 from profiler.runfolder.flightrec import read_dumps
 from profiler.runfolder.frdiag import diagnose_dumps, ranks_text
+from workloads.launch.faults import timed_out
 from workloads.launch.heartbeat import read_heartbeats
 
 __all__ = ["GLOO_MISMATCH", "explain_failure"]
@@ -36,7 +38,6 @@ __all__ = ["GLOO_MISMATCH", "explain_failure"]
 GLOO_MISMATCH = "Is there a distributed collective mismatch in your code?"
 """The end of gloo's abort message when a rank receives more data than its tensor holds."""
 _SCAN_LINES = 200  # of each rank's log, from its end
-_KEEP_KIND = ("killed", "oom", "diverged", "interrupted")
 
 
 def _mismatch_line(path: Path) -> str | None:
@@ -57,6 +58,13 @@ def _mismatch(logs: Path, world_size: int, error: dict) -> dict[int, str]:
         if line:
             out[error["rank"]] = line
     return out
+
+
+def _hung(error: dict) -> bool:
+    """A hang: the watchdog's or a timeout's, also when the failed rank's record has no kind (a
+    script's records say `crash` for any exception; its message says it timed out)."""
+    kind = error.get("kind")
+    return kind == "hang" or (kind == "crash" and timed_out(str(error.get("message") or "")))
 
 
 def _since(record: dict) -> float | None:
@@ -102,7 +110,7 @@ def explain_failure(
             why = next(iter(aborted.values())).rsplit("] ", 1)[-1]
             text = f"{at}: gloo aborted {ranks_text(list(aborted))} ({why}); {text}"
         out["message"] = f"desync{text if aborted else ': ' + text} — {original}"
-    elif fr.get("never_entered") and error.get("kind") not in _KEEP_KIND:
+    elif fr.get("never_entered") and _hung(error):
         stuck = fr["never_entered"][0]
         beat = _last_beat(logs, stuck)
         out.update(kind="hang", rank=stuck, ranks=fr["never_entered"], **beat)
