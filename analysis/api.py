@@ -111,10 +111,13 @@ def collectives(*paths: PathLike, progress: bool = False) -> pd.DataFrame:
     return frame if len(frame) else pd.DataFrame(columns=[c.key for c in COLLECTIVE_COLS])
 
 
-def build_report(*paths: PathLike, out: PathLike = "reports", progress: bool = False) -> Path:
+def build_report(
+    *paths: PathLike, out: PathLike = "reports", progress: bool = False, clock_align: str = "auto"
+) -> Path:
     """Write the HTML report (index.html, summary.json, the CSV tables) into `out` from the run
-    folders in `paths`; return the path of index.html. Raises ReportError (an InputError's
-    sibling: one line) for a missing folder or an output that would overwrite an input."""
+    folders in `paths` (trace clocks aligned per `clock_align`); return the path of index.html.
+    Raises ReportError (an InputError's sibling: one line) for a missing folder or an output
+    that would overwrite an input."""
     from analysis.report.build import build_report as build
 
-    return build(_paths(paths), Path(out), progress=progress).index_html
+    return build(_paths(paths), Path(out), progress=progress, clock_align=clock_align).index_html
