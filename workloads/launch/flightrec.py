@@ -67,9 +67,10 @@ def flight_recorder_env(logs: Path, *, nccl: bool) -> dict[str, str]:
     return env
 
 
-def _fr_trace() -> dict | None:
+def _recorder_json(*, collectives: bool) -> dict | None:
     """torch's flight-recorder dump of this process as a dict (None without a process group):
-    the NCCL recorder's on NCCL, the generic one (gloo) otherwise."""
+    the NCCL recorder's on NCCL, the generic one (gloo) otherwise; without `collectives` only
+    its status (`pg_status`, a fraction of a millisecond)."""
     import torch.distributed as dist
 
     if not dist.is_available() or not dist.is_initialized():
@@ -79,19 +80,15 @@ def _fr_trace() -> dict | None:
     dump = c10d._dump_fr_trace_json
     if dist.get_backend() == "nccl" and hasattr(c10d, "_dump_nccl_trace_json"):
         dump = c10d._dump_nccl_trace_json
-    return json.loads(dump(includeCollectives=True, onlyActive=False))
+    return json.loads(dump(includeCollectives=collectives, onlyActive=False))
 
 
 def _fr_progress() -> tuple[int, int] | None:
-    """(last enqueued, last completed) sequence numbers summed over the process groups: the
-    recorder's status only, a fraction of a millisecond."""
-    import torch.distributed as dist
-
-    if not dist.is_available() or not dist.is_initialized():
+    """(last enqueued, last completed) sequence numbers summed over the process groups."""
+    trace = _recorder_json(collectives=False)
+    if trace is None:
         return None
-    from torch._C import _distributed_c10d as c10d  # absent from builds without distributed
-
-    status = json.loads(c10d._dump_fr_trace_json(includeCollectives=False)).get("pg_status", {})
+    status = trace.get("pg_status", {})
     enq = sum(int(s.get("last_enqueued_collective", 0)) for s in status.values())
     done = sum(max(0, int(s.get("last_completed_collective", 0))) for s in status.values())
     return enq, done
@@ -161,7 +158,7 @@ class FlightDumper:
     def dump(self, reason: str) -> Path | None:
         """Write this rank's dump now (None without a process group)."""
         with self._lock:
-            trace = _fr_trace()
+            trace = _recorder_json(collectives=True)
             if trace is None:
                 return None
             path = self.logs / dump_name(self.rank)
