@@ -47,16 +47,19 @@ from tqdm import tqdm
 
 from profiler.environment import collect_env
 from profiler.runfolder.commfit import fit_all
-from profiler.runfolder.errors import run_command
+from profiler.runfolder.errors import disk_writes, run_command
 from profiler.runfolder.hostload import HostLoadMeter
 from profiler.runfolder.layout import (
     COMM_COLUMNS,
     RUN_JSON,
     bus_factor,
+    create_run_folder,
     utc_now,
+    validate_run_id,
     write_comm_csv,
     write_run_json,
 )
+from profiler.runfolder.lease import Lease
 from profiler.runfolder.records import read_comm_record
 from profiler.runfolder.versions import RUN_JSON_SCHEMA_VERSION
 from workloads.comm.host import measure_contention
@@ -64,15 +67,17 @@ from workloads.comm.idle import SWEPT, extra_lines, idle_sweep, sweep_bound_s, s
 from workloads.comm.ops import COLLECTIVES, agreed_check, time_one
 from workloads.comm.options import (
     build_parser,
+    check_bytes,
     default_sizes,
     parse_collectives,
     parse_gaps,
     parse_sizes,
 )
 from workloads.config import TrainConfig
-from workloads.launch.child import child_env, user_path
+from workloads.launch.child import child_env, die_with_parent, user_path
+from workloads.launch.guard import guarded
 from workloads.launch.launcher import LaunchError
-from workloads.plan import Environment, Plan, runnable_plan
+from workloads.plan import Environment, Plan, check_threads, runnable_plan
 
 __all__ = ["COLLECTIVES", "default_sizes", "main", "parse_gaps"]
 
@@ -138,6 +143,7 @@ def _time_sizes(
 
 def worker(args: argparse.Namespace) -> int:
     """One torchrun rank: benchmark every collective; rank 0 writes the results."""
+    die_with_parent()  # torchrun gone (its launcher killed): this rank goes too
     use_cuda = args.device == "cuda"
     dev = torch.device(f"cuda:{int(os.environ.get('LOCAL_RANK', '0'))}" if use_cuda else "cpu")
     if use_cuda:
@@ -211,8 +217,9 @@ def _write_results(
     out += extra_lines(extra)
     text = "\n".join(out)
     print(text, flush=True)
-    (run_dir / "logs").mkdir(parents=True, exist_ok=True)
-    (run_dir / "logs" / "table.txt").write_text(text + "\n", encoding="utf-8")
+    with disk_writes(run_dir / "logs" / "table.txt"):
+        (run_dir / "logs").mkdir(parents=True, exist_ok=True)
+        (run_dir / "logs" / "table.txt").write_text(text + "\n", encoding="utf-8")
     _, record = read_comm_record(run_dir / RUN_JSON)  # the launcher's `running` record
     record["env"]["host_load"] = extra.pop("host_load", None)
     record.update(
@@ -253,6 +260,11 @@ def _job(args: argparse.Namespace) -> _Job:
     plan = runnable_plan(
         job, Environment.detect(), prog="workloads.comm.bench", error=LaunchError, nproc=args.nproc
     )
+    check_bytes("--max-bytes", args.max_bytes, allow_zero=True)
+    try:
+        check_threads(args.threads, Environment.detect())
+    except ValueError as exc:
+        raise LaunchError(str(exc)) from None
     max_bytes = args.max_bytes or (64 * MIB if plan.use_cuda else 16 * MIB)
     sizes = parse_sizes(args.sizes) if args.sizes else default_sizes(max_bytes)
     if args.iters < 1 or args.warmup < 0:
@@ -332,22 +344,28 @@ def _finish(run_dir: Path, code: int) -> int:
 
 def launch(args: argparse.Namespace) -> int:
     """Plan with the launcher's validation, write the run folder, start the ranks under torchrun."""
+    if args.run_id:
+        validate_run_id(args.run_id)
     job = _job(args)
     stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%S")
     run_id = args.run_id or f"comm-{job.plan.backend}-n{job.plan.replicas}-{stamp}"
-    run_dir = user_path(args.runs_dir) / run_id
-    if (run_dir / RUN_JSON).exists():
-        raise LaunchError(f"run folder {run_dir} already holds a run; pick another --run-id")
-    (run_dir / "logs").mkdir(parents=True, exist_ok=True)
+    run_dir = create_run_folder(user_path(args.runs_dir), run_id, writer="bench-comm")
+    with disk_writes(run_dir / "logs"):
+        (run_dir / "logs").mkdir(parents=True, exist_ok=True)
     write_run_json(run_dir, _start_record(run_id, job, args))
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
     cmd += ["--nproc-per-node", str(job.plan.nproc), "-m", "workloads.comm.bench"]
-    cmd += _worker_argv(run_dir, job, args)
+    cmd = guarded([*cmd, *_worker_argv(run_dir, job, args)])  # it dies with this process
     env = child_env(PYTHONUNBUFFERED="1", OMP_NUM_THREADS=str(job.threads))
     env.setdefault("KINETO_LOG_LEVEL", "5")
-    with open(run_dir / "logs" / "launcher.log", "w", encoding="utf-8") as log:
-        log.write("$ " + " ".join(cmd) + "\n")
-    return _finish(run_dir, subprocess.run(cmd, env=env).returncode)
+    with disk_writes(run_dir / "logs"):
+        (run_dir / "logs" / "launcher.log").write_text("$ " + " ".join(cmd) + "\n")
+    lease = Lease(run_dir, "bench-comm")
+    try:
+        code = subprocess.run(cmd, env=env).returncode
+    finally:
+        lease.stop()
+    return _finish(run_dir, code)
 
 
 def main(argv: list[str] | None = None, *, prog: str = "python -m workloads.comm.bench") -> int:
