@@ -6,8 +6,11 @@ and starts itself under torchrun (`--worker`). Every rank then times all_reduce,
 all_gather_into_tensor, reduce_scatter_tensor and all_to_all_single (float32) over powers-of-2
 message sizes: warm-up iterations, then `--iters` timed ones, each started after a barrier; an
 iteration's time is the slowest rank's (an all-reduce MAX of every rank's times, as nccl-tests
-reports). Rank 0 writes comm.csv (median and p95 per size, algbw = bytes ÷ median time, busbw =
-algbw × the run-folder contract's bus factor, profiler.runfolder.layout), the α–β fit per collective
+reports); run.json `metrics.time_us_mean` also holds, per size, the mean, p5 and p95 of the
+fastest rank's times (MIN): the rank that arrived last at the barrier's exit and waited for no
+one, whose time is the collective alone, as the projection counts it. Rank 0 writes comm.csv
+(median and p95 per size, algbw = bytes ÷ median time, busbw = algbw × the run-folder contract's
+bus factor, profiler.runfolder.layout), the α–β fit per collective
 (profiler.runfolder.commfit) into run.json, and
 prints an nccl-tests-like table. Each collective's result is checked once on rank-valued tensors;
 a collective that fails the check, or that the backend cannot run, is listed as skipped with why.
@@ -18,8 +21,8 @@ all_reduce and broadcast (what DDP issues) the way training issues them: after t
 rank computes (a busy loop) for the gap before the timed call, then makes the same call again at
 once (back-to-back, transport awake). On CPU hosts the transport threads go idle during a step's
 compute and a call issued after compute can take several times longer (docs/reference/metrics.md §10).
-run.json `metrics.idle_penalty` holds both means per collective, size (every other benchmarked
-size and the largest) and gap, so `analysis project` interpolates the penalty at whatever gap a
+run.json `metrics.idle_penalty` holds both means (and the last-arriving rank's mean of the first
+call) per collective, size (every other benchmarked size and the largest) and gap, so `analysis project` interpolates the penalty at whatever gap a
 workload leaves before each of its buckets: one comm run serves every workload. The sweep's
 compute alone is bounded by collectives × sizes × (gap iterations + 1) × Σ gaps; it is printed
 before the sweep starts and its measured time (`metrics.idle_sweep_s`) after.
@@ -119,10 +122,15 @@ def _time_sizes(
             count -= count % n  # the message must split evenly over the ranks
         if count < 1:
             continue
-        t_s, _ = time_one(name, count, n, dev, args.warmup, args.iters)
-        t_us = t_s * 1e6
+        t_s, _, last_s = time_one(name, count, n, dev, args.warmup, args.iters)
+        t_us, last = t_s * 1e6, last_s * 1e6
         med = float(np.median(t_us))
-        means.append({"collective": name, "bytes": count * 4, "time_us_mean": float(t_us.mean())})
+        # The last-arriving rank's times too (no arrival skew: what the projection's comm is),
+        # their mean and the p5/p95 its band takes.
+        means.append({"collective": name, "bytes": count * 4, "time_us_mean": float(t_us.mean()),
+                      "time_us_mean_last_arrival": float(last.mean()),
+                      "time_us_p5_last_arrival": float(np.percentile(last, 5)),
+                      "time_us_p95_last_arrival": float(np.percentile(last, 95))})  # fmt: skip
         algbw = count * 4 / med / 1e3  # bytes/µs -> GB/s (1e9 B)
         factor = bus_factor(name, n)
         rows.append(
