@@ -263,14 +263,17 @@ def write_report(data: dict[str, Any], out_dir: Path, *, progress: bool = True) 
     return ReportFiles(index_html=index, summary_json=out_dir / "summary.json", csvs=csvs)
 
 
-def build_report(paths: Sequence[Path], out_dir: Path, *, progress: bool = True) -> ReportFiles:
-    """Analyse the run folders under `paths` with `compare_runs` and write the report."""
+def build_report(
+    paths: Sequence[Path], out_dir: Path, *, progress: bool = True, clock_align: str = "auto"
+) -> ReportFiles:
+    """Analyse the run folders under `paths` with `compare_runs` (trace clocks aligned per
+    `clock_align`) and write the report."""
     for p in paths:
         if not Path(p).is_dir():
             raise ReportError(f"{p} is not a folder; pass RUNS folders made by `make profile-all`")
     _check_out(Path(out_dir), [Path(p) for p in paths])  # before any work
     try:
-        data = compare_runs([Path(p) for p in paths], progress=progress)
+        data = compare_runs([Path(p) for p in paths], progress=progress, clock_align=clock_align)
     except InputError as exc:
         raise ReportError(str(exc)) from exc
     return write_report(data, out_dir, progress=progress)
