@@ -19,6 +19,7 @@ import numpy as np
 
 from analysis.trace.classify import COMM, Classified
 from analysis.trace.intervals import merge, total_us
+from analysis.trace.loader import decode_list
 from profiler.runfolder import bus_factor  # comm.csv's bus model: one set of factors
 
 __all__ = ["DTYPE_BYTES", "bus_factor", "combine_collectives", "rank_instances"]
@@ -144,7 +145,7 @@ def _anchor_sizes(c: Classified) -> tuple[list[int | None], list[int | None]]:
         size = _nbytes_from_counts(r_args, anchors.names[i]) if r_args else None
         if size is None:
             a = anchors.args[i]
-            size = _nbytes_from_dims(a.input_dims, a.input_type)
+            size = _nbytes_from_dims(decode_list(a.input_dims), decode_list(a.input_type))
         nbytes.append(size)
         group.append(r_args.group_size if r_args else None)
     return nbytes, group

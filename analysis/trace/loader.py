@@ -2,14 +2,16 @@
 
 The top level is decoded first with `traceEvents` kept raw; the events are then decoded by msgspec
 in ~512 KiB chunks (split between two events) into a Struct of the needed fields (ph, cat, name,
-tid, ts, dur) with `args` kept as raw bytes, decoded later only for the events that need it
-(kernels, runtime launches, collectives). The caller reduces each chunk before the next is decoded,
-so only one chunk of event objects is ever alive. An event of the wrong shape (`"ts": "abc"`,
-`"tid": [1]`, `"dur": null`, not an object at all) fails its chunk's typed decode; only that chunk
-is then decoded event by event, and each such event becomes an `IMPOSSIBLE` placeholder that
-classify drops and counts like an event with impossible times: the rest of the file is analysed. Rank and world size come from `distributedInfo`
-(parsed as JSON, so spacing does not matter), else from the file name (`rank<N>`, `rank-<N>`,
-`worker<N>`)."""
+tid, ts, dur) and of the `args` fields analysis reads (kernels, runtime launches, collectives,
+`[memory]` events), all in one pass over the JSON. The caller reduces each chunk to numpy columns
+before the next is decoded, so only one chunk of event objects is ever alive. An event of the
+wrong shape (`"ts": "abc"`, `"tid": [1]`, `"dur": null`, not an object at all) fails its chunk's
+typed decode; only that chunk is then decoded event by event, and each such event becomes an
+`IMPOSSIBLE` placeholder that classify drops and counts like an event with impossible times: the
+rest of the file is analysed. An `args` value of the wrong type costs only its field group
+(`_lenient_args`), never the event. Rank and world size come from `distributedInfo` (parsed as
+JSON, so spacing does not matter), else from the file name (`rank<N>`, `rank-<N>`, `worker<N>`).
+Gzip is inflated with ISA-L (`isal`, about twice zlib's speed) where it is installed."""
 
 from __future__ import annotations
 
@@ -23,9 +25,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import msgspec
+import numpy as np
 
 from analysis.errors import AnalysisError
 from analysis.trace.timebase import MAX_SPAN_US, median_base, needs_exact, rebase
+
+try:  # ISA-L inflates about twice as fast as zlib, with zlib's interface
+    from isal import isal_zlib as _zlib
+
+    _INFLATE_ERRORS: tuple[type[Exception], ...] = (zlib.error, _zlib.error)
+except ImportError:  # pragma: no cover - isal is a dependency; zlib is the fallback
+    _zlib = zlib
+    _INFLATE_ERRORS = (zlib.error,)
 
 __all__ = [
     "CHUNK_BYTES",
@@ -37,31 +48,19 @@ __all__ = [
     "MAX_SPAN_US",
     "MAX_TRACE_BYTES",
     "MAX_TRACE_BYTES_ENV",
-    "decode_args",
-    "decode_correlation",
+    "BAD_MEMORY",
+    "decode_list",
+    "parse_args",
     "load_trace",
     "max_trace_bytes",
     "rank_from_name",
 ]
 
 
-class Event(msgspec.Struct, gc=False):
-    """One trace event; `args` stays raw JSON until `decode_args` is called on it. `ts` is
-    rebased (timebase.py) before any consumer sees the event: µs relative to the trace's base
-    (`LoadedTrace.ts_base_us`), exact to 1 ns; NaN when absent or implausible."""
-
-    ph: str = ""
-    cat: str = ""
-    name: str = ""
-    tid: int | str = 0  # `pid` is never used: not decoding it saves memory
-    # NaN when absent: an event without a time is dropped by classify, never taken as 0.
-    ts: float = math.nan
-    dur: float = math.nan
-    args: msgspec.Raw = msgspec.Raw(b"")
-
-
 class Args(msgspec.Struct, gc=False):
-    """The `args` fields analysis reads (kernels, launches, collectives)."""
+    """The `args` fields analysis reads: kernels, launches, collectives and `[memory]` events.
+    Decoded with the event itself (one pass over the JSON); the two list-valued fields stay raw
+    JSON, decoded only for the collective calls that need them (`decode_list`)."""
 
     correlation: int | None = None
     external_id: int | None = msgspec.field(default=None, name="External id")
@@ -72,12 +71,67 @@ class Args(msgspec.Struct, gc=False):
     out_nelems: int | None = msgspec.field(default=None, name="Out msg nelems")
     dtype: str | None = None
     group_size: int | None = msgspec.field(default=None, name="Group size")
-    input_dims: list | None = msgspec.field(default=None, name="Input Dims")
-    input_type: list | None = msgspec.field(default=None, name="Input type")
+    input_dims: msgspec.Raw = msgspec.field(default=msgspec.Raw(b""), name="Input Dims")
+    input_type: msgspec.Raw = msgspec.field(default=msgspec.Raw(b""), name="Input type")
+    # [memory] events (analysis.trace.memory)
+    total_allocated: int | None = msgspec.field(default=None, name="Total Allocated")
+    nbytes: int | None = msgspec.field(default=None, name="Bytes")
+    device_type: int | None = msgspec.field(default=None, name="Device Type")
+    device_id: int | None = msgspec.field(default=None, name="Device Id")
+
+
+class Event(msgspec.Struct, gc=False):
+    """One trace event with its `args` decoded (None when absent). `ts` is as written (µs);
+    the loader hands each chunk's times rebased in a separate array (timebase.py): µs relative
+    to the trace's base (`LoadedTrace.ts_base_us`), exact to 1 ns; NaN when absent or
+    implausible."""
+
+    ph: str = ""
+    cat: str = ""
+    name: str = ""
+    tid: int | str = 0  # `pid` is never used: not decoding it saves memory
+    # NaN when absent: an event without a time is dropped by classify, never taken as 0.
+    ts: float = math.nan
+    dur: float = math.nan
+    args: Args | None = None
+
+
+class _RawEvent(msgspec.Struct, gc=False):
+    """An event whose `args` did not decode as `Args` (an odd value type): decoded leniently."""
+
+    ph: str = ""
+    cat: str = ""
+    name: str = ""
+    tid: int | str = 0
+    ts: float = math.nan
+    dur: float = math.nan
+    args: msgspec.Raw = msgspec.Raw(b"")
+
+
+class _Collective(msgspec.Struct, gc=False):
+    """The non-memory fields of `Args`, decoded on their own when the whole fails."""
+
+    correlation: int | None = None
+    external_id: int | None = msgspec.field(default=None, name="External id")
+    external_id_lc: int | None = msgspec.field(default=None, name="external id")
+    collective: str | None = msgspec.field(default=None, name="Collective name")
+    in_nelems: int | None = msgspec.field(default=None, name="In msg nelems")
+    out_nelems: int | None = msgspec.field(default=None, name="Out msg nelems")
+    dtype: str | None = None
+    group_size: int | None = msgspec.field(default=None, name="Group size")
+    input_dims: msgspec.Raw = msgspec.field(default=msgspec.Raw(b""), name="Input Dims")
+    input_type: msgspec.Raw = msgspec.field(default=msgspec.Raw(b""), name="Input type")
+
+
+class _Memory(msgspec.Struct, gc=False):
+    total_allocated: int | None = msgspec.field(default=None, name="Total Allocated")
+    nbytes: int | None = msgspec.field(default=None, name="Bytes")
+    device_type: int | None = msgspec.field(default=None, name="Device Type")
+    device_id: int | None = msgspec.field(default=None, name="Device Id")
 
 
 class _Correlation(msgspec.Struct, gc=False):
-    """Only the correlation id: runtime launches are the most numerous events with args."""
+    """Only the correlation id: a launch keeps it even when its other args are malformed."""
 
     correlation: int | None = None
 
@@ -105,30 +159,56 @@ MAX_TRACE_BYTES = 2 << 30
 MAX_TRACE_BYTES_ENV = "DPSCOPE_MAX_TRACE_BYTES"
 _EVENT_SPLIT_RE = re.compile(rb"\}\s*,\s*\{")
 CHUNK_BYTES = 512 << 10  # ~2k events: cache-friendly, and freed chunks are reused at once
-_ARGS_DECODER = msgspec.json.Decoder(Args)
+_RAW_EVENT_DECODER = msgspec.json.Decoder(_RawEvent)
+_ARGS_DECODER = msgspec.json.Decoder(Args | None)
+_COLLECTIVE_DECODER = msgspec.json.Decoder(_Collective)
+_MEMORY_DECODER = msgspec.json.Decoder(_Memory)
 _CORR_DECODER = msgspec.json.Decoder(_Correlation)
-_EMPTY_ARGS = Args()
+_LIST_DECODER = msgspec.json.Decoder(list)
 _RANK_RE = re.compile(r"(?:rank|worker)[-_]?(\d+)", re.IGNORECASE)
+# `Total Allocated` of a [memory] event whose memory args do not decode: memory.py's
+# plausibility check drops and counts it, as an event with an impossible size.
+BAD_MEMORY = -(1 << 62)
 
 
-def decode_args(event: Event) -> Args:
-    """The event's `args` as `Args` (all None when absent or malformed)."""
-    if not event.args:
-        return _EMPTY_ARGS
+def decode_list(raw: msgspec.Raw | None) -> list | None:
+    """A raw JSON list field (`Input Dims`, `Input type`) as a list; None when absent or not a list."""
+    if not raw:
+        return None
     try:
-        return _ARGS_DECODER.decode(event.args)
-    except msgspec.DecodeError:  # an odd value type in one event must not sink the file
-        return _EMPTY_ARGS
-
-
-def decode_correlation(event: Event) -> int:
-    """The event's `args.correlation`, -1 when absent."""
-    if not event.args:
-        return -1
-    try:
-        return _CORR_DECODER.decode(event.args).correlation or -1
+        value = _LIST_DECODER.decode(raw)
     except msgspec.DecodeError:
-        return -1
+        return None
+    return value
+
+
+def parse_args(raw: bytes | msgspec.Raw) -> Args | None:
+    """Raw `args` JSON as `Args`, an odd value type costing only its field group (None: none)."""
+    try:
+        return _ARGS_DECODER.decode(raw) if raw else None
+    except msgspec.DecodeError:
+        return _lenient_args(raw)
+
+
+def _lenient_args(raw: msgspec.Raw) -> Args | None:
+    """`args` whose typed decode failed, field group by field group: an odd value type costs its
+    group (the collective fields or the memory fields), never the event; the correlation id is
+    kept whenever it alone decodes."""
+    if not raw or bytes(raw) == b"null":
+        return None
+    fields: dict = {}
+    try:
+        fields.update(msgspec.structs.asdict(_COLLECTIVE_DECODER.decode(raw)))
+    except msgspec.DecodeError:
+        try:
+            fields["correlation"] = _CORR_DECODER.decode(raw).correlation
+        except msgspec.DecodeError:
+            pass
+    try:
+        fields.update(msgspec.structs.asdict(_MEMORY_DECODER.decode(raw)))
+    except msgspec.DecodeError:
+        fields["total_allocated"] = BAD_MEMORY
+    return Args(**fields)
 
 
 def rank_from_name(path: Path) -> int | None:
@@ -145,7 +225,12 @@ def _one_event(raw: msgspec.Raw) -> Event:
     try:
         return _EVENT_DECODER.decode(raw)
     except msgspec.DecodeError:
+        pass
+    try:
+        e = _RAW_EVENT_DECODER.decode(raw)
+    except msgspec.DecodeError:
         return IMPOSSIBLE
+    return Event(e.ph, e.cat, e.name, e.tid, e.ts, e.dur, _lenient_args(e.args))
 
 
 def _events(buf: bytes | memoryview) -> list[Event]:
@@ -189,9 +274,12 @@ class LoadedTrace:
         """The absolute time (ns, exact integer) of `origin_us`, a time relative to the base."""
         return self.base_time_ns + 1000 * (self.ts_base_us or 0) + round(origin_us * 1000)
 
-    def _pass(self, buffers: Iterator[bytes | memoryview], *, split: bool) -> Iterator[list[Event]]:
-        """Decode and rebase each buffer; a chunked pass (`split`) whose piece is not valid JSON
-        raises ChunkSplitError, a whole pass that fails is one AnalysisError naming the file."""
+    def _pass(
+        self, buffers: Iterator[bytes | memoryview], *, split: bool
+    ) -> Iterator[tuple[list[Event], np.ndarray]]:
+        """Decode each buffer: (events, their rebased times); a chunked pass (`split`) whose
+        piece is not valid JSON raises ChunkSplitError, a whole pass that fails is one
+        AnalysisError naming the file."""
         for buf in buffers:
             if split:
                 try:
@@ -203,9 +291,11 @@ class LoadedTrace:
             if self.ts_base_us is None:
                 self.ts_base_us = median_base([e.ts for e in events])
                 self.exact_ts = needs_exact(events, buf)
-            yield rebase(events, buf, self.ts_base_us, exact=self.exact_ts)
+            yield events, rebase(events, buf, self.ts_base_us, exact=self.exact_ts)
 
-    def event_chunks(self, *, size: int = CHUNK_BYTES) -> Iterator[Iterator[list[Event]]]:
+    def event_chunks(
+        self, *, size: int = CHUNK_BYTES
+    ) -> Iterator[Iterator[tuple[list[Event], np.ndarray]]]:
         """Yields one chunked pass over the events; if a chunk boundary turns out to be invalid,
         yields a second pass decoding everything at once (the consumer restarts on it)."""
         raw = self.raw_events
@@ -285,12 +375,12 @@ def _inflate(path: Path, data: bytes, limit: int) -> bytes:
     """Gunzip `data` with the inflated size capped at `limit`; memory stays within the cap
     (plus zlib's block buffers) whatever the gzip header or trailer claims."""
     try:
-        head = zlib.decompressobj(wbits=31).decompress(data, 1 << 16)
+        head = _zlib.decompressobj(wbits=31).decompress(data, 1 << 16)
         if head.lstrip(b" \t\r\n\xef\xbb\xbf")[:1] not in (b"{", b"["):
             raise AnalysisError(path, "is a gzip that holds no JSON", "pass Kineto traces")
         parts, rest, total = [], data, 0
         while rest:  # one pass per gzip member (Kineto writes one)
-            d = zlib.decompressobj(wbits=31)
+            d = _zlib.decompressobj(wbits=31)
             parts.append(d.decompress(rest, limit + 1 - total))
             total += len(parts[-1])
             if total > limit or d.unconsumed_tail:
@@ -299,7 +389,7 @@ def _inflate(path: Path, data: bytes, limit: int) -> bytes:
                 raise EOFError
             rest = d.unused_data
         return parts[0] if len(parts) == 1 else b"".join(parts)
-    except (EOFError, zlib.error):
+    except (EOFError, *_INFLATE_ERRORS):
         raise AnalysisError(
             path, "truncated or corrupt gzip", "the trace was cut off while writing; re-profile"
         ) from None
