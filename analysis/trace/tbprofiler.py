@@ -109,41 +109,40 @@ class TbAccumulator:
 
     def add_host(self, events: list[HostEvent]) -> None:
         """Host-side events tb-profiler keeps (their type is not dropped), in event order."""
-        cpu, linked = self.cpu, ([], [], [], [])
+        linked: list[tuple[int, float, float, int]] = []
         for kind, name, ts, end, args in events:
             if kind == TB_ANN:
                 if name.startswith("ProfilerStep#"):
                     kind = TB_OP  # a ProfilerStep event whatever its category
                 elif name not in TB_COMM_NAMES:
                     continue  # every other user annotation is dropped
-            if kind == TB_KERNEL:
-                ext, corr = _ids(args)
-                self.kernel.append(np.array([[ts, end]]))
-                self.kernel_ext.append(np.array([ext], np.int64))
             if kind in (TB_KERNEL, TB_DEVICE, TB_RUNTIME):
-                for col, value in zip(
-                    linked, (int(kind == TB_RUNTIME), ts, end, _ids(args)[1]), strict=True
-                ):
-                    col.append(value)
+                ext, corr = _ids(args)
+                if kind == TB_KERNEL:
+                    self.kernel.append(np.array([[ts, end]]))
+                    self.kernel_ext.append(np.array([ext], np.int64))
+                linked.append((int(kind == TB_RUNTIME), ts, end, corr))
                 self.has_runtime |= kind == TB_RUNTIME
-                continue
-            if name in TB_COMM_NAMES:
-                self.comm.append((ts, end))
-                self.comm_ids.add(_ids(args)[0])
-                if kind != TB_ANN:
-                    self.host.append((ts, end))
-            elif kind == TB_OP and name.startswith(("ProfilerStep#", *_DATALOADER)):
-                if name.startswith("ProfilerStep#"):
-                    self.steps.append((ts, end))
-                elif _is_dataloader(name):
-                    self.host.append((ts, end))  # DataLoader role: not part of the split
-                else:
-                    cpu.append((ts, end))
             else:
-                cpu.append((ts, end))
-        if linked[0]:
+                self._add_cpu(kind, name, ts, end, args)
+        if linked:
+            cols = zip(*linked, strict=True)
             dtypes = (np.int8, np.float64, np.float64, np.int64)
-            self.linked.append(tuple(np.array(c, d) for c, d in zip(linked, dtypes, strict=True)))
+            self.linked.append(tuple(np.array(c, d) for c, d in zip(cols, dtypes, strict=True)))
+
+    def _add_cpu(self, kind: int, name: str, ts: float, end: float, args: Args | None) -> None:
+        """A host event that is no device event or runtime: its role by tb-profiler's rules."""
+        if name in TB_COMM_NAMES:
+            self.comm.append((ts, end))
+            self.comm_ids.add(_ids(args)[0])
+            if kind != TB_ANN:
+                self.host.append((ts, end))
+        elif kind == TB_OP and name.startswith("ProfilerStep#"):
+            self.steps.append((ts, end))
+        elif kind == TB_OP and _is_dataloader(name):
+            self.host.append((ts, end))  # DataLoader role: not part of the split
+        else:
+            self.cpu.append((ts, end))
 
     def finish(self, origin: float, ops_start: np.ndarray, ops_end: np.ndarray) -> TbRoles:
         """Roles and steps relative to `origin`; `ops_*` (already relative) are plain CPU
