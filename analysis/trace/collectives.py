@@ -158,6 +158,8 @@ class _Call:
     name: str
     start_us: float
     """First comm kernel start, else the call's start (µs rel. to the trace origin)."""
+    end_us: float
+    """Last end of the call and its kernels (µs rel. to the trace origin)."""
     latency_us: float
     """|call ∪ its kernels|."""
     device_us: float
@@ -181,6 +183,7 @@ def rank_instances(c: Classified, lo: float, hi: float) -> dict[str, dict[str, n
     """Collective instances whose call starts in [lo, hi] (µs rel. to origin), grouped by name.
 
     Per instance: `start_us` (first comm kernel start, else the call's start; rel. to origin),
+    `end_us` (the last end of the call and its kernels),
     `latency_us` = |call ∪ its kernels|, `device_us` = |∪ kernels| (the call's own duration when it
     launched none, as on gloo/CPU), `bytes` (0 when unknown), `group_size` (0 when unknown),
     all arrays in call order; plus `union_us`, the length of the union of those latencies
@@ -239,6 +242,7 @@ def _anchor_calls(
             _Call(
                 name=a.names[i],
                 start_us=float(ks_s.min()) if ks else float(a.start[i]),
+                end_us=float(e.max()),
                 latency_us=latency,
                 device_us=device,
                 nbytes=nbytes[i] or 0,
@@ -258,6 +262,7 @@ def _kernel_call(c: Classified, k: int) -> _Call:
     return _Call(
         name=name,
         start_us=float(ks),
+        end_us=float(ke),
         latency_us=ke - ks,
         device_us=ke - ks,
         nbytes=_nbytes_from_counts(ka, name) or 0,
@@ -271,6 +276,7 @@ def _instances(mine: list[_Call]) -> dict[str, np.ndarray]:
     """The columns `rank_instances` returns for one name's calls (in call order)."""
     return {
         "start_us": np.array([r.start_us for r in mine]),
+        "end_us": np.array([r.end_us for r in mine]),
         "latency_us": np.array([r.latency_us for r in mine]),
         "device_us": np.array([r.device_us for r in mine]),
         "bytes": np.array([r.nbytes for r in mine], dtype=np.int64),

@@ -9,16 +9,18 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Iterable
-from concurrent.futures import ProcessPoolExecutor, as_completed
+from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 
 from tqdm import tqdm
 
-from analysis.errors import AnalysisError, unexpected
+from analysis.errors import AnalysisError
 from analysis.jsonsafe import finite_json
+from analysis.trace.calls import call_table
 from analysis.trace.collectives import combine_collectives
-from analysis.trace.rank import RankSummary, summarize_file
+from analysis.trace.executors import Executor, Outcome, process_summaries
+from analysis.trace.rank import SCHEMA_VERSION, RankSummary
 
 __all__ = [
     "SCHEMA_VERSION",
@@ -29,7 +31,6 @@ __all__ = [
     "traces_row",
 ]
 
-SCHEMA_VERSION = 2
 _RANK_FIELDS = (
     "rank",
     "file",
@@ -89,39 +90,19 @@ def traces_row(summary: RankSummary) -> dict:
     return {k: getattr(summary, k) for k in _RANK_FIELDS}
 
 
-def _summarize(path: Path) -> tuple[RankSummary | None, str | None]:
-    try:
-        return summarize_file(path), None
-    except AnalysisError as err:
-        return None, f"{err.what} — {err.fix}"
-    except Exception as err:  # noqa: BLE001 — RecursionError, MemoryError, ...: one hostile
-        # file costs one line, never the other ranks.
-        return None, unexpected(err)
+def _summaries(files: list[Path], ex: Executor, progress: bool) -> Iterator[tuple[Path, Outcome]]:
+    """(file, outcome) for every file, in completion order, with a progress bar."""
+    if ex.kind == "dask":
+        from analysis.trace.daskexec import dask_summaries
 
-
-def _summaries(files: list[Path], workers: int, progress: bool) -> Iterable[tuple[Path, tuple]]:
-    bar = tqdm(
-        total=len(files),
-        desc="traces",
-        unit="file",
-        disable=not progress or len(files) < 2,
-        leave=False,
-    )
-    with bar:
-        if workers <= 1 or len(files) == 1:
-            for f in files:
-                yield f, _summarize(f)
-                bar.update()
-            return
-        with ProcessPoolExecutor(max_workers=workers) as pool:
-            futures = {pool.submit(_summarize, f): f for f in files}
-            for fut in as_completed(futures):
-                try:
-                    result = fut.result()
-                except Exception as err:  # noqa: BLE001 — a worker killed (e.g. out of memory)
-                    result = (None, unexpected(err))
-                yield futures[fut], result
-                bar.update()
+        results = dask_summaries(files, ex)
+    else:
+        results = process_summaries(files, ex)
+    show = progress and len(files) > 1
+    with tqdm(total=len(files), desc="traces", unit="file", disable=not show, leave=False) as bar:
+        for item in results:
+            yield item
+            bar.update()
 
 
 _ATTEMPT_RE = re.compile(r"_attempt(\d+)\.")
@@ -203,27 +184,44 @@ def _mixed_job_warnings(path: Path, ranks: list[RankSummary], worlds: list[int])
 
 
 def reduce_files(
-    files: list[Path], *, workers: int | None = None, progress: bool = True
+    files: list[Path],
+    *,
+    workers: int | None = None,
+    progress: bool = True,
+    executor: Executor | None = None,
 ) -> tuple[list[RankSummary], list[dict]]:
-    """Reduce each file to its rank summary (in worker processes): (summaries, skipped)."""
-    workers = max(1, min(workers or os.cpu_count() or 1, len(files) or 1))
+    """Reduce each file to its rank summary where `executor` says (default: `workers` local
+    processes, one per core): (summaries, skipped)."""
+    ex = executor or Executor()
+    if ex.kind == "process":  # one per core unless told, never more than files
+        ex = replace(ex, workers=max(1, min(workers or os.cpu_count() or 1, len(files) or 1)))
     skipped: list[dict] = []
     good: list[RankSummary] = []
-    for f, (summary, error) in _summaries(files, workers, progress):
+    for f, (summary, error, lost) in _summaries(files, ex, progress):
         if error:
-            skipped.append({"file": str(f), "reason": error})
+            skipped.append(
+                {"file": str(f), "reason": error, **({"worker_died": True} if lost else {})}
+            )
         else:
             good.append(summary)
     return good, skipped
 
 
-def analyze_trace_dir(path: Path, *, workers: int | None = None, progress: bool = True) -> dict:
+def analyze_trace_dir(
+    path: Path,
+    *,
+    workers: int | None = None,
+    progress: bool = True,
+    executor: Executor | None = None,
+) -> dict:
     """The traces JSON for every trace file in `path` (see docs/reference/metrics.md for each field).
 
     Raises AnalysisError when no file could be analysed; otherwise bad files are listed in
-    `skipped` with a one-line reason and the rest is analysed.
+    `skipped` with a one-line reason and the rest is analysed. `executor`: where the per-rank
+    reductions run (executors.Executor: local processes, or a Dask cluster; the trace cache).
     """
-    good, skipped = reduce_files(find_trace_files(path), workers=workers, progress=progress)
+    files = find_trace_files(path)
+    good, skipped = reduce_files(files, workers=workers, progress=progress, executor=executor)
     return combine_summaries(path, good, skipped)
 
 
@@ -243,11 +241,14 @@ def combine_summaries(path: Path | str, good: list[RankSummary], skipped: list[d
         shift_us = (r.origin_ns - origin) / 1000  # exact integer ns: no float64 absolute clock
         for inst in r.instances.values():
             inst["start_us"] = inst["start_us"] + shift_us
+            if "end_us" in inst:  # absent in parts of older dpscope versions
+                inst["end_us"] = inst["end_us"] + shift_us
         warnings += r.warnings
     worlds = [r.world_size for r in ranks if r.world_size]
     world_size = max(worlds) if worlds else len(ranks)
     warnings += _mixed_job_warnings(path, ranks, worlds)
-    tables = combine_collectives({r.rank: r.instances for r in ranks}, world_size)
+    per_rank = {r.rank: r.instances for r in ranks}
+    tables = combine_collectives(per_rank, world_size)
     means = [r.step_time_us_mean for r in ranks]
     lo, hi = min(means), max(means)
     result = {
@@ -255,8 +256,11 @@ def combine_summaries(path: Path | str, good: list[RankSummary], skipped: list[d
         "trace_dir": str(path),
         "world_size": world_size if worlds else None,
         "kind": "gpu" if any(r.kind == "gpu" for r in ranks) else "cpu",
+        # Some file's reduction was lost with its worker (the rest is analysed): see `skipped`.
+        "partial": any(s.get("worker_died") for s in skipped),
         "ranks": [traces_row(r) for r in ranks],
         **tables,
+        "calls": call_table(per_rank),
         "step_time_spread": {
             "min_us": lo,
             "max_us": hi,

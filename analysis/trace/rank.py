@@ -24,7 +24,9 @@ from analysis.trace.memory import memory_summary
 from analysis.trace.ops import rank_ops
 from analysis.trace.tbprofiler import tb_split
 
-__all__ = ["RankSummary", "summarize_file"]
+__all__ = ["SCHEMA_VERSION", "RankSummary", "summarize_file"]
+
+SCHEMA_VERSION = 2  # of the traces JSON (docs/reference/schemas.md), whose rows these summaries are
 
 
 def _windows(c: Classified, path: Path, warnings: list[str]) -> tuple[np.ndarray, np.ndarray, list]:

@@ -1,0 +1,180 @@
+"""Columnar results: the traces analysis as four Parquet tables (docs/reference/schemas.md#parquet-tables),
+for DuckDB, Polars or pandas to query without loading everything.
+
+- `steps.parquet`: one row per (run, rank, analysed step): the per-step split (µs);
+- `collectives.parquet`: one row per collective call per rank (the traces JSON's `calls`): times on
+  the job's common clock (µs), latency, device, transfer and sync time (µs), bytes, group size;
+- `ops.parquet`: one row per (run, rank, operator): calls, self and total µs per step, % of step;
+- `memory.parquet`: the allocated-bytes timeline per (run, rank, device) as the JSON has it.
+
+Units are in the column names. Every file carries `dpscope.table` and `dpscope.schema_version`
+(TABLE_SCHEMA_VERSION) in its key-value metadata; `load_table` refuses another version with one
+line. `dpscope traces DIR --parquet OUT` writes them for one trace folder (run_id = the folder as
+given); every report folder holds them for all its runs.
+"""
+
+from __future__ import annotations
+
+import io
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from analysis.errors import AnalysisError
+
+__all__ = [
+    "TABLES",
+    "TABLE_SCHEMA_VERSION",
+    "load_table",
+    "run_tables",
+    "table_bytes",
+    "trace_tables",
+    "write_tables",
+]
+
+TABLE_SCHEMA_VERSION = 1
+_F, _I, _S = pa.float64(), pa.int64(), pa.string()
+_SCHEMAS: dict[str, list[tuple[str, pa.DataType]]] = {
+    "steps": [("run_id", _S), ("rank", _I), ("step", _I), ("step_time_us", _F), ("compute_us", _F),
+              ("comm_us", _F), ("exposed_comm_us", _F), ("overlap_us", _F), ("busy_us", _F),
+              ("idle_us", _F), ("data_wait_us", _F)],
+    "collectives": [("run_id", _S), ("rank", _I), ("name", _S), ("call_index", _I),
+                    ("start_us", _F), ("end_us", _F), ("latency_us", _F), ("device_us", _F),
+                    ("transfer_us", _F), ("sync_us", _F), ("bytes", _I), ("group_size_ranks", _I)],
+    "ops": [("run_id", _S), ("rank", _I), ("name", _S), ("kind", _S), ("calls_per_step", _F),
+            ("self_us_per_step", _F), ("total_us_per_step", _F), ("pct_of_step", _F)],
+    "memory": [("run_id", _S), ("rank", _I), ("device", _S), ("t_us", _F),
+               ("allocated_bytes", _I)],
+}  # fmt: skip
+TABLES = tuple(_SCHEMAS)
+_CALL_RENAME = {"call": "call_index", "group_size": "group_size_ranks"}
+
+
+def _steps(run_id: str, ranks: list[dict]) -> Iterable[dict]:
+    for r in ranks:
+        for s in r.get("per_step") or []:
+            yield {"run_id": run_id, "rank": r["rank"], **s}
+
+
+def _ops(run_id: str, ranks: list[dict]) -> Iterable[dict]:
+    for r in ranks:
+        for o in r.get("ops") or []:
+            yield {"run_id": run_id, "rank": r["rank"], **o}
+
+
+def _memory(run_id: str, ranks: list[dict]) -> Iterable[dict]:
+    for r in ranks:
+        for d in (r.get("memory") or {}).get("devices") or []:
+            line = d.get("timeline") or {}
+            for t, b in zip(line.get("t_us") or [], line.get("allocated_bytes") or [], strict=True):
+                yield {"run_id": run_id, "rank": r["rank"], "device": d["device"], "t_us": t,
+                       "allocated_bytes": b}  # fmt: skip
+
+
+def _calls(run_id: str, calls: dict[str, list] | None) -> dict[str, list]:
+    calls = calls or {}
+    n = len(calls.get("rank") or [])
+    return {"run_id": [run_id] * n, **{_CALL_RENAME.get(k, k): v for k, v in calls.items()}}
+
+
+def _table(name: str, rows: dict[str, list]) -> pa.Table:
+    schema = pa.schema(_SCHEMAS[name])
+    n = max((len(v) for v in rows.values()), default=0)
+    cols = {f: rows.get(f, [None] * n) for f in schema.names}
+    meta = {
+        b"dpscope.table": name.encode(),
+        b"dpscope.schema_version": b"%d" % TABLE_SCHEMA_VERSION,
+    }
+    return pa.table(cols, schema=schema).replace_schema_metadata(meta)
+
+
+def _columns(records: Iterable[dict], name: str) -> dict[str, list]:
+    keys = [f for f, _ in _SCHEMAS[name]]
+    cols: dict[str, list] = {k: [] for k in keys}
+    for rec in records:
+        for k in keys:
+            cols[k].append(rec.get(k))
+    return cols
+
+
+def trace_tables(result: dict[str, Any], run_id: str | None = None) -> dict[str, pa.Table]:
+    """The four tables of one traces JSON (`run_id` defaults to its trace_dir)."""
+    return run_tables([(run_id or str(result["trace_dir"]), result)])
+
+
+def run_tables(results: Iterable[tuple[str, dict[str, Any] | None]]) -> dict[str, pa.Table]:
+    """The four tables over several (run_id, traces JSON) pairs (a run without traces adds no rows)."""
+    parts: dict[str, list[dict[str, list]]] = {n: [] for n in TABLES}
+    for run_id, result in results:
+        if not result:
+            continue
+        ranks = result.get("ranks") or []
+        parts["steps"].append(_columns(_steps(run_id, ranks), "steps"))
+        parts["ops"].append(_columns(_ops(run_id, ranks), "ops"))
+        parts["memory"].append(_columns(_memory(run_id, ranks), "memory"))
+        parts["collectives"].append(_calls(run_id, result.get("calls")))
+    out = {}
+    for name, chunks in parts.items():
+        keys = [f for f, _ in _SCHEMAS[name]]
+        out[name] = _table(name, {k: [v for c in chunks for v in c.get(k, [])] for k in keys})
+    return out
+
+
+def table_bytes(table: pa.Table) -> bytes:
+    """The Parquet file of `table` as bytes (the report writes them with its other files)."""
+    buf = io.BytesIO()
+    pq.write_table(table, buf)
+    return buf.getvalue()
+
+
+def write_tables(tables: dict[str, pa.Table], out_dir: Path) -> list[Path]:
+    """Write `<out_dir>/<name>.parquet` for each table, each atomically; returns the paths."""
+    from profiler.atomic import atomic_path
+
+    out_dir = Path(out_dir)
+    paths = []
+    for name, table in tables.items():
+        path = out_dir / f"{name}.parquet"
+        try:
+            with atomic_path(path) as tmp:
+                tmp.write_bytes(table_bytes(table))
+        except OSError as err:
+            raise AnalysisError(
+                path,
+                f"cannot write the Parquet ({err.strerror})",
+                "pass a writable --parquet folder",
+            ) from None
+        paths.append(path)
+    return paths
+
+
+def load_table(path: Path | str, name: str) -> pd.DataFrame:
+    """Table `name` as a DataFrame from `path`: its .parquet file, or a folder holding
+    `<name>.parquet` (a `--parquet` folder or a report folder). Another schema version, a file
+    that is not this table, or none at all, is one AnalysisError line."""
+    path = Path(path)
+    file = path / f"{name}.parquet" if path.is_dir() else path
+    fix = f"write it with `dpscope traces DIR --parquet {file.parent}` or `dpscope report`"
+    try:
+        meta = pq.read_schema(file).metadata or {}
+    except FileNotFoundError:
+        raise AnalysisError(file, "does not exist", fix) from None
+    except (OSError, pa.ArrowException) as err:
+        problem = " ".join(str(err).split())[:160]
+        raise AnalysisError(file, f"is not a Parquet file ({problem})", fix) from None
+    table, version = meta.get(b"dpscope.table"), meta.get(b"dpscope.schema_version")
+    if table != name.encode():
+        what = table.decode(errors="replace") if table else "no dpscope table"
+        raise AnalysisError(file, f"holds {what!r}, not the {name} table", fix)
+    if version != b"%d" % TABLE_SCHEMA_VERSION:
+        shown = version.decode(errors="replace") if version else "none"
+        raise AnalysisError(
+            file,
+            f"is Parquet of table schema version {shown}, this dpscope reads {TABLE_SCHEMA_VERSION}",
+            f"re-write it with this dpscope version ({fix.removeprefix('write it with ')})",
+        )
+    return pq.read_table(file).to_pandas()

@@ -1,0 +1,111 @@
+"""`--executor dask`: the per-rank reductions as tasks on a dask.distributed cluster; the client
+(this process) gets back summaries only and does the cross-rank merge (docs/guides/sharded-analysis.md).
+
+Without `--scheduler`/`--scheduler-file` a LocalCluster sized to this machine is started: one
+single-threaded worker process per core, each with its share of the memory (dask's `auto`
+limit), so a worker holds one trace at a time and its memory is bounded by the largest trace.
+Workers open the trace files by the paths this process sees: on a cluster they need the same
+shared file system and dpscope installed (`pip install "dpscope[dask]"`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+from analysis.errors import AnalysisError
+from analysis.trace.executors import Executor, Outcome, died, summarize_one
+
+__all__ = ["CONNECT_ENV", "DASK_PIP", "dask_summaries"]
+
+DASK_PIP = 'pip install "dpscope[dask]"'
+CONNECT_ENV = "DPSCOPE_DASK_CONNECT_S"  # how long to try to reach a scheduler (default 10 s)
+
+
+def _distributed():
+    try:
+        import distributed
+    except ImportError:
+        raise AnalysisError(
+            "--executor dask",
+            "dask.distributed is not installed",
+            f"run `{DASK_PIP}` (or `pip install dask distributed`), or drop --executor dask",
+        ) from None
+    return distributed
+
+
+def _connect_s() -> float:
+    try:
+        return max(0.5, float(os.environ.get(CONNECT_ENV, "10")))
+    except ValueError:
+        return 10.0
+
+
+def _scheduler_file(path: Path) -> str:
+    """The scheduler file's path, after checking it is one (`dask scheduler --scheduler-file`)."""
+    try:
+        info = json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, ValueError) as err:
+        why = getattr(err, "strerror", None) or "not JSON"
+        raise AnalysisError(
+            path,
+            f"cannot read the Dask scheduler file ({why})",
+            "pass the file `dask scheduler --scheduler-file FILE` wrote",
+        ) from None
+    if not isinstance(info, dict) or not isinstance(info.get("address"), str):
+        raise AnalysisError(
+            path,
+            "is not a Dask scheduler file (no `address`)",
+            "pass the file `dask scheduler --scheduler-file FILE` wrote",
+        )
+    return info["address"]
+
+
+@contextlib.contextmanager
+def _client(ex: Executor) -> Iterator:
+    distributed = _distributed()
+    if ex.scheduler is None and ex.scheduler_file is None:
+        cluster = distributed.LocalCluster(
+            n_workers=os.cpu_count() or 1,
+            threads_per_worker=1,  # one trace per worker at a time: memory bounded by one trace
+            processes=True,
+            dashboard_address=None,
+            silence_logs=logging.ERROR,
+        )
+        with cluster, distributed.Client(cluster) as client:
+            yield client
+        return
+    address = ex.scheduler or _scheduler_file(ex.scheduler_file)
+    flag = "--scheduler" if ex.scheduler else f"--scheduler-file {ex.scheduler_file}"
+    try:
+        client = distributed.Client(address, timeout=_connect_s())
+    except (OSError, TimeoutError, ValueError) as err:
+        problem = " ".join(str(err).split())[:160]
+        raise AnalysisError(
+            flag,
+            f"cannot reach the Dask scheduler at {address} ({problem})",
+            "start it (`dask scheduler`) or check the address and port",
+        ) from None
+    with client:
+        yield client
+
+
+def dask_summaries(files: list[Path], ex: Executor) -> Iterator[tuple[Path, Outcome]]:
+    """(file, outcome) per file as the cluster finishes them; a worker that dies costs its file."""
+    distributed = _distributed()
+    with _client(ex) as client:
+        names = [str(f) for f in files]
+        # pure=False: a file's summary is never taken from another client's cache of the key.
+        futures = client.map(summarize_one, names, cache=ex.cache, pure=False)
+        by_key = {fut.key: f for fut, f in zip(futures, files, strict=True)}
+        for fut in distributed.as_completed(futures):
+            try:
+                summary, error = fut.result()
+                yield by_key[fut.key], (summary, error, False)
+            except Exception as err:  # noqa: BLE001 — KilledWorker, a lost connection, ...
+                yield by_key[fut.key], (None, died("Dask worker", err), True)
+            fut.release()  # the summary is ours now: the cluster need not keep it
