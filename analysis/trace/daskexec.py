@@ -20,7 +20,7 @@ from pathlib import Path
 from analysis.errors import AnalysisError
 from analysis.trace.executors import Executor, Outcome, died, summarize_one
 
-__all__ = ["CONNECT_ENV", "DASK_PIP", "dask_summaries"]
+__all__ = ["CONNECT_ENV", "DASK_PIP", "check_executor", "dask_summaries"]
 
 DASK_PIP = 'pip install "dpscope[dask]"'
 CONNECT_ENV = "DPSCOPE_DASK_CONNECT_S"  # how long to try to reach a scheduler (default 10 s)
@@ -94,18 +94,39 @@ def _client(ex: Executor) -> Iterator:
         yield client
 
 
+def check_executor(ex: Executor) -> None:
+    """One line now, before any work, when dask is missing or the scheduler file is no good."""
+    _distributed()
+    if ex.scheduler_file is not None:
+        _scheduler_file(ex.scheduler_file)
+
+
+def _run(client, distributed, files: list[Path], cache: bool):
+    """(file, outcome or None when its worker died) per file, as the cluster finishes them."""
+    # pure=False: a file's summary is never taken from another client's cache of the key.
+    futures = client.map(summarize_one, [str(f) for f in files], cache=cache, pure=False)
+    by_key = {fut.key: f for fut, f in zip(futures, files, strict=True)}
+    for fut in distributed.as_completed(futures):
+        try:
+            summary, error = fut.result()
+            yield by_key[fut.key], (summary, error, False), None
+        except Exception as err:  # noqa: BLE001 — KilledWorker, a lost connection, ...
+            yield by_key[fut.key], None, err
+        fut.release()  # the summary is ours now: the cluster need not keep it
+
+
 def dask_summaries(files: list[Path], ex: Executor) -> Iterator[tuple[Path, Outcome]]:
-    """(file, outcome) per file as the cluster finishes them; a worker that dies costs its file."""
+    """(file, outcome) per file. A worker that dies takes the tasks it held: those files are
+    retried one at a time once the rest is done, so only a file that kills its worker again
+    is lost (named, `worker_died`)."""
     distributed = _distributed()
     with _client(ex) as client:
-        names = [str(f) for f in files]
-        # pure=False: a file's summary is never taken from another client's cache of the key.
-        futures = client.map(summarize_one, names, cache=ex.cache, pure=False)
-        by_key = {fut.key: f for fut, f in zip(futures, files, strict=True)}
-        for fut in distributed.as_completed(futures):
-            try:
-                summary, error = fut.result()
-                yield by_key[fut.key], (summary, error, False)
-            except Exception as err:  # noqa: BLE001 — KilledWorker, a lost connection, ...
-                yield by_key[fut.key], (None, died("Dask worker", err), True)
-            fut.release()  # the summary is ours now: the cluster need not keep it
+        suspects = []
+        for f, outcome, _ in _run(client, distributed, files, ex.cache):
+            if outcome is None:
+                suspects.append(f)
+            else:
+                yield f, outcome
+        for f in suspects:
+            for _, outcome, err in _run(client, distributed, [f], ex.cache):
+                yield f, outcome or (None, died("Dask worker", err), True)

@@ -9,8 +9,9 @@ the rest is analysed, with `"worker_died": true` on that line (the result is the
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from concurrent.futures import ProcessPoolExecutor, as_completed
+from collections.abc import Generator, Iterator
+from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
+from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -70,16 +71,41 @@ def died(what: str, err: BaseException) -> str:
     )
 
 
+def _pool_pass(
+    files: list[Path], workers: int, cache: bool
+) -> Generator[tuple[Path, Outcome], None, tuple[list[Path], list[Path]]]:
+    """Run `files` in a pool, at most workers + 1 in flight. When a worker dies the pool is
+    broken: returns (files not started yet, files in flight then: the suspects)."""
+    todo = list(reversed(files))
+    with ProcessPoolExecutor(max_workers=workers) as pool:
+        flight: dict = {}
+        while todo or flight:
+            while todo and len(flight) <= workers:
+                f = todo.pop()
+                flight[pool.submit(summarize_one, f, cache)] = f
+            done, _ = wait(flight, return_when=FIRST_COMPLETED)
+            for fut in done:
+                try:
+                    outcome = (*fut.result(), False)
+                except BrokenProcessPool:  # a worker died: every file in flight is suspect
+                    return list(reversed(todo)), list(flight.values())
+                yield flight.pop(fut), outcome
+    return [], []
+
+
 def process_summaries(files: list[Path], ex: Executor) -> Iterator[tuple[Path, Outcome]]:
-    """(file, outcome) per file, in this process or a pool of `ex.workers` processes."""
+    """(file, outcome) per file, in this process or a pool of `ex.workers` processes. A file in
+    flight when a worker died is retried alone once the others are done; if its worker dies
+    again, that file is lost (named), never the others."""
     if ex.workers <= 1 or len(files) == 1:
         for f in files:
             yield f, (*summarize_one(f, ex.cache), False)
         return
-    with ProcessPoolExecutor(max_workers=ex.workers) as pool:
-        futures = {pool.submit(summarize_one, f, ex.cache): f for f in files}
-        for fut in as_completed(futures):
-            try:
-                yield futures[fut], (*fut.result(), False)
-            except Exception as err:  # noqa: BLE001 — a worker killed (e.g. out of memory)
-                yield futures[fut], (None, died("worker process", err), True)
+    todo, suspects = list(files), []
+    while todo:
+        todo, lost = yield from _pool_pass(todo, ex.workers, ex.cache)
+        suspects += lost
+    for f in suspects:
+        _, lost = yield from _pool_pass([f], 1, ex.cache)
+        if lost:
+            yield f, (None, died("worker process", BrokenProcessPool("it died twice")), True)

@@ -17,6 +17,7 @@ from tqdm import tqdm
 
 from analysis.errors import AnalysisError
 from analysis.jsonsafe import finite_json
+from analysis.trace.cache import cache_enabled
 from analysis.trace.calls import call_table
 from analysis.trace.collectives import combine_collectives
 from analysis.trace.executors import Executor, Outcome, process_summaries
@@ -93,8 +94,9 @@ def traces_row(summary: RankSummary) -> dict:
 def _summaries(files: list[Path], ex: Executor, progress: bool) -> Iterator[tuple[Path, Outcome]]:
     """(file, outcome) for every file, in completion order, with a progress bar."""
     if ex.kind == "dask":
-        from analysis.trace.daskexec import dask_summaries
+        from analysis.trace.daskexec import check_executor, dask_summaries
 
+        check_executor(ex)
         results = dask_summaries(files, ex)
     else:
         results = process_summaries(files, ex)
@@ -192,7 +194,7 @@ def reduce_files(
 ) -> tuple[list[RankSummary], list[dict]]:
     """Reduce each file to its rank summary where `executor` says (default: `workers` local
     processes, one per core): (summaries, skipped)."""
-    ex = executor or Executor()
+    ex = executor or Executor(cache=cache_enabled())  # DPSCOPE_TRACE_CACHE=1: the cache on
     if ex.kind == "process":  # one per core unless told, never more than files
         ex = replace(ex, workers=max(1, min(workers or os.cpu_count() or 1, len(files) or 1)))
     skipped: list[dict] = []
@@ -247,6 +249,13 @@ def combine_summaries(path: Path | str, good: list[RankSummary], skipped: list[d
     worlds = [r.world_size for r in ranks if r.world_size]
     world_size = max(worlds) if worlds else len(ranks)
     warnings += _mixed_job_warnings(path, ranks, worlds)
+    lost = [s["file"] for s in skipped if s.get("worker_died")]
+    if lost:
+        warnings.append(
+            f"{path}: partial result — {len(lost)} file(s) lost with the worker analysing them"
+            f" ({', '.join(lost[:3])}{', ...' if len(lost) > 3 else ''}); the rest is analysed,"
+            " re-run to include them"
+        )
     per_rank = {r.rank: r.instances for r in ranks}
     tables = combine_collectives(per_rank, world_size)
     means = [r.step_time_us_mean for r in ranks]
