@@ -75,21 +75,19 @@ def _memory(run_id: str, ranks: list[dict]) -> Iterable[dict]:
                        "allocated_bytes": b}  # fmt: skip
 
 
-def _calls(run_id: str, calls: dict[str, list] | None) -> dict[str, list]:
+def _calls(run_id: str, calls: dict[str, Any] | None) -> dict[str, Any]:
     calls = calls or {}
-    n = len(calls.get("rank") or [])
+    n = len(calls.get("rank", []))
     return {"run_id": [run_id] * n, **{_CALL_RENAME.get(k, k): v for k, v in calls.items()}}
 
 
-def _table(name: str, rows: dict[str, list]) -> pa.Table:
+def _table(name: str, cols: dict[str, Any]) -> pa.Table:
     schema = pa.schema(_SCHEMAS[name])
-    n = max((len(v) for v in rows.values()), default=0)
-    cols = {f: rows.get(f, [None] * n) for f in schema.names}
-    meta = {
-        b"dpscope.table": name.encode(),
-        b"dpscope.schema_version": b"%d" % TABLE_SCHEMA_VERSION,
-    }
-    return pa.table(cols, schema=schema).replace_schema_metadata(meta)
+    n = max((len(v) for v in cols.values()), default=0)
+    arrays = [
+        pa.array(cols.get(f, [None] * n), type=t, from_pandas=True) for f, t in _SCHEMAS[name]
+    ]
+    return pa.Table.from_arrays(arrays, schema=schema)
 
 
 def _columns(records: Iterable[dict], name: str) -> dict[str, list]:
@@ -102,26 +100,28 @@ def _columns(records: Iterable[dict], name: str) -> dict[str, list]:
 
 
 def trace_tables(result: dict[str, Any], run_id: str | None = None) -> dict[str, pa.Table]:
-    """The four tables of one traces JSON (`run_id` defaults to its trace_dir)."""
+    """The four tables of one traces result (`run_id` defaults to its trace_dir)."""
     return run_tables([(run_id or str(result["trace_dir"]), result)])
 
 
 def run_tables(results: Iterable[tuple[str, dict[str, Any] | None]]) -> dict[str, pa.Table]:
-    """The four tables over several (run_id, traces JSON) pairs (a run without traces adds no rows)."""
-    parts: dict[str, list[dict[str, list]]] = {n: [] for n in TABLES}
+    """The four tables over several (run_id, traces result) pairs (a run without traces adds no
+    rows; the collectives rows come from each TracesResult's `calls`)."""
+    parts: dict[str, list[pa.Table]] = {n: [_table(n, {})] for n in TABLES}
     for run_id, result in results:
         if not result:
             continue
         ranks = result.get("ranks") or []
-        parts["steps"].append(_columns(_steps(run_id, ranks), "steps"))
-        parts["ops"].append(_columns(_ops(run_id, ranks), "ops"))
-        parts["memory"].append(_columns(_memory(run_id, ranks), "memory"))
-        parts["collectives"].append(_calls(run_id, result.get("calls")))
-    out = {}
-    for name, chunks in parts.items():
-        keys = [f for f, _ in _SCHEMAS[name]]
-        out[name] = _table(name, {k: [v for c in chunks for v in c.get(k, [])] for k in keys})
-    return out
+        parts["steps"].append(_table("steps", _columns(_steps(run_id, ranks), "steps")))
+        parts["ops"].append(_table("ops", _columns(_ops(run_id, ranks), "ops")))
+        parts["memory"].append(_table("memory", _columns(_memory(run_id, ranks), "memory")))
+        calls = _calls(run_id, getattr(result, "calls", None))
+        parts["collectives"].append(_table("collectives", calls))
+    meta = {b"dpscope.schema_version": b"%d" % TABLE_SCHEMA_VERSION}
+    return {
+        n: pa.concat_tables(ts).replace_schema_metadata({**meta, b"dpscope.table": n.encode()})
+        for n, ts in parts.items()
+    }
 
 
 def table_bytes(table: pa.Table) -> bytes:

@@ -1,5 +1,6 @@
 """The per-call collective table of a traces result: one row per collective call per rank, as
-columns (the traces JSON's `calls`, the Parquet `collectives` table, docs/reference/schemas.md).
+numpy columns (`TracesResult.calls`, written as the Parquet `collectives` table; never in the
+traces JSON, whose size it would multiply at a thousand ranks).
 
 Times are on the job's common clock (µs after the earliest event of any rank, as every other
 cross-rank figure). Per call on rank r, the k-th call of its name:
@@ -21,7 +22,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["CALL_COLUMNS", "call_table"]
+__all__ = ["CALL_COLUMNS", "TracesResult", "call_table"]
 
 CALL_COLUMNS = (
     "rank",
@@ -38,11 +39,21 @@ CALL_COLUMNS = (
 )
 
 
-def call_table(per_rank: dict[int, dict[str, dict[str, Any]]]) -> dict[str, list]:
+class TracesResult(dict):
+    """The traces JSON (this dict, as written by --json) plus `calls`: the per-call table as
+    numpy columns (CALL_COLUMNS), which only the Parquet writer reads."""
+
+    calls: dict[str, np.ndarray]
+
+
+_INT_COLUMNS = ("rank", "call", "bytes", "group_size")
+
+
+def call_table(per_rank: dict[int, dict[str, dict[str, Any]]]) -> dict[str, np.ndarray]:
     """Columns (CALL_COLUMNS) of every call of every rank, by name (first seen), then rank."""
     ranks = sorted(per_rank)
     names = list(dict.fromkeys(n for r in ranks for n in per_rank[r]))
-    cols: dict[str, list] = {c: [] for c in CALL_COLUMNS}
+    pieces: dict[str, list[np.ndarray]] = {c: [] for c in CALL_COLUMNS}
     for name in names:
         have = [r for r in ranks if name in per_rank[r]]
         inst = [per_rank[r][name] for r in have]
@@ -52,15 +63,17 @@ def call_table(per_rank: dict[int, dict[str, dict[str, Any]]]) -> dict[str, list
             n = int(x["device_us"].size)
             call_transfer = np.concatenate([transfer, x["device_us"][m:]])
             end = x.get("end_us")
-            cols["rank"] += [r] * n
-            cols["name"] += [name] * n
-            cols["call"] += list(range(n))
-            cols["start_us"] += x["start_us"].tolist()
-            cols["end_us"] += end.tolist() if end is not None else [None] * n
-            cols["latency_us"] += x["latency_us"].tolist()
-            cols["device_us"] += x["device_us"].tolist()
-            cols["transfer_us"] += call_transfer.tolist()
-            cols["sync_us"] += (x["latency_us"] - call_transfer).tolist()
-            cols["bytes"] += x["bytes"].tolist()
-            cols["group_size"] += x["group_size"].tolist()
-    return cols
+            cols = {
+                "rank": np.full(n, r),
+                "name": np.full(n, name, dtype=object),
+                "call": np.arange(n),
+                "end_us": end if end is not None else np.full(n, np.nan),
+                "transfer_us": call_transfer,
+                "sync_us": x["latency_us"] - call_transfer,
+            }
+            for c in CALL_COLUMNS:
+                pieces[c].append(cols[c] if c in cols else x[c])
+    return {
+        c: np.concatenate(v) if v else np.empty(0, np.int64 if c in _INT_COLUMNS else float)
+        for c, v in pieces.items()
+    }

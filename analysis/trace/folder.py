@@ -18,7 +18,7 @@ from tqdm import tqdm
 from analysis.errors import AnalysisError
 from analysis.jsonsafe import finite_json
 from analysis.trace.cache import cache_enabled
-from analysis.trace.calls import call_table
+from analysis.trace.calls import TracesResult, call_table
 from analysis.trace.collectives import combine_collectives
 from analysis.trace.executors import Executor, Outcome, process_summaries
 from analysis.trace.rank import SCHEMA_VERSION, RankSummary
@@ -227,10 +227,12 @@ def analyze_trace_dir(
     return combine_summaries(path, good, skipped)
 
 
-def combine_summaries(path: Path | str, good: list[RankSummary], skipped: list[dict]) -> dict:
+def combine_summaries(
+    path: Path | str, good: list[RankSummary], skipped: list[dict]
+) -> TracesResult:
     """The traces JSON from every rank's summary: ranks assigned, clocks aligned, collectives
     matched across ranks. Depends only on the set of summaries, not their order, so a merge of
-    shards gives exactly the unsharded result."""
+    shards gives exactly the unsharded result. The per-call table rides along as `.calls`."""
     skipped = list(skipped)
     warnings: list[str] = []
     ranks = _assign_ranks(_one_attempt(good, skipped), skipped, warnings)
@@ -269,7 +271,6 @@ def combine_summaries(path: Path | str, good: list[RankSummary], skipped: list[d
         "partial": any(s.get("worker_died") for s in skipped),
         "ranks": [traces_row(r) for r in ranks],
         **tables,
-        "calls": call_table(per_rank),
         "step_time_spread": {
             "min_us": lo,
             "max_us": hi,
@@ -278,4 +279,6 @@ def combine_summaries(path: Path | str, good: list[RankSummary], skipped: list[d
         "skipped": skipped,
         "warnings": warnings,
     }
-    return finite_json(result, warnings)
+    out = TracesResult(finite_json(result, warnings))
+    out.calls = call_table(per_rank)
+    return out
