@@ -34,7 +34,7 @@ class Executor:
     workers: int = 1
     scheduler: str | None = None
     scheduler_file: Path | None = None
-    cache: bool = False
+    cache: bool | None = None  # None: DPSCOPE_TRACE_CACHE decides (cache.cache_enabled)
 
     def __post_init__(self) -> None:
         if self.kind not in EXECUTORS:

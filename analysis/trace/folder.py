@@ -194,7 +194,8 @@ def reduce_files(
 ) -> tuple[list[RankSummary], list[dict]]:
     """Reduce each file to its rank summary where `executor` says (default: `workers` local
     processes, one per core): (summaries, skipped)."""
-    ex = executor or Executor(cache=cache_enabled())  # DPSCOPE_TRACE_CACHE=1: the cache on
+    ex = executor or Executor()
+    ex = replace(ex, cache=cache_enabled(ex.cache))  # None: DPSCOPE_TRACE_CACHE=1 turns it on
     if ex.kind == "process":  # one per core unless told, never more than files
         ex = replace(ex, workers=max(1, min(workers or os.cpu_count() or 1, len(files) or 1)))
     skipped: list[dict] = []
