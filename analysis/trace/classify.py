@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from operator import attrgetter
 
 import numpy as np
 
@@ -50,6 +51,7 @@ _OPS, _ISSUE, _OTHER_OP = 0, 1, 2  # op_events roles: computation, issue-only, t
 # No profiled event lasts longer than this (one day): a longer `dur` is corrupt, not slow.
 MAX_DUR_US = MAX_SPAN_US
 _INF = float("inf")
+_DUR, _TID, _ARGS = attrgetter("dur"), attrgetter("tid"), attrgetter("args")
 EMPTY_ARGS = Args()
 
 
@@ -131,7 +133,7 @@ class _Chunk:
     def __init__(self, events: list[Event], ts: np.ndarray, vocab: Vocab) -> None:
         self.events, self.ts, self.vocab = events, ts, vocab
         self.code = vocab.encode(events)
-        self.dur = np.fromiter((e.dur for e in events), np.float64, len(events))
+        self.dur = np.fromiter(map(_DUR, events), np.float64, len(events))
         # Impossible times (missing, negative, non-finite, absurdly long) are dropped and
         # counted, never analysed: one such ProfilerStep would poison every mean.
         with np.errstate(invalid="ignore"):
@@ -155,7 +157,7 @@ class _Chunk:
 
     def args(self, idx: np.ndarray) -> list[Args | None]:
         events = self.events
-        return [events[i].args for i in idx.tolist()]
+        return list(map(_ARGS, map(self.events.__getitem__, idx.tolist())))
 
     def end(self, idx: np.ndarray) -> np.ndarray:
         return self.ts[idx] + self.dur[idx]
@@ -191,10 +193,12 @@ class _Accumulator:
         self.memory = MemoryAccumulator()
 
     def _tids(self, c: _Chunk, idx: np.ndarray) -> np.ndarray:
-        codes, events = self.tid_codes, c.events
-        return np.fromiter(
-            (codes.setdefault(events[i].tid, len(codes)) for i in idx.tolist()), np.int64, idx.size
-        )
+        codes = self.tid_codes
+        tids = list(map(_TID, map(c.events.__getitem__, idx.tolist())))
+        for t in dict.fromkeys(tids):  # new threads numbered in first-seen order
+            if t not in codes:
+                codes[t] = len(codes)
+        return np.fromiter(map(codes.__getitem__, tids), np.int64, idx.size)
 
     def add(self, events: list[Event], ts: np.ndarray) -> None:
         c = _Chunk(events, ts, self.vocab)

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import re
 from decimal import Decimal
+from operator import attrgetter
 
 import msgspec
 import numpy as np
@@ -40,6 +41,7 @@ class _ExactTs(msgspec.Struct, gc=False):
 
 
 _EXACT_DECODER = msgspec.json.Decoder(list[_ExactTs])
+_TS = attrgetter("ts")
 
 
 def median_base(ts: list[float]) -> int:
@@ -52,7 +54,7 @@ def median_base(ts: list[float]) -> int:
 def needs_exact(events: list, buf: bytes | memoryview) -> bool:
     """Whether a trace needs the exact (Decimal) decode of `ts`, judged on its first chunk: a time
     at or above 2⁴³ µs and a fractional `ts` in the text. Kineto writes one format per file."""
-    ts = np.fromiter((e.ts for e in events), np.float64, len(events))
+    ts = np.fromiter(map(_TS, events), np.float64, len(events))
     return bool((np.abs(ts) >= _EXACT_BELOW).any()) and bool(_BIG_FRACTION_RE.search(buf))
 
 
@@ -67,7 +69,7 @@ def rebase(events: list, buf: bytes | memoryview, base: int, *, exact: bool) -> 
             times = None
         if times is not None and len(times) == len(events):
             return _rebase_exact(times, Decimal(base))
-    ts = np.fromiter((e.ts for e in events), np.float64, len(events)) - float(base)
+    ts = np.fromiter(map(_TS, events), np.float64, len(events)) - float(base)
     with np.errstate(invalid="ignore"):
         return np.where(np.abs(ts) <= MAX_SPAN_US, np.round(ts * 1000) / 1000, np.nan)
 
