@@ -99,7 +99,7 @@ demo: setup
 	    $(if $(call cmdline,SEEDS),--seeds "$(SEEDS)") $(ARGS)
 
 tensorboard: setup
-	$(DPSCOPE) tensorboard --logdir "$(RUNS)" --port $(PORT)
+	$(DPSCOPE) tensorboard "$(RUNS)" --port $(PORT)
 
 bench-analysis: setup
 	$(PY) -m pip install -q -r requirements-bench.txt

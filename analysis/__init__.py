@@ -10,7 +10,7 @@ The Python API (analysis/api.py; docs/reference/api.md):
 - `load_steps / load_collectives / load_ops / load_memory(folder) -> DataFrame`: the Parquet
   tables of a report folder or of `dpscope traces DIR --parquet DIR`.
 
-Bad input raises `AnalysisError` (or `ReportError` from build_report), both `UserError`s whose
+Bad input raises `InputError` (or `ReportError` from build_report), both `UserError`s whose
 message is one line naming the path and the fix. Definitions of every number:
 docs/reference/metrics.md.
 """
@@ -26,8 +26,7 @@ from analysis.api import (
     load_runs,
     load_steps,
 )
-from analysis.errors import AnalysisError
-from profiler.errors import UserError
+from profiler.runfolder.errors import InputError, UserError
 
 
 def __getattr__(name: str):
@@ -40,7 +39,7 @@ def __getattr__(name: str):
 
 
 __all__ = [
-    "AnalysisError",
+    "InputError",
     "ReportError",
     "UserError",
     "analyze_traces",

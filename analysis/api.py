@@ -8,7 +8,7 @@
     steps = dp.load_steps("reports")            # Parquet tables of a report (or --parquet) folder
 
 Every function takes run folders or folders of run folders (as `dpscope runs`), is silent unless
-`progress=True`, and raises `analysis.AnalysisError` (one line naming the path and the fix) for
+`progress=True`, and raises `analysis.InputError` (one line naming the path and the fix) for
 bad input. Column names carry their units (`samples_per_s`, `peak_memory_bytes`,
 `latency_us_avg`); each number is defined in docs/reference/metrics.md. Heavy modules are
 imported when a function runs, so `import analysis` stays cheap (pandas only).
@@ -43,9 +43,9 @@ RUN_TABLE_UNITS = {"speedup": "speedup_ratio", "scaling_efficiency": "scaling_ef
 
 def _paths(paths: tuple[PathLike, ...]) -> list[Path]:
     if not paths:
-        from analysis.errors import AnalysisError
+        from profiler.runfolder.errors import InputError
 
-        raise AnalysisError("paths", "none given", "pass run folders or folders of run folders")
+        raise InputError("paths", "none given", "pass run folders or folders of run folders")
     return [Path(p) for p in paths]
 
 
@@ -159,7 +159,7 @@ def collectives(*paths: PathLike, progress: bool = False) -> pd.DataFrame:
 
 def build_report(*paths: PathLike, out: PathLike = "reports", progress: bool = False) -> Path:
     """Write the HTML report (index.html, summary.json, the CSV tables) into `out` from the run
-    folders in `paths`; return the path of index.html. Raises ReportError (an AnalysisError's
+    folders in `paths`; return the path of index.html. Raises ReportError (an InputError's
     sibling: one line) for a missing folder or an output that would overwrite an input."""
     from analysis.report.build import build_report as build
 

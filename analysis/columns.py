@@ -101,11 +101,6 @@ def ms_of_us(*, key: str, label: str, unit: str = "ms/step") -> Column:
     return Column(key=key, label=label, unit=unit, kind="num", digits=2, scale=1e-3)
 
 
-def pm(key: str, label: str, unit: str, **kw: Any) -> Column:
-    """A mean ± std column over the row keys `<key>_mean` and `<key>_std`."""
-    return Column(key=f"{key}_mean", label=label, unit=unit, kind="pm", std_key=f"{key}_std", **kw)
-
-
 def num1(*, key: str, label: str, unit: str, scale: float = 1.0) -> Column:
     """A number shown with 1 digit (shares in %, times scaled to ms)."""
     return Column(key=key, label=label, unit=unit, kind="num", digits=1, scale=scale)
@@ -253,12 +248,32 @@ ACCURACY_COLS = [
     C(key="world_size", label="World size", unit="ranks", kind="int"),
     C(key="os", label="Platform"),
     C(key="n_seeds", label="Seeds", unit="count", kind="int"),
-    pm("test_loss", "Test loss", "the --loss (nats for cross_entropy), mean ± std", digits=4),
-    pm("top1_pct", "Top-1", "%, mean ± std"),
-    pm("top5_pct", "Top-5", "%, mean ± std"),
+    C(
+        key="test_loss_mean",
+        label="Test loss",
+        unit="the --loss (nats for cross_entropy), mean ± std",
+        kind="pm",
+        std_key="test_loss_std",
+        digits=4,
+    ),
+    C(key="top1_pct_mean", label="Top-1", unit="%, mean ± std", kind="pm", std_key="top1_pct_std"),
+    C(key="top5_pct_mean", label="Top-5", unit="%, mean ± std", kind="pm", std_key="top5_pct_std"),
     # Sequence outputs (gpt): exp(mean token cross-entropy); empty for class scores.
-    pm("perplexity", "Perplexity", "mean ± std"),
-    pm("samples_per_s", "Throughput", "samples/s, mean ± std", digits=1),
+    C(
+        key="perplexity_mean",
+        label="Perplexity",
+        unit="mean ± std",
+        kind="pm",
+        std_key="perplexity_std",
+    ),
+    C(
+        key="samples_per_s_mean",
+        label="Throughput",
+        unit="samples/s, mean ± std",
+        kind="pm",
+        std_key="samples_per_s_std",
+        digits=1,
+    ),
 ]
 ENV_COLS = [
     C(key="os", label="Platform"),

@@ -1,17 +1,17 @@
 """The one exception type `analysis/` raises for bad input.
 
 Its message is a single line for the user: the file or argument at fault, what is wrong, and what to
-do about it. The CLI prints it as `<prog>: error: <message>` with exit code 2 (profiler.errors.run_command); anything else is a bug and
+do about it. The CLI prints it as `<prog>: error: <message>` with exit code 2 (profiler.runfolder.errors.run_command); anything else is a bug and
 keeps its traceback.
 """
 
 from __future__ import annotations
 
-from profiler.records import InputError
+from profiler.runfolder.errors import InputError
 
 __all__ = ["AnalysisError", "unexpected"]
 
-# One bad-input type for the whole project: defined below both halves (profiler.records, whose
+# One bad-input type for the whole project: defined below both halves (profiler.runfolder.records, whose
 # typed run-folder readers raise it too), so `except AnalysisError` catches an invalid record.
 AnalysisError = InputError
 

@@ -9,7 +9,7 @@ import stat
 from collections.abc import Iterable
 from pathlib import Path
 
-from analysis.errors import AnalysisError
+from profiler.runfolder.errors import InputError
 
 __all__ = ["check_json_out", "check_report_out"]
 
@@ -27,13 +27,11 @@ def _inside(path: Path, folder: Path) -> bool:
 
 
 def check_json_out(out: Path, inputs: Iterable[Path], input_dirs: Iterable[Path] = ()) -> None:
-    """Raise AnalysisError (naming `out`) unless `out` is a writable-looking JSON file path that
+    """Raise InputError (naming `out`) unless `out` is a writable-looking JSON file path that
     is none of `inputs` and lies in none of `input_dirs` (where it would be read as input)."""
 
-    def refuse(why: str) -> AnalysisError:
-        return AnalysisError(
-            out, f"cannot write the JSON ({why})", "pass a new file path to --json"
-        )
+    def refuse(why: str) -> InputError:
+        return InputError(out, f"cannot write the JSON ({why})", "pass a new file path to --json")
 
     if str(out) in ("", ".") or out.name in ("", ".", ".."):
         raise refuse("empty or not a file name")
@@ -54,12 +52,12 @@ def check_json_out(out: Path, inputs: Iterable[Path], input_dirs: Iterable[Path]
 
 
 def check_report_out(out: Path, inputs: Iterable[Path]) -> None:
-    """Raise AnalysisError unless `out` can hold the report: a folder name (not a file, not inside
+    """Raise InputError unless `out` can hold the report: a folder name (not a file, not inside
     a run folder) that holds no input. Other files in it are left alone (the report swaps in only
     its own files)."""
 
-    def refuse(why: str) -> AnalysisError:
-        return AnalysisError(
+    def refuse(why: str) -> InputError:
+        return InputError(
             f"cannot write the report into {out}", why, "pass another --out (e.g. reports)"
         )
 

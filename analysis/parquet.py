@@ -8,7 +8,7 @@ for DuckDB, Polars or pandas to query without loading everything.
 - `memory.parquet`: the allocated-bytes timeline per (run, rank, device) as the JSON has it.
 
 Units are in the column names. Every file carries `dpscope.table` and `dpscope.schema_version`
-(TABLE_SCHEMA_VERSION) in its key-value metadata; `load_table` refuses another version with one
+(PARQUET_TABLES_SCHEMA_VERSION) in its key-value metadata; `load_table` refuses another version with one
 line. `dpscope traces DIR --parquet OUT` writes them for one trace folder (run_id = the folder as
 given); every report folder holds them for all its runs.
 """
@@ -24,11 +24,11 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from analysis.errors import AnalysisError
+from profiler.runfolder.errors import InputError
+from profiler.runfolder.versions import PARQUET_TABLES_SCHEMA_VERSION
 
 __all__ = [
     "TABLES",
-    "TABLE_SCHEMA_VERSION",
     "load_table",
     "run_tables",
     "table_bytes",
@@ -36,7 +36,6 @@ __all__ = [
     "write_tables",
 ]
 
-TABLE_SCHEMA_VERSION = 1
 _F, _I, _S = pa.float64(), pa.int64(), pa.string()
 _SCHEMAS: dict[str, list[tuple[str, pa.DataType]]] = {
     "steps": [("run_id", _S), ("rank", _I), ("step", _I), ("step_time_us", _F), ("compute_us", _F),
@@ -117,7 +116,7 @@ def run_tables(results: Iterable[tuple[str, dict[str, Any] | None]]) -> dict[str
         parts["memory"].append(_table("memory", _columns(_memory(run_id, ranks), "memory")))
         calls = _calls(run_id, getattr(result, "calls", None))
         parts["collectives"].append(_table("collectives", calls))
-    meta = {b"dpscope.schema_version": b"%d" % TABLE_SCHEMA_VERSION}
+    meta = {b"dpscope.schema_version": b"%d" % PARQUET_TABLES_SCHEMA_VERSION}
     return {
         n: pa.concat_tables(ts).replace_schema_metadata({**meta, b"dpscope.table": n.encode()})
         for n, ts in parts.items()
@@ -133,7 +132,7 @@ def table_bytes(table: pa.Table) -> bytes:
 
 def write_tables(tables: dict[str, pa.Table], out_dir: Path) -> list[Path]:
     """Write `<out_dir>/<name>.parquet` for each table, each atomically; returns the paths."""
-    from profiler.atomic import atomic_path
+    from profiler.runfolder.atomic import atomic_path
 
     out_dir = Path(out_dir)
     paths = []
@@ -143,7 +142,7 @@ def write_tables(tables: dict[str, pa.Table], out_dir: Path) -> list[Path]:
             with atomic_path(path) as tmp:
                 tmp.write_bytes(table_bytes(table))
         except OSError as err:
-            raise AnalysisError(
+            raise InputError(
                 path,
                 f"cannot write the Parquet ({err.strerror})",
                 "pass a writable --parquet folder",
@@ -155,26 +154,26 @@ def write_tables(tables: dict[str, pa.Table], out_dir: Path) -> list[Path]:
 def load_table(path: Path | str, name: str) -> pd.DataFrame:
     """Table `name` as a DataFrame from `path`: its .parquet file, or a folder holding
     `<name>.parquet` (a `--parquet` folder or a report folder). Another schema version, a file
-    that is not this table, or none at all, is one AnalysisError line."""
+    that is not this table, or none at all, is one InputError line."""
     path = Path(path)
     file = path / f"{name}.parquet" if path.is_dir() else path
     fix = f"write it with `dpscope traces DIR --parquet {file.parent}` or `dpscope report`"
     try:
         meta = pq.read_schema(file).metadata or {}
     except FileNotFoundError:
-        raise AnalysisError(file, "does not exist", fix) from None
+        raise InputError(file, "does not exist", fix) from None
     except (OSError, pa.ArrowException) as err:
         problem = " ".join(str(err).split())[:160]
-        raise AnalysisError(file, f"is not a Parquet file ({problem})", fix) from None
+        raise InputError(file, f"is not a Parquet file ({problem})", fix) from None
     table, version = meta.get(b"dpscope.table"), meta.get(b"dpscope.schema_version")
     if table != name.encode():
         what = table.decode(errors="replace") if table else "no dpscope table"
-        raise AnalysisError(file, f"holds {what!r}, not the {name} table", fix)
-    if version != b"%d" % TABLE_SCHEMA_VERSION:
+        raise InputError(file, f"holds {what!r}, not the {name} table", fix)
+    if version != b"%d" % PARQUET_TABLES_SCHEMA_VERSION:
         shown = version.decode(errors="replace") if version else "none"
-        raise AnalysisError(
+        raise InputError(
             file,
-            f"is Parquet of table schema version {shown}, this dpscope reads {TABLE_SCHEMA_VERSION}",
+            f"is Parquet of table schema version {shown}, this dpscope reads {PARQUET_TABLES_SCHEMA_VERSION}",
             f"re-write it with this dpscope version ({fix.removeprefix('write it with ')})",
         )
     return pq.read_table(file).to_pandas()

@@ -228,12 +228,12 @@ def main(argv: list[str] | None = None) -> int:
     unknown = [w for w in names if w not in WORKLOADS]
     if args.repeats < 1 or not names or unknown:
         parser.error(f"--repeats must be >= 1 and --workloads some of {', '.join(WORKLOADS)}")
-    from analysis.errors import AnalysisError
+    from profiler.runfolder.errors import InputError
 
     root = user_path(args.runs_dir) / datetime.now(UTC).strftime("%Y%m%dT%H%M%S")
     try:
         rounds = run_rounds(names, args, root)
-    except AnalysisError as err:
+    except InputError as err:
         print(f"bench-projection: error: {err}", file=sys.stderr)
         return 2
     summ = summary(rounds, names)

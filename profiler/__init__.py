@@ -1,7 +1,7 @@
 """dpscope's profiler: the run-folder contract, the training-loop instruments and RunRecorder.
 
 `from profiler import RunRecorder` imports torch only when RunRecorder is first used, so the
-torch-free modules (profiler.runfolder, profiler.records, ...) stay importable without it.
+torch-free modules (profiler.runfolder.layout, profiler.runfolder.records, ...) stay importable without it.
 """
 
 from __future__ import annotations

@@ -35,10 +35,10 @@ from typing import Any
 
 import torch
 
-from profiler.hostload import HostLoadMeter
 from profiler.memory import MemoryTracker
 from profiler.memory_breakdown import StaticMemory
-from profiler.runfolder import STEPS_COLUMNS
+from profiler.runfolder.hostload import HostLoadMeter
+from profiler.runfolder.layout import STEPS_COLUMNS
 from profiler.session import ProfilerSession
 from profiler.timers import StepTimer
 
@@ -245,7 +245,7 @@ class MemorySampler(Callback):
 
 
 class HostLoadSampler(Callback):
-    """Measures how busy the machine is (profiler.hostload) from the start of the first measured
+    """Measures how busy the machine is (profiler.runfolder.hostload) from the start of the first measured
     (non-warm-up) step to `run_end`, on rank 0 only (one host); `meter.result` is env.host_load,
     None on other ranks and when every step was a warm-up step."""
 

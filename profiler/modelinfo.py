@@ -21,7 +21,7 @@ def unwrap(model: nn.Module) -> nn.Module:
     return model
 
 
-def _buffer_bytes_by_dtype(module: nn.Module) -> dict[str, int]:
+def buffer_bytes_by_dtype(module: nn.Module) -> dict[str, int]:
     out: dict[str, int] = {}
     for b in module.buffers():
         key = str(b.dtype).removeprefix("torch.")
@@ -60,7 +60,7 @@ def model_metrics(model: nn.Module, *, inner: nn.Module | None = None) -> dict:
             p.numel() * p.element_size() for p in inner.parameters() if p.requires_grad
         ],
         # What DDP's buffer broadcast moves at every forward: one coalesced call per dtype.
-        "buffer_bytes_by_dtype": _buffer_bytes_by_dtype(inner),
+        "buffer_bytes_by_dtype": buffer_bytes_by_dtype(inner),
     }
 
 

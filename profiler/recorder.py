@@ -12,7 +12,7 @@ It drives the same instruments as dpscope's own loop (`recording`: StepRecorder,
 of steps.csv rows, StaticMemoryCount, ProfilerStep, MemorySampler; profiler.callbacks), decides
 the rank, world size and backend from the process group if one exists (at the first step, so a
 script may join one after building the recorder) and, at exit, writes this rank's part
-(profiler.parts). With `assemble=True` (the default) rank 0 then waits for every rank's part and
+(profiler.runfolder.parts). With `assemble=True` (the default) rank 0 then waits for every rank's part and
 writes steps.csv and run.json; the `--script` launcher passes False and assembles itself.
 
 The zero-code bootstrap (profiler.autohooks) drives a RunRecorder from torch's global hooks
@@ -43,12 +43,12 @@ from profiler.callbacks import (
     StepRecorder,
     StepState,
 )
+from profiler.environment import collect_env
 from profiler.memory import MemoryTracker
 from profiler.memory_breakdown import StaticMemory
 from profiler.modelinfo import model_metrics, model_summary
-from profiler.parts import assemble, wait_for_parts, write_part
-from profiler.record import collect_env
-from profiler.runfolder import utc_now
+from profiler.runfolder.layout import utc_now
+from profiler.runfolder.parts import assemble, wait_for_parts, write_part
 from profiler.session import ProfileConfig, ProfilerSession
 from profiler.timers import StepTimer
 
@@ -311,7 +311,7 @@ class RunRecorder:
         return "dp" if isinstance(model, nn.DataParallel) else "single"
 
     def part(self) -> dict:
-        """This rank's part (profiler.parts)."""
+        """This rank's part (profiler.runfolder.parts)."""
         rank, world, backend, pg = self._context()
         rec, model = self.rec, self.state.model
         mode = self._mode(world, pg)

@@ -2,7 +2,7 @@
 
 The training loop drives it with `start()`, `step()` once per optimizer step, and `stop()` (or
 uses it as a context manager). Traces are standard Kineto JSON exported by torch, named from
-one template, `<worker>.<time_ns>.pt.trace.json.gz` (profiler.runfolder.TRACE_NAME): the name the TensorBoard
+one template, `<worker>.<time_ns>.pt.trace.json.gz` (profiler.runfolder.layout.TRACE_NAME): the name the TensorBoard
 profiler plugin needs to find the file and to take the worker from it. torch adds
 `distributedInfo` (backend, rank, world_size) to the trace when a process group is initialised.
 
@@ -21,7 +21,7 @@ from types import TracebackType
 
 from torch.profiler import ProfilerAction, ProfilerActivity, profile, schedule
 
-from profiler.runfolder import TRACE_GLOB, TRACE_NAME, trace_name
+from profiler.runfolder.layout import TRACE_GLOB, TRACE_NAME, trace_name
 
 __all__ = ["TRACE_GLOB", "TRACE_NAME", "ProfileConfig", "ProfilerSession"]
 

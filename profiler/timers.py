@@ -17,6 +17,8 @@ from contextlib import contextmanager
 
 import torch
 
+from profiler.runfolder.layout import STEP_PHASES
+
 __all__ = ["StepTimer"]
 
 
@@ -24,11 +26,9 @@ class StepTimer:
     """Times the phases of one optimizer step at a time.
 
     `end_step()` returns seconds: `step_time_s` (from `start_step` to `end_step`) and `<phase>_s`
-    for each of `PHASES` (the sum of that phase's ranges in the step, 0.0 if it did not occur).
+    for each of `STEP_PHASES` (the sum of that phase's ranges in the step, 0.0 if it did not occur).
     The phases are disjoint, so their sum is at most `step_time_s`; the rest is loop overhead.
     """
-
-    PHASES = ("data", "forward", "backward", "optimizer")
 
     def __init__(self, *, device: torch.device) -> None:
         self.device = torch.device(device)
@@ -53,8 +53,8 @@ class StepTimer:
     @contextmanager
     def phase(self, name: str) -> Iterator[None]:
         """Time the enclosed block as phase `name` and mark it as a profiler range of that name."""
-        if name not in self.PHASES:
-            raise ValueError(f"unknown phase {name!r}; use one of {', '.join(self.PHASES)}")
+        if name not in STEP_PHASES:
+            raise ValueError(f"unknown phase {name!r}; use one of {', '.join(STEP_PHASES)}")
         if self._step_start is None:
             raise RuntimeError("StepTimer.phase() called outside a step; call start_step() first")
         if self._open is not None:
@@ -90,7 +90,7 @@ class StepTimer:
                 return b - a
 
         result = {"step_time_s": seconds(self._step_start, end)}
-        result.update({f"{p}_s": 0.0 for p in self.PHASES})
+        result.update({f"{p}_s": 0.0 for p in STEP_PHASES})
         for name, a, b in self._spans:
             result[f"{name}_s"] += seconds(a, b)
         self._step_start = None

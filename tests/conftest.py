@@ -28,8 +28,8 @@ import pytest
 # unmarked test happens to come first.
 import torch  # noqa: F401
 
-from profiler.records import read_comm_record, read_record, record_kind
-from profiler.runfolder import RUN_JSON
+from profiler.runfolder.layout import RUN_JSON
+from profiler.runfolder.records import read_comm_record, read_record, record_kind
 
 REPO = Path(__file__).resolve().parents[1]
 # Reference traces from other public projects (origin, licence, their tools outputs: README.md).
@@ -121,7 +121,7 @@ def free_port() -> int:
 
 
 def read_run(run_dir: Path) -> dict:
-    """run.json as written, once the typed reader (profiler.records) has accepted it: every test
+    """run.json as written, once the typed reader (profiler.runfolder.records) has accepted it: every test
     that reads a real run folder also checks that its writer keeps the run-folder contract."""
     path = run_dir / RUN_JSON
     reader = read_comm_record if record_kind(path) == "comm" else read_record

@@ -22,7 +22,7 @@ from tests.conftest import REPO, read_run
 DEEP = 100_000  # levels of nesting: far past any recursion limit
 
 
-def _strict_json(text: str) -> dict:
+def strict_json(text: str) -> dict:
     """json.loads that refuses NaN/Infinity, as browsers' JSON.parse and jq do."""
 
     def refuse(token: str):
@@ -248,19 +248,19 @@ def make_bad_runs(root: Path, single: Path, ddp: Path) -> None:
     (deep / "run.json").write_text('{"schema_version": 1, "x": ' + "[" * DEEP + "]" * DEEP + "}")
 
 
-def _load(path: Path) -> dict:
+def load_gz_json(path: Path) -> dict:
     return json.loads(gzip.decompress(path.read_bytes()))
 
 
-def _first_step(trace: dict) -> dict:
+def first_step(trace: dict) -> dict:
     return next(e for e in trace["traceEvents"] if e.get("name", "").startswith("ProfilerStep#"))
 
 
-def _extra_step(**fields) -> Callable[[dict], None]:
+def extra_step(**fields) -> Callable[[dict], None]:
     """Add one more ProfilerStep copy with `fields` changed (None deletes the field)."""
 
     def edit(trace: dict) -> None:
-        ev = dict(_first_step(trace))
+        ev = dict(first_step(trace))
         for k, v in fields.items():
             if v is None:
                 ev.pop(k, None)
@@ -273,18 +273,18 @@ def _extra_step(**fields) -> Callable[[dict], None]:
 
 # name -> trace edit; each adds one impossible ProfilerStep the analysis must drop
 EVENT_CASES = {
-    "negative-dur": _extra_step(dur=-5000),
-    "no-ts": _extra_step(ts=None),
-    "no-dur": _extra_step(dur=None),
-    "huge-dur": _extra_step(dur=1e308),
+    "negative-dur": extra_step(dur=-5000),
+    "no-ts": extra_step(ts=None),
+    "no-dur": extra_step(dur=None),
+    "huge-dur": extra_step(dur=1e308),
 }
 
 
-def _deep_top(trace: dict) -> str:
+def deep_top(trace: dict) -> str:
     return json.dumps(trace)[:-1] + ', "deep": ' + "[" * DEEP + "]" * DEEP + "}"
 
 
-def _deep_args(trace: dict) -> str:
+def deep_args(trace: dict) -> str:
     text = json.dumps(trace)
     marker = '"args": {'
     i = text.index(marker) + len(marker)
@@ -294,7 +294,7 @@ def _deep_args(trace: dict) -> str:
 def with_bad_rank1(tmp: Path, ddp_traces, edit: Callable[[dict], None], text: str | None = None):
     r0, r1 = ddp_traces
     shutil.copy(r0, tmp / r0.name)
-    trace = _load(r1)
+    trace = load_gz_json(r1)
     edit(trace)
     data = (text or json.dumps(trace)).encode()
     (tmp / r1.name).write_bytes(gzip.compress(data))

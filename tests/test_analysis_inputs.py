@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from analysis.errors import AnalysisError
 from analysis.trace.folder import analyze_trace_dir
+from profiler.runfolder.errors import InputError
 from tests.conftest import DATA, REPO, no_torch_env, run_in_repo
 
 PAIR = DATA / "hta" / "trace_filter"
@@ -103,7 +103,7 @@ def test_event_less_trace_and_spacing_of_distributed_info(tmp_path):
     (tmp_path / "x.pt.trace.json").write_text(
         '{ "distributedInfo" :\n {"rank":  7 ,"world_size":8},"traceEvents":[] }'
     )
-    with pytest.raises(AnalysisError, match="no profiler events"):
+    with pytest.raises(InputError, match="no profiler events"):
         analyze_trace_dir(tmp_path, progress=False)
 
 

@@ -9,7 +9,7 @@ import shutil
 import pytest
 
 from analysis.runs.compare import compare_runs
-from analysis.runs.entry import _memory
+from analysis.runs.entry import memory_peaks
 from analysis.trace.folder import analyze_trace_dir
 from tests.conftest import read_run
 
@@ -124,10 +124,10 @@ def test_same_run_id_in_two_folders_never_merges(tmp_path, ddp_mlp_run, single_m
 
 def test_memory_imbalance_definitions():
     gpu = [{"peak_allocated_bytes": v, "peak_rss_bytes": 1} for v in (100, 200, 300)]
-    m = _memory(gpu)
+    m = memory_peaks(gpu)
     assert m["memory_metric"] == "peak_allocated_bytes" and m["peak_memory_bytes"] == 300
     assert m["memory_imbalance_pct"] == pytest.approx(200.0)  # 300 is 200% more than 100
     assert m["memory_imbalance_max_over_mean"] == pytest.approx(1.5)  # the extra column
     cpu = [{"peak_allocated_bytes": None, "peak_rss_bytes": v} for v in (50, 50)]
-    assert _memory(cpu)["memory_imbalance_pct"] == 0.0
-    assert _memory([])["peak_memory_bytes"] is None
+    assert memory_peaks(cpu)["memory_imbalance_pct"] == 0.0
+    assert memory_peaks([])["peak_memory_bytes"] is None

@@ -30,21 +30,21 @@ FUNCTIONS = (
 
 
 def test_the_api_is_exported_typed_and_documented() -> None:
-    assert set(FUNCTIONS) | {"AnalysisError", "ReportError", "UserError"} == set(dp.__all__)
+    assert set(FUNCTIONS) | {"InputError", "ReportError", "UserError"} == set(dp.__all__)
     reference = (REPO / "docs" / "reference" / "api.md").read_text(encoding="utf-8")
     for name in FUNCTIONS:
         func = getattr(dp, name)
         hints = typing.get_type_hints(func)
         assert "return" in hints and func.__doc__, name
         assert f"`{name}(" in reference, f"docs/reference/api.md does not document {name}"
-    assert issubclass(dp.ReportError, dp.UserError) and issubclass(dp.AnalysisError, dp.UserError)
+    assert issubclass(dp.ReportError, dp.UserError) and issubclass(dp.InputError, dp.UserError)
 
 
 def test_bad_input_is_one_line(tmp_path) -> None:
-    with pytest.raises(dp.AnalysisError) as err:
+    with pytest.raises(dp.InputError) as err:
         dp.load_runs(tmp_path / "nope")
     assert "\n" not in str(err.value) and "nope" in str(err.value)
-    with pytest.raises(dp.AnalysisError, match="none given"):
+    with pytest.raises(dp.InputError, match="none given"):
         dp.compare_runs()
     with pytest.raises(dp.ReportError):
         dp.build_report(tmp_path / "nope", out=tmp_path / "out")

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from profiler.errors import UserError, run_command
+from profiler.runfolder.errors import UserError, run_command
 from tests.conftest import DATA, REPO, TINY, no_torch_env
 from workloads.tools.cli import COMMANDS, command_parser
 from workloads.tools.cli import main as dpscope

@@ -24,9 +24,9 @@ from analysis.runs.compare import compare_runs
 from analysis.runs.entry import load_run
 from analysis.trace.collectives import combine_collectives
 from analysis.trace.folder import analyze_trace_dir
+from profiler.runfolder.stepmetrics import step_metrics
 from profiler.session import ProfileConfig
 from tests.conftest import REPO, TINY, launch, read_run
-from workloads.train.summary import step_metrics
 
 
 def _steps(run_dir: Path) -> pd.DataFrame:
@@ -79,7 +79,7 @@ def test_profiled_column_matches_the_real_traces(single_mlp_run, ddp_mlp_run):
 
 def test_throughput_uses_only_unprofiled_measured_steps(single_mlp_run, ddp_mlp_run):
     """run.json samples_per_s / step_time_s / per_rank / profiler_overhead_pct recomputed from
-    steps.csv with pandas, independently of workloads.train.summary."""
+    steps.csv with pandas, independently of profiler.runfolder.stepmetrics."""
     for run_dir in (single_mlp_run, ddp_mlp_run):
         m, steps = read_run(run_dir)["metrics"], _steps(run_dir)
         clean = steps[(steps.warmup == 0) & (steps.profiled == 0)]

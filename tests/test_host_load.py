@@ -60,7 +60,7 @@ def test_the_meters_own_process_is_not_counted_as_other():
     """CPU the run's own process uses is subtracted: spinning in it for 2 s leaves
     other × wall at most the machine's busy CPU seconds minus this process's (measured around
     the meter, so a little wider); without the subtraction it would exceed that by `own`."""
-    from profiler.hostload import HostLoadMeter
+    from profiler.runfolder.hostload import HostLoadMeter
 
     meter = HostLoadMeter()
     own0, sys0 = sum(os.times()[:2]), psutil.cpu_times()
@@ -112,8 +112,8 @@ def test_seed_spread_finding_and_group_range(tmp_path):
     (f,) = [f for f in findings({"runs": [], "groups": [group]}) if f.rule == "seed_spread"]
     assert "214.0–258.0 samples/s" in f.text and "19%" in f.text
     assert f"over {THRESHOLDS['seed_spread_pct']:.0f}%" in f.text
-    from analysis.runs.compare import _spread
+    from analysis.runs.compare import spread
 
-    assert _spread([214.0, 258.0]) == {"samples_per_s_min": 214.0, "samples_per_s_max": 258.0,
+    assert spread([214.0, 258.0]) == {"samples_per_s_min": 214.0, "samples_per_s_max": 258.0,
                                        "samples_per_s_spread_pct": pytest.approx(100 * 44 / 236)}  # fmt: skip
-    assert _spread([200.0])["samples_per_s_spread_pct"] is None
+    assert spread([200.0])["samples_per_s_spread_pct"] is None

@@ -22,11 +22,11 @@ from tests.conftest import read_run
 from tests.hostile_common import (
     EVENT_CASES,
     RUN_CASES,
-    _deep_top,
-    _load,
-    _strict_json,
     cli,
+    deep_top,
+    load_gz_json,
     make_bad_runs,
+    strict_json,
 )
 
 
@@ -116,7 +116,7 @@ def test_runs_cli_lists_invalid_and_writes_valid_json(bad_runs, tmp_path):
         "-m", "analysis", "runs", str(bad_runs), "--no-traces", "--no-progress", "--json", str(out)
     )
     assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr
-    data = _strict_json(out.read_text())
+    data = strict_json(out.read_text())
     assert len(data["invalid"]) == len(RUN_CASES) + 1
     assert f"invalid {len(RUN_CASES) + 1}:" in proc.stdout
     assert "config.world_size" in proc.stdout
@@ -135,7 +135,7 @@ def test_runs_cli_exits_2_when_every_run_is_invalid(bad_runs, tmp_path, capsys):
     assert (
         line.startswith("python -m analysis runs: error: ") and "no run could be analysed" in line
     )
-    assert len(_strict_json(out.read_text())["invalid"]) == 1
+    assert len(strict_json(out.read_text())["invalid"]) == 1
 
 
 # ---------------------------------------------------------------------------------------------
@@ -160,11 +160,11 @@ def test_report_builds_from_good_and_every_bad_run(bad_runs, tmp_path, single_ml
     rec["run_id"] = "bad-traces"
     (traced / "run.json").write_text(json.dumps(rec))
     r0, r1 = sorted((traced / "traces").glob("rank*"))
-    trace = _load(r0)
+    trace = load_gz_json(r0)
     for case in EVENT_CASES.values():
         case(trace)
     r0.write_bytes(gzip.compress(json.dumps(trace).encode()))
-    r1.write_bytes(gzip.compress(_deep_top(_load(r1)).encode()))
+    r1.write_bytes(gzip.compress(deep_top(load_gz_json(r1)).encode()))
     out = tmp_path / "report"
     assert (
         report_main([str(bad_runs), str(long_run.parent), "--out", str(out), "--no-progress"]) == 0

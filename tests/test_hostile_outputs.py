@@ -21,9 +21,9 @@ from analysis.report.__main__ import main as report_main
 from tests.conftest import read_run
 from tests.hostile_common import (
     EVENT_CASES,
-    _strict_json,
     cli,
     ddp_traces,  # noqa: F401  (fixture)
+    strict_json,
     with_bad_rank1,
 )
 
@@ -43,7 +43,7 @@ def test_huge_dur_gives_valid_json_from_the_cli(tmp_path, ddp_traces):
     out = tmp_path / "t.json"
     proc = cli("-m", "analysis", "traces", str(tmp_path / "t"), "--json", str(out), "--no-progress")
     assert proc.returncode == 0, proc.stderr
-    data = _strict_json(out.read_text())
+    data = strict_json(out.read_text())
     assert all(r["step_time_us_mean"] < 1e12 for r in data["ranks"])
     assert any("impossible times" in w for w in data["warnings"])
 
@@ -124,11 +124,11 @@ def test_failed_report_write_leaves_the_previous_report_whole(tmp_path):
     import resource
     import signal
 
-    from analysis.report.build import _replace_folder
+    from analysis.report.outfolder import replace_folder
 
     out = tmp_path / "report"
     files = {"summary.csv": "a\n1\n", "summary.json": "{}\n", "index.html": "new" * 100_000}
-    _replace_folder({**files, "index.html": "old"}, out)
+    replace_folder({**files, "index.html": "old"}, out)
     before = {p.name: p.read_bytes() for p in out.iterdir()}
 
     def limit() -> None:
@@ -137,9 +137,9 @@ def test_failed_report_write_leaves_the_previous_report_whole(tmp_path):
 
     code = (
         "import json, sys; from pathlib import Path\n"
-        "from analysis.report.build import ReportError, _replace_folder\n"
+        "from analysis.report.build import ReportError\nfrom analysis.report.outfolder import replace_folder\n"
         "files = json.loads(sys.argv[2]); files['index.html'] *= 100_000\n"
-        "try: _replace_folder(files, Path(sys.argv[1]))\n"
+        "try: replace_folder(files, Path(sys.argv[1]))\n"
         "except ReportError as e: sys.exit(f'report: {e}')\n"
     )
     arg = json.dumps({**files, "index.html": "new"})  # a 300 kB argument would be too long
@@ -215,11 +215,11 @@ def test_ctrl_c_inside_the_swap_leaves_the_previous_report_whole(at, tmp_path, m
     """KeyboardInterrupt raised by the k-th rename of the swap (as a real Ctrl-C there would):
     every file of the previous report is back, byte for byte, and nothing is staged."""
     from analysis.report import outfolder
-    from analysis.report.build import _replace_folder
+    from analysis.report.outfolder import replace_folder
 
     out = tmp_path / "report"
     old = {"a.csv": "a\n1\n", "summary.json": "{}\n", "index.html": "old"}
-    _replace_folder(old, out)
+    replace_folder(old, out)
     (out / "README.md").write_text("mine")
     before = {p.name: p.read_bytes() for p in out.iterdir()}
     real, calls = os.replace, []
@@ -232,7 +232,7 @@ def test_ctrl_c_inside_the_swap_leaves_the_previous_report_whole(at, tmp_path, m
 
     monkeypatch.setattr(outfolder.os, "replace", replace)
     with pytest.raises(KeyboardInterrupt):
-        _replace_folder({"b.csv": "b\n", "summary.json": "[]\n", "index.html": "new"}, out)
+        replace_folder({"b.csv": "b\n", "summary.json": "[]\n", "index.html": "new"}, out)
     monkeypatch.setattr(outfolder.os, "replace", real)
     assert {p.name: p.read_bytes() for p in out.iterdir()} == before
 

@@ -23,8 +23,8 @@ import pytest
 from analysis.cli.main import main as analysis_main
 from analysis.report.__main__ import main as report_main
 from analysis.runs.compare import compare_runs
-from profiler.inputfile import BOM, MAX_DEPTH
-from profiler.steps import MAX_CELL_CHARS, read_steps_frame
+from profiler.runfolder.inputfile import BOM, MAX_DEPTH
+from profiler.runfolder.steps import MAX_CELL_CHARS, read_steps_frame
 from tests.conftest import REPO, read_run
 from tests.hostile_common import cli
 
@@ -282,7 +282,7 @@ def test_million_row_steps_csv_is_decoded_once_with_bounded_memory(tmp_path, ddp
         f.write(header + "\n")
         f.writelines(f"{i % 2},0,{i // 2},{rest}\n" for i in range(1_000_000))
     code = (
-        "import sys; from profiler.steps import read_steps_frame\n"
+        "import sys; from profiler.runfolder.steps import read_steps_frame\n"
         "f = read_steps_frame(sys.argv[1], world_size=2)\n"
         # VmHWM, not ru_maxrss: after fork+exec ru_maxrss keeps the parent's (pytest's) peak.
         "hwm = next(l for l in open('/proc/self/status') if l.startswith('VmHWM'))\n"

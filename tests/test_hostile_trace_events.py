@@ -16,13 +16,13 @@ from analysis.runs.compare import compare_runs
 from analysis.trace.folder import analyze_trace_dir
 from tests.hostile_common import (
     EVENT_CASES,
-    _deep_args,
-    _deep_top,
-    _extra_step,
-    _first_step,
-    _load,
     clean_ranks,  # noqa: F401  (fixture)
     ddp_traces,  # noqa: F401  (fixture)
+    deep_args,
+    deep_top,
+    extra_step,
+    first_step,
+    load_gz_json,
     with_bad_rank1,
 )
 
@@ -50,9 +50,9 @@ def test_events_of_the_wrong_type_are_dropped_and_the_rest_analysed(
     rank is exactly what the clean trace gives."""
 
     def edit(trace: dict) -> None:
-        _extra_step(ts="abc")(trace)
-        _extra_step(tid=[1])(trace)
-        step = dict(_first_step(trace), dur=None)  # `"dur": null`, not a missing dur
+        extra_step(ts="abc")(trace)
+        extra_step(tid=[1])(trace)
+        step = dict(first_step(trace), dur=None)  # `"dur": null`, not a missing dur
         trace["traceEvents"] += [step, "not an event"]
 
     bad = with_bad_rank1(tmp_path, ddp_traces, edit)
@@ -72,7 +72,7 @@ def test_dropped_events_reach_the_run_warnings(tmp_path, ddp_mlp_run):
     run = tmp_path / "ddp"
     shutil.copytree(ddp_mlp_run, run)
     r1 = sorted((run / "traces").glob("rank1*"))[0]
-    trace = _load(r1)
+    trace = load_gz_json(r1)
     EVENT_CASES["negative-dur"](trace)
     r1.write_bytes(gzip.compress(json.dumps(trace).encode()))
     (entry,) = compare_runs([run], progress=False)["runs"]
@@ -84,7 +84,7 @@ def test_dropped_events_reach_the_run_warnings(tmp_path, ddp_mlp_run):
 def test_rank_true_is_not_a_rank(tmp_path, ddp_traces, clean_ranks):
     """`"rank": true` in distributedInfo is not rank 1: the file name decides, with a warning."""
     shutil.copy(ddp_traces[0], tmp_path / "rank0.pt.trace.json.gz")
-    trace = _load(ddp_traces[1])
+    trace = load_gz_json(ddp_traces[1])
     trace["distributedInfo"]["rank"] = True
     (tmp_path / "trace-b.pt.trace.json.gz").write_bytes(gzip.compress(json.dumps(trace).encode()))
     result = analyze_trace_dir(tmp_path, workers=1, progress=False)
@@ -96,8 +96,8 @@ def test_rank_true_is_not_a_rank(tmp_path, ddp_traces, clean_ranks):
 @pytest.mark.parametrize("where", ["top level", "inside args"])
 @pytest.mark.integration
 def test_deeply_nested_trace_is_skipped_with_one_line(where, tmp_path, ddp_traces, clean_ranks):
-    trace = _load(ddp_traces[1])
-    text = (_deep_top if where == "top level" else _deep_args)(trace)
+    trace = load_gz_json(ddp_traces[1])
+    text = (deep_top if where == "top level" else deep_args)(trace)
     bad = with_bad_rank1(tmp_path, ddp_traces, lambda t: None, text)
     result = analyze_trace_dir(tmp_path, workers=2, progress=False)
     assert [r["rank"] for r in result["ranks"]] == [0]
@@ -113,7 +113,7 @@ def test_deeply_nested_trace_inside_a_run_folder(tmp_path, ddp_mlp_run, single_m
     shutil.copytree(ddp_mlp_run, run)
     shutil.copytree(single_mlp_run, tmp_path / "runs" / "single")
     r1 = sorted((run / "traces").glob("rank1*"))[0]
-    r1.write_bytes(gzip.compress(_deep_top(_load(r1)).encode()))
+    r1.write_bytes(gzip.compress(deep_top(load_gz_json(r1)).encode()))
     result = compare_runs([tmp_path / "runs"], progress=False)
     (ddp,) = [r for r in result["runs"] if r["mode"] == "ddp"]
     assert ddp["samples_per_s"] and [r["rank"] for r in ddp["trace"]["ranks"]] == [0]

@@ -25,11 +25,11 @@ from tests.hostile_common import ddp_traces  # noqa: F401  (fixture)
 _BOMB_CHILD = """
 import json, resource, sys
 from analysis.trace.folder import analyze_trace_dir
-from analysis.errors import AnalysisError
+from profiler.runfolder.errors import InputError
 try:
     r = analyze_trace_dir(sys.argv[1], workers=1, progress=False)
     print(json.dumps({"skipped": r["skipped"]}))
-except AnalysisError as err:
+except InputError as err:
     print(json.dumps({"error": str(err)}))
 # VmHWM, not ru_maxrss: after fork+exec ru_maxrss keeps the parent's (pytest's) peak.
 try:

@@ -21,9 +21,9 @@ from analysis.runs.compare import compare_runs
 from analysis.trace.folder import analyze_trace_dir
 from tests.conftest import REPO
 from tests.hostile_common import (  # noqa: F401  (fixtures)
-    _first_step,
     clean_ranks,
     ddp_traces,
+    first_step,
 )
 from tests.hostile_common import with_bad_rank1 as _with_bad_rank1
 
@@ -56,7 +56,7 @@ def _add(**fields):
 
 def _add_step(**fields):
     def edit(trace: dict) -> None:
-        trace["traceEvents"].append({**_first_step(trace), **fields})
+        trace["traceEvents"].append({**first_step(trace), **fields})
 
     return edit
 
@@ -67,7 +67,7 @@ FAR = {
     "ts-minus-1e20": _add(ts=-1e20),
     "ts-plus-1e20": _add(ts=1e20),
     "ts-zero": _add(ts=0),  # the trace's clock is ~5e12 µs: zero is two months away
-    "ts-two-days-later": lambda t: _add(ts=_first_step(t)["ts"] + 2 * DAY_US)(t),
+    "ts-two-days-later": lambda t: _add(ts=first_step(t)["ts"] + 2 * DAY_US)(t),
     "step-ten-days": _add_step(dur=10 * DAY_US),
     "step-two-days": _add_step(dur=2 * DAY_US, name="ProfilerStep#99"),
     "op-ten-days": _add(dur=10 * DAY_US),
@@ -131,7 +131,7 @@ def _step_copy(shift_frac: float, number: int | None):
     """A copy of the first step starting `shift_frac` of its duration later, renumbered."""
 
     def edit(trace: dict) -> None:
-        step = _first_step(trace)
+        step = first_step(trace)
         name = step["name"] if number is None else f"ProfilerStep#{number}"
         trace["traceEvents"].append(
             {**step, "ts": step["ts"] + shift_frac * step["dur"], "name": name}
@@ -144,7 +144,7 @@ def _step_after_last(trace: dict) -> None:
     """A later step range reusing the first step's number (it does not overlap anything)."""
     steps = [e for e in trace["traceEvents"] if e.get("name", "").startswith("ProfilerStep#")]
     last = max(steps, key=lambda e: e["ts"])
-    trace["traceEvents"].append({**_first_step(trace), "ts": last["ts"] + last["dur"] + 10})
+    trace["traceEvents"].append({**first_step(trace), "ts": last["ts"] + last["dur"] + 10})
 
 
 STEPS = {

@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from profiler.records import read_record
+from profiler.runfolder.records import read_record
 from tests.conftest import run_in_repo
 from workloads.tools import sweep
 

@@ -6,6 +6,9 @@ still a cycle); imports under `if TYPE_CHECKING:` don't, since they never run. R
 - no cycle between first-party modules;
 - analysis/ never imports torch or workloads/ (it must run on a machine without torch);
 - profiler/ imports neither workloads/ nor analysis/ (it sits below both);
+- profiler/runfolder/ (the run-folder contract) imports nothing first-party outside itself and
+  never torch: it is the ground floor both halves stand on;
+- analysis/ imports profiler/ only through profiler/runfolder/ (never the torch instruments);
 - workloads/ imports analysis/ only from workloads/tools/ (tools read finished run folders).
 """
 
@@ -144,6 +147,37 @@ def test_profiler_sits_below_workloads_and_analysis():
     assert not _violations(import_graph(REPO), "profiler", ("workloads", "analysis"))
 
 
+CONTRACT = "profiler.runfolder"
+
+
+def _in(module: str, package: str) -> bool:
+    return module == package or module.startswith(package + ".")
+
+
+def contract_violations(root: Path) -> list[str]:
+    """Imports that break the contract rules (module docstring), as `mod imports dep` lines."""
+    graph = import_graph(root)
+    bad = [
+        f"{mod} imports {dep}"
+        for mod, deps in graph.items()
+        for dep in deps
+        if (_in(mod, CONTRACT) and not _in(dep, CONTRACT))
+        or (_in(mod, "analysis") and _in(dep, "profiler") and not _in(dep, CONTRACT))
+    ]
+    bad += [
+        f"{mod} imports {dep}"
+        for mod, deps in external_imports(root, "profiler").items()
+        if _in(mod, CONTRACT)
+        for dep in deps & {"torch", "torchvision"}
+    ]
+    return sorted(bad)
+
+
+def test_the_contract_is_the_ground_floor_and_analysis_reads_only_it():
+    bad = contract_violations(REPO)
+    assert not bad, bad
+
+
 def test_workloads_import_analysis_only_from_tools():
     bad = [
         v
@@ -204,3 +238,24 @@ def test_checker_sees_forbidden_imports(tmp_path, source, text, rule):
     top = source.split("/")[0]
     found = external_imports(root, top)[source.removesuffix(".py").replace("/", ".")]
     assert rule in found
+
+
+def test_checker_sees_contract_breaks(tmp_path):
+    root = _write(
+        tmp_path,
+        {
+            "analysis/__init__.py": "",
+            "analysis/a.py": "from profiler.session import ProfilerSession\n",
+            "analysis/b.py": "from profiler.runfolder.layout import RUN_JSON\n",
+            "profiler/__init__.py": "",
+            "profiler/session.py": "import torch\n",
+            "profiler/runfolder/__init__.py": "",
+            "profiler/runfolder/layout.py": "def f():\n    from profiler import session\n",
+            "profiler/runfolder/schema.py": "import torch\n",
+        },
+    )
+    assert contract_violations(root) == [
+        "analysis.a imports profiler.session",
+        "profiler.runfolder.layout imports profiler.session",
+        "profiler.runfolder.schema imports torch",
+    ]

@@ -99,7 +99,7 @@ def test_the_wheel_holds_the_packages_templates_and_the_script(tmp_path: Path) -
     names = zipfile.ZipFile(wheel).namelist()
     templates = {p.name for p in (REPO / "analysis" / "report" / "templates").iterdir()}
     assert {n.rsplit("/", 1)[-1] for n in names if "/report/templates/" in n} == templates
-    assert "workloads/tools/cli.py" in names and "profiler/errors.py" in names
+    assert "workloads/tools/cli.py" in names and "profiler/runfolder/errors.py" in names
     assert not [n for n in names if n.startswith(("tests/", "bench/", "runs/", "reports/"))]
     (entry_points,) = [n for n in names if n.endswith("entry_points.txt")]
     text = zipfile.ZipFile(wheel).read(entry_points).decode()

@@ -15,14 +15,15 @@ import pytest
 
 import analysis
 from analysis.cli.main import main as analysis_main
-from analysis.errors import AnalysisError
-from analysis.parquet import TABLE_SCHEMA_VERSION, trace_tables, write_tables
+from analysis.parquet import trace_tables, write_tables
 from analysis.trace.folder import (
     analyze_trace_dir,
     combine_summaries,
     find_trace_files,
     reduce_files,
 )
+from profiler.runfolder.errors import InputError
+from profiler.runfolder.versions import PARQUET_TABLES_SCHEMA_VERSION
 from tests.conftest import DATA, REPO
 
 HTA = DATA / "hta"
@@ -60,14 +61,17 @@ def test_tables_round_trip_the_json_numbers(result, tmp_path):
 
 def test_another_table_schema_version_is_one_line(result, tmp_path):
     table = trace_tables(result)["steps"]
-    meta = {**table.schema.metadata, b"dpscope.schema_version": b"%d" % (TABLE_SCHEMA_VERSION + 1)}
+    meta = {
+        **table.schema.metadata,
+        b"dpscope.schema_version": b"%d" % (PARQUET_TABLES_SCHEMA_VERSION + 1),
+    }
     pq.write_table(table.replace_schema_metadata(meta), tmp_path / "steps.parquet")
-    with pytest.raises(AnalysisError) as err:
+    with pytest.raises(InputError) as err:
         analysis.load_steps(tmp_path)
     line = str(err.value)
     assert "steps.parquet" in line and "schema version 2" in line and "\n" not in line
     pq.write_table(pa.table({"x": [1]}), tmp_path / "ops.parquet")
-    with pytest.raises(AnalysisError, match="not the ops table"):
+    with pytest.raises(InputError, match="not the ops table"):
         analysis.load_ops(tmp_path)
 
 

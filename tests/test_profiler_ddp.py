@@ -13,13 +13,12 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from profiler.runfolder import STEPS_COLUMNS
+from profiler.runfolder.layout import STEP_PHASES, STEPS_COLUMNS
 from profiler.session import ProfileConfig
 from tests.conftest import read_run
 
 pytestmark = pytest.mark.integration
 
-PHASES = ("data", "forward", "backward", "optimizer")
 STEPS = 8  # conftest.TINY --max-steps
 
 
@@ -52,7 +51,7 @@ def test_trace_has_steps_phases_collectives_and_distributed_info(ddp_traces, ran
             for e in events
             if step["ts"] <= e["ts"] and e["ts"] + e["dur"] <= step["ts"] + step["dur"]
         }
-        assert set(PHASES) <= inside, (step["name"], sorted(inside)[:20])
+        assert set(STEP_PHASES) <= inside, (step["name"], sorted(inside)[:20])
 
     # Chrome/Perfetto trace-event shape: complete events with numeric times on a pid/tid.
     assert trace["traceEvents"] and all("ph" in e for e in trace["traceEvents"])
@@ -85,8 +84,8 @@ def test_steps_csv_every_step_with_phases_summing_to_step(ddp_mlp_run: Path):
     assert list(df.columns) == STEPS_COLUMNS
     for rank in (0, 1):
         assert sorted(df.loc[df["rank"] == rank, "step"]) == list(range(STEPS))
-    phases = df[[f"{p}_s" for p in PHASES]].sum(axis=1)
-    assert (df[[f"{p}_s" for p in PHASES]] >= 0).all().all()
+    phases = df[[f"{p}_s" for p in STEP_PHASES]].sum(axis=1)
+    assert (df[[f"{p}_s" for p in STEP_PHASES]] >= 0).all().all()
     assert (df["step_time_s"] > 0).all()
     # Phases are disjoint parts of the step; what is left is loop overhead, which must be small.
     assert (phases <= df["step_time_s"] * (1 + 1e-6)).all()
@@ -122,5 +121,5 @@ def test_single_run_trace_is_rank0_without_process_group(single_mlp_run: Path):
     assert path.name.startswith("rank0.")
     trace = _load(path)
     names = {e.get("name") for e in trace["traceEvents"]}
-    assert set(PHASES) <= names
+    assert set(STEP_PHASES) <= names
     assert not any(n and n.startswith("gloo:") for n in names)

@@ -30,8 +30,9 @@ from analysis.project.projection import project, unprofiled_steps
 from analysis.project.step import bucket_timeline
 from analysis.runs.entry import load_run
 from analysis.trace.collectives import bus_factor
-from profiler.records import Config, ProfileConfig
-from profiler.runfolder import NO_UNPROFILED_STEP_WARNING, RUN_FOLDER_SCHEMA_VERSION
+from profiler.runfolder.layout import NO_UNPROFILED_STEP_WARNING
+from profiler.runfolder.schema import Config, ProfileConfig
+from profiler.runfolder.versions import RUN_JSON_SCHEMA_VERSION
 from tests.conftest import REPO, read_run
 
 COLLECTIVES = {
@@ -43,7 +44,7 @@ COLLECTIVES = {
 }
 
 
-def _bench(args: list[str]) -> subprocess.CompletedProcess:
+def run_bench_comm(args: list[str]) -> subprocess.CompletedProcess:
     return subprocess.run(
         [sys.executable, "-m", "workloads.comm.bench", *args],
         cwd=REPO,
@@ -163,7 +164,7 @@ def test_expected_max_by_hand():
 
 
 def test_every_step_profiled_falls_back_with_the_one_warning(tmp_path, comm_run, single_mlp_run):
-    """The run-folder rule's fallback (profiler.runfolder.throughput_steps): no unprofiled
+    """The run-folder rule's fallback (profiler.runfolder.layout.throughput_steps): no unprofiled
     measured step, so the projection measures every measured step and says so, in the same words
     run.json and the runs JSON use."""
     profiled = tmp_path / "profiled"
@@ -189,7 +190,7 @@ def test_unprofiled_steps_from_schedule_and_column():
     assert list(unprofiled_steps(with_column, config)["step"]) == [3, 4, 7]
 
 
-def _fake_run(
+def fake_run(
     path: Path, *, mode: str, n: int, phases: dict, buckets: list[int], metrics=None, **cfg
 ) -> Path:
     """A hand-built training run folder: 10 steps, none profiled, fixed phase times."""
@@ -209,7 +210,7 @@ def _fake_run(
             )
     pd.DataFrame(rows).to_csv(path / "steps.csv", index=False)
     rec = {
-        "schema_version": RUN_FOLDER_SCHEMA_VERSION,  # the projection reads it typed, as all do
+        "schema_version": RUN_JSON_SCHEMA_VERSION,  # the projection reads it typed, as all do
         "run_id": path.name,
         "status": "ok",
         "config": {
@@ -234,7 +235,7 @@ def _fake_run(
     return path
 
 
-def _fake_comm(
+def fake_comm(
     path: Path,
     *,
     alpha_us: float,
@@ -280,7 +281,7 @@ def test_replay_of_an_exact_ddp_run_is_exact(tmp_path):
     """A DDP run whose backward = compute + exactly the modelled all-reduce of its one bucket
     (ready when backward ends): the replay must give its step time back, and a weak-scaling
     single-device run with that compute must project the same step at n = 2."""
-    comm = _fake_comm(tmp_path / "comm", alpha_us=50.0, bus_gbps=2.0)
+    comm = fake_comm(tmp_path / "comm", alpha_us=50.0, bus_gbps=2.0)
     bucket = 3_000_000
     ar_s = collective_time_us(
         {"collective": "all_reduce", "alpha_us": 50, "bus_gbps": 2}, bucket, 2
@@ -288,8 +289,8 @@ def test_replay_of_an_exact_ddp_run_is_exact(tmp_path):
     ar_s /= 1e6
     compute = {"data": 0.001, "forward": 0.004, "backward": 0.008, "optimizer": 0.002}
     ddp_phases = dict(compute, backward=compute["backward"] + ar_s)
-    ddp = _fake_run(tmp_path / "ddp", mode="ddp", n=2, phases=ddp_phases, buckets=[bucket])
-    single = _fake_run(tmp_path / "single", mode="single", n=1, phases=compute, buckets=[bucket])
+    ddp = fake_run(tmp_path / "ddp", mode="ddp", n=2, phases=ddp_phases, buckets=[bucket])
+    single = fake_run(tmp_path / "single", mode="single", n=1, phases=compute, buckets=[bucket])
     # traced (profiled) steps run 1.5x slower: the exposed share of the step is what carries over
     traced = {
         "exposed_comm_us": 1.5 * ar_s * 1e6,
@@ -331,7 +332,7 @@ def test_project_real_ddp_run_prints_replay_error(ddp_mlp_run, comm_run, tmp_pat
     assert result["assumptions"]
 
 
-def _error_line(argv: list[str], capsys) -> str:
+def error_line(argv: list[str], capsys) -> str:
     assert analysis_main(argv) == 2
     err = capsys.readouterr().err
     lines = [ln for ln in err.splitlines() if ln.strip()]

@@ -1,4 +1,5 @@
-"""test_project, continued (split for length): comm runs, bench-comm and the report's projection."""
+"""The projection on real runs: comm runs beside training runs, bench-comm's gap sweep and
+collectives, threads and batch inputs, damaged fields, and the report's projection section."""
 
 from __future__ import annotations
 
@@ -16,38 +17,38 @@ from analysis.runs.compare import compare_runs
 from tests.conftest import read_run
 from tests.test_project import (  # noqa: F401
     COLLECTIVES,
-    _bench,
-    _error_line,
-    _fake_comm,
-    _fake_run,
+    error_line,
+    fake_comm,
+    fake_run,
+    run_bench_comm,
 )
 from tests.test_project import test_bench_comm_bad_input_is_one_line as _bench_comm_bad_input
 
 
 def test_project_bad_input_is_one_line(tmp_path, comm_run, single_mlp_run, capsys):
-    nccl = _fake_comm(tmp_path / "nccl", alpha_us=5, bus_gbps=50, backend="nccl")
+    nccl = fake_comm(tmp_path / "nccl", alpha_us=5, bus_gbps=50, backend="nccl")
     run = ["project", str(single_mlp_run), "--comm"]
-    line = _error_line([*run, str(nccl), "--backend", "gloo"], capsys)
+    line = error_line([*run, str(nccl), "--backend", "gloo"], capsys)
     assert "benchmarks nccl, not the gloo asked for" in line
-    assert "must be >= 1" in _error_line([*run, str(comm_run), "--ranks", "2,0"], capsys)
-    line = _error_line(["project", str(comm_run), "--comm", str(comm_run)], capsys)
+    assert "must be >= 1" in error_line([*run, str(comm_run), "--ranks", "2,0"], capsys)
+    line = error_line(["project", str(comm_run), "--comm", str(comm_run)], capsys)
     assert "not a training run" in line
     warm = tmp_path / "warm"
     shutil.copytree(single_mlp_run, warm, ignore=shutil.ignore_patterns("traces"))
     steps = pd.read_csv(warm / "steps.csv").assign(warmup=1)
     steps.to_csv(warm / "steps.csv", index=False)
-    line = _error_line(["project", str(warm), "--comm", str(comm_run)], capsys)
+    line = error_line(["project", str(warm), "--comm", str(comm_run)], capsys)
     assert "has no measured step" in line
-    one = _fake_comm(tmp_path / "one-rank", alpha_us=5, bus_gbps=50)
+    one = fake_comm(tmp_path / "one-rank", alpha_us=5, bus_gbps=50)
     rec = json.loads((one / "run.json").read_text())
     (one / "run.json").write_text(
         json.dumps({**rec, "config": {"backend": "gloo", "world_size": 1}})
     )
     # run.json and comm.csv must agree on the world size (the reader checks it)
-    assert "but run.json config.world_size is 1" in _error_line([*run, str(one)], capsys)
+    assert "but run.json config.world_size is 1" in error_line([*run, str(one)], capsys)
     pd.read_csv(one / "comm.csv").assign(world_size=1).to_csv(one / "comm.csv", index=False)
-    assert "nothing was transferred" in _error_line([*run, str(one)], capsys)
-    line = _error_line([*run, str(comm_run), "--inter-node", "fast"], capsys)
+    assert "nothing was transferred" in error_line([*run, str(one)], capsys)
+    line = error_line([*run, str(comm_run), "--inter-node", "fast"], capsys)
     assert "--inter-node" in line
 
 
@@ -76,7 +77,7 @@ def test_threads_reach_torch_and_train_argv():
     from workloads.config import TrainConfig, to_argv
     from workloads.plan import Environment, plan
     from workloads.train.context import RunContext
-    from workloads.train.loop import _set_threads, build_parser
+    from workloads.train.loop import build_parser, set_threads
 
     before = torch.get_num_threads()
     cpu = torch.device("cpu")
@@ -86,7 +87,7 @@ def test_threads_reach_torch_and_train_argv():
         device=cpu, devices=(cpu,), plan=one,
     )  # fmt: skip
     try:
-        assert _set_threads(ctx) == 1 == torch.get_num_threads()
+        assert set_threads(ctx) == 1 == torch.get_num_threads()
     finally:
         torch.set_num_threads(before)
     ns = build_parser().parse_args(to_argv(TrainConfig(threads=3)))  # launcher -> every rank
@@ -109,13 +110,13 @@ def test_a_damaged_comm_run_is_one_skipped_line(tmp_path, comm_run, single_mlp_r
 
 
 def test_strong_scaling_is_linear_in_batch_unless_a_run_at_that_batch_is_given(tmp_path):
-    comm = _fake_comm(tmp_path / "comm", alpha_us=50.0, bus_gbps=2.0)
+    comm = fake_comm(tmp_path / "comm", alpha_us=50.0, bus_gbps=2.0)
     phases = {"data": 0.002, "forward": 0.008, "backward": 0.016, "optimizer": 0.004}
-    big = _fake_run(
+    big = fake_run(
         tmp_path / "b64", mode="single", n=1, phases=phases, buckets=[1000], per_device_batch=64
     )
     half = {"data": 0.0015, "forward": 0.005, "backward": 0.011, "optimizer": 0.004}
-    small = _fake_run(
+    small = fake_run(
         tmp_path / "b32", mode="single", n=1, phases=half, buckets=[1000], per_device_batch=32
     )
     linear = project(big, comm, [2], scaling="strong")["predictions"][0]
@@ -141,7 +142,9 @@ def test_bench_comm_gap_sweep_and_collectives_reach_the_run(tmp_path):
     args = "--backend gloo --nproc 2 --iters 4 --warmup 1 --run-id g --collectives all_reduce"
     t0 = time.perf_counter()
     sweep = ["--gaps-ms", "40 0", "--gap-iters", "2"]
-    proc = _bench([*args.split(), "--sizes", "64 4096", *sweep, "--runs-dir", str(tmp_path)])
+    proc = run_bench_comm(
+        [*args.split(), "--sizes", "64 4096", *sweep, "--runs-dir", str(tmp_path)]
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert time.perf_counter() - t0 > 2 * 3 * 0.040
     rec = read_run(tmp_path / "g")
@@ -184,14 +187,14 @@ def test_mean_times_and_buffer_broadcasts_by_hand(tmp_path):
     two buffer dtypes (DDP broadcasts each at every forward). The projected step at n = 2 is the
     compute + the all-reduce at the *mean* times (one bucket, ready when backward ends) + the two
     broadcasts at the mean times; at n = 1 there is no communication."""
-    comm = _fake_comm(
+    comm = fake_comm(
         tmp_path / "comm", alpha_us=50.0, bus_gbps=2.0, mean_factor=1.5,
         collectives=("all_reduce", "broadcast"), config={"devices": ["cpu", "cpu"]},
     )  # fmt: skip
     phases = {"data": 0.001, "forward": 0.004, "backward": 0.008, "optimizer": 0.002}
     # sizes the comm run measured: the mean curve passes through them exactly
     bucket, groups = 1 << 20, {"float32": 65536, "int64": 1024}
-    run = _fake_run(
+    run = fake_run(
         tmp_path / "single", mode="single", n=1, phases=phases, buckets=[bucket],
         metrics={"buffer_bytes_by_dtype": groups},
     )  # fmt: skip
@@ -208,7 +211,7 @@ def test_mean_times_and_buffer_broadcasts_by_hand(tmp_path):
     assert out["inputs"]["comm_time_statistic"] == "mean"
     assert out["inputs"]["buffer_broadcasts_bytes"] == [65536, 1024]
     assert not [w for w in out["warnings"] if "COMM_GAP_MS" in w]  # one comm run serves all
-    no_bcast = _fake_comm(tmp_path / "ar-only", alpha_us=50.0, bus_gbps=2.0)
+    no_bcast = fake_comm(tmp_path / "ar-only", alpha_us=50.0, bus_gbps=2.0)
     out = project(run, no_bcast, [2])
     assert out["predictions"][0]["buffer_broadcast_s"] == 0
     assert out["inputs"]["comm_time_statistic"] == "median"
@@ -216,12 +219,12 @@ def test_mean_times_and_buffer_broadcasts_by_hand(tmp_path):
 
 
 def test_the_trainer_records_buffer_bytes_by_dtype(single_mlp_run):
-    from profiler.modelinfo import _buffer_bytes_by_dtype
+    from profiler.modelinfo import buffer_bytes_by_dtype
     from workloads.train.models import build_model
 
     assert read_run(single_mlp_run)["metrics"]["buffer_bytes_by_dtype"] == {}  # no buffers
     cnn = build_model("smallcnn", num_classes=10)  # three BatchNorms: 32 + 64 + 128 channels
-    assert _buffer_bytes_by_dtype(cnn) == {"float32": 2 * 224 * 4, "int64": 3 * 8}
+    assert buffer_bytes_by_dtype(cnn) == {"float32": 2 * 224 * 4, "int64": 3 * 8}
 
 
 # (which run, field, damaged value, the field the line names): each a typed field since issue 25
@@ -246,7 +249,7 @@ def test_damaged_new_fields_are_one_invalid_line(tmp_path, capsys, which, field,
     `analysis project` refuses with one line naming the file and the field (never a traceback
     or a silently different projection); the clean pair still projects."""
     config = {"devices": ["cpu", "cpu"], "gap_ms": value if field == "gap_ms" else {}}
-    comm = _fake_comm(
+    comm = fake_comm(
         tmp_path / "comm", alpha_us=50.0, bus_gbps=2.0, collectives=("all_reduce", "broadcast"),
         config=config,
     )  # fmt: skip
@@ -256,13 +259,13 @@ def test_damaged_new_fields_are_one_invalid_line(tmp_path, capsys, which, field,
         (comm / "run.json").write_text(json.dumps(rec))
     phases = {"data": 0.001, "forward": 0.004, "backward": 0.008, "optimizer": 0.002}
     metrics = {field: value} if which == "run" else {}
-    run = _fake_run(
+    run = fake_run(
         tmp_path / "s", mode="single", n=1, phases=phases, buckets=[1 << 20], metrics=metrics
     )
-    line = _error_line(["project", str(run), "--comm", str(comm)], capsys)
+    line = error_line(["project", str(run), "--comm", str(comm)], capsys)
     assert named in line and "run.json" in line and "Traceback" not in line
-    clean = _fake_run(tmp_path / "c", mode="single", n=1, phases=phases, buckets=[1 << 20])
-    good = _fake_comm(tmp_path / "good", alpha_us=50.0, bus_gbps=2.0)
+    clean = fake_run(tmp_path / "c", mode="single", n=1, phases=phases, buckets=[1 << 20])
+    good = fake_comm(tmp_path / "good", alpha_us=50.0, bus_gbps=2.0)
     assert project(clean, good, [2])["predictions"][0]["buffer_broadcast_s"] == 0
 
 
@@ -271,13 +274,13 @@ def test_idle_penalty_is_paid_once_per_call_whatever_n(tmp_path):
     means after the gap are 1.5 × that. At the benchmark's n = 2 the projected call is the mean
     after the gap; at n = 4 it is t(s, 4) + the idle penalty 0.5·t(s, 2), not 1.5·t(s, 4): the
     penalty is once per call, the ring steps come from the back-to-back times."""
-    comm = _fake_comm(
+    comm = fake_comm(
         tmp_path / "comm", alpha_us=50.0, bus_gbps=2.0, mean_factor=1.5, back_to_back=1.0,
         config={"devices": ["cpu", "cpu"], "gap_ms": {"all_reduce": 15.0}},
     )  # fmt: skip
     phases = {"data": 0.001, "forward": 0.004, "backward": 0.008, "optimizer": 0.002}
     bucket = 1 << 20
-    run = _fake_run(tmp_path / "s", mode="single", n=1, phases=phases, buckets=[bucket])
+    run = fake_run(tmp_path / "s", mode="single", n=1, phases=phases, buckets=[bucket])
     out = project(run, comm, [2, 4])
     ar = {"collective": "all_reduce", "alpha_us": 50.0, "bus_gbps": 2.0}
     t2, t4 = (collective_time_us(ar, bucket, n) / 1e6 for n in (2, 4))

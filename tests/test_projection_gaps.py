@@ -10,9 +10,9 @@ import pytest
 
 from analysis.project.comm import collective_time_us, idle_penalty_us, idle_table
 from analysis.project.projection import project
-from tests.test_project import _fake_comm, _fake_run
+from tests.test_project import fake_comm, fake_run
 
-PHASES = {"data": 0.001, "forward": 0.004, "backward": 0.008, "optimizer": 0.002}
+PHASE_TIMES_S = {"data": 0.001, "forward": 0.004, "backward": 0.008, "optimizer": 0.002}
 AR = {"collective": "all_reduce", "alpha_us": 50.0, "bus_gbps": 2.0}
 # idle penalty (µs) the sweep measured: rows gap 0, 2, 10 ms; columns 64 KiB, 1 MiB
 GAPS_MS, SIZES = (0.0, 2.0, 10.0), (65536, 1 << 20)
@@ -59,10 +59,10 @@ def test_every_bucket_pays_the_penalty_at_its_own_gap(tmp_path):
     previous step's last bucket (data + forward + optimizer = 7 ms) plus its ready time; the
     second starts when it is ready, after the first; the third after backward ends."""
     comm = _with_metrics(
-        _fake_comm(tmp_path / "comm", alpha_us=50.0, bus_gbps=2.0), idle_penalty=_sweep_rows()
+        fake_comm(tmp_path / "comm", alpha_us=50.0, bus_gbps=2.0), idle_penalty=_sweep_rows()
     )
     buckets = [65536, 65536, 262144]
-    run = _fake_run(tmp_path / "s", mode="single", n=1, phases=PHASES, buckets=buckets)
+    run = fake_run(tmp_path / "s", mode="single", n=1, phases=PHASE_TIMES_S, buckets=buckets)
     out = project(run, comm, [2, 4])
     two, four = out["predictions"]
     ms = 1e-3
@@ -98,10 +98,10 @@ def test_buffer_broadcast_pays_at_the_gap_since_the_last_bucket(tmp_path):
     """A model with buffers: its broadcast opens forward, so the first bucket's gap is forward
     (4 ms) + its ready time, and the broadcast's is data + optimizer (3 ms) after the bucket."""
     rows = _sweep_rows() + [dict(r, collective="broadcast") for r in _sweep_rows()]
-    comm = _fake_comm(tmp_path / "comm", alpha_us=50.0, bus_gbps=2.0,
+    comm = fake_comm(tmp_path / "comm", alpha_us=50.0, bus_gbps=2.0,
                       collectives=("all_reduce", "broadcast"))  # fmt: skip
     _with_metrics(comm, idle_penalty=rows)
-    run = _fake_run(tmp_path / "s", mode="single", n=1, phases=PHASES, buckets=[65536],
+    run = fake_run(tmp_path / "s", mode="single", n=1, phases=PHASE_TIMES_S, buckets=[65536],
                     metrics={"buffer_bytes_by_dtype": {"float32": 65536}})  # fmt: skip
     two = project(run, comm, [2])["predictions"][0]
     assert two["bucket_gaps_ms"] == pytest.approx([4 + 8])  # forward, then the whole backward
@@ -116,10 +116,10 @@ def test_host_contention_is_applied_per_node(tmp_path):
     8 flat at the largest measured count; a 2-rank DDP run already carries it (ratio 1)."""
     host = {"device": "cpu", "ranks": [1, 2], "slowdown": [1.0, 1.25], "kernel": "k"}
     comm = _with_metrics(
-        _fake_comm(tmp_path / "comm", alpha_us=50.0, bus_gbps=2.0), host_contention=host
+        fake_comm(tmp_path / "comm", alpha_us=50.0, bus_gbps=2.0), host_contention=host
     )
-    single = _fake_run(tmp_path / "s", mode="single", n=1, phases=PHASES, buckets=[65536])
-    compute = sum(PHASES.values())
+    single = fake_run(tmp_path / "s", mode="single", n=1, phases=PHASE_TIMES_S, buckets=[65536])
+    compute = sum(PHASE_TIMES_S.values())
     out = project(single, comm, [1, 2, 4], gpus_per_node=2)
     one, two, four = out["predictions"]
     assert one["compute_s"] == pytest.approx(compute) and one["contention_factor"] == 1.0
@@ -129,7 +129,7 @@ def test_host_contention_is_applied_per_node(tmp_path):
     wide = project(single, comm, [4], gpus_per_node=8)
     assert wide["predictions"][0]["contention_factor"] == pytest.approx(1.25)
     assert any("flat past the measured counts" in a for a in wide["assumptions"])
-    ddp = _fake_run(tmp_path / "d", mode="ddp", n=2, phases=PHASES, buckets=[65536])
+    ddp = fake_run(tmp_path / "d", mode="ddp", n=2, phases=PHASE_TIMES_S, buckets=[65536])
     replay = project(ddp, comm, [4], gpus_per_node=2, traces=False)
     assert replay["predictions"][0]["contention_factor"] == 1.0
     host3 = dict(host, ranks=[1, 2, 3], slowdown=[1.0, 1.25, 1.6])
@@ -141,20 +141,20 @@ def test_host_contention_is_applied_per_node(tmp_path):
 def test_gpu_comm_run_means_a_contention_factor_of_one(tmp_path):
     note = {"device": "cuda", "ranks": [], "slowdown": [], "note": "GPU: not measured, factor 1"}
     comm = _with_metrics(
-        _fake_comm(tmp_path / "comm", alpha_us=50.0, bus_gbps=2.0), host_contention=note
+        fake_comm(tmp_path / "comm", alpha_us=50.0, bus_gbps=2.0), host_contention=note
     )
-    single = _fake_run(tmp_path / "s", mode="single", n=1, phases=PHASES, buckets=[65536])
+    single = fake_run(tmp_path / "s", mode="single", n=1, phases=PHASE_TIMES_S, buckets=[65536])
     out = project(single, comm, [2])
     assert out["predictions"][0]["contention_factor"] == 1.0
     assert "GPU: not measured, factor 1" in out["assumptions"]
 
 
 def test_a_comm_run_measured_on_a_busy_host_is_warned_about(tmp_path):
-    comm = _fake_comm(tmp_path / "comm", alpha_us=50.0, bus_gbps=2.0)
+    comm = fake_comm(tmp_path / "comm", alpha_us=50.0, bus_gbps=2.0)
     rec = json.loads((comm / "run.json").read_text())
     rec["env"] = {"host_load": {"other_cpu_cores_mean": 1.6, "cores": 2}}
     (comm / "run.json").write_text(json.dumps(rec))
-    single = _fake_run(tmp_path / "s", mode="single", n=1, phases=PHASES, buckets=[65536])
+    single = fake_run(tmp_path / "s", mode="single", n=1, phases=PHASE_TIMES_S, buckets=[65536])
     (w,) = [w for w in project(single, comm, [2])["warnings"] if "comm run was measured" in w]
     assert "1.6 of 2 cores" in w
     rec["env"]["host_load"]["other_cpu_cores_mean"] = 1.0  # exactly half: not busy

@@ -10,7 +10,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import pytest  # noqa: E402
 
-from analysis.report.axes import MAX_TICKS, Thousands, _crowded, declutter, tidy, time_unit  # noqa: E402
+from analysis.report.axes import MAX_TICKS, Thousands, declutter, labels_overlap, tidy, time_unit  # noqa: E402
 
 
 @pytest.mark.parametrize(
@@ -60,7 +60,9 @@ def test_declutter_thins_crowded_labels():
     ax.set_xlim(0, 12_345_678)
     tidy(ax)
     fig.canvas.draw()
-    assert _crowded(ax.xaxis, fig.canvas.get_renderer())  # 8 labels of 10 characters on 1.6 in
+    assert labels_overlap(
+        ax.xaxis, fig.canvas.get_renderer()
+    )  # 8 labels of 10 characters on 1.6 in
     declutter(fig)
-    assert not _crowded(ax.xaxis, fig.canvas.get_renderer())
+    assert not labels_overlap(ax.xaxis, fig.canvas.get_renderer())
     plt.close(fig)

@@ -5,7 +5,7 @@ real runs is in test_report.py."""
 from __future__ import annotations
 
 from analysis.report.findings import THRESHOLDS, findings
-from analysis.runs.entry import _memory
+from analysis.runs.entry import memory_peaks
 
 GIB = 2**30
 
@@ -41,7 +41,9 @@ def dp_run(alloc0, alloc1):
         "model": "resnet18",
         "exposed_comm_pct": None,
         "memory": memory,
-        **_memory(memory),  # memory_metric and the imbalance numbers, as compare_runs writes them
+        **memory_peaks(
+            memory
+        ),  # memory_metric and the imbalance numbers, as compare_runs writes them
     }
 
 

@@ -1,4 +1,5 @@
-"""test_report, continued (split for length): report sections."""
+"""The report's sections and outputs: summary.json and CSVs, findings, links, untrusted strings,
+failed and corrupt runs, bad input, and the operator tables."""
 
 from __future__ import annotations
 
@@ -188,7 +189,7 @@ def test_bad_input_is_one_line_without_traceback(single_mlp_run, tmp_path, capsy
 def test_speedup_series_never_pool_two_models():
     """Throughput/speedup lines average over seeds only: runs of another model (or dataset,
     scaling, OS) in the same report get their own series."""
-    from analysis.report.build import _runs_frame
+    from analysis.report.build import runs_frame
 
     def run(rid, model, sps):
         return {
@@ -206,9 +207,9 @@ def test_speedup_series_never_pool_two_models():
         }
 
     two = [run("a", "mlp", 2500.0), run("b", "smallcnn", 1060.0)]
-    df = _runs_frame({"runs": two}, {"a": "A", "b": "B"})
+    df = runs_frame({"runs": two}, {"a": "A", "b": "B"})
     assert sorted(df["series"]) == ["ddp (gloo) · mlp", "ddp (gloo) · smallcnn"]
-    one = _runs_frame(
+    one = runs_frame(
         {"runs": [run("a", "mlp", 2500.0), run("c", "mlp", 2400.0)]}, {"a": "A", "c": "C"}
     )
     assert set(one["series"]) == {"ddp (gloo)"}

@@ -1,5 +1,5 @@
-"""The run-folder contract (profiler/runfolder.py): its writers against the typed reader
-(profiler/records.py), the steps.csv columns against StepRow, and the one "measured unprofiled
+"""The run-folder contract (profiler/runfolder/layout.py): its writers against the typed reader
+(profiler/runfolder/records.py), the steps.csv columns against StepRow, and the one "measured unprofiled
 steps" rule with its one fallback and warning, as the trainer, the run entry and the projection
 apply it. Real run folders are checked too: tests.conftest.read_run decodes every run.json a test
 reads (training, skipped, failed, restarted and comm runs) with the typed reader."""
@@ -14,29 +14,23 @@ import pandas as pd
 import pytest
 
 from analysis.project.inputs import measured_steps
-from analysis.runs.entry import _phases
-from profiler.records import (
-    REQUIRED_STEP_COLUMNS,
-    Config,
-    InvalidRecord,
-    StepRow,
-    read_comm_record,
-    read_record,
-)
-from profiler.runfolder import (
+from analysis.runs.entry import phases_summary
+from profiler.runfolder.layout import (
     NO_UNPROFILED_STEP_WARNING,
-    RUN_FOLDER_SCHEMA_VERSION,
     STEPS_COLUMNS,
     throughput_steps,
     write_run_json,
     write_steps_csv,
 )
-from profiler.steps import read_steps
+from profiler.runfolder.records import InvalidRecord, read_comm_record, read_record
+from profiler.runfolder.schema import REQUIRED_STEP_COLUMNS, Config, StepRow
+from profiler.runfolder.stepmetrics import step_metrics, throughput_rows
+from profiler.runfolder.steps import read_steps
+from profiler.runfolder.versions import RUN_JSON_SCHEMA_VERSION
 from tests.conftest import REPO
 from workloads.config import TrainConfig
 from workloads.plan import Environment, plan
 from workloads.record import run_record
-from workloads.train.summary import step_metrics, throughput_rows
 
 CPU = Environment(system="Linux", cuda=False, gpus=0, nccl=False, cpu_cores=4, torch_threads=4)
 
@@ -94,7 +88,7 @@ def test_trainer_run_entry_and_projection_measure_the_same_steps(profiled, steps
     metrics = step_metrics(rows)
     expected_mean = frame[frame["step"].isin(steps)]["step_time_s"].mean()
     assert metrics["step_time_s"]["mean"] == pytest.approx(expected_mean)
-    overall, per_rank, w_entry = _phases(frame)
+    overall, per_rank, w_entry = phases_summary(frame)
     assert overall["forward"] == pytest.approx(0.3 * expected_mean)
     assert [r["step_time"] for r in per_rank] == pytest.approx([expected_mean] * 2)
     body, w_project = measured_steps(frame, Config(mode="single", world_size=1))
@@ -141,47 +135,34 @@ def test_launcher_records_pass_the_typed_reader(tmp_path: Path, mode: str):
     path = write_run_json(tmp_path / cfg.run_id, record)
     rec, raw = read_record(path)
     assert raw == record and rec.status == status == ("skipped" if mode == "dp" else "running")
-    assert (
-        rec.schema_version == RUN_FOLDER_SCHEMA_VERSION and rec.created_at == record["created_at"]
-    )
+    assert rec.schema_version == RUN_JSON_SCHEMA_VERSION and rec.created_at == record["created_at"]
 
 
 @pytest.mark.integration
 def test_a_record_breaking_the_contract_is_one_line(tmp_path: Path):
     cfg = TrainConfig(mode="single", model="mlp", device="cpu", run_id="bad")
     record = run_record(cfg, plan(cfg, CPU), status="running", threads_per_rank=1)
-    path = write_run_json(tmp_path, {**record, "schema_version": RUN_FOLDER_SCHEMA_VERSION + 1})
+    path = write_run_json(tmp_path, {**record, "schema_version": RUN_JSON_SCHEMA_VERSION + 1})
     with pytest.raises(InvalidRecord, match="schema_version"):
         read_record(path)
 
 
 def test_real_comm_and_training_records_pass_their_readers(single_mlp_run: Path):
     rec, _ = read_record(single_mlp_run / "run.json")
-    assert rec.status == "ok" and rec.schema_version == RUN_FOLDER_SCHEMA_VERSION
+    assert rec.status == "ok" and rec.schema_version == RUN_JSON_SCHEMA_VERSION
     with pytest.raises(InvalidRecord, match="kind"):  # a training run is not a comm run
         read_comm_record(single_mlp_run / "run.json")
 
 
 def test_every_run_json_write_goes_through_the_contract():
     """The training half and the projection never name run.json themselves: writes go through
-    write_run_json, reads through profiler.records (bench/ rewrites copies of real runs on
+    write_run_json, reads through profiler.runfolder.records (bench/ rewrites copies of real runs on
     purpose; analysis/runs reads through the same records)."""
     offenders = []
     for path in [*REPO.glob("workloads/**/*.py"), *REPO.glob("analysis/project/*.py")]:
         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
             if isinstance(node, ast.Constant) and node.value == "run.json":
                 offenders.append(f"{path.relative_to(REPO)}:{node.lineno}")
-    assert offenders == [], "use profiler.runfolder.RUN_JSON / write_run_json / profiler.records"
-
-
-def test_the_contract_modules_are_torch_free():
-    """Both halves import them: no torch, no workloads, no analysis (top-level or in functions)."""
-    for name in ("runfolder", "records", "commfit", "atomic"):
-        tree = ast.parse((REPO / "profiler" / f"{name}.py").read_text(encoding="utf-8"))
-        imported = set()
-        for n in ast.walk(tree):
-            if isinstance(n, ast.Import):
-                imported |= {a.name.split(".")[0] for a in n.names}
-            elif isinstance(n, ast.ImportFrom) and n.module:
-                imported.add(n.module.split(".")[0])
-        assert not imported & {"torch", "workloads", "analysis"}, (name, imported)
+    assert offenders == [], (
+        "use profiler.runfolder.layout.RUN_JSON / write_run_json / profiler.runfolder.records"
+    )

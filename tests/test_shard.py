@@ -10,10 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from analysis.errors import AnalysisError
 from analysis.trace.folder import analyze_trace_dir
 from analysis.trace.shard import analyze_shard, merge_parts, parse_shard
 from bench.analysis import build_trace_set
+from profiler.runfolder.errors import InputError
 from tests.conftest import DATA, REPO
 
 TRACE_FILTER = DATA / "hta" / "trace_filter"
@@ -84,7 +84,7 @@ def test_merge_keeps_skipped_files_of_every_shard(tmp_path):
 @pytest.mark.integration
 def test_bad_shard_is_one_line():
     for shard in ("3/3", "1-3", "x/2", "0/0", "-1/2", ""):
-        with pytest.raises(AnalysisError, match="^--shard: .* is not K/N"):
+        with pytest.raises(InputError, match="^--shard: .* is not K/N"):
             parse_shard(shard)
     for shard in ("3/3", "-1/2"):
         proc = cli("traces", str(TRACE_FILTER), f"--shard={shard}", "--json", "/nonexistent/p")
@@ -122,7 +122,7 @@ def test_mismatched_parts_are_refused_naming_the_files(tmp_path):
         "broken rank summary": [pa[0], cut],
     }
     for what, paths in cases.items():
-        with pytest.raises(AnalysisError) as err:
+        with pytest.raises(InputError) as err:
             merge_parts(paths)
         assert what in str(err.value) and "\n" not in str(err.value)
         assert str(paths[-1]) in str(err.value) or str(paths[0]) in str(err.value)

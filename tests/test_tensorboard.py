@@ -1,6 +1,6 @@
 """The real TensorBoard + torch-tb-profiler over run folders made by the real launcher.
 
-Starts `python -m profiler.tensorboard` (what `make tensorboard` runs) on a free loopback port
+Starts `python -m workloads.tools.tensorboard` (what `make tensorboard` runs) on a free loopback port
 and checks, over HTTP, that each run folder is one run with its ranks as workers and that the
 plugin's Distributed view answers. The process group we start is always stopped.
 """
@@ -22,8 +22,8 @@ from pathlib import Path
 
 import pytest
 
-from profiler import tensorboard as tb
 from tests.conftest import REPO, free_port, run_in_repo
+from workloads.tools import tensorboard as tb
 
 PLUGIN = "/data/plugin/pytorch_profiler"
 
@@ -64,7 +64,7 @@ def tensorboard_server(tmp_path: Path, ddp_mlp_run: Path, single_mlp_run: Path):
             [
                 sys.executable,
                 "-m",
-                "profiler.tensorboard",
+                "workloads.tools.tensorboard",
                 "--logdir",
                 str(logdir),
                 "--port",
@@ -140,7 +140,15 @@ def test_tensorboard_serves_runs_workers_and_distributed_view(tensorboard_server
 def test_cli_rejects_folder_without_traces(tmp_path: Path):
     (tmp_path / "empty-run").mkdir()
     proc = run_in_repo(
-        [sys.executable, "-m", "profiler.tensorboard", "--logdir", str(tmp_path), "--port", "0"]
+        [
+            sys.executable,
+            "-m",
+            "workloads.tools.tensorboard",
+            "--logdir",
+            str(tmp_path),
+            "--port",
+            "0",
+        ]
     )
     assert proc.returncode == 2
     lines = proc.stderr.strip().splitlines()
@@ -160,3 +168,16 @@ def test_port_checks_and_loopback_command(tmp_path: Path):
     cmd = tb.build_command(tmp_path, 6006)
     assert cmd[cmd.index("--host") + 1] == "127.0.0.1"
     assert cmd[:3] == [sys.executable, "-m", "tensorboard.main"]
+
+
+def test_the_runs_folder_is_a_positional_like_report_and_runs(tmp_path, capsys):
+    """`dpscope tensorboard RUNS` (the shape of `dpscope report RUNS`); --logdir names the same."""
+    missing = tmp_path / "nowhere"
+    assert tb.main([str(missing)], prog="dpscope tensorboard") == 2
+    assert f"{missing}: no such folder" in capsys.readouterr().err
+    assert tb.main(["--logdir", str(missing)], prog="dpscope tensorboard") == 2
+    assert f"{missing}: no such folder" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exit_:
+        tb.main([str(tmp_path), "--logdir", str(missing)], prog="dpscope tensorboard")
+    assert exit_.value.code == 2
+    assert "two runs folders given" in capsys.readouterr().err

@@ -100,7 +100,7 @@ def test_a_split_part_beyond_the_whole_loss_is_an_unstable_split_caveat(
 
 def test_a_one_rank_ddp_group_is_not_called_superlinear(single_mlp_run, ddp_mlp_run, tmp_path):
     """The demo's 1-rank DDP run measures DDP's own cost: a ratio over 1.10 is noise, not scaling."""
-    from analysis.report.findings import _scaling
+    from analysis.report.findings import scaling_findings
 
     _copy_with(single_mlp_run, tmp_path / "runs" / "single", None)
     _copy_with(ddp_mlp_run, tmp_path / "runs" / "ddp", None)
@@ -110,9 +110,9 @@ def test_a_one_rank_ddp_group_is_not_called_superlinear(single_mlp_run, ddp_mlp_
     g.update(speedup_mean=2.6, scaling_efficiency_mean=1.3)  # 2 ranks, superlinear
     (v,) = verdict(data)
     assert any(c.startswith("superlinear") for c in v["caveats"])
-    assert "above linear" in _scaling(g, runs, ()).text
+    assert "above linear" in scaling_findings(g, runs, ()).text
     g.update(world_size=1, speedup_mean=1.3)  # the same ratio at 1 rank
     (v,) = verdict(data)
     assert not any(c.startswith("superlinear") for c in v["caveats"])
-    text = _scaling(g, runs, ()).text
+    text = scaling_findings(g, runs, ()).text
     assert "on 1 rank reached 1.30×" in text and "DDP's own cost" in text

@@ -14,6 +14,7 @@ import threading
 import pytest
 import torch
 
+from profiler.runfolder.stepmetrics import step_metrics
 from tests.conftest import launch, read_run
 from workloads.config import TrainConfig, to_argv
 from workloads.plan import Environment, batch_split, plan
@@ -22,7 +23,7 @@ from workloads.train.checkpoint import load_checkpoint
 from workloads.train.context import AutocastForward, unwrap_model
 from workloads.train.data import GlobalBatchSampler
 from workloads.train.loop import build_parser
-from workloads.train.summary import best_epoch, step_metrics
+from workloads.train.losses import best_epoch
 
 # The field lists of docs/reference/run-folder.md.
 RUN_KEYS = set(

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-from profiler.errors import OneLineParser  # re-exported: the launcher and train use it
+from profiler.runfolder.errors import OneLineParser  # re-exported: the launcher and train use it,
 from profiler.session import ProfileConfig
 from workloads.spec import (
     BUILTIN_DATASETS,

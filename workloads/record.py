@@ -3,15 +3,16 @@ the training starts (`running`, or `skipped` with the reason) and rank 0 writes 
 
 Kept apart from the configuration (workloads.config) and the plan (workloads.plan), which it
 joins: both are inputs of the record, neither needs it. The file itself is written through the
-run-folder contract (profiler.runfolder.write_run_json), like every other run.json writer.
+run-folder contract (profiler.runfolder.layout.write_run_json), like every other run.json writer.
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from profiler.record import collect_env
-from profiler.runfolder import RUN_FOLDER_SCHEMA_VERSION, utc_now
+from profiler.environment import collect_env
+from profiler.runfolder.layout import utc_now
+from profiler.runfolder.versions import RUN_JSON_SCHEMA_VERSION
 from profiler.session import ProfileConfig
 from workloads.config import TrainConfig
 from workloads.plan import Plan
@@ -39,7 +40,7 @@ def run_record(
     """The whole run.json object (docs/reference/run-folder.md), as the launcher and rank 0 write it."""
     now = utc_now()
     return {
-        "schema_version": RUN_FOLDER_SCHEMA_VERSION,
+        "schema_version": RUN_JSON_SCHEMA_VERSION,
         "run_id": cfg.run_id,
         "status": status,
         "error": error,

@@ -4,8 +4,8 @@ and JSON.
 `traces DIR --shard K/N --json PART` and `merge PART... --json OUT` split the traces analysis
 over many jobs (analysis/trace/shard.py).
 
-Bad input never shows a traceback: AnalysisError becomes one `<prog> <command>: error: ...` line
-on stderr and exit code 2 (profiler.errors.run_command); per-file problems are printed as one line each while the good files are still analysed.
+Bad input never shows a traceback: InputError becomes one `<prog> <command>: error: ...` line
+on stderr and exit code 2 (profiler.runfolder.errors.run_command); per-file problems are printed as one line each while the good files are still analysed.
 """
 
 from __future__ import annotations
@@ -28,21 +28,19 @@ from analysis.columns import (
     Column,
     fmt,
 )
-from analysis.errors import AnalysisError
 from analysis.jsonsafe import clip, finite_json
 from analysis.outputs import check_json_out
 from analysis.runs.compare import compare_runs, find_run_dirs
-from profiler.atomic import write_json_atomic
-from profiler.errors import OneLineParser, run_command
+from profiler.runfolder.atomic import write_json_atomic
+from profiler.runfolder.errors import InputError, OneLineParser, run_command
+from profiler.runfolder.layout import STEP_PHASES
 
 __all__ = ["main"]
-
-PHASES = ("data", "forward", "backward", "optimizer")
 
 
 def _write_json(result: dict, out: Path | None) -> None:
     """Write the JSON atomically (a reader never sees half a file); an unwritable OUT is one
-    AnalysisError line, never a traceback."""
+    InputError line, never a traceback."""
     if out is None:
         return
     # The results are already finite (finite_json); this keeps a later change from writing NaN.
@@ -50,7 +48,7 @@ def _write_json(result: dict, out: Path | None) -> None:
     try:
         write_json_atomic(out, result)
     except OSError as err:
-        raise AnalysisError(
+        raise InputError(
             out, f"cannot write the JSON ({err.strerror})", "pass a writable file path to --json"
         ) from None
 
@@ -91,7 +89,7 @@ def print_runs(result: dict) -> None:
     rows = [
         {
             **r,
-            "phases_ms": "/".join(fmt(r["phases_s"][p] * 1e3, ms) for p in PHASES)
+            "phases_ms": "/".join(fmt(r["phases_s"][p] * 1e3, ms) for p in STEP_PHASES)
             if r["phases_s"]
             else None,
         }
@@ -181,7 +179,7 @@ def _run(args: argparse.Namespace) -> int:
     if args.command == "runs" and not result["runs"] and not result.get("tunes"):
         # every folder was invalid: nothing usable
         where = ", ".join(map(str, args.runs_dirs))
-        raise AnalysisError(
+        raise InputError(
             where, "no run could be analysed", "fix or remove the invalid run folders listed"
         )
     return 0

@@ -6,8 +6,8 @@ import argparse
 from pathlib import Path
 
 from analysis.cli.table import say
-from analysis.errors import AnalysisError
 from analysis.project.projection import project
+from profiler.runfolder.errors import InputError
 
 __all__ = ["add_parser", "print_projection", "run"]
 
@@ -16,7 +16,7 @@ def _ranks(text: str) -> list[int]:
     try:
         return [int(t) for t in text.replace(" ", "").split(",") if t]
     except ValueError:
-        raise AnalysisError(
+        raise InputError(
             "--ranks", f"{text!r} is not a comma list of integers", "e.g. --ranks 2,4,8,64"
         ) from None
 

@@ -1,7 +1,7 @@
 """`dpscope report RUNS [RUNS ...] --out REPORT_DIR` (also `python -m analysis.report`).
 
 Bad input ends with one line naming the file or argument and what to do (exit code 2), never a
-traceback; tracebacks are left for bugs (profiler.errors.run_command). Ctrl-C is one line too
+traceback; tracebacks are left for bugs (profiler.runfolder.errors.run_command). Ctrl-C is one line too
 (exit code 130) and leaves the previous report whole (analysis/report/outfolder.py).
 """
 
@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from profiler.errors import OneLineParser, run_command
+from profiler.runfolder.errors import OneLineParser, run_command
 
 __all__ = ["build_parser", "main"]
 

@@ -8,12 +8,12 @@ import os
 from pathlib import Path
 
 from analysis.cli.table import say
-from analysis.errors import AnalysisError
 from analysis.outputs import check_json_out
 from analysis.trace.cache import cache_enabled
 from analysis.trace.executors import EXECUTORS, Executor
 from analysis.trace.folder import analyze_trace_dir, find_trace_files
 from analysis.trace.shard import merge_parts, parse_shard, part_json, reduce_shard
+from profiler.runfolder.errors import InputError
 
 __all__ = ["add_parsers", "check_outputs", "run_merge", "run_shard", "run_traces", "write_parquet"]
 
@@ -67,7 +67,7 @@ def add_parsers(sub: argparse._SubParsersAction) -> list[argparse.ArgumentParser
 
 def _executor(args: argparse.Namespace) -> Executor:
     if args.workers is not None and args.workers < 1:
-        raise AnalysisError("--workers", f"{args.workers} is not >= 1", "pass --workers 1 or more")
+        raise InputError("--workers", f"{args.workers} is not >= 1", "pass --workers 1 or more")
     return Executor(
         kind=args.executor,
         scheduler=args.scheduler,
@@ -89,13 +89,13 @@ def check_outputs(args: argparse.Namespace) -> None:
     out = getattr(args, "parquet", None)
     if out is not None:
         if getattr(args, "shard", None) is not None:
-            raise AnalysisError(
+            raise InputError(
                 "--parquet", "is for whole results, not parts", "merge the parts, then --parquet"
             )
         blocker = next((p for p in (out, *out.parents) if p.exists() and not p.is_dir()), None)
         if blocker is not None or str(out) in ("", "."):
             why = f"{blocker} is a file, not a folder" if blocker else "not a folder name"
-            raise AnalysisError(
+            raise InputError(
                 out, f"cannot write the Parquet tables ({why})", "pass a folder to --parquet"
             )
 
@@ -125,7 +125,7 @@ def run_shard(args: argparse.Namespace, progress: bool, write_json) -> int:
     no tables (a part is half-done)."""
     parse_shard(args.shard)  # a bad K/N is one line before any file is read
     if args.json is None:
-        raise AnalysisError(
+        raise InputError(
             "--shard", "needs --json PART to write the part to", "add --json part-K.json"
         )
     header, summaries = reduce_shard(
@@ -141,7 +141,7 @@ def run_shard(args: argparse.Namespace, progress: bool, write_json) -> int:
         try:
             write_parquet_part(header, summaries, args.json)
         except OSError as err:
-            raise AnalysisError(
+            raise InputError(
                 args.json, f"cannot write the part ({err.strerror})", "pass a writable path"
             ) from None
     else:

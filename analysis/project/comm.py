@@ -1,15 +1,15 @@
 """Collective benchmark results (`make bench-comm` run folders) and their latency–bandwidth model.
 
 A comm run folder holds `run.json` with `kind: "comm"` and `comm.csv` (one row per collective and
-message size; columns: profiler.runfolder.COMM_COLUMNS). The α–β model of one collective over n
+message size; columns: profiler.runfolder.layout.COMM_COLUMNS). The α–β model of one collective over n
 ranks (ring algorithms, as NCCL uses for large messages and as nccl-tests' bus bandwidth assumes):
 
     t(bytes, n) = steps(n) · α + bus_factor(n) · bytes / B
 
 with steps(n) = 2(n−1) for all_reduce and n−1 for the others, and bus_factor from
-`profiler.runfolder.bus_factor` (the factors the trace analysis uses). α (µs per step) and B
+`profiler.runfolder.layout.bus_factor` (the factors the trace analysis uses). α (µs per step) and B
 (bus bandwidth, GB/s with GB = 1e9 B) are fitted to the measured medians by least squares on the
-relative error (profiler.commfit, the fit the benchmark writes into run.json too), so 4 B and
+relative error (profiler.runfolder.commfit, the fit the benchmark writes into run.json too), so 4 B and
 16 MiB messages weigh alike; the fit error is the mean and max of |model − measured| ÷ measured
 over the sizes.
 """
@@ -22,12 +22,11 @@ import msgspec
 import numpy as np
 import pandas as pd
 
-from analysis.errors import AnalysisError
-from profiler.commcsv import read_comm_csv
-from profiler.commfit import fit_all, fit_alpha_beta
-from profiler.inputfile import safe_text
-from profiler.records import read_comm_record, record_kind
-from profiler.runfolder import COMM_COLUMNS, COMM_CSV, RUN_JSON, bus_factor, ring_steps
+from profiler.runfolder.commcsv import read_comm_csv
+from profiler.runfolder.commfit import fit_all, fit_alpha_beta
+from profiler.runfolder.errors import InputError, safe_text
+from profiler.runfolder.layout import COMM_COLUMNS, COMM_CSV, RUN_JSON, bus_factor, ring_steps
+from profiler.runfolder.records import read_comm_record, record_kind
 
 __all__ = [
     "COMM_COLUMNS",
@@ -176,12 +175,12 @@ def load_comm_run(run_dir: Path) -> dict:
     """{run_id, path, backend, world_size, status, rows (list of comm.csv dicts), models, skipped,
     means, gap_ms, host_contention, idle (idle_table)}.
 
-    Raises AnalysisError (one line) when the folder is not a finished comm run.
+    Raises InputError (one line) when the folder is not a finished comm run.
     """
     run_dir = Path(run_dir)
     run_json = run_dir / RUN_JSON
     if run_json.is_file() and record_kind(run_json) != "comm":
-        raise AnalysisError(run_json, "is not a comm run", "pass a `make bench-comm` run folder")
+        raise InputError(run_json, "is not a comm run", "pass a `make bench-comm` run folder")
     rec, raw = read_comm_record(run_json)  # one line (InputError) when missing or invalid
     # comm.csv through its typed reader: its rows must be at run.json's world size.
     rows = read_comm_csv(run_dir / COMM_CSV, world_size=rec.config.world_size)
@@ -201,7 +200,7 @@ def load_comm_run(run_dir: Path) -> dict:
         "means": _means([msgspec.structs.asdict(m) for m in metrics.time_us_mean], rows),
         "gap_ms": dict(rec.config.gap_ms or {}),
         "host_contention": host_contention(raw_metrics.get("host_contention")),
-        # env.host_load as a dict, the form profiler.hostload.is_busy and the runs JSON share
+        # env.host_load as a dict, the form profiler.runfolder.hostload.is_busy and the runs JSON share
         "host_load": msgspec.to_builtins(rec.env.host_load) if rec.env.host_load else None,
     }
     out["idle"] = idle_table(raw_metrics.get("idle_penalty"), out["gap_ms"], out["means"])

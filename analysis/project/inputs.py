@@ -9,24 +9,21 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from analysis.errors import AnalysisError
 from analysis.project.comm import is_comm_run
 from analysis.project.model import FIRST_BUCKET_BYTES, ProjectionInputs, ddp_buckets
 from analysis.trace.folder import analyze_trace_dir
-from profiler.inputfile import safe_text
-from profiler.records import Config, Metrics, ProfileConfig, RunRecord, read_record
-from profiler.runfolder import RUN_JSON, STEPS_CSV, throughput_steps
-from profiler.steps import read_steps_frame
+from profiler.runfolder.errors import InputError, safe_text
+from profiler.runfolder.layout import RUN_JSON, STEP_PHASES, STEPS_CSV, throughput_steps
+from profiler.runfolder.records import read_record
+from profiler.runfolder.schema import Config, Metrics, ProfileConfig, RunRecord
+from profiler.runfolder.steps import read_steps_frame
 
 __all__ = [
-    "PHASES",
     "ProjectionInputs",
     "load_training",
     "measured_steps",
     "unprofiled_steps",
 ]
-
-PHASES = ("data", "forward", "backward", "optimizer")
 
 
 def _profiled_from_schedule(steps: pd.Series, profile: ProfileConfig | None) -> pd.Series:
@@ -42,7 +39,7 @@ def _profiled_from_schedule(steps: pd.Series, profile: ProfileConfig | None) -> 
 
 def measured_steps(steps: pd.DataFrame, config: Config) -> tuple[pd.DataFrame, str | None]:
     """The steps the projection measures on and the warning of the rule's fallback: the
-    run-folder rule (profiler.runfolder.throughput_steps: non-warm-up steps the profiler did not
+    run-folder rule (profiler.runfolder.layout.throughput_steps: non-warm-up steps the profiler did not
     record, else every non-warm-up step, with its warning), applied to steps.csv `profiled` when
     present, else to the flags derived from config.profile's schedule (wait, warmup, active,
     repeat)."""
@@ -60,16 +57,16 @@ def unprofiled_steps(steps: pd.DataFrame, config: Config) -> pd.DataFrame:
 
 
 def _training_record(run_dir: Path) -> tuple[RunRecord, dict]:
-    """The run's validated run.json; AnalysisError unless it is a finished single/DDP training."""
+    """The run's validated run.json; InputError unless it is a finished single/DDP training."""
     if is_comm_run(run_dir):
-        raise AnalysisError(run_dir, "is a comm benchmark, not a training run", "pass it as --comm")
+        raise InputError(run_dir, "is a comm benchmark, not a training run", "pass it as --comm")
     rec, raw = read_record(run_dir / RUN_JSON)  # one line when missing or invalid
     if rec.config.mode not in ("single", "ddp"):
-        raise AnalysisError(
+        raise InputError(
             run_dir, "is not a single-device or DDP training run", "pass one made by make profile-*"
         )
     if rec.status != "ok":
-        raise AnalysisError(run_dir, f"status is {rec.status!r}", "pass a finished (ok) run")
+        raise InputError(run_dir, f"status is {rec.status!r}", "pass a finished (ok) run")
     return rec, raw
 
 
@@ -79,7 +76,7 @@ def _measured_body(run_dir: Path, config: Config) -> tuple[pd.DataFrame, str | N
     steps = read_steps_frame(run_dir / STEPS_CSV, world_size=config.world_size)
     body, fallback = measured_steps(steps, config)
     if body.empty:
-        raise AnalysisError(
+        raise InputError(
             run_dir / STEPS_CSV,
             "has no measured step (every step was a warm-up step)",
             "re-run with more --max-steps than --warmup-steps",
@@ -100,7 +97,7 @@ def _buckets(run_json: Path, config: Config, metrics: Metrics) -> tuple[list[int
             f"computed from metrics.param_grad_bytes, bucket_cap_mb {cap:g}, first bucket "
             f"{first / 2**20:g} MiB",
         )
-    raise AnalysisError(
+    raise InputError(
         run_json,
         "has neither metrics.ddp bucket sizes nor metrics.param_grad_bytes",
         "re-run it with the current trainer",
@@ -110,7 +107,7 @@ def _buckets(run_json: Path, config: Config, metrics: Metrics) -> tuple[list[int
 def load_training(
     run_dir: Path, *, traces: bool = True, trace: dict | None = None
 ) -> ProjectionInputs:
-    """A training run's projection inputs; AnalysisError (one line) when it cannot be projected.
+    """A training run's projection inputs; InputError (one line) when it cannot be projected.
 
     A DDP run's traces are analysed for its exposed communication (`traces=False`: not read;
     `trace`: an already computed traces JSON of this run)."""
@@ -118,7 +115,7 @@ def load_training(
     rec, _ = _training_record(run_dir)
     config, metrics = rec.config, rec.metrics
     body, fallback = _measured_body(run_dir, config)
-    phases = {p: float(body[f"{p}_s"].mean()) for p in PHASES}
+    phases = {p: float(body[f"{p}_s"].mean()) for p in STEP_PHASES}
     step = float(body["step_time_s"].mean())
     buckets, source = _buckets(run_dir / RUN_JSON, config, metrics)
     run = ProjectionInputs(
@@ -173,7 +170,7 @@ def _subtract_traced_comm(run: ProjectionInputs, run_dir: Path, trace: dict | No
     traces measured, so compute is compute (the replay then re-adds the *modelled* exposure)."""
     try:
         trace = trace or analyze_trace_dir(run_dir / "traces", progress=False)
-    except AnalysisError as err:
+    except InputError as err:
         run.warnings.append(f"{err} — backward taken as all compute")
         return
     # Profiled steps run slower than the unprofiled ones used here, so the traced exposed comm is

@@ -10,9 +10,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from analysis.errors import AnalysisError
 from analysis.project.comm import collective_time_us, ring_steps
 from analysis.trace.collectives import bus_factor
+from profiler.runfolder.errors import InputError
 
 __all__ = [
     "FIRST_BUCKET_BYTES",
@@ -125,7 +125,7 @@ def parse_inter_node(value: str) -> float:
     except ValueError:
         gbps = -1.0
     if not gbps > 0:
-        raise AnalysisError(
+        raise InputError(
             "--inter-node",
             f"{value!r} is not a preset or Gb/s",
             "use 25, 100, 200, 400 or a number",

@@ -29,7 +29,6 @@ from pathlib import Path
 
 import pandas as pd
 
-from analysis.errors import AnalysisError
 from analysis.project.comm import (
     contention_factor,
     fit_alpha_beta,
@@ -44,7 +43,9 @@ from analysis.project.model import (
     parse_inter_node,
 )
 from analysis.project.step import predict_step
-from profiler.hostload import is_busy
+from profiler.runfolder.errors import InputError
+from profiler.runfolder.hostload import is_busy
+from profiler.runfolder.versions import PROJECTION_JSON_SCHEMA_VERSION
 
 __all__ = ["load_training", "project", "unprofiled_steps"]  # the inputs re-exported
 
@@ -90,7 +91,7 @@ def project(
     idle = "idle_penalty" in model
     host = _host_words(comm, ranks, gpus_per_node, run)
     return {
-        "schema_version": 1,
+        "schema_version": PROJECTION_JSON_SCHEMA_VERSION,
         "run_id": run.run_id,
         "run_path": run.path,
         "comm_run_id": comm["run_id"],
@@ -109,11 +110,11 @@ def project(
 
 
 def _check_args(ranks: list[int], gpus_per_node: int, inter_node: str) -> float:
-    """One line (AnalysisError) for a bad argument; the inter-node link in Gb/s."""
+    """One line (InputError) for a bad argument; the inter-node link in Gb/s."""
     if not ranks or any(n < 1 for n in ranks):
-        raise AnalysisError("--ranks", f"got {ranks}", "every world size must be >= 1")
+        raise InputError("--ranks", f"got {ranks}", "every world size must be >= 1")
     if gpus_per_node < 1:
-        raise AnalysisError("--gpus-per-node", f"got {gpus_per_node}", "pass a count >= 1")
+        raise InputError("--gpus-per-node", f"got {gpus_per_node}", "pass a count >= 1")
     return parse_inter_node(inter_node)
 
 
@@ -130,24 +131,24 @@ def _predictions(run: ProjectionInputs, ranks: list[int], kw: dict) -> tuple[dic
 
 
 def _check_comm(comm: dict, comm_dir: Path, asked: str | None, bandwidth: str) -> None:
-    """One line (AnalysisError) unless the comm run can model `asked`'s collectives."""
+    """One line (InputError) unless the comm run can model `asked`'s collectives."""
     if comm["backend"] != asked:
-        raise AnalysisError(
+        raise InputError(
             comm_dir,
             f"benchmarks {comm['backend']}, not the {asked} asked for",
             f"pass a comm run made with BACKEND={asked}",
         )
     if comm["status"] != "ok" or int(comm["world_size"] or 0) < 2:
-        raise AnalysisError(
+        raise InputError(
             comm_dir,
             f"is not a finished benchmark over >= 2 ranks (status {comm['status']}, "
             f"{comm['world_size']} rank(s): nothing was transferred)",
             "run make bench-comm with NPROC >= 2",
         )
     if "all_reduce" not in comm["models"]:
-        raise AnalysisError(comm_dir, "has no all_reduce fit", "re-run make bench-comm")
+        raise InputError(comm_dir, "has no all_reduce fit", "re-run make bench-comm")
     if bandwidth not in ("measured", "fit"):
-        raise AnalysisError("--bandwidth", f"got {bandwidth!r}", "use measured or fit")
+        raise InputError("--bandwidth", f"got {bandwidth!r}", "use measured or fit")
 
 
 def _warnings(

@@ -12,9 +12,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from analysis.errors import AnalysisError
 from analysis.project.comm import load_comm_run
 from analysis.project.projection import project
+from profiler.runfolder.errors import InputError
 
 __all__ = ["REPORT_RANKS", "comm_and_projections"]
 
@@ -50,7 +50,7 @@ def comm_and_projections(comm_dirs: list[Path], runs: list[dict]) -> dict:
     for d in comm_dirs:
         try:
             comm.append(load_comm_run(d))
-        except AnalysisError as err:
+        except InputError as err:
             skipped.append({"path": str(d), "reason": str(err)})
     ok = [r for r in runs if r.get("status") == "ok" and r.get("mode") in ("single", "ddp")]
     for c in (c for c in comm if c["status"] == "ok"):
@@ -67,7 +67,7 @@ def comm_and_projections(comm_dirs: list[Path], runs: list[dict]) -> dict:
                     Path(source["path"]), Path(c["path"]), result
                 )
             except (
-                AnalysisError,
+                InputError,
                 ValueError,
                 KeyError,
                 TypeError,
@@ -84,7 +84,7 @@ def comm_and_projections(comm_dirs: list[Path], runs: list[dict]) -> dict:
                         trace=r.get("trace"),
                         traces=r.get("trace") is not None,
                     )
-                except (AnalysisError, ValueError, KeyError, TypeError) as err:
+                except (InputError, ValueError, KeyError, TypeError) as err:
                     skipped.append({"path": r["path"], "reason": str(err)})
                     continue
                 result["replays"].append({**own["replay"], "warnings": own["warnings"]})

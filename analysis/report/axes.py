@@ -1,7 +1,7 @@
 """Readable axes for every report figure: time units by magnitude, at most MAX_TICKS tick labels
 on a numeric axis, thousands separators, and legends outside the data.
 
-`tidy` runs on every axes when a figure is saved (figures._uri), so no figure can forget it;
+`tidy` runs on every axes when a figure is saved (figures.png_uri), so no figure can forget it;
 categorical axes (run labels, collective names) keep their own ticks.
 """
 
@@ -88,7 +88,7 @@ def tidy(ax: plt.Axes) -> None:
                 axis.set_major_formatter(Thousands())
 
 
-def _crowded(axis, renderer) -> bool:
+def labels_overlap(axis, renderer) -> bool:
     """True when two of the axis's drawn tick labels touch (with 2 px to spare)."""
     boxes = sorted(
         (t.get_window_extent(renderer) for t in axis.get_ticklabels() if t.get_text().strip()),
@@ -111,7 +111,7 @@ def declutter(fig: plt.Figure) -> None:
             axis
             for ax in fig.axes
             for axis in (ax.xaxis, ax.yaxis)
-            if ax.get_visible() and _crowded(axis, renderer)
+            if ax.get_visible() and labels_overlap(axis, renderer)
         ]
         thinned = [axis for axis in crowded if _thin(axis)]
         if not thinned:

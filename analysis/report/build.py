@@ -20,7 +20,6 @@ import jinja2
 import pandas as pd
 from tqdm import tqdm
 
-from analysis.errors import AnalysisError
 from analysis.jsonsafe import DISPLAY_CHARS, clip
 from analysis.outputs import check_report_out
 from analysis.parquet import run_tables, table_bytes
@@ -28,7 +27,7 @@ from analysis.report import figures, memory_section
 from analysis.report.findings import THRESHOLDS, findings
 from analysis.report.loss import loss_context
 from analysis.report.ops import ops_context
-from analysis.report.outfolder import ReportError, _replace_folder
+from analysis.report.outfolder import ReportError, replace_folder
 from analysis.report.projection import projection_context
 from analysis.report.scaling import (
     GROUP_FIGURES_ABOVE,
@@ -44,6 +43,7 @@ from analysis.report.tables import Table, all_tables, fmt, unique_labels
 from analysis.report.tune import tune_sections
 from analysis.report.verdict import verdict
 from analysis.runs.compare import WORKLOAD_KEY, compare_runs
+from profiler.runfolder.errors import InputError
 
 __all__ = ["ReportError", "ReportFiles", "build_report", "write_report"]
 
@@ -88,7 +88,7 @@ def _json_safe(obj: Any) -> Any:
     return obj
 
 
-def _runs_frame(data: dict[str, Any], labels: dict[str, str]) -> pd.DataFrame:
+def runs_frame(data: dict[str, Any], labels: dict[str, str]) -> pd.DataFrame:
     """One row per ok run with the fields the figures need, plus its label and a series name."""
     runs = [r for r in data.get("runs", []) if r.get("status") == "ok"]
     keys = [
@@ -146,7 +146,7 @@ def _figures(
 ) -> dict[str, str | None]:
     # Run ids stay as in the tables (already clipped there): they key the labels of every figure.
     data = _display(data, FIGURE_CHARS, _PATH_KEYS | {"run_id", "run_ids", "baseline_run_id"})
-    runs = _runs_frame(data, labels)
+    runs = runs_frame(data, labels)
     steps = pd.DataFrame(
         [
             {
@@ -205,7 +205,7 @@ def _environment() -> jinja2.Environment:
 def _check_out(out_dir: Path, inputs: list[Path]) -> None:
     try:
         check_report_out(out_dir, inputs)
-    except AnalysisError as exc:
+    except InputError as exc:
         raise ReportError(str(exc)) from None
 
 
@@ -265,7 +265,7 @@ def write_report(data: dict[str, Any], out_dir: Path, *, progress: bool = True) 
     files.update(columnar)
     files["summary.json"] = json.dumps(summary, indent=2, allow_nan=False) + "\n"
     files["index.html"] = html
-    _replace_folder(files, out_dir)
+    replace_folder(files, out_dir)
     index = out_dir / "index.html"
     csvs = [out_dir / t.csv for t in tables.values() if t.csv]
     return ReportFiles(
@@ -284,6 +284,6 @@ def build_report(paths: Sequence[Path], out_dir: Path, *, progress: bool = True)
     _check_out(Path(out_dir), [Path(p) for p in paths])  # before any work
     try:
         data = compare_runs([Path(p) for p in paths], progress=progress)
-    except AnalysisError as exc:
+    except InputError as exc:
         raise ReportError(str(exc)) from exc
     return write_report(data, out_dir, progress=progress)

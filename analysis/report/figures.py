@@ -46,7 +46,7 @@ RC = {
 MIB = 2**20
 
 
-def _uri(fig: plt.Figure) -> str:
+def png_uri(fig: plt.Figure) -> str:
     for ax in fig.axes:  # every figure: ≤ 8 ticks with thousands separators per numeric axis
         tidy(ax)
     declutter(fig)  # and fewer where its labels would still touch
@@ -60,7 +60,7 @@ def _uri(fig: plt.Figure) -> str:
     return "data:image/svg+xml;base64," + base64.b64encode(svg).decode("ascii")
 
 
-def _theme() -> None:
+def theme() -> None:
     sns.set_theme(style="whitegrid", context="notebook", rc=RC)
 
 
@@ -70,11 +70,11 @@ def _themed(df: pd.DataFrame, *required: str) -> pd.DataFrame | None:
     df = df.dropna(subset=list(required)) if required else df
     if df.empty:
         return None
-    _theme()
+    theme()
     return df
 
 
-def _height(n_rows: int) -> float:
+def figure_height(n_rows: int) -> float:
     return min(2.0 + 0.38 * n_rows, 14.0)
 
 
@@ -93,13 +93,13 @@ def summary_figure(runs: pd.DataFrame, *, by_group: bool = False) -> str | None:
     if (df := _themed(runs, "samples_per_s")) is None:
         return None
     y = "group" if by_group else "label"
-    fig, ax = plt.subplots(figsize=(8, _height(df[y].nunique())))
+    fig, ax = plt.subplots(figsize=(8, figure_height(df[y].nunique())))
     sns.barplot(
         data=df, x="samples_per_s", y=y, hue="mode", dodge=False, errorbar="sd", capsize=0.2, ax=ax
     )
     ax.set(xlabel="throughput (samples/s)", ylabel="")
     legend_outside(ax, title="mode")
-    return _uri(fig)
+    return png_uri(fig)
 
 
 def speedup_figure(runs: pd.DataFrame) -> str | None:
@@ -123,10 +123,10 @@ def speedup_figure(runs: pd.DataFrame) -> str | None:
             ax.get_legend().remove()
     legend_outside(a2)  # one legend for both panels (a2 also has the ideal line), beside them
     fig.tight_layout()
-    return _uri(fig)
+    return png_uri(fig)
 
 
-PHASES = [
+STEP_BAR_SEGMENTS = [
     ("data_s", "data wait"),
     ("forward_s", "forward"),
     ("backward_compute_s", "backward"),
@@ -140,17 +140,17 @@ def phases_figure(phases: pd.DataFrame) -> str | None:
     """Stacked per-step time per run and rank, in µs, ms or s by magnitude."""
     if _themed(phases) is None:
         return None
-    df = phases.set_index("bar")[[k for k, _ in PHASES]].fillna(0.0) * 1e6  # µs
+    df = phases.set_index("bar")[[k for k, _ in STEP_BAR_SEGMENTS]].fillna(0.0) * 1e6  # µs
     unit, per = time_unit(float(df.sum(axis=1).max()))
     df = df / per
-    df.columns = [name for _, name in PHASES]
-    fig, ax = plt.subplots(figsize=(9, _height(len(df))))
+    df.columns = [name for _, name in STEP_BAR_SEGMENTS]
+    fig, ax = plt.subplots(figsize=(9, figure_height(len(df))))
     df.iloc[::-1].plot.barh(
-        stacked=True, ax=ax, color=sns.color_palette("deep", len(PHASES)), width=0.7
+        stacked=True, ax=ax, color=sns.color_palette("deep", len(STEP_BAR_SEGMENTS)), width=0.7
     )
     ax.set(xlabel=f"time per step ({unit})", ylabel="")
     legend_outside(ax)
-    return _uri(fig)
+    return png_uri(fig)
 
 
 TB = [
@@ -167,12 +167,12 @@ def comm_figure(overlap: pd.DataFrame, collectives: pd.DataFrame) -> str | None:
     panels = [p for p, ok in (("tb", has_tb), ("coll", not collectives.empty)) if ok]
     if not panels:
         return None
-    _theme()
+    theme()
     sizes = {"tb": len(overlap), "coll": len(collectives)}
     fig, axes = plt.subplots(
         len(panels),
         1,
-        figsize=(9, sum(_height(sizes[p]) for p in panels)),
+        figsize=(9, sum(figure_height(sizes[p]) for p in panels)),
         height_ratios=[sizes[p] + 2 for p in panels],
         squeeze=False,
     )
@@ -198,7 +198,7 @@ def comm_figure(overlap: pd.DataFrame, collectives: pd.DataFrame) -> str | None:
         ax.set(xlabel=f"{xlabel} ({unit})", ylabel="", title=title)
         legend_outside(ax)
     fig.tight_layout()
-    return _uri(fig)
+    return png_uri(fig)
 
 
 def memory_figure(memory: pd.DataFrame) -> str | None:
@@ -217,12 +217,12 @@ def memory_figure(memory: pd.DataFrame) -> str | None:
         return None
     long = long.assign(MiB=long["bytes"].astype(float) / MIB, metric=long["metric"].map(cols))
     fig, ax = plt.subplots(
-        figsize=(9, _height(len(memory) * max(long["metric"].nunique(), 1) / 1.5))
+        figsize=(9, figure_height(len(memory) * max(long["metric"].nunique(), 1) / 1.5))
     )
     sns.barplot(data=long, x="MiB", y="bar", hue="metric", ax=ax)
     ax.set(xlabel="memory (MiB)", ylabel="")
     legend_outside(ax)
-    return _uri(fig)
+    return png_uri(fig)
 
 
 def accuracy_figure(runs: pd.DataFrame) -> str | None:
@@ -250,7 +250,7 @@ def accuracy_figure(runs: pd.DataFrame) -> str | None:
         for label in ax.get_xticklabels():
             label.set_horizontalalignment("right")
     fig.tight_layout()
-    return _uri(fig)
+    return png_uri(fig)
 
 
 def environment_figure(runs: pd.DataFrame) -> str | None:
@@ -261,7 +261,7 @@ def environment_figure(runs: pd.DataFrame) -> str | None:
     sns.barplot(data=df, x="os", y="samples_per_s", hue="series", errorbar="sd", ax=ax)
     ax.set(xlabel="platform", ylabel="throughput (samples/s)")
     legend_outside(ax)
-    return _uri(fig)
+    return png_uri(fig)
 
 
 def step_times_figure(steps: pd.DataFrame) -> str | None:
@@ -275,4 +275,4 @@ def step_times_figure(steps: pd.DataFrame) -> str | None:
     ax.set(xlabel="profiler step", ylabel=f"step time ({unit})")
     ax.xaxis.get_major_locator().set_params(integer=True)
     legend_outside(ax)
-    return _uri(fig)
+    return png_uri(fig)

@@ -11,7 +11,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from analysis.runs.compare import WORKLOAD_KEY
-from profiler.hostload import BUSY_OTHER_CORES_FRAC, is_busy
+from profiler.runfolder.hostload import BUSY_OTHER_CORES_FRAC, is_busy
 
 __all__ = ["Finding", "THRESHOLDS", "findings", "is_busy"]
 
@@ -28,7 +28,7 @@ THRESHOLDS = {
     "backend_ratio": 1.05,  # throughput ratio between backends below this is noise
     # env.host_load: a run is "busy" when other processes used more than this share of the cores
     # (other_cpu_cores_mean > frac × cores) while it measured; the verdict then says so.
-    "busy_other_cores_frac": BUSY_OTHER_CORES_FRAC,  # 0.5, profiler.hostload: one rule
+    "busy_other_cores_frac": BUSY_OTHER_CORES_FRAC,  # 0.5, profiler.runfolder.hostload: one rule
     "few_measured_steps": 8,  # fewer unprofiled measured steps than this: throughput is noisy
     # A part of "where the efficiency went" beyond this many points (the whole loss is at most
     # 100) means its runs were measured under different conditions: the verdict says so.
@@ -53,7 +53,7 @@ class Finding:
         return asdict(self)
 
 
-def _name(run: dict[str, Any], keys: tuple[str, ...] = ()) -> str:
+def run_name(run: dict[str, Any], keys: tuple[str, ...] = ()) -> str:
     """'DDP (GLOO)', 'DP', 'Single'; prefixed with the model/OS when the report holds several."""
     mode = NAMES.get(run.get("mode"), str(run.get("mode")))
     backend = run.get("backend")
@@ -69,7 +69,7 @@ def _seeds(members: list[dict[str, Any]]) -> str:
     return f", mean of {len(members)} runs" if len(members) > 1 else ""
 
 
-def _scaling(
+def scaling_findings(
     group: dict[str, Any], runs: dict[str, dict[str, Any]], multi: tuple[str, ...]
 ) -> Finding | None:
     """Speedup and efficiency of one mode/backend/world-size group, plus its exposed comm."""
@@ -101,7 +101,7 @@ def _scaling(
     unit = "devices" if group.get("mode") == "dp" else "ranks"
     unit = unit[:-1] if group["world_size"] == 1 else unit
     text = (
-        f"{_name(group, multi)} on {group['world_size']} {unit} reached {speedup:.2f}× vs single "
+        f"{run_name(group, multi)} on {group['world_size']} {unit} reached {speedup:.2f}× vs single "
         f"({eff * 100:.0f}% efficiency{_seeds(members)}: {verdict}; {rule})."
     )
     exposed = [m["exposed_comm_pct"] for m in members if m.get("exposed_comm_pct") is not None]
@@ -137,7 +137,7 @@ def _busy(runs: list[dict[str, Any]]) -> list[Finding]:
     for run in runs:
         if is_busy(load := run.get("host_load")):
             out.append(Finding(rule="busy_machine", severity="warn", run_ids=[run["run_id"]], text=(
-                f"{_name(run)} run {run['run_id']} was measured while other processes used "
+                f"{run_name(run)} run {run['run_id']} was measured while other processes used "
                 f"{load['other_cpu_cores_mean']:.1f} of {load['cores']} cores (over {frac:.0%}): "
                 "throughput unreliable; re-measure on an idle machine.")))  # fmt: skip
     return out
@@ -152,7 +152,7 @@ def _seed_spread(groups: list[dict[str, Any]], multi: tuple[str, ...]) -> list[F
         if spread is None or spread <= limit:
             continue
         out.append(Finding(rule="seed_spread", severity="warn", run_ids=list(g["run_ids"]), text=(
-            f"{_name(g, multi)} at {g['world_size']}: its {g['n_runs']} runs' throughput spans "
+            f"{run_name(g, multi)} at {g['world_size']}: its {g['n_runs']} runs' throughput spans "
             f"{g['samples_per_s_min']:.1f}–{g['samples_per_s_max']:.1f} samples/s, a spread of "
             f"{spread:.0f}% of the mean (over {limit:.0f}%): noise or drift, not the mode, may "
             "decide comparisons; re-measure with more seeds or on an idle machine.")))  # fmt: skip
@@ -191,12 +191,12 @@ def _memory(
     ids = [m["run_id"] for _, m in scored]
     if pct < limit:
         text = (
-            f"{_name(run, multi)} on {run['world_size']} {'devices' if dp else 'ranks'}: memory is "
+            f"{run_name(run, multi)} on {run['world_size']} {'devices' if dp else 'ranks'}: memory is "
             f"balanced ({what} differs by {pct:.0f}%{worst}; the threshold is {limit:.0f}%)."
         )
         return Finding(rule="memory", severity="good", text=text, run_ids=ids)
     text = (
-        f"{_name(run, multi)} holds {pct:.0f}% more memory on {where(hi)} than on {where(lo)} "
+        f"{run_name(run, multi)} holds {pct:.0f}% more memory on {where(hi)} than on {where(lo)} "
         f"({what}{worst}; imbalance threshold {limit:.0f}%)."
     )
     return Finding(rule="memory", severity="warn", text=text, run_ids=ids)
@@ -214,7 +214,7 @@ def _accuracy(groups: list[dict[str, Any]], multi: tuple[str, ...]) -> list[Find
         a, b = g.get("top1_pct_mean"), base.get("top1_pct_mean")
         if a is None or b is None:
             continue
-        name = _name(g, multi)
+        name = run_name(g, multi)
         unit = "devices" if g.get("mode") == "dp" else "ranks"
         ids = [*(g.get("run_ids") or []), *(base.get("run_ids") or [])]
         if b - a > limit:
@@ -285,7 +285,7 @@ def _dp_vs_ddp(runs: list[dict[str, Any]]) -> list[Finding]:
             if same:
                 ratio = ddp["samples_per_s"] / dp["samples_per_s"]
                 text = (
-                    f"{_name(ddp)} ran at {ratio:.2f}× the throughput of DP on "
+                    f"{run_name(ddp)} ran at {ratio:.2f}× the throughput of DP on "
                     f"{dp['world_size']} devices."
                 )
                 out.append(
@@ -342,7 +342,7 @@ def findings(data: dict[str, Any]) -> list[Finding]:
     groups = data.get("groups", [])
     # Name the model / OS in each sentence only when the report mixes several.
     multi = tuple(k for k in ("model", "os") if len({g.get(k) for g in groups}) > 1)
-    out = [f for g in groups if (f := _scaling(g, runs, multi))]
+    out = [f for g in groups if (f := scaling_findings(g, runs, multi))]
     out += _backends(groups)
     out += _dp_vs_ddp(list(runs.values()))
     out += [f for g in groups if (f := _memory(g, runs, multi))]

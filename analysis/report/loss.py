@@ -11,7 +11,7 @@ import matplotlib.pyplot as plt
 import seaborn as sns
 
 from analysis.columns import EFFICIENCY_LOSS_COLS
-from analysis.report.figures import _theme, _uri
+from analysis.report.figures import png_uri, theme
 from analysis.report.scaling import group_labels
 from analysis.report.tables import Table
 
@@ -88,7 +88,7 @@ def waterfall_figure(rows: list[dict[str, Any]]) -> str | None:
     rows = rows[:MAX_WATERFALLS]
     if not rows:
         return None
-    _theme()
+    theme()
     cols = min(len(rows), 2)
     nrows = -(-len(rows) // cols)
     width = 9.0 if cols == 1 else 5.6 * cols  # one group: the page's width, not a thumbnail
@@ -98,7 +98,7 @@ def waterfall_figure(rows: list[dict[str, Any]]) -> str | None:
     for ax in list(axes.flat)[len(rows) :]:
         ax.set_visible(False)
     fig.tight_layout()
-    return _uri(fig)
+    return png_uri(fig)
 
 
 def loss_context(data: dict[str, Any]) -> dict[str, Any]:

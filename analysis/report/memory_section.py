@@ -16,8 +16,8 @@ import pandas as pd
 import seaborn as sns
 
 from analysis.columns import C, mib
-from analysis.report.figures import MIB, _theme, _uri
-from analysis.report.findings import Finding, _name
+from analysis.report.figures import MIB, png_uri, theme
+from analysis.report.findings import Finding, run_name
 from analysis.report.tables import Table
 from analysis.runs.compare import workload_key
 from analysis.trace.memory import downsample
@@ -93,7 +93,7 @@ def breakdown_figure(rows: list[dict[str, Any]], labels: dict[str, str]) -> str 
     cols = {**STATIC, "forward_peak_bytes": "activations (forward peak)"}
     plot = df.set_index("bar")[list(cols)].astype(float).fillna(0.0) / MIB
     plot = plot.rename(columns=cols)
-    _theme()
+    theme()
     fig, ax = plt.subplots(figsize=(9, min(2.0 + 0.42 * len(plot), 14.0)))
     plot.iloc[::-1].plot.barh(
         stacked=True, ax=ax, width=0.7, color=sns.color_palette("tab10", len(cols))
@@ -101,7 +101,7 @@ def breakdown_figure(rows: list[dict[str, Any]], labels: dict[str, str]) -> str 
     ax.set(xlabel="memory (MiB)", ylabel="", title="Static memory by category + forward peak")
     ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     fig.tight_layout()
-    return _uri(fig)
+    return png_uri(fig)
 
 
 def _panels(data: dict[str, Any]) -> list[dict[str, Any]]:
@@ -144,7 +144,7 @@ def timeline_figure(
     panels = everything[:max_panels]
     if not panels:
         return None
-    _theme()
+    theme()
     fig, axes = plt.subplots(len(panels), 1, figsize=(9, 2.3 * len(panels)), squeeze=False)
     if len(everything) > len(panels):
         fig.suptitle(f"the first {len(panels)} of {len(everything)} rank/device curves", fontsize=9)
@@ -189,7 +189,7 @@ def timeline_figure(
     ]
     axes[0, 0].legend(handles=handles, fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     fig.tight_layout()
-    return _uri(fig)
+    return png_uri(fig)
 
 
 def _mib(n: float) -> str:
@@ -214,10 +214,10 @@ def static_difference(run: dict[str, Any], single: dict[str, Any]) -> dict[str, 
     grads = _mean(base, "gradients_bytes")
     if total is None or ref is None or not grads:
         return None
-    parts = {k: (_mean(mine, k) or 0) - (_mean(base, k) or 0) for k in STATIC}
-    cause = max(parts, key=lambda k: abs(parts[k]))
+    deltas = {k: (_mean(mine, k) or 0) - (_mean(base, k) or 0) for k in STATIC}
+    cause = max(deltas, key=lambda k: abs(deltas[k]))
     return {"total": total, "ref": ref, "grads": grads, "diff_bytes": total - ref,
-            "cause": cause, "cause_bytes": parts[cause],
+            "cause": cause, "cause_bytes": deltas[cause],
             "buckets": _mean(mine, "ddp_buckets_bytes")}  # fmt: skip
 
 
@@ -226,7 +226,7 @@ def _vs_single(run: dict[str, Any], single: dict[str, Any]) -> Finding | None:
     if (d := static_difference(run, single)) is None:
         return None
     total, ref, grads, diff = d["total"], d["ref"], d["grads"], d["diff_bytes"]
-    name = _name(run)
+    name = run_name(run)
     if abs(diff) < 0.01 * ref:
         view = run.get("mode") == "ddp" and d["buckets"] == 0
         why = " (gradient-as-bucket-view: the gradients are views of DDP's buckets)" if view else ""

@@ -19,11 +19,10 @@ from typing import Annotated
 
 import msgspec
 
-from analysis.errors import AnalysisError
-from profiler.errors import UserError
-from profiler.inputfile import read_regular
+from profiler.runfolder.errors import InputError, UserError
+from profiler.runfolder.inputfile import read_regular
 
-__all__ = ["MANIFEST", "ReportError", "_replace_folder"]
+__all__ = ["MANIFEST", "ReportError", "replace_folder"]
 
 
 class ReportError(UserError):
@@ -39,7 +38,7 @@ def _sha256(path: Path) -> str | None:
         if not stat.S_ISREG(os.lstat(path).st_mode):
             return None
         return hashlib.sha256(read_regular(path, "report file")).hexdigest()
-    except (OSError, AnalysisError):
+    except (OSError, InputError):
         return None
 
 
@@ -81,7 +80,7 @@ def _swap(out_dir: Path, stage: Path, backup: Path, moves: list[str], texts: dic
             signal.pthread_sigmask(signal.SIG_SETMASK, old)
 
 
-def _replace_folder(files: dict[str, str | bytes], out_dir: Path) -> None:
+def replace_folder(files: dict[str, str | bytes], out_dir: Path) -> None:
     """Put `files` into `out_dir` as one unit, leaving every other file there alone (the
     folder's README, a `bench/` subfolder, the user's notes).
 
@@ -143,6 +142,6 @@ def _previous_files(out_dir: Path) -> dict[str, str]:
     try:
         data = read_regular(out_dir / MANIFEST, "manifest")
         names = msgspec.json.decode(data, type=_Manifest).files
-    except (AnalysisError, msgspec.DecodeError, RecursionError):
+    except (InputError, msgspec.DecodeError, RecursionError):
         return {}
     return {n: h for n, h in names.items() if Path(n).name == n and not n.startswith(".")}

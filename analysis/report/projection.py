@@ -15,7 +15,7 @@ import seaborn as sns
 
 from analysis.project.runs import FINDING_RANKS
 from analysis.report.axes import bytes_axis, legend_outside
-from analysis.report.figures import _theme, _uri
+from analysis.report.figures import png_uri, theme
 from analysis.report.tables import unique_labels
 
 __all__ = ["REPLAY_GOAL_PCT", "projection_context"]
@@ -40,7 +40,7 @@ def efficiency_figure(projections: list[dict], names: dict[str, str]) -> str | N
     ]
     if not rows:
         return None
-    _theme()
+    theme()
     fig, ax = plt.subplots(figsize=(9, 4.5))
     labels = list(dict.fromkeys(r["label"] for r in rows))
     palette = dict(zip(labels, sns.color_palette(n_colors=len(labels)), strict=True))
@@ -69,7 +69,7 @@ def efficiency_figure(projections: list[dict], names: dict[str, str]) -> str | N
     ax.set_xscale("log", base=2)
     ax.set(xlabel="world size (ranks, log scale)", ylabel="scaling efficiency (%)", ylim=(0, 110))
     legend_outside(ax)
-    return _uri(fig)
+    return png_uri(fig)
 
 
 def _gap_note(comm: dict) -> str:
@@ -86,7 +86,7 @@ def busbw_figure(comm: list[dict]) -> str | None:
     ok = [c for c in comm if c["rows"]]
     if not ok:
         return None
-    _theme()
+    theme()
     fig, axes = plt.subplots(1, len(ok), figsize=(5.5 * len(ok), 4), squeeze=False)
     for ax, c in zip(axes[0], ok, strict=True):
         df = pd.DataFrame(c["rows"]).dropna(subset=["busbw_gbps"])
@@ -105,7 +105,7 @@ def busbw_figure(comm: list[dict]) -> str | None:
             ax.get_legend().remove()
     legend_outside(axes[0, -1])  # the collectives' colours are the same in every panel
     fig.tight_layout()
-    return _uri(fig)
+    return png_uri(fig)
 
 
 def _findings(projections: list[dict]) -> list[dict]:

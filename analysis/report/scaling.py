@@ -37,11 +37,11 @@ MAX_FINDINGS = 12
 def group_label(group: dict[str, Any], *, show: tuple[str, ...] = ("workload", "os")) -> str:
     """`ddp·gloo·n4 · mlp/synthetic · Linux` style label of a group (seeds pooled); `show` picks
     which of the workload and platform parts to add (those that tell the report's groups apart)."""
-    parts = [str(group.get("mode") or "?")]
+    pieces = [str(group.get("mode") or "?")]
     if group.get("backend") not in (None, "none", "dp"):
-        parts.append(str(group["backend"]))
-    parts.append(f"n{group.get('world_size') or '?'}")
-    out = ["·".join(parts)]
+        pieces.append(str(group["backend"]))
+    pieces.append(f"n{group.get('world_size') or '?'}")
+    out = ["·".join(pieces)]
     if "workload" in show:
         out.append(workload_name(group))
     if "os" in show:
@@ -77,9 +77,11 @@ def group_labels(data: dict[str, Any]) -> dict[str, str]:
     several: figure labels are drawn as glyph paths, so every character costs page weight."""
     groups = data.get("groups", [])
     workload = ("model", "model_args", "dataset", "dataset_args", "loss")
-    parts = (("workload", workload), ("os", ("os",)), *((k, (k,)) for k in _VARIANT))
+    candidates = (("workload", workload), ("os", ("os",)), *((k, (k,)) for k in _VARIANT))
     show = tuple(
-        part for part, keys in parts if len({tuple(g.get(k) for k in keys) for g in groups}) > 1
+        part
+        for part, keys in candidates
+        if len({tuple(g.get(k) for k in keys) for g in groups}) > 1
     )
     return {rid: group_label(g, show=show) for g in groups for rid in g.get("run_ids", [])}
 
@@ -228,13 +230,13 @@ def scaling_figures(frame: pd.DataFrame) -> list[dict[str, str]]:
     import matplotlib.pyplot as plt
     import seaborn as sns
 
-    from analysis.report.figures import _theme, _uri
+    from analysis.report.figures import png_uri, theme
 
     out = []
     for panel, df in frame.groupby("panel", sort=True):
         if df["world_size"].nunique() < 1 or df["samples_per_s"].isna().all():
             continue
-        _theme()
+        theme()
         fig, axes = plt.subplots(1, 4, figsize=(15, 3.6))
         kw = dict(x="world_size", hue="series", marker="o", errorbar="sd", err_style="bars")
         top = max(float(df["world_size"].max()), 2.0)
@@ -260,5 +262,5 @@ def scaling_figures(frame: pd.DataFrame) -> list[dict[str, str]]:
         fig.legend(handles, labels, fontsize=8, loc="upper left", bbox_to_anchor=(1.0, 0.95))
         fig.suptitle(str(panel), fontsize=11)
         fig.tight_layout()
-        out.append({"panel": str(panel), "uri": _uri(fig)})
+        out.append({"panel": str(panel), "uri": png_uri(fig)})
     return out

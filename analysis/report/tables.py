@@ -88,13 +88,13 @@ def run_reason(run: dict[str, Any]) -> str:
 
 def run_label(run: dict[str, Any]) -> str:
     """Short label for figures: mode, backend, world size and seed."""
-    parts = [str(run.get("mode") or "?")]
+    pieces = [str(run.get("mode") or "?")]
     if run.get("backend") not in (None, "none", "dp"):
-        parts.append(str(run["backend"]))
-    parts.append(f"n{run.get('world_size') or '?'}")
+        pieces.append(str(run["backend"]))
+    pieces.append(f"n{run.get('world_size') or '?'}")
     if run.get("seed") is not None:
-        parts.append(f"s{run['seed']}")
-    return "·".join(parts)
+        pieces.append(f"s{run['seed']}")
+    return "·".join(pieces)
 
 
 def unique_labels(runs: list[dict[str, Any]]) -> dict[str, str]:
@@ -173,10 +173,10 @@ def phase_rows(data: dict[str, Any]) -> list[dict[str, Any]]:
                 if back is not None and exposed_s is not None and run.get("mode") == "ddp"
                 else back
             )
-            parts = [p.get("data"), p.get("forward"), back, p.get("optimizer")]
+            phase_times = [p.get("data"), p.get("forward"), back, p.get("optimizer")]
             other = None
-            if p.get("step_time") is not None and None not in parts:
-                other = max(p["step_time"] - sum(parts), 0.0)
+            if p.get("step_time") is not None and None not in phase_times:
+                other = max(p["step_time"] - sum(phase_times), 0.0)
             rows.append(
                 {
                     "run_id": run["run_id"],

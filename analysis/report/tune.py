@@ -11,7 +11,7 @@ import pandas as pd
 import seaborn as sns
 
 from analysis.columns import Column
-from analysis.report.figures import _height, _theme, _uri
+from analysis.report.figures import figure_height, png_uri, theme
 from analysis.report.tables import Table
 
 __all__ = ["TUNE_COLS", "tune_figure", "tune_sections"]
@@ -67,8 +67,8 @@ def tune_figure(tune: dict[str, Any]) -> str | None:
     if not rows:
         return None
     df = pd.DataFrame(rows)
-    _theme()
-    fig, ax = plt.subplots(figsize=(8, _height(len(df))))
+    theme()
+    fig, ax = plt.subplots(figsize=(8, figure_height(len(df))))
     ax.hlines(df["candidate"], df["lo"], df["hi"], color="0.6", linewidth=3, zorder=1)
     sns.scatterplot(
         data=df, x="speedup", y="candidate", hue="significant", hue_order=["yes", "no"],
@@ -77,7 +77,7 @@ def tune_figure(tune: dict[str, Any]) -> str | None:
     ax.axvline(1.0, color="0.3", linestyle="--", linewidth=1)
     ax.set(xlabel="speedup vs baseline (×; bar: slowest to fastest trial)", ylabel="")
     ax.legend(fontsize=8, title="significant", loc="upper left", bbox_to_anchor=(1.01, 1.0))
-    return _uri(fig)
+    return png_uri(fig)
 
 
 def tune_sections(data: dict[str, Any]) -> list[dict[str, Any]]:

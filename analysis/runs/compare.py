@@ -7,6 +7,7 @@ defined in docs/reference/metrics.md; the JSON shape is the "runs JSON" of docs/
 from __future__ import annotations
 
 import statistics
+from profiler.runfolder.versions import RUNS_JSON_SCHEMA_VERSION
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
@@ -14,26 +15,25 @@ from typing import Any
 from msgspec.structs import asdict
 from tqdm import tqdm
 
-from analysis.errors import AnalysisError, unexpected
+from profiler.runfolder.errors import InputError
+from analysis.errors import unexpected
 from analysis.jsonsafe import finite_json
 from analysis.project.comm import is_comm_run
 from analysis.project.runs import comm_and_projections
 from analysis.runs.efficiency import attach_efficiency_loss
 from analysis.runs.entry import RunEntry, attach_trace, load_run, mean_std
 from analysis.runs.opdiff import ddp_adds
-from analysis.runs.records import InvalidRecord
+from profiler.runfolder.records import InvalidRecord
 from analysis.runs.tune import is_tune_dir, load_tunes
 
 __all__ = [
     "GROUP_KEY",
-    "SCHEMA_VERSION",
     "WORKLOAD_KEY",
     "compare_runs",
     "find_run_dirs",
     "workload_key",
 ]
 
-SCHEMA_VERSION = 2
 # "Same workload": runs that agree on all of these ran the same problem on the same kind of machine,
 # so their throughput can be compared or pooled. `model`, `dataset` and `loss` are the spec strings
 # as given (a user's `mypkg.nets:build` pairs with itself), with the factories' arguments
@@ -132,7 +132,7 @@ def _link_baselines(runs: list[RunEntry]) -> None:
         run.scaling_efficiency = run.speedup / run.num_devices
 
 
-def _spread(values: Iterable[float | None]) -> dict[str, float | None]:
+def spread(values: Iterable[float | None]) -> dict[str, float | None]:
     """samples_per_s_min / _max over a group's runs and their spread, (max − min) ÷ mean × 100
     (None with fewer than two runs)."""
     xs = [v for v in values if v is not None]
@@ -161,7 +161,7 @@ def _groups(runs: list[RunEntry]) -> list[dict]:
             )
         group["comm_pct_mean"] = mean_std(m.comm_pct for m in members)[0]
         group["exposed_comm_pct_mean"] = mean_std(m.exposed_comm_pct for m in members)[0]
-        group.update(_spread(m.samples_per_s for m in members))
+        group.update(spread(m.samples_per_s for m in members))
         groups.append(group)
     order = {"single": 0, "dp": 1, "ddp": 2}
     return sorted(
@@ -194,7 +194,7 @@ def _unique_id(entry: RunEntry, run_dir: Path, taken: set[str]) -> None:
 def compare_runs(paths: Sequence[Path], *, progress: bool = True, traces: bool = True) -> dict:
     """The runs JSON (schema_version 2) for run folders or folders of run folders in `paths`.
 
-    `traces=False` skips trace analysis (trace fields stay null). Raises AnalysisError only when
+    `traces=False` skips trace analysis (trace fields stay null). Raises InputError only when
     no run could be read at all; unreadable folders are listed under `skipped`.
     """
     run_dirs, skipped = find_run_dirs(paths)
@@ -213,7 +213,7 @@ def compare_runs(paths: Sequence[Path], *, progress: bool = True, traces: bool =
         except InvalidRecord as err:
             invalid.append({"path": str(run_dir), **err.to_dict()})
             continue
-        except AnalysisError as err:
+        except InputError as err:
             skipped.append({"path": str(run_dir), "reason": f"{err.what} — {err.fix}"})
             continue
         except Exception as err:  # noqa: BLE001 — one bad run (even a RecursionError or
@@ -226,7 +226,7 @@ def compare_runs(paths: Sequence[Path], *, progress: bool = True, traces: bool =
     skipped += tune_skipped
     if not runs and not tunes and not comm_dirs and not invalid:
         where = ", ".join(map(str, paths)) or "(no paths)"
-        raise AnalysisError(
+        raise InputError(
             where, "no readable run folders", "run `make profile-all` first or pass the runs folder"
         )
     order = {"single": 0, "dp": 1, "ddp": 2}
@@ -236,7 +236,7 @@ def compare_runs(paths: Sequence[Path], *, progress: bool = True, traces: bool =
     attach_efficiency_loss(runs, groups, _workload)
     rows = [asdict(r) for r in runs]  # the runs JSON's entries: dicts, in RunEntry's field order
     result = {
-        "schema_version": SCHEMA_VERSION,
+        "schema_version": RUNS_JSON_SCHEMA_VERSION,
         "runs": rows,
         "groups": groups,
         "ddp_adds": ddp_adds(rows, groups),

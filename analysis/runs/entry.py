@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 import os
 import statistics
+from profiler.runfolder.layout import STEP_PHASES
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -18,25 +19,19 @@ from typing import Any
 import msgspec
 import pandas as pd
 
-from analysis.errors import AnalysisError, unexpected
-from analysis.runs.records import (
-    Config,
-    EvalEntry,
-    InvalidRecord,
-    Metrics,
-    StepTime,
-    read_record,
-    read_steps_frame,
-)
+from profiler.runfolder.errors import InputError
+from analysis.errors import unexpected
+from profiler.runfolder.schema import Config, EvalEntry, Metrics, StepTime
+from profiler.runfolder.records import InvalidRecord, read_record
+from profiler.runfolder.steps import read_steps_frame
 from analysis.trace.consistency import run_trace_warnings
 from analysis.trace.folder import analyze_trace_dir
 from analysis.trace.memory import breakdown_entries, fill_dynamic
-from profiler.inputfile import safe_text
-from profiler.runfolder import throughput_steps
+from profiler.runfolder.errors import safe_text
+from profiler.runfolder.layout import throughput_steps
 
-__all__ = ["PHASES", "RunEntry", "args_text", "attach_trace", "load_run", "mean_std"]
+__all__ = ["RunEntry", "args_text", "attach_trace", "load_run", "mean_std"]
 
-PHASES = ("data", "forward", "backward", "optimizer")
 # The config/env fields copied verbatim into each run entry.
 CONFIG_FIELDS = (
     "mode",
@@ -67,9 +62,9 @@ ENV_FIELDS = (
 )
 
 
-def _phases(steps: pd.DataFrame) -> tuple[dict | None, list[dict], str | None]:
+def phases_summary(steps: pd.DataFrame) -> tuple[dict | None, list[dict], str | None]:
     """Mean seconds per step of each phase, over all ranks and per rank, on the steps throughput
-    uses (profiler.runfolder.throughput_steps: neither warm-up nor profiled, else every measured
+    uses (profiler.runfolder.layout.throughput_steps: neither warm-up nor profiled, else every measured
     step with its warning; schema 1 folders have no `profiled` column: every non-warm-up step),
     and the rule's warning. (None, [], None) without a measured step."""
     profiled = steps["profiled"] if "profiled" in steps.columns else None
@@ -77,13 +72,13 @@ def _phases(steps: pd.DataFrame) -> tuple[dict | None, list[dict], str | None]:
     body = steps[mask]
     if body.empty:
         return None, [], None
-    cols = [f"{p}_s" for p in PHASES]
-    overall = {p: float(body[f"{p}_s"].mean()) for p in PHASES}
+    cols = [f"{p}_s" for p in STEP_PHASES]
+    overall = {p: float(body[f"{p}_s"].mean()) for p in STEP_PHASES}
     per_rank = body.groupby("rank")[[*cols, "step_time_s"]].mean().reset_index()
     rows = [
         {
             "rank": int(r["rank"]),
-            **{p: float(r[f"{p}_s"]) for p in PHASES},
+            **{p: float(r[f"{p}_s"]) for p in STEP_PHASES},
             "step_time": float(r["step_time_s"]),
         }
         for r in per_rank.to_dict("records")
@@ -91,7 +86,7 @@ def _phases(steps: pd.DataFrame) -> tuple[dict | None, list[dict], str | None]:
     return overall, rows, warning
 
 
-def _memory(entries: list[dict]) -> dict:
+def memory_peaks(entries: list[dict]) -> dict:
     """Peak memory and imbalance over the run's memory entries (one per rank/device).
 
     Uses `peak_allocated_bytes` (CUDA) when every entry has it, else `peak_rss_bytes` (CPU runs).
@@ -235,7 +230,7 @@ def _measured_steps(metrics: Metrics) -> int | None:
 def load_run(run_dir: Path) -> RunEntry:
     """One run entry of the runs JSON, without the cross-run fields (baseline, speedup, ...).
 
-    run.json and steps.csv are validated first (analysis/runs/records.py). Raises AnalysisError when
+    run.json and steps.csv are validated first (analysis/runs/records.py). Raises InputError when
     run.json is missing or unreadable and InvalidRecord when either file breaks the run-folder
     contract; a missing steps.csv (or a bad one in a run that did not finish ok) or bad traces
     only add a line to the entry's `warnings`.
@@ -268,7 +263,7 @@ def load_run(run_dir: Path) -> RunEntry:
         host_load=msgspec.to_builtins(env.host_load) if env.host_load else None,
         epoch_time_s=mean_std(metrics.epoch_time_s)[0],
         memory=memory,
-        **_memory(memory),
+        **memory_peaks(memory),
         memory_breakdown=breakdown_entries((raw.get("metrics") or {}).get("memory_breakdown")),
         test_loss=best.test_loss,
         top1_pct=best.top1_pct,
@@ -313,7 +308,7 @@ def _read_phases(entry: RunEntry, steps_csv: Path, schema_version: Any) -> None:
         return
     try:
         steps = read_steps_frame(steps_csv, world_size=entry.world_size)
-    except AnalysisError as err:
+    except InputError as err:
         if entry.status == "ok":
             raise (
                 err
@@ -323,7 +318,7 @@ def _read_phases(entry: RunEntry, steps_csv: Path, schema_version: Any) -> None:
         # A run that did not finish may have been cut off mid-row: its numbers are not used.
         entry.warnings.append(f"{err} — phases left empty")
         return
-    entry.phases_s, entry.phases_per_rank_s, warning = _phases(steps)
+    entry.phases_s, entry.phases_per_rank_s, warning = phases_summary(steps)
     if warning and warning not in entry.warnings:  # the writer's, said once
         entry.warnings.append(warning)
     if "profiled" not in steps.columns and entry.status == "ok":
@@ -344,7 +339,7 @@ def attach_trace(entry: RunEntry, run_dir: Path, *, progress: bool) -> None:
         return
     try:
         trace = analyze_trace_dir(trace_dir, progress=progress)
-    except AnalysisError as err:
+    except InputError as err:
         entry.warnings.append(str(err))
         return
     except Exception as err:  # noqa: BLE001 — the run's record stays; only its traces are lost

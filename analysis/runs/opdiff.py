@@ -8,17 +8,18 @@ is per analysed step; definitions in docs/reference/metrics.md §9.
 
 from __future__ import annotations
 
+from profiler.runfolder.layout import STEP_PHASES
+from profiler.runfolder.versions import DIFF_JSON_SCHEMA_VERSION, OPS_JSON_SCHEMA_VERSION
 from pathlib import Path
 from typing import Any
 
 from msgspec.structs import asdict
 
-from analysis.errors import AnalysisError
-from analysis.runs.entry import PHASES, load_run
+from profiler.runfolder.errors import InputError
+from analysis.runs.entry import load_run
 from analysis.trace.folder import analyze_trace_dir, find_trace_files
 
 __all__ = [
-    "SCHEMA_VERSION",
     "ddp_adds",
     "diff_entries",
     "diff_runs",
@@ -27,28 +28,27 @@ __all__ = [
     "run_ops",
 ]
 
-SCHEMA_VERSION = 1
 WORKLOAD_FIELDS = ("workload", "model", "dataset", "scaling", "amp")
 
 
 def load_run_with_traces(run: Path) -> dict[str, Any]:
-    """The run's runs-JSON entry with its `trace` analysed; one AnalysisError line when the run
+    """The run's runs-JSON entry with its `trace` analysed; one InputError line when the run
     has no traces. RUN may also be a folder of trace files (no run.json)."""
     run = Path(run)
     if (run / "run.json").is_file():
         entry = asdict(load_run(run))  # as in the runs JSON: what diff_entries reads
         trace_dir = run / "traces"
     elif run.is_dir() and any(run.glob("*/run.json")):
-        raise AnalysisError(run, "is a folder of runs", "pass one run folder, e.g. RUNS/<run_id>")
+        raise InputError(run, "is a folder of runs", "pass one run folder, e.g. RUNS/<run_id>")
     elif run.is_dir():
         entry = {"run_id": run.name, "path": str(run), "warnings": [], "phases_per_rank_s": []}
         trace_dir = run
     else:
-        raise AnalysisError(run, "does not exist", "pass a run folder (runs/<run_id>)")
+        raise InputError(run, "does not exist", "pass a run folder (runs/<run_id>)")
     try:
         find_trace_files(trace_dir)
-    except AnalysisError:
-        raise AnalysisError(
+    except InputError:
+        raise InputError(
             run,
             "has no traces (traces/ is missing or empty)",
             "profile the run (the launcher profiles unless --no-profile) or pick a profiled run",
@@ -65,11 +65,11 @@ def _rank(entry: dict, rank: int) -> dict:
 def run_ops(run: Path, *, top: int = 30) -> dict[str, Any]:
     """The ops JSON: each rank's `top` operators by self time per analysed step."""
     if top < 1:
-        raise AnalysisError("--top", f"must be at least 1 (got {top})", "pass e.g. --top 30")
+        raise InputError("--top", f"must be at least 1 (got {top})", "pass e.g. --top 30")
     entry = load_run_with_traces(run)
     trace = entry["trace"]
     return {
-        "schema_version": SCHEMA_VERSION,
+        "schema_version": OPS_JSON_SCHEMA_VERSION,
         "run_id": entry["run_id"],
         "path": entry["path"],
         "kind": trace["kind"],
@@ -152,7 +152,7 @@ def _phase_rows(a: dict, b: dict, rank_a: int, rank_b: int) -> list[dict]:
     if not pa or not pb:
         return []
     rows = []
-    for phase in (*PHASES, "step_time"):
+    for phase in (*STEP_PHASES, "step_time"):
         if pa.get(phase) is None or pb.get(phase) is None:
             continue
         delta = pb[phase] - pa[phase]
@@ -225,7 +225,7 @@ def diff_entries(a: dict, b: dict, *, rank: int = 0) -> dict[str, Any]:
     if per_sample and batches[0] == batches[1]:
         per_sample = None  # the same samples per step: per step says it all
     return {
-        "schema_version": SCHEMA_VERSION,
+        "schema_version": DIFF_JSON_SCHEMA_VERSION,
         "a": _side(a, ra),
         "b": _side(b, rb),
         "per_sample": per_sample is not None,

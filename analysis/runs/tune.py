@@ -15,7 +15,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from profiler.inputfile import InputError, decode_json
+from profiler.runfolder.errors import InputError
+from profiler.runfolder.inputfile import decode_json
 
 __all__ = ["TUNE_FILE", "find_tune_dirs", "is_tune_dir", "load_tune", "load_tunes"]
 
@@ -82,7 +83,7 @@ def _arm(raw: Any) -> dict:
 def load_tune(tune_dir: Path) -> dict:
     """The runs-JSON entry of one tune folder; raises ValueError (one line) when unreadable."""
     path = Path(tune_dir) / TUNE_FILE
-    try:  # the reading rules of every record (profiler.inputfile): regular file, size, depth
+    try:  # the reading rules of every record (profiler.runfolder.inputfile): regular file, size, depth
         raw = decode_json(path, "tune.json", "re-run `make tune-ddp`")
     except InputError as err:
         raise ValueError(f"{err.what} — {err.fix}") from None

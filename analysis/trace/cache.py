@@ -26,9 +26,10 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from analysis.errors import AnalysisError
-from analysis.trace.rank import SCHEMA_VERSION, RankSummary, summarize_file
+from analysis.trace.rank import RankSummary, summarize_file
 from analysis.trace.summaryrows import read_rows, summary_from_json, summary_table
+from profiler.runfolder.errors import InputError
+from profiler.runfolder.versions import TRACES_PART_SCHEMA_VERSION
 
 __all__ = ["CACHE_DIR", "CACHE_ENV", "cache_enabled", "summarize_cached"]
 
@@ -48,9 +49,9 @@ def cache_enabled(flag: bool | None = None) -> bool:
 def code_fingerprint() -> str:
     """sha256 over the trace analysis' source (and the bus factors it reads): a cache entry
     written by other code is never taken."""
-    import profiler.runfolder as runfolder  # bus_factor: the collectives' bus model
+    import profiler.runfolder.layout as layout  # bus_factor: the collectives' bus model
 
-    files = sorted(Path(__file__).parent.glob("*.py")) + [Path(runfolder.__file__)]
+    files = sorted(Path(__file__).parent.glob("*.py")) + [Path(layout.__file__)]
     digest = hashlib.sha256()
     for f in files:
         digest.update(f.name.encode() + b"\0" + f.read_bytes())
@@ -88,11 +89,11 @@ def _load(path: Path, key: dict) -> RankSummary | None:
     if not (_is(entry.parent, stat.S_IFDIR) and _is(entry, stat.S_IFREG)):
         return None
     try:
-        header, rows = read_rows(entry, SCHEMA_VERSION)
+        header, rows = read_rows(entry, TRACES_PART_SCHEMA_VERSION)
         if header != key or len(rows) != 1:
             return None
         return summary_from_json(rows[0], entry)
-    except (AnalysisError, ValueError, TypeError, KeyError):
+    except (InputError, ValueError, TypeError, KeyError):
         return None
 
 
@@ -106,7 +107,7 @@ def _store(path: Path, key: dict, summary: RankSummary) -> None:
             entry.parent.mkdir(exist_ok=False)
         if os.path.lexists(entry) and not _is(entry, stat.S_IFREG):
             return
-        pq.write_table(summary_table([summary], key, SCHEMA_VERSION), tmp)
+        pq.write_table(summary_table([summary], key, TRACES_PART_SCHEMA_VERSION), tmp)
         os.replace(tmp, entry)
     except (OSError, pa.ArrowException, TypeError, ValueError, json.JSONDecodeError):
         try:

@@ -17,7 +17,8 @@ from operator import attrgetter
 import numpy as np
 
 from analysis.trace.attribution import launches
-from analysis.trace.loader import MAX_SPAN_US, Args, ChunkSplitError, Event
+from analysis.trace.events import Args, Event
+from analysis.trace.loader import MAX_SPAN_US, ChunkSplitError
 from analysis.trace.memory import MemoryAccumulator, MemoryEvents
 from analysis.trace.roles import (
     COMM,
@@ -156,7 +157,6 @@ class _Chunk:
         return [names[c] for c in self.code[idx].tolist()]
 
     def args(self, idx: np.ndarray) -> list[Args | None]:
-        events = self.events
         return list(map(_ARGS, map(self.events.__getitem__, idx.tolist())))
 
     def end(self, idx: np.ndarray) -> np.ndarray:

@@ -18,9 +18,9 @@ from typing import Any
 import numpy as np
 
 from analysis.trace.classify import COMM, Classified
+from analysis.trace.events import decode_list
 from analysis.trace.intervals import merge, total_us
-from analysis.trace.loader import decode_list
-from profiler.runfolder import bus_factor  # comm.csv's bus model: one set of factors
+from profiler.runfolder.layout import bus_factor  # comm.csv's bus model: one set of factors
 
 __all__ = ["DTYPE_BYTES", "bus_factor", "combine_collectives", "rank_instances"]
 

@@ -17,8 +17,8 @@ import os
 from collections.abc import Iterator
 from pathlib import Path
 
-from analysis.errors import AnalysisError
 from analysis.trace.executors import Executor, Outcome, died, summarize_one
+from profiler.runfolder.errors import InputError
 
 __all__ = ["CONNECT_ENV", "DASK_PIP", "check_executor", "dask_summaries"]
 
@@ -30,7 +30,7 @@ def _distributed():
     try:
         import distributed
     except ImportError:
-        raise AnalysisError(
+        raise InputError(
             "--executor dask",
             "dask.distributed is not installed",
             f"run `{DASK_PIP}` (or `pip install dask distributed`), or drop --executor dask",
@@ -51,13 +51,13 @@ def _scheduler_file(path: Path) -> str:
         info = json.loads(Path(path).read_text(encoding="utf-8"))
     except (OSError, ValueError) as err:
         why = getattr(err, "strerror", None) or "not JSON"
-        raise AnalysisError(
+        raise InputError(
             path,
             f"cannot read the Dask scheduler file ({why})",
             "pass the file `dask scheduler --scheduler-file FILE` wrote",
         ) from None
     if not isinstance(info, dict) or not isinstance(info.get("address"), str):
-        raise AnalysisError(
+        raise InputError(
             path,
             "is not a Dask scheduler file (no `address`)",
             "pass the file `dask scheduler --scheduler-file FILE` wrote",
@@ -85,7 +85,7 @@ def _client(ex: Executor) -> Iterator:
         client = distributed.Client(address, timeout=_connect_s())
     except (OSError, TimeoutError, ValueError) as err:
         problem = " ".join(str(err).split())[:160]
-        raise AnalysisError(
+        raise InputError(
             flag,
             f"cannot reach the Dask scheduler at {address} ({problem})",
             "start it (`dask scheduler`) or check the address and port",

@@ -15,9 +15,10 @@ from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass
 from pathlib import Path
 
-from analysis.errors import AnalysisError, unexpected
+from analysis.errors import unexpected
 from analysis.trace.cache import summarize_cached
 from analysis.trace.rank import RankSummary
+from profiler.runfolder.errors import InputError
 
 __all__ = ["EXECUTORS", "Executor", "Outcome", "died", "process_summaries", "summarize_one"]
 
@@ -38,24 +39,22 @@ class Executor:
 
     def __post_init__(self) -> None:
         if self.kind not in EXECUTORS:
-            raise AnalysisError(
+            raise InputError(
                 "--executor", f"{self.kind!r} is not an executor", "pass process or dask"
             )
         if self.kind != "dask" and (self.scheduler or self.scheduler_file):
-            raise AnalysisError(
+            raise InputError(
                 "--scheduler", "needs --executor dask", "add --executor dask, or drop --scheduler"
             )
         if self.scheduler and self.scheduler_file:
-            raise AnalysisError(
-                "--scheduler", "and --scheduler-file both given", "pass one of them"
-            )
+            raise InputError("--scheduler", "and --scheduler-file both given", "pass one of them")
 
 
 def summarize_one(path: Path, cache: bool = False) -> tuple[RankSummary | None, str | None]:
     """One file's summary, or the one-line reason it has none (never raises)."""
     try:
         return summarize_cached(path, cache=cache), None
-    except AnalysisError as err:
+    except InputError as err:
         return None, f"{err.what} — {err.fix}"
     except Exception as err:  # noqa: BLE001 — RecursionError, MemoryError, ...: one hostile
         # file costs one line, never the other ranks.

@@ -15,16 +15,16 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from analysis.errors import AnalysisError
 from analysis.jsonsafe import finite_json
 from analysis.trace.cache import cache_enabled
 from analysis.trace.calls import TracesResult, call_table
 from analysis.trace.collectives import combine_collectives
 from analysis.trace.executors import Executor, Outcome, process_summaries
-from analysis.trace.rank import SCHEMA_VERSION, RankSummary
+from analysis.trace.rank import RankSummary
+from profiler.runfolder.errors import InputError
+from profiler.runfolder.versions import TRACES_JSON_SCHEMA_VERSION
 
 __all__ = [
-    "SCHEMA_VERSION",
     "analyze_trace_dir",
     "combine_summaries",
     "find_trace_files",
@@ -69,7 +69,7 @@ def find_trace_files(path: Path) -> list[Path]:
     if path.exists() and not path.is_dir():  # a FIFO or device too: the loader refuses it
         return [path]
     if not path.is_dir():
-        raise AnalysisError(path, "does not exist", "pass a folder of .pt.trace.json(.gz) files")
+        raise InputError(path, "does not exist", "pass a folder of .pt.trace.json(.gz) files")
     # Not only regular files: a FIFO or device named like a trace gets its own `skipped` line
     # (the loader opens it non-blocking and refuses it) instead of vanishing.
     files = sorted(
@@ -78,7 +78,7 @@ def find_trace_files(path: Path) -> list[Path]:
         if (p.name.endswith(".json") or p.name.endswith(".json.gz")) and not p.is_dir()
     )
     if not files:
-        raise AnalysisError(
+        raise InputError(
             path,
             "no trace files (*.json, *.json.gz)",
             "profile a run first or point at its traces/ folder",
@@ -219,7 +219,7 @@ def analyze_trace_dir(
 ) -> dict:
     """The traces JSON for every trace file in `path` (see docs/reference/metrics.md for each field).
 
-    Raises AnalysisError when no file could be analysed; otherwise bad files are listed in
+    Raises InputError when no file could be analysed; otherwise bad files are listed in
     `skipped` with a one-line reason and the rest is analysed. `executor`: where the per-rank
     reductions run (executors.Executor: local processes, or a Dask cluster; the trace cache).
     """
@@ -240,7 +240,7 @@ def combine_summaries(
     skipped.sort(key=lambda s: s["file"])
     if not ranks:
         reasons = "; ".join(f"{Path(s['file']).name}: {s['reason']}" for s in skipped[:3])
-        raise AnalysisError(path, f"no usable trace ({reasons})", "fix or re-profile the traces")
+        raise InputError(path, f"no usable trace ({reasons})", "fix or re-profile the traces")
     origin = min(r.origin_ns for r in ranks)  # HTA's alignment: earliest event of all ranks = 0
     for r in ranks:
         shift_us = (r.origin_ns - origin) / 1000  # exact integer ns: no float64 absolute clock
@@ -264,7 +264,7 @@ def combine_summaries(
     means = [r.step_time_us_mean for r in ranks]
     lo, hi = min(means), max(means)
     result = {
-        "schema_version": SCHEMA_VERSION,
+        "schema_version": TRACES_JSON_SCHEMA_VERSION,
         "trace_dir": str(path),
         "world_size": world_size if worlds else None,
         "kind": "gpu" if any(r.kind == "gpu" for r in ranks) else "cpu",

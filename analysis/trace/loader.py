@@ -9,13 +9,12 @@ wrong shape (`"ts": "abc"`, `"tid": [1]`, `"dur": null`, not an object at all) f
 typed decode; only that chunk is then decoded event by event, and each such event becomes an
 `IMPOSSIBLE` placeholder that classify drops and counts like an event with impossible times: the
 rest of the file is analysed. An `args` value of the wrong type costs only its field group
-(`_lenient_args`), never the event. Rank and world size come from `distributedInfo` (parsed as
+(events.py), never the event. Rank and world size come from `distributedInfo` (parsed as
 JSON, so spacing does not matter), else from the file name (`rank<N>`, `rank-<N>`, `worker<N>`).
 Gzip is inflated with ISA-L (`isal`, about twice zlib's speed) where it is installed."""
 
 from __future__ import annotations
 
-import math
 import os
 import re
 import stat
@@ -27,8 +26,9 @@ from pathlib import Path
 import msgspec
 import numpy as np
 
-from analysis.errors import AnalysisError
+from analysis.trace.events import Event, decode_events
 from analysis.trace.timebase import MAX_SPAN_US, median_base, needs_exact, rebase
+from profiler.runfolder.errors import InputError
 
 try:  # ISA-L inflates about twice as fast as zlib, with zlib's interface
     from isal import isal_zlib as _zlib
@@ -41,99 +41,14 @@ except ImportError:  # pragma: no cover - isal is a dependency; zlib is the fall
 __all__ = [
     "CHUNK_BYTES",
     "ChunkSplitError",
-    "Args",
-    "Event",
-    "IMPOSSIBLE",
     "LoadedTrace",
     "MAX_SPAN_US",
     "MAX_TRACE_BYTES",
     "MAX_TRACE_BYTES_ENV",
-    "BAD_MEMORY",
-    "decode_list",
-    "parse_args",
     "load_trace",
     "max_trace_bytes",
     "rank_from_name",
 ]
-
-
-class Args(msgspec.Struct, gc=False):
-    """The `args` fields analysis reads: kernels, launches, collectives and `[memory]` events.
-    Decoded with the event itself (one pass over the JSON); the two list-valued fields stay raw
-    JSON, decoded only for the collective calls that need them (`decode_list`)."""
-
-    correlation: int | None = None
-    external_id: int | None = msgspec.field(default=None, name="External id")
-    # tb-profiler's own test traces spell it in lower case on kernels.
-    external_id_lc: int | None = msgspec.field(default=None, name="external id")
-    collective: str | None = msgspec.field(default=None, name="Collective name")
-    in_nelems: int | None = msgspec.field(default=None, name="In msg nelems")
-    out_nelems: int | None = msgspec.field(default=None, name="Out msg nelems")
-    dtype: str | None = None
-    group_size: int | None = msgspec.field(default=None, name="Group size")
-    input_dims: msgspec.Raw = msgspec.field(default=msgspec.Raw(b""), name="Input Dims")
-    input_type: msgspec.Raw = msgspec.field(default=msgspec.Raw(b""), name="Input type")
-    # [memory] events (analysis.trace.memory)
-    total_allocated: int | None = msgspec.field(default=None, name="Total Allocated")
-    nbytes: int | None = msgspec.field(default=None, name="Bytes")
-    device_type: int | None = msgspec.field(default=None, name="Device Type")
-    device_id: int | None = msgspec.field(default=None, name="Device Id")
-
-
-class Event(msgspec.Struct, gc=False):
-    """One trace event with its `args` decoded (None when absent). `ts` is as written (µs);
-    the loader hands each chunk's times rebased in a separate array (timebase.py): µs relative
-    to the trace's base (`LoadedTrace.ts_base_us`), exact to 1 ns; NaN when absent or
-    implausible."""
-
-    ph: str = ""
-    cat: str = ""
-    name: str = ""
-    tid: int | str = 0  # `pid` is never used: not decoding it saves memory
-    # NaN when absent: an event without a time is dropped by classify, never taken as 0.
-    ts: float = math.nan
-    dur: float = math.nan
-    args: Args | None = None
-
-
-class _RawEvent(msgspec.Struct, gc=False):
-    """An event whose `args` did not decode as `Args` (an odd value type): decoded leniently."""
-
-    ph: str = ""
-    cat: str = ""
-    name: str = ""
-    tid: int | str = 0
-    ts: float = math.nan
-    dur: float = math.nan
-    args: msgspec.Raw = msgspec.Raw(b"")
-
-
-class _Collective(msgspec.Struct, gc=False):
-    """The non-memory fields of `Args`, decoded on their own when the whole fails."""
-
-    correlation: int | None = None
-    external_id: int | None = msgspec.field(default=None, name="External id")
-    external_id_lc: int | None = msgspec.field(default=None, name="external id")
-    collective: str | None = msgspec.field(default=None, name="Collective name")
-    in_nelems: int | None = msgspec.field(default=None, name="In msg nelems")
-    out_nelems: int | None = msgspec.field(default=None, name="Out msg nelems")
-    dtype: str | None = None
-    group_size: int | None = msgspec.field(default=None, name="Group size")
-    input_dims: msgspec.Raw = msgspec.field(default=msgspec.Raw(b""), name="Input Dims")
-    input_type: msgspec.Raw = msgspec.field(default=msgspec.Raw(b""), name="Input type")
-
-
-class _Memory(msgspec.Struct, gc=False):
-    total_allocated: int | None = msgspec.field(default=None, name="Total Allocated")
-    nbytes: int | None = msgspec.field(default=None, name="Bytes")
-    device_type: int | None = msgspec.field(default=None, name="Device Type")
-    device_id: int | None = msgspec.field(default=None, name="Device Id")
-
-
-class _Correlation(msgspec.Struct, gc=False):
-    """Only the correlation id: a launch keeps it even when its other args are malformed."""
-
-    correlation: int | None = None
 
 
 class _Trace(msgspec.Struct):
@@ -147,68 +62,13 @@ class _Trace(msgspec.Struct):
 
 
 _DECODER = msgspec.json.Decoder(_Trace)
-_EVENTS_DECODER = msgspec.json.Decoder(list[Event])
-_EVENT_DECODER = msgspec.json.Decoder(Event)
-_RAW_LIST_DECODER = msgspec.json.Decoder(list[msgspec.Raw])
-# What an event of the wrong shape becomes: a complete event without a time, which classify
-# drops and counts (never analysed, never taken as 0).
-IMPOSSIBLE = Event(ph="X")
 # The trace size cap (JSON bytes after gunzip), stated in docs §1: ~40x the largest reference
 # trace's 54 MB; a 10 GiB bomb of zeros or JSON stops here, not in the decoder.
 MAX_TRACE_BYTES = 2 << 30
 MAX_TRACE_BYTES_ENV = "DPSCOPE_MAX_TRACE_BYTES"
 _EVENT_SPLIT_RE = re.compile(rb"\}\s*,\s*\{")
 CHUNK_BYTES = 512 << 10  # ~2k events: cache-friendly, and freed chunks are reused at once
-_RAW_EVENT_DECODER = msgspec.json.Decoder(_RawEvent)
-_ARGS_DECODER = msgspec.json.Decoder(Args | None)
-_COLLECTIVE_DECODER = msgspec.json.Decoder(_Collective)
-_MEMORY_DECODER = msgspec.json.Decoder(_Memory)
-_CORR_DECODER = msgspec.json.Decoder(_Correlation)
-_LIST_DECODER = msgspec.json.Decoder(list)
 _RANK_RE = re.compile(r"(?:rank|worker)[-_]?(\d+)", re.IGNORECASE)
-# `Total Allocated` of a [memory] event whose memory args do not decode: memory.py's
-# plausibility check drops and counts it, as an event with an impossible size.
-BAD_MEMORY = -(1 << 62)
-
-
-def decode_list(raw: msgspec.Raw | None) -> list | None:
-    """A raw JSON list field (`Input Dims`, `Input type`) as a list; None when absent or not a list."""
-    if not raw:
-        return None
-    try:
-        value = _LIST_DECODER.decode(raw)
-    except msgspec.DecodeError:
-        return None
-    return value
-
-
-def parse_args(raw: bytes | msgspec.Raw) -> Args | None:
-    """Raw `args` JSON as `Args`, an odd value type costing only its field group (None: none)."""
-    try:
-        return _ARGS_DECODER.decode(raw) if raw else None
-    except msgspec.DecodeError:
-        return _lenient_args(raw)
-
-
-def _lenient_args(raw: msgspec.Raw) -> Args | None:
-    """`args` whose typed decode failed, field group by field group: an odd value type costs its
-    group (the collective fields or the memory fields), never the event; the correlation id is
-    kept whenever it alone decodes."""
-    if not raw or bytes(raw) == b"null":
-        return None
-    fields: dict = {}
-    try:
-        fields.update(msgspec.structs.asdict(_COLLECTIVE_DECODER.decode(raw)))
-    except msgspec.DecodeError:
-        try:
-            fields["correlation"] = _CORR_DECODER.decode(raw).correlation
-        except msgspec.DecodeError:
-            pass
-    try:
-        fields.update(msgspec.structs.asdict(_MEMORY_DECODER.decode(raw)))
-    except msgspec.DecodeError:
-        fields["total_allocated"] = BAD_MEMORY
-    return Args(**fields)
 
 
 def rank_from_name(path: Path) -> int | None:
@@ -219,28 +79,6 @@ def rank_from_name(path: Path) -> int | None:
 
 class ChunkSplitError(Exception):
     """A chunk boundary fell inside an event (never seen in Kineto output): decode in one piece."""
-
-
-def _one_event(raw: msgspec.Raw) -> Event:
-    try:
-        return _EVENT_DECODER.decode(raw)
-    except msgspec.DecodeError:
-        pass
-    try:
-        e = _RAW_EVENT_DECODER.decode(raw)
-    except msgspec.DecodeError:
-        return IMPOSSIBLE
-    return Event(e.ph, e.cat, e.name, e.tid, e.ts, e.dur, _lenient_args(e.args))
-
-
-def _events(buf: bytes | memoryview) -> list[Event]:
-    """A JSON array of events as `Event`s, an event of the wrong shape as IMPOSSIBLE. The typed
-    decode of the whole array is the fast path; only an array it refuses is decoded per event.
-    Raises msgspec.DecodeError when `buf` is not a JSON array at all."""
-    try:
-        return _EVENTS_DECODER.decode(buf)
-    except msgspec.DecodeError:
-        return [_one_event(e) for e in _RAW_LIST_DECODER.decode(buf)]
 
 
 def _chunks(raw: memoryview, size: int) -> Iterator[bytes]:
@@ -279,15 +117,15 @@ class LoadedTrace:
     ) -> Iterator[tuple[list[Event], np.ndarray]]:
         """Decode each buffer: (events, their rebased times); a chunked pass (`split`) whose
         piece is not valid JSON raises ChunkSplitError, a whole pass that fails is one
-        AnalysisError naming the file."""
+        InputError naming the file."""
         for buf in buffers:
             if split:
                 try:
-                    events = _events(buf)
+                    events = decode_events(buf)
                 except msgspec.DecodeError:  # not valid JSON: the split fell inside a string
                     raise ChunkSplitError from None
             else:
-                events = _decode(_events, self.path, buf)
+                events = _decode(decode_events, self.path, buf)
             if self.ts_base_us is None:
                 self.ts_base_us = median_base([e.ts for e in events])
                 self.exact_ts = needs_exact(events, buf)
@@ -300,7 +138,7 @@ class LoadedTrace:
         yields a second pass decoding everything at once (the consumer restarts on it)."""
         raw = self.raw_events
         if raw.nbytes < 2 or bytes(raw[:1]) != b"[" or bytes(raw[-1:]) != b"]":
-            raise AnalysisError(
+            raise InputError(
                 self.path, "`traceEvents` is not a list", "this is not a torch.profiler trace"
             )
         yield self._pass(_chunks(raw, size), split=True)
@@ -312,7 +150,7 @@ def _decode(decode: Callable, path: Path, raw: bytes | memoryview):
     try:
         return decode(raw)
     except msgspec.DecodeError as err:
-        raise AnalysisError(
+        raise InputError(
             path,
             f"not a Kineto JSON trace ({err})",
             "pass the .pt.trace.json(.gz) files torch.profiler writes",
@@ -330,7 +168,7 @@ def max_trace_bytes() -> int:
     except ValueError:
         value = 0
     if value < 1:
-        raise AnalysisError(
+        raise InputError(
             MAX_TRACE_BYTES_ENV,
             f"{MAX_TRACE_BYTES_ENV}={text[:40]!r} is not a positive number of bytes",
             f"set {MAX_TRACE_BYTES_ENV} to a byte count, e.g. 8589934592, or unset it",
@@ -338,8 +176,8 @@ def max_trace_bytes() -> int:
     return value
 
 
-def _refuse_size(path: Path, what: str, limit: int) -> AnalysisError:
-    return AnalysisError(
+def _refuse_size(path: Path, what: str, limit: int) -> InputError:
+    return InputError(
         path,
         f"{what} more than {limit:,} bytes (the trace size cap)",
         f"raise it with {MAX_TRACE_BYTES_ENV}=<bytes> if this trace is genuine",
@@ -352,13 +190,13 @@ def _read_regular(path: Path, limit: int) -> bytes:
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
     except OSError as err:
-        raise AnalysisError(
+        raise InputError(
             path, f"cannot read ({err.strerror})", "check the path/permissions"
         ) from None
     with os.fdopen(fd, "rb") as f:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
-            raise AnalysisError(
+            raise InputError(
                 path, "is not a regular file (a FIFO, device or socket)", "pass trace files"
             )
         if st.st_size > limit:
@@ -366,7 +204,7 @@ def _read_regular(path: Path, limit: int) -> bytes:
         try:
             return f.read(limit + 1)
         except OSError as err:
-            raise AnalysisError(
+            raise InputError(
                 path, f"cannot read ({err.strerror})", "check the path/permissions"
             ) from None
 
@@ -377,7 +215,7 @@ def _inflate(path: Path, data: bytes, limit: int) -> bytes:
     try:
         head = _zlib.decompressobj(wbits=31).decompress(data, 1 << 16)
         if head.lstrip(b" \t\r\n\xef\xbb\xbf")[:1] not in (b"{", b"["):
-            raise AnalysisError(path, "is a gzip that holds no JSON", "pass Kineto traces")
+            raise InputError(path, "is a gzip that holds no JSON", "pass Kineto traces")
         parts, rest, total = [], data, 0
         while rest:  # one pass per gzip member (Kineto writes one)
             d = _zlib.decompressobj(wbits=31)
@@ -390,7 +228,7 @@ def _inflate(path: Path, data: bytes, limit: int) -> bytes:
             rest = d.unused_data
         return parts[0] if len(parts) == 1 else b"".join(parts)
     except (EOFError, *_INFLATE_ERRORS):
-        raise AnalysisError(
+        raise InputError(
             path, "truncated or corrupt gzip", "the trace was cut off while writing; re-profile"
         ) from None
 
@@ -425,7 +263,7 @@ def _count(value: object) -> int | None:
 
 
 def load_trace(path: Path) -> LoadedTrace:
-    """Decode `path`; raises AnalysisError (one line) when it is not a usable Kineto trace."""
+    """Decode `path`; raises InputError (one line) when it is not a usable Kineto trace."""
     path = Path(path)
     data = _read_bytes(path)
     warnings: list[str] = []
@@ -436,7 +274,7 @@ def load_trace(path: Path) -> LoadedTrace:
         trace = _decode(_DECODER.decode, path, data)
         warnings.append(f"{path}: {fixed} lone UTF-16 surrogate(s) in strings replaced by U+FFFD")
     if not trace.traceEvents:
-        raise AnalysisError(path, "no `traceEvents` list", "this is not a torch.profiler trace")
+        raise InputError(path, "no `traceEvents` list", "this is not a torch.profiler trace")
     rank = world = backend = None
     source = "none"
     if trace.distributedInfo:

@@ -28,11 +28,12 @@ from dataclasses import dataclass, field
 import msgspec
 import numpy as np
 
-from analysis.trace.loader import Args, Event, parse_args
+from analysis.trace.events import Args, Event, parse_args
 
 __all__ = [
     "MAX_MEMORY_BYTES",
-    "PHASES",
+    "MEMORY_NAME",
+    "MEMORY_PEAK_PHASES",
     "MemoryAccumulator",
     "MemoryEvents",
     "device_name",
@@ -40,15 +41,15 @@ __all__ = [
     "memory_summary",
 ]
 
-PHASES = ("forward", "backward", "optimizer")
-_MEMORY_NAME = "[memory]"
+MEMORY_PEAK_PHASES = ("forward", "backward", "optimizer")
+MEMORY_NAME = "[memory]"
 TIMELINE_POINTS = 1500  # per device per rank: enough for a figure, small in the JSON
 # Plausibility bound of a [memory] event: no device holds 1 PiB, and device numbers are small.
 MAX_MEMORY_BYTES = 1 << 50
 _MAX_DEVICE = 1 << 16
 
 
-_PHASE_SET = frozenset(PHASES)
+_PHASE_SET = frozenset(MEMORY_PEAK_PHASES)
 
 
 def device_name(device_type: int, device_id: int) -> str:
@@ -95,7 +96,7 @@ class MemoryAccumulator:
             for e in events
         ]
         ts = np.fromiter((e.ts for e in events), np.float64, len(events))
-        mem = np.fromiter((e.name == _MEMORY_NAME for e in events), bool, len(events))
+        mem = np.fromiter((e.name == MEMORY_NAME for e in events), bool, len(events))
         phase = np.fromiter(
             (e.name in _PHASE_SET and e.ph == "X" and e.cat == "user_annotation" for e in events),
             bool,
@@ -211,7 +212,7 @@ def _device_summary(ev: MemoryEvents, mask: np.ndarray, steps: list[dict]) -> di
     for st in steps:
         base = _level(ts, total, delta, st["forward"][0])
         row: dict = {"start_level_bytes": base}
-        for phase in PHASES:
+        for phase in MEMORY_PEAK_PHASES:
             if phase not in st:
                 row[f"{phase}_peak_bytes"] = None
                 continue
@@ -222,7 +223,7 @@ def _device_summary(ev: MemoryEvents, mask: np.ndarray, steps: list[dict]) -> di
         per_step.append(row)
     t, y = downsample(ts, total)
     out = {"events": int(ts.size)}
-    for phase in PHASES:
+    for phase in MEMORY_PEAK_PHASES:
         vals = [r[f"{phase}_peak_bytes"] for r in per_step if r[f"{phase}_peak_bytes"] is not None]
         out[f"{phase}_peak_bytes"] = max(vals) if vals else None
     return {
@@ -274,7 +275,7 @@ STATIC_FIELDS = (
     "ddp_buckets_bytes",
     "static_total_bytes",
 )
-DYNAMIC_FIELDS = tuple(f"{p}_peak_bytes" for p in PHASES)
+DYNAMIC_FIELDS = tuple(f"{p}_peak_bytes" for p in MEMORY_PEAK_PHASES)
 
 
 def breakdown_entries(entries: object) -> list[dict]:

@@ -14,7 +14,6 @@ from typing import Any
 import msgspec
 import numpy as np
 
-from analysis.errors import AnalysisError
 from analysis.trace.attribution import kernel_steps
 from analysis.trace.classify import COMM, COMPUTE, MAX_DUR_US, Classified, Ranges, classify
 from analysis.trace.collectives import rank_instances
@@ -23,10 +22,9 @@ from analysis.trace.loader import load_trace
 from analysis.trace.memory import memory_summary
 from analysis.trace.ops import rank_ops
 from analysis.trace.tbprofiler import tb_split
+from profiler.runfolder.errors import InputError
 
-__all__ = ["SCHEMA_VERSION", "RankSummary", "summarize_file"]
-
-SCHEMA_VERSION = 2  # of the traces JSON (docs/reference/schemas.md), whose rows these summaries are
+__all__ = ["RankSummary", "summarize_file"]
 
 
 def _windows(c: Classified, path: Path, warnings: list[str]) -> tuple[np.ndarray, np.ndarray, list]:
@@ -34,7 +32,7 @@ def _windows(c: Classified, path: Path, warnings: list[str]) -> tuple[np.ndarray
     if len(c.steps) == 0:
         lo, hi = c.cpu_span
         if hi <= lo:
-            raise AnalysisError(
+            raise InputError(
                 path,
                 "no ProfilerStep ranges and no CPU ops",
                 "profile with torch.profiler and call prof.step() every step",
@@ -199,9 +197,9 @@ def _orphan_us(c: Classified) -> float:
 
 
 def _check_events(c: Classified, path: Path, warnings: list[str]) -> None:
-    """A trace with no events is one AnalysisError; dropped events are one warning."""
+    """A trace with no events is one InputError; dropped events are one warning."""
     if not len(c.kernels) and not len(c.compute_ops) and not len(c.anchors) and not len(c.steps):
-        raise AnalysisError(
+        raise InputError(
             path,
             "no profiler events (no ops, kernels or ProfilerSteps)",
             "the profiler recorded nothing; check its schedule",
@@ -230,7 +228,7 @@ def _check_events(c: Classified, path: Path, warnings: list[str]) -> None:
 def summarize_file(path: Path) -> RankSummary:
     """Load one trace and reduce it to its summary (events are dropped before returning).
 
-    Raises AnalysisError with a one-line message when the file cannot be analysed.
+    Raises InputError with a one-line message when the file cannot be analysed.
     """
     loaded = load_trace(path)
     c = classify(loaded.event_chunks())

@@ -14,7 +14,8 @@ from operator import attrgetter
 
 import numpy as np
 
-from analysis.trace.loader import Event
+from analysis.trace.events import Event
+from analysis.trace.memory import MEMORY_NAME, MEMORY_PEAK_PHASES
 
 __all__ = [
     "ANNOTATION_CATS",
@@ -46,8 +47,6 @@ ANNOTATION_CATS = frozenset({"user_annotation", "python_function", "Python"})
 # Host-side ops that only issue a collective: neither computation nor the collective itself.
 _ISSUE_OPS = ("c10d::", "record_param_comms")
 _DATA_PREFIXES = ("enumerate(DataLoader)#", "enumerate(DataPipe)#")
-MEMORY_NAME = "[memory]"
-PHASES = ("forward", "backward", "optimizer")
 
 # torch-tb-profiler 0.4.3's trace.py EventTypeMap, keyed by the lower-cased `cat`; any other
 # category is dropped (tbprofiler.py).
@@ -147,7 +146,7 @@ class Vocab(dict):
                 _TB_TYPE.get(cat.lower(), TB_NONE),
                 ph == "X",
                 name == MEMORY_NAME,
-                name in PHASES and ph == "X" and cat == "user_annotation",
+                name in MEMORY_PEAK_PHASES and ph == "X" and cat == "user_annotation",
                 cat in ANNOTATION_CATS,
                 cat in OP_CATS,
             )

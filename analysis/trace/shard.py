@@ -20,12 +20,13 @@ from typing import Annotated, Any, Literal
 import msgspec
 import numpy as np
 
-from analysis.errors import AnalysisError
 from analysis.trace.executors import Executor
-from analysis.trace.folder import SCHEMA_VERSION, combine_summaries, find_trace_files, reduce_files
+from analysis.trace.folder import combine_summaries, find_trace_files, reduce_files
 from analysis.trace.rank import RankSummary
 from analysis.trace.summaryrows import read_rows, summary_from_json, summary_table
-from profiler.inputfile import BadJSON, decode_json
+from profiler.runfolder.errors import InputError
+from profiler.runfolder.inputfile import BadJSON, decode_json
+from profiler.runfolder.versions import TRACES_PART_SCHEMA_VERSION
 
 __all__ = [
     "PART_KIND",
@@ -41,10 +42,10 @@ PART_KIND = "dpscope traces part"
 
 
 def parse_shard(text: str) -> tuple[int, int]:
-    """`K/N` -> (K, N) with N >= 1 and 0 <= K < N; anything else is one AnalysisError line."""
+    """`K/N` -> (K, N) with N >= 1 and 0 <= K < N; anything else is one InputError line."""
     m = re.fullmatch(r"\s*(\d+)\s*/\s*(\d+)\s*", str(text))
     if not m or int(m.group(2)) < 1 or int(m.group(1)) >= int(m.group(2)):
-        raise AnalysisError(
+        raise InputError(
             "--shard",
             f"{text!r} is not K/N with N >= 1 and 0 <= K < N",
             "e.g. --shard 0/16 for the first of 16 shards (--shard $SLURM_ARRAY_TASK_ID/16)",
@@ -88,7 +89,7 @@ def reduce_shard(
     )
     header = {
         "kind": PART_KIND,
-        "schema_version": SCHEMA_VERSION,
+        "schema_version": TRACES_PART_SCHEMA_VERSION,
         "trace_dir": str(path),
         "shard": k,
         "shards": n,
@@ -109,9 +110,9 @@ def write_parquet_part(header: dict, summaries: list[RankSummary], out: Path) ->
     """The part as Parquet (summaryrows.py), written atomically."""
     import pyarrow.parquet as pq
 
-    from profiler.atomic import atomic_path
+    from profiler.runfolder.atomic import atomic_path
 
-    table = summary_table(summaries, header, SCHEMA_VERSION)
+    table = summary_table(summaries, header, TRACES_PART_SCHEMA_VERSION)
     with atomic_path(out) as tmp:
         pq.write_table(table, tmp)
 
@@ -144,33 +145,33 @@ def _read_json_part(path: Path, fix: str) -> Any:
     try:
         part = decode_json(path, "part", "re-run that shard", unique=False)
     except BadJSON as err:
-        raise AnalysisError(path, f"unreadable ({err.what})", err.fix) from None
-    except AnalysisError as err:
+        raise InputError(path, f"unreadable ({err.what})", err.fix) from None
+    except InputError as err:
         if err.what == "missing":
-            raise AnalysisError(path, "does not exist", "pass the files `--shard` wrote") from None
+            raise InputError(path, "does not exist", "pass the files `--shard` wrote") from None
         raise
     if not isinstance(part, dict) or part.get("kind") != PART_KIND:
-        raise AnalysisError(path, "is not a traces part", fix)
+        raise InputError(path, "is not a traces part", fix)
     return part
 
 
 def _read_part(path: Path) -> dict[str, Any]:
-    """A part JSON through the reading rules of every record (profiler.inputfile: a regular file
-    under the size limit, bounded nesting), its fields typed; one AnalysisError line otherwise."""
+    """A part JSON through the reading rules of every record (profiler.runfolder.inputfile: a regular file
+    under the size limit, bounded nesting), its fields typed; one InputError line otherwise."""
     fix = "pass the part-K.json files written by `python -m analysis traces DIR --shard K/N`"
     if _is_parquet(path):
-        header, rows = read_rows(path, SCHEMA_VERSION)
+        header, rows = read_rows(path, TRACES_PART_SCHEMA_VERSION)
         part = {**header, "summaries": rows}
         if not isinstance(header, dict) or header.get("kind") != PART_KIND:
-            raise AnalysisError(path, "is not a traces part", fix)
+            raise InputError(path, "is not a traces part", fix)
     else:
         part = _read_json_part(path, fix)
     try:
         typed = msgspec.convert(part, _Part)
     except msgspec.ValidationError as err:
-        raise AnalysisError(path, f"is a broken traces part ({err})", "re-run that shard") from None
+        raise InputError(path, f"is a broken traces part ({err})", "re-run that shard") from None
     if typed.shard >= typed.shards:
-        raise AnalysisError(
+        raise InputError(
             path, f"is shard {typed.shard} of only {typed.shards}", "re-run that shard"
         )
     return part
@@ -186,17 +187,15 @@ def _same(parts: list[tuple[Path, dict]], key: str, what: str, fix: str) -> None
         by_value.setdefault(json.dumps(p[key], sort_keys=True), []).append(path)
     if len(by_value) > 1:
         groups = "; ".join(_names(v) for v in by_value.values())
-        raise AnalysisError(
-            _names([p for p, _ in parts]), f"parts differ in {what} ({groups})", fix
-        )
+        raise InputError(_names([p for p, _ in parts]), f"parts differ in {what} ({groups})", fix)
 
 
 def merge_parts(paths: list[Path]) -> dict:
     """The traces JSON of the whole folder from its parts: exactly what the unsharded analysis
     gives. Parts from different folders or dpscope versions, or overlapping or missing shards,
-    raise one AnalysisError line naming the files."""
+    raise one InputError line naming the files."""
     if not paths:
-        raise AnalysisError("merge", "no part files given", "pass part-*.json")
+        raise InputError("merge", "no part files given", "pass part-*.json")
     parts = [(Path(p), _read_part(Path(p))) for p in paths]  # a file given twice overlaps
     _same(parts, "schema_version", "schema version", "re-run every shard with one dpscope version")
     _same(parts, "trace_dir", "trace folder", "merge only the parts of one trace folder")
@@ -205,11 +204,11 @@ def merge_parts(paths: list[Path]) -> dict:
     )
     _same(parts, "shards", "shard count N", "run every shard with the same --shard K/N")
     first = parts[0][1]
-    if first["schema_version"] != SCHEMA_VERSION:
-        raise AnalysisError(
+    if first["schema_version"] != TRACES_PART_SCHEMA_VERSION:
+        raise InputError(
             _names([p for p, _ in parts]),
             f"parts have schema version {first['schema_version']}, this dpscope reads "
-            f"{SCHEMA_VERSION}",
+            f"{TRACES_PART_SCHEMA_VERSION}",
             "re-run the shards with this dpscope version",
         )
     by_shard: dict[int, list[Path]] = {}
@@ -218,14 +217,14 @@ def merge_parts(paths: list[Path]) -> dict:
     twice = {k: v for k, v in by_shard.items() if len(v) > 1}
     if twice:
         k, dup = min(twice.items())
-        raise AnalysisError(
+        raise InputError(
             _names(dup), f"overlapping parts: shard {k} given {len(dup)} times", "pass each once"
         )
     n = int(first["shards"])
     missing = sorted(set(range(n)) - set(by_shard))
     if missing:
         shown = ", ".join(map(str, missing[:10])) + (", ..." if len(missing) > 10 else "")
-        raise AnalysisError(
+        raise InputError(
             _names([p for p, _ in parts]),
             f"missing shards {shown} of {n}",
             "run those shards (--shard K/N) and merge all N parts",

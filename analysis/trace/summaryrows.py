@@ -20,8 +20,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from analysis.errors import AnalysisError
 from analysis.trace.rank import RankSummary
+from profiler.runfolder.errors import InputError
 
 __all__ = ["META_KEY", "read_rows", "summary_from_json", "summary_table"]
 
@@ -88,7 +88,7 @@ def summary_table(
 
 def read_rows(path: Path, schema_version: int) -> tuple[dict[str, Any], list[dict[str, Any]]]:
     """(header, summaries as part-JSON dicts) of a Parquet file `summary_table` wrote; a file
-    that is not one, or of another schema version, is one AnalysisError line naming it."""
+    that is not one, or of another schema version, is one InputError line naming it."""
     try:
         table = pq.read_table(path)
         meta = table.schema.metadata or {}
@@ -96,11 +96,11 @@ def read_rows(path: Path, schema_version: int) -> tuple[dict[str, Any], list[dic
         version = int(meta[_VERSION_KEY])
     except (OSError, KeyError, ValueError, pa.ArrowException) as err:
         problem = " ".join(str(err).split())[:160] or type(err).__name__
-        raise AnalysisError(
+        raise InputError(
             path, f"is not a dpscope Parquet part ({problem})", "re-run that shard"
         ) from None
     if version != schema_version:
-        raise AnalysisError(
+        raise InputError(
             path,
             f"is Parquet of schema version {version}, this dpscope reads {schema_version}",
             "re-run the shard (or the analysis) with this dpscope version",
@@ -120,7 +120,7 @@ def read_rows(path: Path, schema_version: int) -> tuple[dict[str, Any], list[dic
 
 def summary_from_json(summary: dict, path: Path) -> RankSummary:
     """The rank summary of a part's entry, the instance arrays back as numpy; a summary that is
-    not one (a hand-edited or foreign part) is one AnalysisError line naming the part."""
+    not one (a hand-edited or foreign part) is one InputError line naming the part."""
     try:
         out = msgspec.convert(summary, RankSummary)
         out.instances = {
@@ -134,13 +134,13 @@ def summary_from_json(summary: dict, path: Path) -> RankSummary:
         }
     except (msgspec.ValidationError, ValueError, TypeError, OverflowError) as err:
         problem = " ".join(str(err).split())[:200]
-        raise AnalysisError(
+        raise InputError(
             path, f"holds a broken rank summary ({problem})", "re-run that shard"
         ) from None
     for name, inst in out.instances.items():  # one call per index: every array as long
         sizes = {k: v.shape for k, v in inst.items() if isinstance(v, np.ndarray)}
         if len(set(sizes.values())) > 1 or any(len(s) != 1 for s in sizes.values()):
-            raise AnalysisError(
+            raise InputError(
                 path, f"holds ragged call arrays for `{name}` ({sizes})", "re-run that shard"
             )
     return out

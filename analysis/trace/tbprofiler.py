@@ -18,8 +18,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from analysis.trace.events import Args
 from analysis.trace.intervals import clip, intersection_us, merge, total_us
-from analysis.trace.loader import Args
 from analysis.trace.roles import TB_ANN, TB_DEVICE, TB_KERNEL, TB_OP, TB_RUNTIME
 
 __all__ = ["NO_ID", "TB_COMM_NAMES", "TbAccumulator", "TbRoles", "tb_split"]

@@ -7,8 +7,8 @@ all_gather_into_tensor, reduce_scatter_tensor and all_to_all_single (float32) ov
 message sizes: warm-up iterations, then `--iters` timed ones, each started after a barrier; an
 iteration's time is the slowest rank's (an all-reduce MAX of every rank's times, as nccl-tests
 reports). Rank 0 writes comm.csv (median and p95 per size, algbw = bytes ÷ median time, busbw =
-algbw × the run-folder contract's bus factor, profiler.runfolder), the α–β fit per collective
-(profiler.commfit) into run.json, and
+algbw × the run-folder contract's bus factor, profiler.runfolder.layout), the α–β fit per collective
+(profiler.runfolder.commfit) into run.json, and
 prints an nccl-tests-like table. Each collective's result is checked once on rank-valued tensors;
 a collective that fails the check, or that the backend cannot run, is listed as skipped with why.
 Message size follows nccl-tests: the larger buffer (all_gather: output; reduce_scatter: input).
@@ -45,20 +45,20 @@ import torch
 import torch.distributed as dist
 from tqdm import tqdm
 
-from profiler.commfit import fit_all
-from profiler.errors import run_command
-from profiler.hostload import HostLoadMeter
-from profiler.record import collect_env
-from profiler.records import read_comm_record
-from profiler.runfolder import (
+from profiler.environment import collect_env
+from profiler.runfolder.commfit import fit_all
+from profiler.runfolder.errors import run_command
+from profiler.runfolder.hostload import HostLoadMeter
+from profiler.runfolder.layout import (
     COMM_COLUMNS,
-    RUN_FOLDER_SCHEMA_VERSION,
     RUN_JSON,
     bus_factor,
     utc_now,
     write_comm_csv,
     write_run_json,
 )
+from profiler.runfolder.records import read_comm_record
+from profiler.runfolder.versions import RUN_JSON_SCHEMA_VERSION
 from workloads.comm.host import measure_contention
 from workloads.comm.idle import SWEPT, extra_lines, idle_sweep, sweep_bound_s, sweep_sizes
 from workloads.comm.ops import COLLECTIVES, agreed_check, time_one
@@ -270,7 +270,7 @@ def _start_record(run_id: str, job: _Job, args: argparse.Namespace) -> dict:
     """run.json of a comm run as it starts (status `running`)."""
     plan = job.plan
     return {
-        "schema_version": RUN_FOLDER_SCHEMA_VERSION,
+        "schema_version": RUN_JSON_SCHEMA_VERSION,
         "kind": "comm",
         "run_id": run_id,
         "status": "running",

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import argparse
 
-from profiler.errors import OneLineParser
+from profiler.runfolder.errors import OneLineParser
 from workloads.comm.ops import COLLECTIVES
 from workloads.launch.launcher import LaunchError
 

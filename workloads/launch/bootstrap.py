@@ -5,7 +5,7 @@ It installs the zero-code instrumentation (profiler.autohooks driving a RunRecor
 the user's script unchanged with `runpy`: as `__main__`, with `sys.argv = [SCRIPT, *ARGS]` and
 the script's own folder first on `sys.path`, in the folder the user launched from. Output is teed
 into `logs/rank<r>.log`. At the end, whichever way the script ends, the rank writes its part
-(profiler.parts); a script that raises or exits non-zero also leaves `logs/rank<r>.error.json`
+(profiler.runfolder.parts); a script that raises or exits non-zero also leaves `logs/rank<r>.error.json`
 (workloads.launch.runlog) with its exit code, and the launcher assembles the run folder.
 
 The launcher passes its settings in DPSCOPE_SCRIPT (JSON: run_dir, profile, warmup_steps,

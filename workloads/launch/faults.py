@@ -29,9 +29,9 @@ from typing import NoReturn
 
 import torch
 
-from profiler.atomic import write_json_atomic
 from profiler.callbacks import Callback, StepState
-from profiler.runfolder import TRACE_GLOB, TRACES_DIR
+from profiler.runfolder.atomic import write_json_atomic
+from profiler.runfolder.layout import TRACE_GLOB, TRACES_DIR
 from workloads.config import TrainConfig
 from workloads.plan import Environment, plan, torchrun_layout
 
@@ -224,12 +224,12 @@ def error_details(exc: BaseException, cfg: TrainConfig) -> dict:
 
 def restart_record(run_dir: Path, restarts: int) -> dict:
     """run.json `restarts` and `resumes` (docs/reference/run-folder.md), merged into rank 0's record (which
-    profiler.runfolder.write_run_json writes)."""
+    profiler.runfolder.layout.write_run_json writes)."""
     return {"restarts": restarts, "resumes": read_attempts(run_dir)}
 
 
 def all_traces(run_dir: Path) -> list[str]:
-    """Every attempt's trace files (profiler.runfolder.TRACE_GLOB), relative to the run folder."""
+    """Every attempt's trace files (profiler.runfolder.layout.TRACE_GLOB), relative to the run folder."""
     return sorted(
         p.relative_to(run_dir).as_posix() for p in (run_dir / TRACES_DIR).glob(TRACE_GLOB)
     )

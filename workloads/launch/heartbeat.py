@@ -5,7 +5,7 @@ collective it started and finished (with this rank's sequence number of it) and 
 rank enters the same collectives in the same order, so equal sequence numbers on two ranks are
 the same collective. A beat only updates this process's state (no I/O on the training thread);
 a daemon thread rewrites the file at most every WRITE_INTERVAL_S when the state changed, with
-profiler.atomic (temp file + replace, so a reader never sees half a file) but no fsync (a beat
+profiler.runfolder.atomic (temp file + replace, so a reader never sees half a file) but no fsync (a beat
 lost to a power cut costs nothing; file I/O per phase would cost tiny models a large share of
 their step time). `time` is when the state last changed, so a stuck rank's file stops changing
 even though its writer thread lives on.
@@ -26,11 +26,11 @@ import threading
 import time
 from pathlib import Path
 
-from profiler.atomic import write_text_atomic
 from profiler.callbacks import Callback, StepState
+from profiler.runfolder.atomic import write_text_atomic
 
 __all__ = [
-    "PHASES",
+    "HEARTBEAT_PHASES",
     "Heartbeat",
     "HeartbeatCallback",
     "diagnose_hang",
@@ -39,7 +39,16 @@ __all__ = [
 ]
 
 # Phase order within one step; a later phase is more progress.
-PHASES = ("init", "data", "forward", "backward", "optimizer", "checkpoint", "eval", "finish")
+HEARTBEAT_PHASES = (
+    "init",
+    "data",
+    "forward",
+    "backward",
+    "optimizer",
+    "checkpoint",
+    "eval",
+    "finish",
+)
 # The one collective of each phase that has one (DDP's bucketed gradient allreduce of a
 # backward counts as one collective).
 COLLECTIVES = {
@@ -177,7 +186,7 @@ def _progress(beat: dict) -> tuple:
     return (
         beat.get("attempt", 0),
         beat.get("step", 0),
-        PHASES.index(phase) if phase in PHASES else -1,
+        HEARTBEAT_PHASES.index(phase) if phase in HEARTBEAT_PHASES else -1,
     )
 
 

@@ -17,8 +17,8 @@ import shlex
 import sys
 from pathlib import Path
 
-from profiler.errors import UserError, run_command
-from profiler.runfolder import RUN_JSON, write_run_json
+from profiler.runfolder.errors import UserError, run_command
+from profiler.runfolder.layout import RUN_JSON, write_run_json
 from workloads.config import (
     OneLineParser,
     TrainConfig,

@@ -18,9 +18,9 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from profiler.atomic import write_json_atomic
-from profiler.records import read_record
-from profiler.runfolder import RUN_JSON, utc_now, write_run_json
+from profiler.runfolder.atomic import write_json_atomic
+from profiler.runfolder.layout import RUN_JSON, utc_now, write_run_json
+from profiler.runfolder.records import read_record
 from workloads.launch.faults import read_attempts, signal_name
 
 if TYPE_CHECKING:

@@ -4,7 +4,7 @@ profile an unedited training script (docs/guides/own-script.md).
 The launcher checks the arguments (one line each, nothing written), writes run.json `running`,
 starts workloads.launch.bootstrap (under torchrun for `--mode ddp`, which sets RANK, WORLD_SIZE,
 LOCAL_RANK and MASTER_* as any torchrun script expects) under the same supervision as built-in
-runs, then assembles the ranks' parts (profiler.parts) into steps.csv and run.json. A failed
+runs, then assembles the ranks' parts (profiler.runfolder.parts) into steps.csv and run.json. A failed
 script becomes `status: failed` through runlog.finalize, as a built-in run does.
 
 run.json `config` adds `script` (absolute path), `script_args`, `script_sha256` and `workload`:
@@ -23,9 +23,10 @@ import sys
 from datetime import UTC, datetime
 from pathlib import Path
 
-from profiler.parts import assemble, read_parts
-from profiler.record import collect_env
-from profiler.runfolder import RUN_FOLDER_SCHEMA_VERSION, RUN_JSON, utc_now, write_run_json
+from profiler.environment import collect_env
+from profiler.runfolder.layout import RUN_JSON, utc_now, write_run_json
+from profiler.runfolder.parts import assemble, read_parts
+from profiler.runfolder.versions import RUN_JSON_SCHEMA_VERSION
 from profiler.session import ProfileConfig
 from workloads.config import TrainConfig, config_from_namespace
 from workloads.launch.bootstrap import SETTINGS_ENV
@@ -118,7 +119,7 @@ def _running_record(cfg: TrainConfig, mode: str, nproc: int, extra: dict) -> dic
         **extra,
     }
     return {
-        "schema_version": RUN_FOLDER_SCHEMA_VERSION,
+        "schema_version": RUN_JSON_SCHEMA_VERSION,
         "run_id": cfg.run_id,
         "status": "running",
         "error": None,

@@ -4,7 +4,7 @@ runs (so `dpscope --help`, `report`, `runs` and `traces` never import torch).
 Each subcommand is the module behind today's `python -m ...` entry point, called with the rest of
 the command line and `prog="dpscope <name>"`, so it takes the same options, prints the same help
 and reports bad input the same way: one `dpscope <name>: error: <message>` line and exit code 2
-(profiler.errors.run_command); a bug keeps its traceback. Paths are relative to the folder the
+(profiler.runfolder.errors.run_command); a bug keeps its traceback. Paths are relative to the folder the
 command runs in.
 
 Nothing imports this module, so its lazy imports (`importlib`, by module name) can't close a cycle;
@@ -19,7 +19,7 @@ import sys
 from dataclasses import dataclass
 from importlib import metadata
 
-from profiler.errors import OneLineParser
+from profiler.runfolder.errors import OneLineParser
 
 __all__ = ["COMMANDS", "Command", "build_parser", "command_parser", "main"]
 
@@ -103,7 +103,7 @@ COMMANDS: dict[str, Command] = {
         ),
         Command(
             name="tensorboard",
-            module="profiler.tensorboard",
+            module="workloads.tools.tensorboard",
             help="serve the traces in TensorBoard's profiler plugin (127.0.0.1)",
         ),
         Command(

@@ -16,7 +16,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from profiler.errors import OneLineParser, UserError, run_command
+from profiler.runfolder.errors import OneLineParser, UserError, run_command
 
 __all__ = ["DEMO_DEFAULTS", "build_parser", "main"]
 

@@ -31,9 +31,10 @@ from pathlib import Path
 import torch
 
 from analysis.runs.compare import compare_runs
-from profiler.records import RunRecord, read_record
-from profiler.runfolder import RUN_JSON, STEPS_CSV
-from profiler.steps import read_steps
+from profiler.runfolder.layout import RUN_JSON, STEPS_CSV
+from profiler.runfolder.records import read_record
+from profiler.runfolder.schema import RunRecord
+from profiler.runfolder.steps import read_steps
 from workloads.launch.child import child_env, user_path
 from workloads.train.models import build_model
 
@@ -168,8 +169,8 @@ def _projection_check(
 ) -> None:
     """Projected vs measured 1 -> N GPUs: an nccl comm benchmark, then `analysis project` of the
     single-GPU run to N ranks against the measured ddp-nccl run, and the DDP run's replay."""
-    from analysis.errors import AnalysisError
     from analysis.project.projection import project
+    from profiler.runfolder.errors import InputError
 
     comm = runs_dir / f"gpu-comm-nccl-{stamp}"
     cmd = [sys.executable, "-m", "workloads.comm.bench", "--backend", "nccl", "--nproc", str(gpus)]
@@ -185,7 +186,7 @@ def _projection_check(
             batch_runs=[usable["single-b32"]],
         )  # fmt: skip
         replay = project(usable["ddp-nccl"], comm, [gpus])["replay"]
-    except AnalysisError as err:
+    except InputError as err:
         check("projection", "analysis project", False, str(err))
         return
     for label, c in ((f"projected 1 -> {gpus} GPUs", out["measured"][0]), ("replay", replay)):

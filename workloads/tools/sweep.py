@@ -33,9 +33,9 @@ from typing import TextIO
 
 from tqdm import tqdm
 
-from profiler.errors import OneLineParser, UserError, run_command
-from profiler.records import InputError, read_record
-from profiler.runfolder import RUN_JSON
+from profiler.runfolder.errors import InputError, OneLineParser, UserError, run_command
+from profiler.runfolder.layout import RUN_JSON
+from profiler.runfolder.records import read_record
 from workloads.launch.child import child_env, user_path
 
 __all__ = ["Combo", "SweepError", "combos", "main", "parse_ints"]

@@ -24,11 +24,12 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from profiler.atomic import write_json_atomic
-from profiler.errors import run_command
-from profiler.records import InputError, read_record
-from profiler.runfolder import RUN_JSON, STEPS_CSV, utc_now
-from profiler.steps import read_steps
+from profiler.runfolder.atomic import write_json_atomic
+from profiler.runfolder.errors import InputError, run_command
+from profiler.runfolder.layout import RUN_JSON, STEPS_CSV, utc_now
+from profiler.runfolder.records import read_record
+from profiler.runfolder.steps import read_steps
+from profiler.runfolder.versions import TUNE_JSON_SCHEMA_VERSION
 from workloads.launch.child import child_env, user_path
 from workloads.tools import tune_stats
 from workloads.tools.tune_output import command_lines, print_table
@@ -36,7 +37,6 @@ from workloads.tools.tune_plan import Knob, TuneError, build_parser, prepare
 
 __all__ = ["Tuner", "main"]
 
-TUNE_SCHEMA_VERSION = 1
 WINDOWS = os.name == "nt"
 
 
@@ -86,7 +86,7 @@ class Tuner:
         self.durations: list[float] = []
         self.stop_reason: str | None = None
         self.record = {
-            "schema_version": TUNE_SCHEMA_VERSION,
+            "schema_version": TUNE_JSON_SCHEMA_VERSION,
             "kind": "dpscope-tune",
             "tune_id": opts.tune_id,
             "status": "running",

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING
 
-from profiler.errors import OneLineParser, UserError
+from profiler.runfolder.errors import OneLineParser, UserError
 from workloads.config import TrainConfig, config_from_namespace
 from workloads.plan import batch_split
 from workloads.tools import tune_stats

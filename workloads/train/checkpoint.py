@@ -18,8 +18,8 @@ import numpy as np
 import torch
 from torch import nn
 
-from profiler.atomic import atomic_path
 from profiler.callbacks import Callback, StepState
+from profiler.runfolder.atomic import atomic_path
 from workloads.train.context import RunContext, unwrap_model
 
 __all__ = [

@@ -23,7 +23,7 @@ import torch
 import torch.nn.functional as F
 from torch.utils.data import DataLoader, Dataset, Sampler, Subset, TensorDataset
 
-from profiler.errors import UserError
+from profiler.runfolder.errors import UserError
 from workloads.spec import BUILTIN_DATASETS, Spec, SpecError, parse_spec
 from workloads.train.factory import call_factory, load_function
 

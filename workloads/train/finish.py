@@ -17,14 +17,16 @@ from torch import nn
 from profiler.memory import MemoryTracker
 from profiler.memory_breakdown import StaticMemory
 from profiler.modelinfo import ddp_info, model_metrics
-from profiler.records import InputError, read_record
-from profiler.runfolder import RUN_JSON, write_run_json, write_steps_csv
+from profiler.runfolder.errors import InputError
+from profiler.runfolder.layout import RUN_JSON, write_run_json, write_steps_csv
+from profiler.runfolder.records import read_record
+from profiler.runfolder.stepmetrics import step_metrics
 from profiler.session import ProfilerSession
 from workloads.config import TrainConfig
 from workloads.launch import faults
 from workloads.record import run_record
 from workloads.train.context import RunContext, unwrap_model
-from workloads.train.summary import best_epoch, step_metrics
+from workloads.train.losses import best_epoch
 from workloads.train.workload import WorkloadFacts
 
 if TYPE_CHECKING:  # the loop's instruments: finish reads their results, never builds them
@@ -126,7 +128,7 @@ def finish(
         traces=sorted(t for g in gathered for t in g["traces"]),
     )
     record["warnings"] = warnings  # e.g. no unprofiled measured step: throughput fell back
-    record["env"]["host_load"] = inst.host.result  # rank 0's host (profiler.hostload)
+    record["env"]["host_load"] = inst.host.result  # rank 0's host (profiler.runfolder.hostload)
     if restarts:  # earlier attempts' traces too (their names say which attempt)
         record.update(faults.restart_record(run_dir, restarts), traces=faults.all_traces(run_dir))
     print(f"[rank0] wrote {write_run_json(run_dir, record)}", flush=True)

@@ -57,16 +57,16 @@ from workloads.launch import faults
 from workloads.launch.heartbeat import Heartbeat
 from workloads.launch.runlog import rank_log, write_error_record
 from workloads.train.checkpoint import LoopState, checkpoint_now, resume
+from workloads.train.components import Components, build_components, planned_steps
 from workloads.train.context import RunContext, init_context, teardown, unwrap_model
 from workloads.train.finish import finish
 from workloads.train.instruments import Instruments, build_instruments
 from workloads.train.losses import LossFn, eval_record, eval_sums, output_kind
-from workloads.train.parts import Parts, build_parts, planned_steps
 
 __all__ = ["evaluate", "main", "train"]
 
 
-def _set_threads(ctx: RunContext) -> int:
+def set_threads(ctx: RunContext) -> int:
     """The plan's threads per rank: `--threads N`, else CPU ranks share the cores and GPU runs
     keep torch's default."""
     torch.set_num_threads(ctx.plan.threads_per_rank)
@@ -105,15 +105,15 @@ def evaluate(
 
 def _eval_line(result: dict) -> str:
     """`test_loss 0.6931 top1 51.20% top5 100.00% perplexity 2.00` with what the eval has."""
-    parts = [f"test_loss {result['test_loss']:.4f}"]
+    pieces = [f"test_loss {result['test_loss']:.4f}"]
     for key, label, fmt in (
         ("top1_pct", "top1", "{:.2f}%"),
         ("top5_pct", "top5", "{:.2f}%"),
         ("perplexity", "perplexity", "{:.2f}"),
     ):
         if result.get(key) is not None:
-            parts.append(f"{label} {fmt.format(result[key])}")
-    return " ".join(parts)
+            pieces.append(f"{label} {fmt.format(result[key])}")
+    return " ".join(pieces)
 
 
 def _forward_backward(
@@ -157,11 +157,11 @@ def _forward_backward(
 
 @dataclass(kw_only=True)
 class _Run:
-    """One rank's training: the parts, the loop's progress and the callbacks it fires."""
+    """One rank's training: the components, the loop's progress and the callbacks it fires."""
 
     cfg: TrainConfig
     ctx: RunContext
-    parts: Parts
+    components: Components
     loop: LoopState
     state: StepState
     inst: Instruments
@@ -176,7 +176,7 @@ class _Run:
 
     def step(self, batches: Iterator) -> None:
         """One optimizer step, with its callbacks."""
-        p, device = self.parts, self.ctx.device
+        p, device = self.components, self.ctx.device
         self.fire("step_start")
         with self.phase("data"):
             x, y = next(batches)
@@ -205,7 +205,7 @@ class _Run:
     def checkpoint(self) -> None:
         """Collective under DDP: the loop state and every rank's rows so far (rank 0 saves)."""
         self.fire("checkpoint")
-        p = self.parts
+        p = self.components
         checkpoint_now(
             self.checkpoint_path,
             self.ctx,
@@ -219,10 +219,10 @@ class _Run:
     def epoch(self, planned: int) -> None:
         """The rest of the current epoch (from the sampler's position), then its evaluation."""
         loop, cfg = self.loop, self.cfg
-        self.parts.sampler.set_epoch(loop.epoch, start=loop.epoch_step)
+        self.components.sampler.set_epoch(loop.epoch, start=loop.epoch_step)
         epoch_start = time.perf_counter()
-        batches = iter(self.parts.loader)
-        while loop.epoch_step < len(self.parts.sampler) and loop.step < planned:
+        batches = iter(self.components.loader)
+        while loop.epoch_step < len(self.components.sampler) and loop.step < planned:
             self.step(batches)
             loop.step += 1
             loop.epoch_step += 1
@@ -231,14 +231,16 @@ class _Run:
         loop.epoch_times.append(time.perf_counter() - epoch_start)
         self.fire("epoch_end")
         done = f"[rank{self.ctx.rank}] epoch {loop.epoch}: {loop.epoch_step} steps"
-        if self.parts.test_loader is None:  # no test split: nothing to evaluate (run.json says so)
+        if (
+            self.components.test_loader is None
+        ):  # no test split: nothing to evaluate (run.json says so)
             print(f"{done}, no eval (the dataset has no test split)", flush=True)
         else:
             result = evaluate(
-                unwrap_model(self.parts.model),
-                self.parts.test_loader,
+                unwrap_model(self.components.model),
+                self.components.test_loader,
                 self.ctx,
-                loss_fn=self.parts.loss_fn,
+                loss_fn=self.components.loss_fn,
                 epoch=loop.epoch,
                 on_batch=partial(self.fire, "eval_batch"),
             )
@@ -278,13 +280,21 @@ def train(
     attempt_no = faults.attempt()  # read once, not per step
     # The first beat is on disk before the data and model are built (the launcher's watchdog).
     beat = Heartbeat.of_rank(run_dir, ctx.rank, attempt=attempt_no, collectives=ctx.mode == "ddp")
-    threads = _set_threads(ctx)
-    parts = build_parts(cfg, ctx)
+    threads = set_threads(ctx)
+    components = build_components(cfg, ctx)
     loop = LoopState()
     ckpt = run_dir / "checkpoint.pt"
     if attempt_no:  # torchrun restarted the job: continue from the last checkpoint, if any
-        resume(ckpt, ctx, parts.model, parts.optimizer, parts.scaler, loop, attempt_no=attempt_no)
-    planned = planned_steps(cfg, parts)
+        resume(
+            ckpt,
+            ctx,
+            components.model,
+            components.optimizer,
+            components.scaler,
+            loop,
+            attempt_no=attempt_no,
+        )
+    planned = planned_steps(cfg, components)
     _announce(cfg, ctx, threads=threads, planned=planned, loop=loop, attempt_no=attempt_no)
     inst = build_instruments(
         cfg, ctx, run_dir, beat, planned=planned, first_step=loop.step, extra=callbacks
@@ -292,10 +302,13 @@ def train(
     run = _Run(
         cfg=cfg,
         ctx=ctx,
-        parts=parts,
+        components=components,
         loop=loop,
         state=StepState(
-            rank=ctx.rank, model=parts.model, optimizer=parts.optimizer, first_step=loop.step
+            rank=ctx.rank,
+            model=components.model,
+            optimizer=components.optimizer,
+            first_step=loop.step,
         ),
         inst=inst,
         checkpoint_path=ckpt,
@@ -308,13 +321,13 @@ def train(
         cfg,
         ctx,
         run_dir,
-        model=parts.model,
+        model=components.model,
         rows=loop.rows
         + inst.recorder.rows,  # rank 0: every rank's rows to the checkpoint, then its own
         inst=inst,
         evals=loop.evals,
-        eval_note=None if parts.test_loader else f"--dataset {cfg.dataset} has no test split",
-        workload=parts.facts,
+        eval_note=None if components.test_loader else f"--dataset {cfg.dataset} has no test split",
+        workload=components.facts,
         epoch_times=loop.epoch_times,
         restarts=attempt_no,
         threads=threads,

@@ -22,6 +22,7 @@ from workloads.spec import BUILTIN_LOSSES, Spec, SpecError, parse_spec
 from workloads.train.factory import last_line, load_function
 
 __all__ = [
+    "best_epoch",
     "LOSSES",
     "LossFn",
     "build_loss",
@@ -123,3 +124,14 @@ def eval_record(kind: str, sums: list[float], *, epoch: int) -> dict:
         "samples": int(samples),
         "tokens": int(units) if kind == "sequence" else None,
     }
+
+
+def best_epoch(epochs: list[dict]) -> dict | None:
+    """The eval entry with the highest top-1 accuracy (token top-1 for sequences), or, for an
+    output without one (e.g. regression), the lowest test loss; earliest on ties. None without
+    evals."""
+    if not epochs:
+        return None
+    if any(e.get("top1_pct") is None for e in epochs):
+        return min(epochs, key=lambda e: (e["test_loss"], e["epoch"]))
+    return max(epochs, key=lambda e: (e["top1_pct"], -e["epoch"]))

@@ -6,7 +6,7 @@ Torch-free and below both halves, since the writer (workloads.comm.bench) and th
 
     t(bytes, n) = steps(n) · α + bus_factor(n) · bytes / B
 
-with steps and bus_factor from profiler.runfolder (ring algorithms, nccl-tests' bus factors). α
+with steps and bus_factor from profiler.runfolder.layout (ring algorithms, nccl-tests' bus factors). α
 (µs per step) and B (bus bandwidth, GB/s with GB = 1e9 B) are fitted to the measured times by
 least squares on the relative error, so 4 B and 16 MiB messages weigh alike; the fit error is the
 mean and max of |model − measured| ÷ measured over the sizes.
@@ -17,7 +17,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from profiler.runfolder import bus_factor, ring_steps
+from profiler.runfolder.layout import bus_factor, ring_steps
 
 __all__ = ["fit_all", "fit_alpha_beta"]
 

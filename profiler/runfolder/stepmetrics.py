@@ -3,14 +3,14 @@ value carries its unit in its name).
 
 Torch-free and in profiler/ because every writer of a run record computes them here: rank 0 of
 dpscope's loop (workloads.train.finish), a RunRecorder (profiler.recorder) and the launcher
-assembling a script run (profiler.parts).
+assembling a script run (profiler.runfolder.parts).
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from profiler.runfolder import throughput_steps
+from profiler.runfolder.layout import throughput_steps
 
 __all__ = ["step_metrics", "throughput_rows"]
 
@@ -29,7 +29,7 @@ def _stats(times: list[float]) -> dict:
 
 def throughput_rows(rows: list[dict]) -> tuple[list[dict], str | None]:
     """The steps throughput is measured on, and the fallback's warning: the run-folder rule
-    (profiler.runfolder.throughput_steps) applied to step rows."""
+    (profiler.runfolder.layout.throughput_steps) applied to step rows."""
     mask, warning = throughput_steps([r["warmup"] for r in rows], [r.get("profiled") for r in rows])
     return [r for r, keep in zip(rows, mask, strict=True) if keep], warning
 

@@ -1,61 +1,130 @@
-"""run.json, steps.csv and a comm run's run.json validated at the boundary, once: typed msgspec
-Structs with ranges, for every reader (analysis, the launcher, the tools).
+"""The run-folder schema: every field of run.json (training and comm runs) and every steps.csv
+row, as typed msgspec Structs with their ranges.
 
-Everything after `read_record` / `read_comm_record` (and profiler.steps' `read_steps_frame`)
-may trust types and ranges: counts ≥ 0, world size ≥ 1, finite non-negative times, known
-statuses and schema versions. A file that breaks a rule raises `InvalidRecord`, one line naming
-the file, the field and what is wrong; analysis then lists the run as `invalid` and never analyses
-it. Unknown fields are ignored (newer writers add optional fields), and every field that older
-writers may lack is optional. The rules are listed in docs/reference/run-folder.md; the names of
-the files and columns are profiler.runfolder's.
-
-Torch-free and below both halves (analysis imports it; it imports neither workloads nor analysis).
-The one bad-input error type, `InputError` (analysis.errors.InputError), is profiler.inputfile's
-and re-exported here.
+Declarative (one Struct per record and sub-record, one line per field), so it is exempt from the
+400-line rule (tests/test_code_size.py). Readers decode through it (profiler.runfolder.records);
+the rules are listed in docs/reference/run-folder.md. Unknown fields are ignored (newer writers
+add optional fields), and every field older writers may lack is optional.
 """
 
 from __future__ import annotations
 
-import re
-from pathlib import Path
+import sys
 from typing import Annotated, Any, Literal, get_args
 
 import msgspec
 
-from profiler.inputfile import BadJSON, InputError, decode_json, read_regular
-from profiler.recordtypes import (
-    _FINITE_MAX,
-    MAX_ENTRIES,
-    MAX_RANKS,
-    Bytes,
-    Count,
-    DdpConfig,
-    DdpMetrics,
-    ErrorInfo,
-    Flag,
-    HostLoad,
-    ModelFacts,
-    PathText,
-    Pct,
-    ProfileConfig,
-    Rate,
-    Seconds,
-)
-from profiler.runfolder import READABLE_RUN_FOLDER_SCHEMAS
-
 __all__ = [
-    "REQUIRED_STEP_COLUMNS",
-    "STATUSES",
+    "Bytes",
+    "CommConfig",
+    "CommMean",
+    "CommMetrics",
     "CommRecord",
+    "Config",
+    "Count",
+    "DdpConfig",
+    "DdpMetrics",
+    "Env",
+    "ErrorInfo",
+    "Eval",
+    "EvalEntry",
+    "FINITE_MAX",
+    "Flag",
     "HostLoad",
-    "InputError",
-    "InvalidRecord",
+    "MAX_ENTRIES",
+    "MAX_RANKS",
+    "MemoryEntry",
+    "Metrics",
+    "ModelFacts",
+    "PathText",
+    "Pct",
+    "PerRank",
+    "ProfileConfig",
+    "REQUIRED_STEP_COLUMNS",
+    "Rate",
     "RunRecord",
+    "STATUSES",
+    "Seconds",
+    "Status",
     "StepRow",
-    "read_comm_record",
-    "read_record",
-    "record_kind",
+    "StepTime",
 ]
+
+# JSON cannot hold inf/NaN, but steps.csv cells can ("inf", "nan"): NaN fails `ge`, inf fails `le`.
+FINITE_MAX = sys.float_info.max
+Count = Annotated[int, msgspec.Meta(ge=0)]
+Seconds = Annotated[float, msgspec.Meta(ge=0, le=FINITE_MAX)]
+Rate = Annotated[float, msgspec.Meta(ge=0, le=FINITE_MAX)]
+Pct = Annotated[float, msgspec.Meta(ge=0, le=100)]
+Flag = Annotated[int, msgspec.Meta(ge=0, le=1)]
+PathText = Annotated[str, msgspec.Meta(max_length=4096)]
+# Bounds on per-rank lists (docs/reference/run-folder.md): one entry per rank and device, so far
+# more than any job has ranks; a longer list is refused instead of making the report's work
+# unbounded.
+MAX_RANKS = 16_384
+MAX_ENTRIES = 2 * MAX_RANKS
+Bytes = Annotated[int, msgspec.Meta(ge=0, le=2**63 - 1)]
+
+
+class DdpConfig(msgspec.Struct):
+    """run.json `config.ddp`: the DDP settings the projection reads."""
+
+    bucket_cap_mb: Annotated[float, msgspec.Meta(gt=0, le=1e6)] | None = None
+    comm_hook: str | None = None
+    # The first bucket's limit DDP used (written since its first-bucket rule changed with torch).
+    first_bucket_bytes: Annotated[int, msgspec.Meta(ge=1)] | None = None
+
+
+class ProfileConfig(msgspec.Struct):
+    """run.json `config.profile`: the profiler schedule (profiler.session.ProfileConfig)."""
+
+    enabled: bool = True
+    wait: Count = 0
+    warmup: Count = 0
+    active: Count = 0
+    repeat: Count = 0
+
+
+class DdpMetrics(msgspec.Struct):
+    """run.json `metrics.ddp` (null outside DDP): the reducer's bucket layout."""
+
+    num_buckets: Count | None = None
+    bucket_sizes_bytes: Annotated[list[Bytes], msgspec.Meta(max_length=1_000_000)] = []
+    grad_bytes_total: Bytes | None = None
+    param_count: Count | None = None
+
+
+class ErrorInfo(msgspec.Struct):
+    message: str | None = None
+    rank: int | None = None  # any integer: a writer may mark "no rank" its own way
+    exit_code: int | None = None
+    log_tail: list[str] = []
+
+
+class ModelFacts(msgspec.Struct):
+    """config.model_facts: the model's size and one micro-batch's shapes."""
+
+    parameters: Count | None = None
+    trainable_parameters: Count | None = None
+    num_classes: Count | None = None
+    has_test_split: bool | None = None
+    input_shape: list[Count] | None = None
+    input_dtype: str | None = None
+    target_shape: list[Count] | None = None
+    target_dtype: str | None = None
+
+
+class HostLoad(msgspec.Struct):
+    """env.host_load (optional): how busy the machine was while the run measured its steps."""
+
+    load_avg_1m_start: Annotated[float, msgspec.Meta(ge=0)] | None = None
+    load_avg_1m_end: Annotated[float, msgspec.Meta(ge=0)] | None = None
+    # cores' worth of CPU used by other processes during the measured steps
+    other_cpu_cores_mean: Annotated[float, msgspec.Meta(ge=0)] | None = None
+    steal_pct: Pct | None = None
+    cores: Count | None = None
+    own_threads: Count | None = None
+
 
 Status = Literal["running", "ok", "failed", "skipped", "interrupted"]
 STATUSES = get_args(Status)
@@ -141,19 +210,19 @@ class Metrics(msgspec.Struct):
     param_grad_bytes: Annotated[list[Bytes], msgspec.Meta(max_length=10_000_000)] | None = None
     buffer_bytes_by_dtype: dict[str, Bytes] | None = None
     # schema 2: (profiled ÷ unprofiled mean step time − 1) × 100 ≥ −100; may be negative (noise)
-    profiler_overhead_pct: Annotated[float, msgspec.Meta(ge=-100, le=_FINITE_MAX)] | None = None
+    profiler_overhead_pct: Annotated[float, msgspec.Meta(ge=-100, le=FINITE_MAX)] | None = None
 
 
 class EvalEntry(msgspec.Struct):
     epoch: Count | None = None
     # Finite; negative only from a user's --loss (a log-likelihood may be below 0).
-    test_loss: Annotated[float, msgspec.Meta(ge=-_FINITE_MAX, le=_FINITE_MAX)] | None = None
+    test_loss: Annotated[float, msgspec.Meta(ge=-FINITE_MAX, le=FINITE_MAX)] | None = None
     top1_pct: Pct | None = None
     top5_pct: Pct | None = None
     samples: Count | None = None
     # Sequence outputs: exp(mean token cross-entropy) and the tokens scored; `output` is what
     # the eval could score (class_scores | sequence | other).
-    perplexity: Annotated[float, msgspec.Meta(ge=1, le=_FINITE_MAX)] | None = None
+    perplexity: Annotated[float, msgspec.Meta(ge=1, le=FINITE_MAX)] | None = None
     tokens: Count | None = None
     output: Literal["class_scores", "sequence", "other"] | None = None
 
@@ -208,7 +277,7 @@ class CommConfig(msgspec.Struct):
     backend: str | None = None
     world_size: Annotated[int, msgspec.Meta(ge=1, le=MAX_RANKS)] | None = None
     devices: list[str] | None = []
-    gap_ms: dict[str, Annotated[float, msgspec.Meta(ge=0, le=_FINITE_MAX)]] | None = None
+    gap_ms: dict[str, Annotated[float, msgspec.Meta(ge=0, le=FINITE_MAX)]] | None = None
 
 
 class CommMean(msgspec.Struct):
@@ -239,120 +308,3 @@ class CommRecord(msgspec.Struct):
     run_id: Annotated[str, msgspec.Meta(min_length=1)] | None = None
     error: ErrorInfo | None = None
     env: Env = msgspec.field(default_factory=Env)  # newer runs: env.host_load during the timing
-
-
-class InvalidRecord(InputError):
-    """A run.json or steps.csv that breaks the run-folder contract; `field` names the field."""
-
-    def __init__(
-        self,
-        path: Path,
-        field: str,
-        problem: str,
-        fix: str = "fix or remove this run folder (re-run it to get a valid record)",
-    ) -> None:
-        # msgspec quotes bad enum values: a 2 MB `status` must not become a 2 MB line.
-        problem = " ".join(problem.split())
-        problem = problem if len(problem) <= 300 else problem[:299] + "…"
-        self.file, self.field, self.problem = str(path), field, problem
-        super().__init__(
-            path, f"invalid `{field}`: {problem}" if field else f"invalid: {problem}", fix
-        )
-
-    def to_dict(self) -> dict[str, str]:
-        return {k: getattr(self, k) for k in ("file", "field", "problem")} | {"reason": str(self)}
-
-
-_AT_RE = re.compile(r"^(?P<msg>.*?)(?: - at `\$(?P<at>[^`]*)`)?$", re.DOTALL)
-
-
-def _explain(err: msgspec.ValidationError) -> tuple[str, str]:
-    """(field path such as `config.world_size`, problem) from a msgspec error message."""
-    m = _AT_RE.match(str(err))
-    msg, at = (m["msg"], m["at"] or "") if m else (str(err), "")
-    msg = msg.replace(f"`float` <= {_FINITE_MAX!r}", "a finite `float`")
-    return at.lstrip("."), msg
-
-
-def _short(value: Any, limit: int = 60) -> str:
-    text = repr(value)
-    return text if len(text) <= limit else text[: limit - 1] + "…"
-
-
-def _decode_json(path: Path) -> dict:
-    """The JSON object in `path` (profiler.inputfile's reading rules: a regular file under the
-    size limit, BOM and lone surrogates accepted); InputError when missing, unreadable or not
-    JSON, InvalidRecord when nested too deeply, with a duplicate key or not an object."""
-    interrupted = "the run was interrupted while writing; re-run it"
-    try:
-        raw = decode_json(path, "run.json", "fix or remove this run folder")
-    except BadJSON as err:
-        if err.reason == "malformed":
-            raise InputError(
-                path, err.what.replace("not JSON", "unreadable"), interrupted
-            ) from None
-        if err.reason == "deep":
-            raise InvalidRecord(path, "", "nested too deeply to be a run record") from None
-        raise InvalidRecord(path, err.field, err.what) from None
-    except InputError as err:
-        if err.what == "missing":
-            raise InputError(path, "missing", "not a run folder") from None
-        raise InvalidRecord(path, "", err.what, err.fix) from None
-    if not isinstance(raw, dict):
-        raise InvalidRecord(path, "", f"expected an object, got {type(raw).__name__}")
-    return raw
-
-
-def _convert(path: Path, raw: dict, kind: type[msgspec.Struct]) -> Any:
-    try:
-        rec = msgspec.convert(raw, kind)
-    except msgspec.ValidationError as err:
-        field, problem = _explain(err)
-        raise InvalidRecord(path, field, problem) from None
-    if rec.schema_version is not None and rec.schema_version not in READABLE_RUN_FOLDER_SCHEMAS:
-        known = ", ".join(map(str, READABLE_RUN_FOLDER_SCHEMAS))
-        raise InvalidRecord(
-            path,
-            "schema_version",
-            f"unknown version {rec.schema_version} (this dpscope reads {known})",
-            "analyse it with the dpscope version that wrote it",
-        )
-    return rec
-
-
-def read_record(path: Path) -> tuple[RunRecord, dict]:
-    """Decode and validate a training run's run.json: (typed record, the raw object for verbatim
-    copies and for writers that update it).
-
-    Raises InputError when the file is missing or not JSON, InvalidRecord when it breaks a rule.
-    """
-    raw = _decode_json(path)
-    rec = _convert(path, raw, RunRecord)
-    if rec.status != "skipped":  # a run that started knows its layout
-        for name in ("world_size", "devices"):
-            if getattr(rec.config, name) is None:
-                raise InvalidRecord(path, f"config.{name}", f"null on a {rec.status} run")
-    return rec, raw
-
-
-class _Kind(msgspec.Struct):
-    kind: Any = None
-
-
-def record_kind(path: Path) -> str | None:
-    """run.json's `kind` (`comm` for a `make bench-comm` folder; absent, i.e. None, for a
-    training run), or None when the file is missing or no JSON object: which reader applies."""
-    try:
-        kind = msgspec.json.decode(read_regular(path, "run.json"), type=_Kind).kind
-    except (InputError, RecursionError, msgspec.DecodeError):
-        return None
-    return kind if isinstance(kind, str) else None
-
-
-def read_comm_record(path: Path) -> tuple[CommRecord, dict]:
-    """Decode and validate a comm run's run.json (`kind: "comm"`): (typed record, raw object).
-
-    Raises InputError when the file is missing or not JSON, InvalidRecord when it breaks a rule
-    (a training run's run.json breaks `kind`)."""
-    raw = _decode_json(path)
-    return _convert(path, raw, CommRecord), raw

@@ -17,14 +17,10 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from profiler.atomic import write_json_atomic
-from profiler.runfolder import (
-    RUN_FOLDER_SCHEMA_VERSION,
-    utc_now,
-    write_run_json,
-    write_steps_csv,
-)
-from profiler.stepmetrics import step_metrics
+from profiler.runfolder.atomic import write_json_atomic
+from profiler.runfolder.layout import utc_now, write_run_json, write_steps_csv
+from profiler.runfolder.stepmetrics import step_metrics
+from profiler.runfolder.versions import RUN_JSON_SCHEMA_VERSION
 
 __all__ = [
     "NO_PROCESS_GROUP_WARNING",
@@ -168,7 +164,7 @@ def assemble(
     if not rows and NO_STEP_WARNING not in warnings:
         warnings.append(NO_STEP_WARNING)
     record: dict[str, Any] = {
-        "schema_version": RUN_FOLDER_SCHEMA_VERSION,
+        "schema_version": RUN_JSON_SCHEMA_VERSION,
         "run_id": run_id,
         "status": status,
         "error": error,

@@ -1,5 +1,5 @@
 """comm.csv of a `make bench-comm` run folder decoded and validated at the boundary
-(docs/reference/run-folder.md): profiler.inputfile's reading rules, then exactly COMM_COLUMNS (each
+(docs/reference/run-folder.md): profiler.runfolder.inputfile's reading rules, then exactly COMM_COLUMNS (each
 once), at most `MAX_COMM_ROWS` rows, every number finite and in range (`world_size` a whole number
 from 1 to MAX_RANKS, `bytes` a whole number ≥ 0, `iters` ≥ 1, times and bandwidths ≥ 0), no
 (collective, world_size, bytes) row twice and, given run.json's `config.world_size`, every row
@@ -14,9 +14,11 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from profiler.inputfile import InputError, read_regular
-from profiler.records import MAX_RANKS, InvalidRecord, _short
-from profiler.runfolder import COMM_COLUMNS
+from profiler.runfolder.errors import InputError
+from profiler.runfolder.inputfile import read_regular
+from profiler.runfolder.layout import COMM_COLUMNS
+from profiler.runfolder.records import InvalidRecord, short_repr
+from profiler.runfolder.schema import MAX_RANKS
 
 __all__ = ["MAX_COMM_ROWS", "read_comm_csv"]
 
@@ -26,7 +28,7 @@ _WHOLE = ("world_size", "bytes", "iters")
 
 
 def _bad(path: Path, col: str, i: int, problem: str, cell: object = None) -> InvalidRecord:
-    shown = f" (cell {_short(cell)})" if cell is not None else ""
+    shown = f" (cell {short_repr(cell)})" if cell is not None else ""
     return InvalidRecord(path, f"{col}, line {i + 2}", f"{problem}{shown}", _FIX)
 
 

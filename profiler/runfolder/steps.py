@@ -20,8 +20,10 @@ import msgspec
 import numpy as np
 import pandas as pd
 
-from profiler.inputfile import InputError, read_regular
-from profiler.records import REQUIRED_STEP_COLUMNS, InvalidRecord, StepRow, _short
+from profiler.runfolder.errors import InputError
+from profiler.runfolder.inputfile import read_regular
+from profiler.runfolder.records import InvalidRecord, short_repr
+from profiler.runfolder.schema import REQUIRED_STEP_COLUMNS, StepRow
 
 __all__ = ["MAX_CELL_CHARS", "read_steps", "read_steps_frame"]
 
@@ -34,7 +36,7 @@ COLUMNS = (*_FLAGS, *_COUNTS, *_SECONDS, *_ANY_FLOAT)
 
 
 def _bad(path: Path, col: str, i: int, problem: str, cell: Any = None) -> InvalidRecord:
-    shown = f" (cell {_short(cell)})" if cell is not None else ""
+    shown = f" (cell {short_repr(cell)})" if cell is not None else ""
     # Line 1 is the header, so row i is on line i + 2.
     return InvalidRecord(path, f"{col}, line {i + 2}", f"{problem}{shown}")
 
@@ -132,7 +134,7 @@ def _check(path: Path, col: str, values: pd.Series, required: bool) -> pd.Series
 def read_steps_frame(path: Path, *, world_size: int | None = None) -> pd.DataFrame:
     """steps.csv as one typed DataFrame (StepRow's columns; empty optional cells NaN).
 
-    Raises InputError when the file is missing or not a regular file (profiler.inputfile),
+    Raises InputError when the file is missing or not a regular file (profiler.runfolder.inputfile),
     InvalidRecord at the first broken rule (see the module docstring). `world_size`: the run's
     config.world_size; a rank at or beyond it is then invalid too."""
     path = Path(path)

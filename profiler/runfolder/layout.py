@@ -1,13 +1,13 @@
 """The run-folder contract (docs/reference/run-folder.md): the one place that says what a run folder holds.
 
 Torch-free, so that both halves import it: `workloads/` and `profiler/` write run folders through
-it and `analysis/` reads them with its names (typed decoding: profiler.records). It owns
+it and `analysis/` reads them with its names (typed decoding: profiler.runfolder.records). It owns
 
-- the run-folder schema version (`RUN_FOLDER_SCHEMA_VERSION`; the traces JSON and the runs JSON
+- the run-folder schema version (`RUN_JSON_SCHEMA_VERSION`; the traces JSON and the runs JSON
   of analysis/ have their own schema versions) and the versions a reader understands;
 - the file names, the steps.csv and comm.csv columns, and the trace file name template;
 - the nccl-tests bus model behind comm.csv's `busbw_gbps` (bus factor, ring latency steps);
-- the run.json, steps.csv and comm.csv writers (atomic: profiler.atomic) and `utc_now`, the
+- the run.json, steps.csv and comm.csv writers (atomic: profiler.runfolder.atomic) and `utc_now`, the
   timestamp format of run.json `created_at` / `finished_at`;
 - the rule for the steps throughput and phases are measured on (`throughput_steps`).
 """
@@ -20,16 +20,15 @@ from pathlib import Path
 
 import numpy as np
 
-from profiler.atomic import write_csv_atomic, write_json_atomic
+from profiler.runfolder.atomic import write_csv_atomic, write_json_atomic
 
 __all__ = [
     "COMM_COLUMNS",
     "COMM_CSV",
     "NO_UNPROFILED_STEP_WARNING",
-    "READABLE_RUN_FOLDER_SCHEMAS",
-    "RUN_FOLDER_SCHEMA_VERSION",
     "RUN_JSON",
     "STEPS_COLUMNS",
+    "STEP_PHASES",
     "STEPS_CSV",
     "TRACE_GLOB",
     "TRACE_NAME",
@@ -44,10 +43,11 @@ __all__ = [
     "write_steps_csv",
 ]
 
-RUN_FOLDER_SCHEMA_VERSION: int = 2  # run.json `schema_version` as written now
-READABLE_RUN_FOLDER_SCHEMAS: tuple[int, ...] = (1, 2)  # what the typed reader accepts
-
 RUN_JSON, STEPS_CSV, COMM_CSV, TRACES_DIR = "run.json", "steps.csv", "comm.csv", "traces"
+
+# The four timed phases of every optimizer step, in the order they run; steps.csv has one
+# `<phase>_s` column each (STEPS_COLUMNS).
+STEP_PHASES: tuple[str, ...] = ("data", "forward", "backward", "optimizer")
 
 # Exactly the steps.csv columns of docs/reference/run-folder.md, in order (the reader's StepRow fields).
 STEPS_COLUMNS: list[str] = [

@@ -1,6 +1,6 @@
 """Serve a runs folder with TensorBoard and its PyTorch profiler plugin, on 127.0.0.1 only.
 
-    python -m profiler.tensorboard --logdir runs --port 6006      # what `make tensorboard` runs
+    python -m workloads.tools.tensorboard runs --port 6006      # what `make tensorboard` runs
 
 The torch-tb-profiler plugin treats every folder holding `*.pt.trace.json(.gz)` files as one
 run, named by its path under the logdir (so `runs/<run_id>/traces` shows as `<run_id>/traces`),
@@ -18,7 +18,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from profiler.errors import OneLineParser, UserError, run_command
+from profiler.runfolder.errors import OneLineParser, UserError, run_command
 
 __all__ = ["TensorBoardError", "build_command", "check_port", "find_trace_dirs", "main"]
 
@@ -35,12 +35,12 @@ def find_trace_dirs(logdir: Path) -> list[Path]:
     logdir = Path(logdir)
     if not logdir.is_dir():
         raise TensorBoardError(
-            f"--logdir {logdir}: no such folder; run `make profile-ddp` (or pass RUNS=<folder>)"
+            f"{logdir}: no such folder; run `make profile-ddp` (or pass RUNS=<folder>)"
         )
     dirs = {p.parent for p in logdir.rglob("*.pt.trace.json*") if p.name.endswith(TRACE_SUFFIXES)}
     if not dirs:
         raise TensorBoardError(
-            f"--logdir {logdir}: no *.pt.trace.json(.gz) traces in it; profile a run first "
+            f"{logdir}: no *.pt.trace.json(.gz) traces in it; profile a run first "
             "(`make profile-ddp`) or point RUNS at a runs folder"
         )
     return sorted(dirs)
@@ -84,15 +84,24 @@ def _raise_keyboard_interrupt(signum: int, frame: object) -> None:
     raise KeyboardInterrupt
 
 
-def build_parser(prog: str = "python -m profiler.tensorboard") -> argparse.ArgumentParser:
+def build_parser(prog: str = "python -m workloads.tools.tensorboard") -> argparse.ArgumentParser:
     parser = OneLineParser(prog=prog, description=__doc__.split("\n\n")[0])
-    parser.add_argument("--logdir", type=Path, default=Path("runs"), help="runs folder (RUNS)")
+    # A runs folder is a positional, as for `dpscope report` and `dpscope runs`; --logdir (what
+    # TensorBoard itself calls it) stays accepted for the same folder.
+    parser.add_argument("runs", type=Path, nargs="?", default=None, help="runs folder (RUNS)")
+    parser.add_argument("--logdir", type=Path, default=None, help="the same as RUNS")
     parser.add_argument("--port", type=int, default=6006, help="loopback port (PORT)")
     return parser
 
 
-def main(argv: list[str] | None = None, *, prog: str = "python -m profiler.tensorboard") -> int:
-    args = build_parser(prog).parse_args(argv)
+def main(
+    argv: list[str] | None = None, *, prog: str = "python -m workloads.tools.tensorboard"
+) -> int:
+    parser = build_parser(prog)
+    args = parser.parse_args(argv)
+    if args.runs is not None and args.logdir is not None and args.runs != args.logdir:
+        parser.error(f"two runs folders given ({args.runs} and --logdir {args.logdir}); pass one")
+    args.logdir = args.runs or args.logdir or Path("runs")
     return run_command(prog, lambda: _serve(args))
 
 

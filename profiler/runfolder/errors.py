@@ -13,15 +13,34 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import sys
 from collections.abc import Callable
 from typing import NoReturn
 
-__all__ = ["OneLineParser", "UserError", "run_command"]
+__all__ = ["InputError", "OneLineParser", "UserError", "run_command", "safe_text"]
 
 
 class UserError(Exception):
     """Bad input: `str(err)` is one line naming the file or argument, the problem and the fix."""
+
+
+class InputError(UserError):
+    """Bad input: `str(err)` is one line naming the file/argument, the problem and the fix (a
+    UserError built from those three parts; the CLI prints it as one line, exit code 2)."""
+
+    def __init__(self, where: str, what: str, fix: str) -> None:
+        self.where, self.what, self.fix = str(safe_text(str(where))), what, fix
+        super().__init__(f"{self.where}: {what} — {fix}")
+
+
+_LONE = re.compile("[\ud800-\udfff]")
+
+
+def safe_text(text: str) -> str:
+    """`text` with lone surrogates (a non-UTF-8 file name read with surrogateescape, a JSON
+    `\\udc80`) replaced by U+FFFD: encodable as UTF-8 and drawable by any font layer."""
+    return _LONE.sub("\ufffd", text) if _LONE.search(text) else text
 
 
 class OneLineParser(argparse.ArgumentParser):

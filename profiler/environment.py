@@ -1,6 +1,6 @@
 """The `env` block of run.json: software versions and the machine (needs torch to ask).
 
-Everything else a run folder holds (schema version, columns, writers) is profiler.runfolder's.
+Everything else a run folder holds (schema version, columns, writers) is profiler.runfolder.layout's.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """What one training run trains with: data, sampler, loaders, model, loss, optimizer, GradScaler.
 
-Built once per rank by `build_parts` from the config's specs (workloads.train.workload), with the
+Built once per rank by `build_components` from the config's specs (workloads.train.workload), with the
 seed set before the dataset and the model factories so every mode and every rank starts from the
 same data and the same weights.
 """
@@ -19,12 +19,12 @@ from workloads.train.data import GlobalBatchSampler, eval_loader, train_loader
 from workloads.train.losses import LossFn, build_loss
 from workloads.train.workload import WorkloadFacts, build_data, build_network, describe
 
-__all__ = ["Parts", "build_parts", "planned_steps"]
+__all__ = ["Components", "build_components", "planned_steps"]
 
 
 @dataclass(kw_only=True)
-class Parts:
-    """What one run trains with, built once by `build_parts`."""
+class Components:
+    """What one run trains with, built once by `build_components`."""
 
     sampler: GlobalBatchSampler
     loader: DataLoader
@@ -39,7 +39,7 @@ class Parts:
     amp: torch.dtype | None
 
 
-def build_parts(cfg: TrainConfig, ctx: RunContext) -> Parts:
+def build_components(cfg: TrainConfig, ctx: RunContext) -> Components:
     """Data, sampler, model (seeded, wrapped for the mode), loss, optimizer and GradScaler."""
     data = build_data(cfg)
     assert ctx.plan.global_batch is not None  # init_context refuses a plan that cannot run
@@ -56,7 +56,7 @@ def build_parts(cfg: TrainConfig, ctx: RunContext) -> Parts:
     facts = describe(net, data)
     model = wrap_model(net, ctx, cfg)
     test = data.test
-    return Parts(
+    return Components(
         sampler=sampler,
         loader=train_loader(data.train, sampler, **loaders),
         test_loader=None
@@ -75,7 +75,7 @@ def build_parts(cfg: TrainConfig, ctx: RunContext) -> Parts:
     )
 
 
-def planned_steps(cfg: TrainConfig, parts: Parts) -> int:
+def planned_steps(cfg: TrainConfig, components: Components) -> int:
     """Optimizer steps the run makes: every epoch's, capped by `--max-steps`."""
-    planned = cfg.epochs * len(parts.sampler)
+    planned = cfg.epochs * len(components.sampler)
     return min(planned, cfg.max_steps) if cfg.max_steps else planned

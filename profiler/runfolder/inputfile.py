@@ -10,7 +10,7 @@ traces-part JSON, the report manifest): docs/reference/run-folder.md "Reading ru
   whole record; nesting deeper than `MAX_DEPTH` is refused with one line (every later reader,
   the report's recursion included, may then walk the object).
 
-Torch-free and below `profiler.records` (it imports only profiler.errors), so both halves use it.
+Torch-free and below `profiler.runfolder.records` (it imports only profiler.runfolder.errors).
 """
 
 from __future__ import annotations
@@ -24,19 +24,17 @@ from typing import Any
 
 import msgspec
 
-from profiler.errors import UserError
+from profiler.runfolder.errors import InputError, safe_text
 
 __all__ = [
     "BOM",
     "BadJSON",
     "LIMITS",
     "MAX_DEPTH",
-    "InputError",
     "decode_json",
     "limit_of",
     "read_regular",
     "replace_lone_surrogates",
-    "safe_text",
 ]
 
 BOM = b"\xef\xbb\xbf"
@@ -53,24 +51,6 @@ LIMITS: dict[str, int] = {
     "report file": 1024 * MIB,  # a report file hashed against its manifest
 }
 MAX_DEPTH = 64  # levels of JSON nesting a record may have (dpscope writes at most 6)
-
-
-class InputError(UserError):
-    """Bad input: `str(err)` is one line naming the file/argument, the problem and the fix (a
-    UserError built from those three parts; the CLI prints it as one line, exit code 2)."""
-
-    def __init__(self, where: str, what: str, fix: str) -> None:
-        self.where, self.what, self.fix = str(safe_text(str(where))), what, fix
-        super().__init__(f"{self.where}: {what} — {fix}")
-
-
-_LONE = re.compile("[\ud800-\udfff]")
-
-
-def safe_text(text: str) -> str:
-    """`text` with lone surrogates (a non-UTF-8 file name read with surrogateescape, a JSON
-    `\\udc80`) replaced by U+FFFD: encodable as UTF-8 and drawable by any font layer."""
-    return _LONE.sub("\ufffd", text) if _LONE.search(text) else text
 
 
 def limit_of(kind: str) -> int:

@@ -1,4 +1,4 @@
-"""Unit tests of profiler.record and profiler.runfolder: atomic writers, the steps.csv columns, the env block."""
+"""Unit tests of profiler.environment and profiler.runfolder.layout: atomic writers, the steps.csv columns, the env block."""
 
 from __future__ import annotations
 
@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from profiler import atomic, record, runfolder
+from profiler import environment
+from profiler.runfolder import atomic, layout
 from tests.conftest import REPO
 
 
@@ -19,7 +20,7 @@ def test_steps_columns_match_the_contract():
     doc = (REPO / "docs" / "reference" / "run-folder.md").read_text()
     block = doc.split("Columns (fixed order):", 1)[1].split("\n\n", 1)[0]
     documented = [c.strip() for c in block.replace("`", "").replace("\n", " ").split(",")]
-    assert runfolder.STEPS_COLUMNS == documented
+    assert layout.STEPS_COLUMNS == documented
 
 
 def test_write_json_atomic_replaces_and_leaves_no_temp(tmp_path: Path):
@@ -38,7 +39,7 @@ def test_atomic_writes_get_the_umask_file_mode(tmp_path: Path, umask: int):
     old = os.umask(umask)
     try:
         atomic.write_json_atomic(tmp_path / "run.json", {"a": 1})
-        atomic.write_csv_atomic(tmp_path / "steps.csv", [], runfolder.STEPS_COLUMNS)
+        atomic.write_csv_atomic(tmp_path / "steps.csv", [], layout.STEPS_COLUMNS)
         atomic.write_text_atomic(tmp_path / "index.html", "<p>x</p>")
         with atomic.atomic_path(tmp_path / "checkpoint.pt") as tmp:
             tmp.write_bytes(b"x")
@@ -71,20 +72,20 @@ def test_write_json_atomic_keeps_old_file_on_failure(tmp_path: Path):
 
 def test_write_csv_atomic_columns_and_none(tmp_path: Path):
     target = tmp_path / "steps.csv"
-    rows = [{c: i for i, c in enumerate(runfolder.STEPS_COLUMNS)}]
+    rows = [{c: i for i, c in enumerate(layout.STEPS_COLUMNS)}]
     rows[0]["cuda_allocated_bytes"] = None
-    atomic.write_csv_atomic(target, rows, runfolder.STEPS_COLUMNS)
+    atomic.write_csv_atomic(target, rows, layout.STEPS_COLUMNS)
     with target.open() as f:
         read = list(csv.DictReader(f))
-    assert list(read[0]) == runfolder.STEPS_COLUMNS
+    assert list(read[0]) == layout.STEPS_COLUMNS
     assert read[0]["cuda_allocated_bytes"] == "" and read[0]["step"] == "2"
     with pytest.raises(ValueError):
-        atomic.write_csv_atomic(target, [{"nope": 1}], runfolder.STEPS_COLUMNS)
+        atomic.write_csv_atomic(target, [{"nope": 1}], layout.STEPS_COLUMNS)
     assert len(target.read_text().splitlines()) == 2  # the earlier file survived
 
 
 def test_collect_env_fields():
-    env = record.collect_env(threads_per_rank=3)
+    env = environment.collect_env(threads_per_rank=3)
     assert set(env) == {
         "os",
         "platform",
