@@ -4,6 +4,7 @@ docs/guides/analysis.md run over a 1,024-rank result and agree with pandas over 
 
 from __future__ import annotations
 
+import json
 import re
 
 import msgspec
@@ -152,3 +153,30 @@ def test_the_duckdb_queries_of_the_guide_run_on_1024_ranks(tmp_path, monkeypatch
     assert ops["name"].tolist()[:5] == total.index.tolist()[:5]
     # summed in another order (DuckDB adds in parallel): equal to float rounding
     assert ops["total_us_per_step"].tolist()[:5] == pytest.approx(total.tolist()[:5], rel=1e-12)
+
+
+@pytest.mark.integration
+def test_every_report_folder_holds_the_parquet_tables(ddp_mlp_run, tmp_path):
+    out = tmp_path / "report"
+    analysis.build_report(ddp_mlp_run, out=out)
+    (run,) = json.loads((out / "summary.json").read_text(encoding="utf-8"))["runs"]
+    ranks = run["trace"]["ranks"]
+    steps = analysis.load_steps(out)
+    want = [(r["rank"], s["step"], s["step_time_us"]) for r in ranks for s in r["per_step"]]
+    assert list(zip(steps["rank"], steps["step"], steps["step_time_us"], strict=True)) == want
+    assert set(steps["run_id"]) == {run["run_id"]}
+    calls = analysis.load_collectives(out)
+    for row in run["trace"]["collectives_per_rank"]:
+        mine = calls[(calls["rank"] == row["rank"]) & (calls["name"] == row["name"])]
+        assert len(mine) == row["calls"]
+        assert mine["latency_us"].sum() == pytest.approx(row["latency_us_total"], rel=1e-12)
+    assert len(analysis.load_ops(out)) == sum(len(r["ops"]) for r in ranks)
+    memory = analysis.load_memory(out)
+    want = [
+        (r["rank"], d["device"], t, b)
+        for r in ranks
+        for d in r["memory"]["devices"]
+        for t, b in zip(d["timeline"]["t_us"], d["timeline"]["allocated_bytes"], strict=True)
+    ]
+    cols = (memory["rank"], memory["device"], memory["t_us"], memory["allocated_bytes"])
+    assert list(zip(*cols, strict=True)) == want and want  # the CPU run records its memory
