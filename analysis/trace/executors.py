@@ -9,6 +9,7 @@ the rest is analysed, with `"worker_died": true` on that line (the result is the
 
 from __future__ import annotations
 
+import signal
 from collections.abc import Generator, Iterator
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
@@ -70,13 +71,19 @@ def died(what: str, err: BaseException) -> str:
     )
 
 
+def _ignore_sigint() -> None:
+    """In a pool worker: Ctrl-C is the parent's to handle (one line, run_command); a worker that
+    took it would print its own traceback, and one waiting for work is not inside any task."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
 def _pool_pass(
     files: list[Path], workers: int, cache: bool
 ) -> Generator[tuple[Path, Outcome], None, tuple[list[Path], list[Path]]]:
     """Run `files` in a pool, at most workers + 1 in flight. When a worker dies the pool is
     broken: returns (files not started yet, files in flight then: the suspects)."""
     todo = list(reversed(files))
-    with ProcessPoolExecutor(max_workers=workers) as pool:
+    with ProcessPoolExecutor(max_workers=workers, initializer=_ignore_sigint) as pool:
         flight: dict = {}
         while todo or flight:
             while todo and len(flight) <= workers:
