@@ -16,6 +16,7 @@ from pathlib import Path
 from tqdm import tqdm
 
 from analysis.jsonsafe import finite_json
+from analysis.trace.attribution import hta_filtered
 from analysis.trace.cache import cache_enabled
 from analysis.trace.calls import TracesResult, call_table
 from analysis.trace.collectives import combine_collectives
@@ -185,6 +186,23 @@ def _mixed_job_warnings(path: Path, ranks: list[RankSummary], worlds: list[int])
     return out
 
 
+def _filter_warnings(ranks: list[RankSummary]) -> list[str]:
+    """HTA decides its kernel filter over every rank's ProfilerStep names together (two or more:
+    filter every rank). dpscope decides per rank (analysis.trace.attribution), so a rank with
+    fewer than two steps in a folder holding two or more names is said: HTA would filter it
+    (orphans and its last step out) where dpscope keeps every kernel of it."""
+    names = {n for r in ranks for n in r.profiler_steps}
+    if not hta_filtered(len(names)):
+        return []
+    return [
+        f"{r.file}: {len(set(r.profiler_steps))} ProfilerStep(s) here but {len(names)} step "
+        "names across the traces: HTA would filter this rank too (orphans and its last step "
+        "out); dpscope analyses it with every kernel (keep one job's traces per folder)"
+        for r in ranks
+        if not hta_filtered(len(set(r.profiler_steps)))
+    ]
+
+
 def reduce_files(
     files: list[Path],
     *,
@@ -216,14 +234,18 @@ def analyze_trace_dir(
     workers: int | None = None,
     progress: bool = True,
     executor: Executor | None = None,
+    exclude: frozenset[Path] = frozenset(),
 ) -> dict:
-    """The traces JSON for every trace file in `path` (see docs/reference/metrics.md for each field).
+    """The traces JSON for every trace file in `path` but those in `exclude` (traces its run's
+    record leaves out; see docs/reference/metrics.md for each field).
 
     Raises InputError when no file could be analysed; otherwise bad files are listed in
     `skipped` with a one-line reason and the rest is analysed. `executor`: where the per-rank
     reductions run (executors.Executor: local processes, or a Dask cluster; the trace cache).
     """
-    files = find_trace_files(path)
+    files = [f for f in find_trace_files(path) if f not in exclude]
+    if not files:
+        raise InputError(path, "no trace files of this run", "profile the run again")
     good, skipped = reduce_files(files, workers=workers, progress=progress, executor=executor)
     return combine_summaries(path, good, skipped)
 
@@ -252,6 +274,7 @@ def combine_summaries(
     worlds = [r.world_size for r in ranks if r.world_size]
     world_size = max(worlds) if worlds else len(ranks)
     warnings += _mixed_job_warnings(path, ranks, worlds)
+    warnings += _filter_warnings(ranks)
     lost = [s["file"] for s in skipped if s.get("worker_died")]
     if lost:
         warnings.append(
