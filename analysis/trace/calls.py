@@ -5,8 +5,9 @@ traces JSON, whose size it would multiply at a thousand ranks).
 Times are on the job's common clock (µs after the earliest event of any rank, as every other
 cross-rank figure). Per call on rank r, the k-th call of its name:
 
-- `start_us`: first comm kernel start, else the call's own start; `end_us`: the last end of the
-  call and its kernels (per-rank end times, which clock-offset estimation needs);
+- `start_us`: first comm kernel start, else the call's own start; `end_us`: last comm kernel
+  end, else the call's own end (when the collective completed on this rank: the per-rank end
+  times clock-offset estimation compares);
 - `latency_us` = |call ∪ its kernels|; `device_us` = |∪ kernels| (the call's own duration when it
   launched none, as on gloo/CPU);
 - `transfer_us`: the k-th calls' minimum device time across the ranks that have a k-th call

@@ -161,7 +161,8 @@ def rank_instances(c: Classified, lo: float, hi: float) -> dict[str, dict[str, n
     """Collective instances whose call starts in [lo, hi] (µs rel. to origin), grouped by name.
 
     Per instance: `start_us` (first comm kernel start, else the call's start; rel. to origin),
-    `end_us` (the last end of the call and its kernels),
+    `end_us` (last comm kernel end, else the call's end; rel. to origin: when the collective
+    completed on this rank),
     `latency_us` = |call ∪ its kernels|, `device_us` = |∪ kernels| (the call's own duration when it
     launched none, as on gloo/CPU), `bytes` (0 when unknown), `group_size` (0 when unknown),
     all arrays in call order; plus `union_us`, the length of the union of those latencies
@@ -223,12 +224,12 @@ def _anchor_calls(
     ks, ke = k.start[k1], k.end[k1]  # the common case in closed form: |call ∪ kernel|
     hidden = np.maximum(0.0, np.minimum(ke, a_e[one]) - np.maximum(ks, a_s[one]))
     latency[one] = ((ke - ks) + (a_e[one] - a_s[one])) - hidden
-    device[one], start[one], end[one] = ke - ks, ks, np.maximum(ke, a_e[one])
+    device[one], start[one], end[one] = ke - ks, ks, ke
     for j in np.flatnonzero([len(x) > 1 for x in ks_of]).tolist():
         s_, e_ = k.start[ks_of[j]], k.end[ks_of[j]]
         latency[j] = total_us(merge(np.append(s_, a_s[j]), np.append(e_, a_e[j])))
         device[j] = total_us(merge(s_, e_))
-        start[j], end[j] = float(s_.min()), float(max(e_.max(), a_e[j]))
+        start[j], end[j] = float(s_.min()), float(e_.max())
     for i, ks_i in zip(idx.tolist(), ks_of, strict=True):  # size from a kernel the call lacks
         for ka in (k.args[x] for x in ks_i):
             nbytes[i] = nbytes[i] or _nbytes_from_counts(ka, a.names[i])
