@@ -45,6 +45,7 @@ __all__ = [
     "EvalEntry",
     "FINITE_MAX",
     "Flag",
+    "FlightRecorderView",
     "HostLoad",
     "IdlePenalty",
     "LeftOut",
@@ -150,14 +151,51 @@ class Waiting(Schema, kw_only=True):
     """Seconds since its last progress, s."""
 
 
+class FlightRecorderView(Schema, kw_only=True):
+    """run.json `error.flight_recorder` (DDP runs that left flight-recorder dumps, any kind):
+    what the ranks' dumps say (profiler.runfolder.frdiag builds it from the dumps,
+    workloads.launch.frexplain joins it to the heartbeats)."""
+
+    message: str | None = None
+    """The sentence a `hang` or `desync` message leads with, e.g. `rank 1 never entered
+    all_reduce #57 (ranks 0, 2, 3 waited 300 s)`."""
+    process_group: str | None = None
+    """The group of the first collective where the dumped ranks disagree (when they agree, of
+    the furthest rank's last one)."""
+    seq: int | None = None
+    """That collective's sequence number in its group."""
+    collective: str | None = None
+    """That collective, the op without the backend prefix."""
+    entered: list[int] = []
+    """The ranks whose dump holds that collective."""
+    never_entered: list[int] = []
+    """The ranks whose last entry is older (they never reached it)."""
+    waited_s: dict[str, float] = {}
+    """`{rank: seconds}` from entering it to dumping, for ranks still inside it or whose entry
+    ended in the error they dumped after, s."""
+    desync: list[dict[str, Any]] | None = None
+    """Null, or per rank that entered it `{rank, op, input_sizes, output_sizes, dtypes}` when
+    they differ."""
+    aborted: dict[str, str] = {}
+    """`{rank: gloo's mismatch line}`: gloo ends such a rank at once (SIGABRT), so it leaves no
+    dump."""
+    no_dump: list[int] = []
+    """Ranks without a usable dump."""
+    dumps: list[str] = []
+    """The dump files read."""
+    problems: list[str] = []
+    """One line per dump file that was not read (truncated, from another job, a rank outside
+    the world) and per rank without a dump."""
+
+
 class ErrorInfo(Schema, kw_only=True):
     """run.json `error`: why the run failed, was skipped or interrupted (null otherwise). `rank`
     and `exit_code` are null when unknown; the extra fields of each `kind` are listed under
     "error.kind"."""
 
     kind: str | None = None
-    """What happened: crash, killed, oom, diverged, hang, interrupted, disk (see "error.kind");
-    absent on a skipped run and in older records."""
+    """What happened: crash, killed, oom, diverged, hang, desync, interrupted, disk (see
+    "error.kind"); absent on a skipped run and in older records."""
     signal: str | None = None
     """`interrupted`: the signal, SIGINT or SIGTERM."""
     message: str | None = None
@@ -185,6 +223,9 @@ class ErrorInfo(Schema, kw_only=True):
     log_tail: list[str] = []
     """The last 20 lines of the failing rank's log (each cut at 500 characters); [] when
     interrupted."""
+    flight_recorder: FlightRecorderView | None = None
+    """What the ranks' flight-recorder dumps say (FlightRecorderView; DDP runs that left
+    dumps)."""
 
 
 # -- run.json: config ---------------------------------------------------------------------------

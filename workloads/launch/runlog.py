@@ -35,6 +35,7 @@ from profiler.runfolder.layout import RUN_JSON, utc_now, write_run_json
 from profiler.runfolder.records import read_record_to_update
 from profiler.runfolder.schema import ErrorInfo, RunRecord
 from workloads.launch.faults import read_attempts, signal_name
+from workloads.launch.frexplain import explain_failure
 
 if TYPE_CHECKING:
     from workloads.launch.supervise import Outcome
@@ -256,9 +257,10 @@ def leftover_warning(leftovers: tuple[str, ...]) -> str:
 
 def finalize(run_dir: Path, outcome: Outcome, launcher_log: Path) -> RunRecord:
     """After the training ended: turn a run record that is not `ok` into `failed` with its
-    error (and restarts); return the record. Never downgraded: once rank 0 wrote `ok`, whatever
-    happens afterwards (a signal to the launcher, a rank failing in teardown) leaves it ok.
-    Processes the job left behind add a warning either way."""
+    error (explained from the flight-recorder dumps: workloads.launch.frexplain) and restarts;
+    return the record. Never downgraded: once rank 0 wrote `ok`, whatever happens afterwards
+    (a signal to the launcher, a rank failing in teardown) leaves it ok. Processes the job left
+    behind add a warning either way."""
     rec = read_record_to_update(run_dir / RUN_JSON)  # rank 0's `ok` record, or the launcher's
     changes: dict[str, Any] = {}
     if outcome.leftovers:
@@ -267,7 +269,7 @@ def finalize(run_dir: Path, outcome: Outcome, launcher_log: Path) -> RunRecord:
         resumes = read_attempts(run_dir)
         changes |= {
             "status": "failed",
-            "error": _error(run_dir, outcome, launcher_log),
+            "error": _explained(run_dir, _error(run_dir, outcome, launcher_log), rec),
             "finished_at": utc_now(),
             "restarts": max((a.attempt for a in resumes), default=0),
             "resumes": resumes,
@@ -277,6 +279,15 @@ def finalize(run_dir: Path, outcome: Outcome, launcher_log: Path) -> RunRecord:
     rec = msgspec.structs.replace(rec, **changes)
     _write_final(run_dir, rec)
     return rec
+
+
+def _explained(run_dir: Path, error: ErrorInfo, rec: RunRecord) -> ErrorInfo:
+    """`error` joined with the flight-recorder dumps (workloads.launch.frexplain works on the
+    plain fields), typed again: `error.flight_recorder` is a FlightRecorderView."""
+    plain = explain_failure(
+        run_dir, msgspec.to_builtins(error), msgspec.to_builtins(rec), tail=_tail
+    )
+    return ErrorInfo.from_fields(plain)
 
 
 def _write_final(run_dir: Path, record: RunRecord) -> None:
