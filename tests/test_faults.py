@@ -264,7 +264,7 @@ def test_sigterm_to_the_launcher_stops_every_process(runs_dir):
 
     assert [p for p in alive if running(p)] == []
     rec = read_run(run_dir)
-    assert rec["status"] == "failed" and rec["error"]["kind"] == "interrupted"
+    assert rec.status == "failed" and rec.error.kind == "interrupted"
     assert "SIGTERM" in rec["error"]["message"]
 
 
@@ -274,12 +274,12 @@ def test_a_finished_run_is_never_downgraded(ddp_mlp_run, tmp_path):
     before = read_run(run_dir)
     log = run_dir / "logs" / "launcher.log"
     for outcome in (Outcome(-15, interrupted="SIGTERM"), Outcome(1), Outcome(1, hang={"x": 1})):
-        assert finalize(run_dir, outcome, log)["status"] == "ok"
+        assert finalize(run_dir, outcome, log).status == "ok"
         assert read_run(run_dir) == before
     # A run that had not finished is marked interrupted.
     (run_dir / "run.json").write_text(json.dumps({**before, "status": "running"}))
     rec = finalize(run_dir, Outcome(-15, interrupted="SIGTERM"), log)
-    assert rec["status"] == "failed" and rec["error"]["kind"] == "interrupted"
+    assert rec.status == "failed" and rec.error.kind == "interrupted"
 
 
 def test_error_kinds_of_exceptions():
