@@ -287,15 +287,8 @@ def train(
     loop = LoopState()
     ckpt = run_dir / "checkpoint.pt"
     if attempt_no:  # torchrun restarted the job: continue from the last checkpoint, if any
-        resume(
-            ckpt,
-            ctx,
-            components.model,
-            components.optimizer,
-            components.scaler,
-            loop,
-            attempt_no=attempt_no,
-        )
+        c = components
+        resume(ckpt, ctx, c.model, c.optimizer, c.scaler, loop, attempt_no=attempt_no)
     planned = planned_steps(cfg, components)
     _announce(cfg, ctx, threads=threads, planned=planned, loop=loop, attempt_no=attempt_no)
     inst = build_instruments(
@@ -324,8 +317,8 @@ def train(
         ctx,
         run_dir,
         model=components.model,
-        rows=loop.rows
-        + inst.recording.steps.rows,  # rank 0: every rank's rows to the checkpoint, then its own
+        # rank 0: every rank's rows to the checkpoint, then its own
+        rows=loop.rows + inst.recording.steps.rows,
         inst=inst,
         evals=loop.evals,
         eval_note=None if components.test_loader else f"--dataset {cfg.dataset} has no test split",
