@@ -12,6 +12,7 @@ import pytest
 from analysis.runs.compare import WORKLOAD_KEY, compare_runs
 from analysis.runs.efficiency import PARTS, attach_efficiency_loss, efficiency_loss_pts
 from analysis.runs.entry import RunEntry
+from analysis.runs.groups import GroupEntry
 
 WORKLOAD = {"model": "m", "dataset": "d", "scaling": "strong", "fixed_batch": 64, "amp": "none",
             "device_type": "cpu", "os": "Linux"}  # fmt: skip
@@ -99,14 +100,15 @@ def test_group_split_is_the_mean_and_sums_to_the_group_loss():
     other = msgspec.structs.replace(ddp2, run_id="ddp2b", seed=1, samples_per_s=64 / 0.7,
                                     scaling_efficiency=64 / 0.7 / 64 / 2)  # fmt: skip
     runs = [single, ddp1, ddp2, other]
-    groups = [{"mode": "ddp", "world_size": 2, "run_ids": ["ddp2", "ddp2b"],
-               "scaling_efficiency_mean": (ddp2.scaling_efficiency + other.scaling_efficiency) / 2},
-              {"mode": "single", "world_size": 1, "run_ids": ["single"],
-               "scaling_efficiency_mean": 1.0}]  # fmt: skip
+    groups = [GroupEntry(mode="ddp", world_size=2, run_ids=["ddp2", "ddp2b"],
+                         scaling_efficiency_mean=(ddp2.scaling_efficiency
+                                                  + other.scaling_efficiency) / 2),
+              GroupEntry(mode="single", world_size=1, run_ids=["single"],
+                         scaling_efficiency_mean=1.0)]  # fmt: skip
     attach_efficiency_loss(runs, groups, _key)
-    g = groups[0]["efficiency_loss_pts"]
-    assert set(g) == set(PARTS) and groups[1]["efficiency_loss_pts"] is None
-    assert sum(g.values()) == pytest.approx(100 * (1 - groups[0]["scaling_efficiency_mean"]))
+    g = groups[0].efficiency_loss_pts
+    assert set(g) == set(PARTS) and groups[1].efficiency_loss_pts is None
+    assert sum(g.values()) == pytest.approx(100 * (1 - groups[0].scaling_efficiency_mean))
     a, b = ddp2.efficiency_loss_pts, other.efficiency_loss_pts
     assert g["exposed_comm"] == pytest.approx((a["exposed_comm"] + b["exposed_comm"]) / 2)
     assert ddp1.efficiency_loss_pts is None  # one rank: nothing to split

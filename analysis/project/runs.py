@@ -14,6 +14,9 @@ per node, 100 Gb/s between nodes).
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
+
+import numpy as np
 
 from analysis.project.comm import load_comm_run
 from analysis.project.projection import project
@@ -54,6 +57,16 @@ def _fp16_share(run_dir: Path, comm_dir: Path, result: dict) -> float | None:
         wire_bytes_factor=0.5,
     )
     return half["predictions"][0]["exposed_comm_pct"]
+
+
+def _plain(obj: Any) -> Any:
+    """`obj` with numpy scalars as Python numbers (the same values): the runs JSON holds JSON
+    values only, so it reads back typed (analysis.runs.runsjson) exactly as it is written."""
+    if isinstance(obj, dict):
+        return {k: _plain(v) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [_plain(v) for v in obj]
+    return obj.item() if isinstance(obj, np.generic) else obj
 
 
 def comm_and_projections(comm_dirs: list[Path], runs: list[dict]) -> dict:
@@ -114,4 +127,4 @@ def comm_and_projections(comm_dirs: list[Path], runs: list[dict]) -> dict:
                 )
             result["comm_path"] = c["path"]
             projections.append(result)
-    return {"comm": comm, "projections": projections, "projection_skipped": skipped}
+    return _plain({"comm": comm, "projections": projections, "projection_skipped": skipped})

@@ -29,10 +29,11 @@ import statistics
 from collections.abc import Callable
 
 from analysis.runs.entry import RunEntry, is_measured
+from analysis.runs.groups import GroupEntry
 
-__all__ = ["PARTS", "attach_efficiency_loss", "efficiency_loss_pts"]
+__all__ = ["PARTS", "attach_efficiency_loss", "efficiency_loss_pts", "largest_part"]
 
-# The same-workload key of a run entry (analysis.runs.compare WORKLOAD_KEY).
+# The same-workload key of a run entry (analysis.runs.groups.workload_key).
 WorkloadKey = Callable[[RunEntry], tuple]
 
 PARTS = ("exposed_comm", "stragglers", "data", "ddp_overhead", "contention", "residual")
@@ -110,7 +111,9 @@ def _ddp1_for(run: RunEntry, ddp1s: list[RunEntry], key: WorkloadKey) -> RunEntr
     return (seeded or same or [None])[0]
 
 
-def attach_efficiency_loss(runs: list[RunEntry], groups: list[dict], key: WorkloadKey) -> None:
+def attach_efficiency_loss(
+    runs: list[RunEntry], groups: list[GroupEntry], key: WorkloadKey
+) -> None:
     """Fill `efficiency_loss_pts` of every DDP run (world size > 1) with a baseline and of every
     DDP group: the mean of its runs' parts, the residual made so the parts sum exactly to
     100 × (1 − the group's mean efficiency). `key(run)` is the same-workload key."""
@@ -124,14 +127,16 @@ def attach_efficiency_loss(runs: list[RunEntry], groups: list[dict], key: Worklo
             continue
         run.efficiency_loss_pts = efficiency_loss_pts(run, single, _ddp1_for(run, ddp1s, key))
     for group in groups:
-        group["efficiency_loss_pts"] = _group_split(group, by_id)
+        group.efficiency_loss_pts = _group_split(group, by_id)
 
 
-def _group_split(group: dict, by_id: dict[str, RunEntry]) -> dict[str, float | None] | None:
-    splits = [by_id[r].efficiency_loss_pts for r in group.get("run_ids") or []]
+def _group_split(
+    group: GroupEntry, by_id: dict[str, RunEntry]
+) -> dict[str, float | None] | None:
+    splits = [by_id[r].efficiency_loss_pts for r in group.run_ids]
     splits = [s for s in splits if s]
-    eff = group.get("scaling_efficiency_mean")
-    if not splits or eff is None or group.get("mode") != "ddp":
+    eff = group.scaling_efficiency_mean
+    if not splits or eff is None or group.mode != "ddp":
         return None
     parts: dict[str, float | None] = {}
     for name in PARTS[:-1]:
@@ -144,3 +149,9 @@ def _group_split(group: dict, by_id: dict[str, RunEntry]) -> dict[str, float | N
         )
     parts["residual"] = 100 * (1 - eff) - sum(v or 0.0 for v in parts.values())
     return parts
+
+
+def largest_part(parts: dict[str, float | None]) -> tuple[str, float] | None:
+    """The named part (residual excluded) that cost the most points; None when none cost any."""
+    named = [(k, v) for k, v in parts.items() if k != "residual" and v is not None and v > 0]
+    return max(named, key=lambda kv: kv[1]) if named else None

@@ -110,52 +110,52 @@ class RunEntry(msgspec.Struct, kw_only=True):
     analysis.runs.compare the cross-run ones (baseline, speedup, scaling efficiency), then writes
     it out as a dict (`msgspec.structs.asdict`)."""
 
-    run_id: str
-    path: str
-    status: str  # run.json status: ok | failed | skipped | running | interrupted
-    error: dict[str, Any] | None
-    mode: str | None
-    backend: str | None
-    world_size: int | None
-    model: str | None
-    dataset: str | None
-    scaling: str | None
-    global_batch: int | None
-    per_device_batch: int | None
-    seed: int | None
-    amp: bool | None
-    devices: list[str]
-    sweep_id: str | None
-    workload: str | None  # a script run's problem (its hash and arguments, or --workload)
+    run_id: str = ""
+    path: str = ""
+    status: str = ""  # run.json status: ok | failed | skipped | running | interrupted
+    error: dict[str, Any] | None = None
+    mode: str | None = None
+    backend: str | None = None
+    world_size: int | None = None
+    model: str | None = None
+    dataset: str | None = None
+    scaling: str | None = None
+    global_batch: int | None = None
+    per_device_batch: int | None = None
+    seed: int | None = None
+    amp: str | None = None  # none | fp16 | bf16
+    devices: list[str] | None = None
+    sweep_id: str | None = None
+    workload: str | None = None  # a script run's problem (its hash and arguments, or --workload)
     script: str | None = None  # a script run's file name
     workload_label: str = ""  # analysis.runs.notes.workload_label: the caption
     stop_reason: str | None = None  # run.json stop_reason (--max-steps)
     advice: dict[str, str] = {}  # analysis.runs.notes.advice
-    os: str | None
-    platform: str | None
-    hostname: str | None
-    python: str | None
-    torch: str | None
-    cuda: str | None
-    nccl: str | None
-    gpus: Any
-    cpu_model: str | None
-    threads_per_rank: int | None
+    os: str | None = None
+    platform: str | None = None
+    hostname: str | None = None
+    python: str | None = None
+    torch: str | None = None
+    cuda: str | None = None
+    nccl: str | None = None
+    gpus: Any = None
+    cpu_model: str | None = None
+    threads_per_rank: int | None = None
     host_load: dict[str, Any] | None = None  # env.host_load as run.json has it (busy machine)
     # The rest of the same-workload key (WORKLOAD_KEY): the factories' arguments (args_text) and
     # the loss spec; a record from before them counts as no arguments and cross_entropy.
-    model_args: str
-    dataset_args: str
-    loss: str
-    parameters: int | None  # config.model_facts.parameters: tied weights once
-    fixed_batch: int | None  # the batch the scaling mode holds fixed (WORKLOAD_KEY)
-    device_type: str | None
-    num_devices: int | None
-    samples_per_s: float | None
-    step_time_s_mean: float | None
-    step_time_s_p95: float | None
-    wall_time_s: float | None
-    profiler_overhead_pct: float | None
+    model_args: str = ""
+    dataset_args: str = ""
+    loss: str = "cross_entropy"
+    parameters: int | None = None  # config.model_facts.parameters: tied weights once
+    fixed_batch: int | None = None  # the batch the scaling mode holds fixed (WORKLOAD_KEY)
+    device_type: str | None = None
+    num_devices: int | None = None
+    samples_per_s: float | None = None
+    step_time_s_mean: float | None = None
+    step_time_s_p95: float | None = None
+    wall_time_s: float | None = None
+    profiler_overhead_pct: float | None = None
     # metrics.profiler_overhead_noise_pct and, from both, analysis.runs.notes.overhead_note
     profiler_overhead_noise_pct: float | None = None
     profiler_overhead_within_noise: bool | None = None
@@ -163,7 +163,7 @@ class RunEntry(msgspec.Struct, kw_only=True):
     profile_export_s: float | None = None  # the slowest rank's trace export (metrics.profile)
     # The fewest measured (unprofiled) steps of any rank: what throughput was averaged over.
     measured_steps: int | None = None
-    epoch_time_s: float | None  # wall time of each epoch's loop as run, mean over epochs
+    epoch_time_s: float | None = None  # wall time of each epoch's loop as run, mean over epochs
     baseline_run_id: str | None = None
     # analysis.runs.compare: same_seed | group_mean | self, the single runs behind it, the
     # throughput the speedup divides by and those runs' spread (the noise of a speedup)
@@ -174,28 +174,28 @@ class RunEntry(msgspec.Struct, kw_only=True):
     speedup: float | None = None
     scaling_efficiency: float | None = None
     phases_s: dict[str, float] | None = None
-    phases_per_rank_s: list[dict[str, float]] = []
+    phases_per_rank_s: list[dict[str, Any]] = []  # {rank, <phase>: s, step_time: s}
     comm_pct: float | None = None
     exposed_comm_pct: float | None = None
     overlap_pct: float | None = None
     # analysis.runs.efficiency: the lost efficiency points split (DDP runs with a baseline)
     efficiency_loss_pts: dict[str, float | None] | None = None
-    memory: list[dict[str, Any]]  # verbatim (validated): fields newer writers add pass through
-    memory_metric: str | None
-    peak_memory_bytes: int | None
-    memory_imbalance_pct: float | None
-    memory_imbalance_max_over_mean: float | None
-    memory_breakdown: list[dict[str, Any]]
-    test_loss: float | None
-    top1_pct: float | None
-    top5_pct: float | None
-    perplexity: float | None  # sequence outputs: exp(mean token cross-entropy)
-    eval_note: str | None  # run.json eval.note: why the run has no eval
-    trace_files: list[str]
+    memory: list[dict[str, Any]] = []  # verbatim (validated): fields newer writers add pass through
+    memory_metric: str | None = None
+    peak_memory_bytes: int | None = None
+    memory_imbalance_pct: float | None = None
+    memory_imbalance_max_over_mean: float | None = None
+    memory_breakdown: list[dict[str, Any]] = []
+    test_loss: float | None = None
+    top1_pct: float | None = None
+    top5_pct: float | None = None
+    perplexity: float | None = None  # sequence outputs: exp(mean token cross-entropy)
+    eval_note: str | None = None  # run.json eval.note: why the run has no eval
+    trace_files: list[str] = []
     traces_left_out: list[dict[str, str]] = []  # run.json traces_left_out: {file, reason}
-    logs: list[str]
+    logs: list[str] = []
     trace: dict[str, Any] | None = None  # the traces JSON of traces/
-    warnings: list[str]
+    warnings: list[str] = []
 
 
 def is_measured(run: RunEntry | dict[str, Any]) -> bool:
