@@ -126,7 +126,7 @@ class CommEntry(msgspec.Struct, kw_only=True):
     status: str | None = None
     backend: str | None = None
     world_size: int | None = None
-    gap_ms: dict[str, float] = {}  # collective -> compute before each call (ms)
+    gap_ms: dict[str, float | None] = {}  # collective -> compute before each call (ms)
     rows: list[dict[str, object]] = []
     skipped: list[CommSkip] = []
 

@@ -90,7 +90,7 @@ def scaling_finding(case: ScalingCase, multi: tuple[str, ...]) -> Finding:
             if case.exposed_over
             else f" (within the {t['exposed_comm_pct']:.0f}% threshold)."
         )
-    slower = (g.speedup_mean or 0.0) < 1
+    slower = case.slower
     severity = "bad" if slower else "good" if case.judged == "good" else "warn"
     if case.busy_run_ids:
         text += (

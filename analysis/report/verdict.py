@@ -80,10 +80,10 @@ def _try(case: VerdictCase) -> list[dict]:
 
 
 def _split(case: VerdictCase) -> list[dict]:
-    eff, top, gain = case.efficiency_pct, case.largest, case.gain
+    top, gain = case.largest, case.gain
     if case.name_largest and top:
         return [_seg(" Largest loss: "),
-                _seg(f"{PART_NAMES[top[0]]}, {top[1]:.1f} of {100 - eff:.1f} points", "#efficiency"),
+                _seg(f"{PART_NAMES[top[0]]}, {top[1]:.1f} of {case.lost_pts:.1f} points", "#efficiency"),
                 _seg(".")]  # fmt: skip
     if gain is None:
         return []

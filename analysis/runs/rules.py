@@ -45,8 +45,9 @@ THRESHOLDS = {
 class ScalingCase(msgspec.Struct, kw_only=True):
     """Speedup and efficiency of one parallel group. `judged`: one_rank (nothing to scale: DDP's
     own cost and noise), superlinear, good, poor or fair (THRESHOLDS); `exposed_comm_pct` the
-    mean exposed share of its runs (% of step), `exposed_over` above the threshold; `busy_run_ids`
-    its runs and their baselines measured on a busy machine."""
+    mean exposed share of its runs (% of step), `exposed_over` above the threshold; `slower` a
+    speedup below 1 (slower than the single device); `busy_run_ids` its runs and their baselines
+    measured on a busy machine."""
 
     group: GroupEntry
     advice: Advice
@@ -54,6 +55,7 @@ class ScalingCase(msgspec.Struct, kw_only=True):
     judged: str
     exposed_comm_pct: float | None = None
     exposed_over: bool = False
+    slower: bool = False
     busy_run_ids: list[str] = []
 
 
@@ -174,7 +176,8 @@ def scaling_case(group: GroupEntry, doc: RunsJson) -> ScalingCase | None:
     return ScalingCase(
         group=group, advice=advice_of(group.advice), run_ids=[m.run_id for m in members],
         judged=_judge(group, eff), exposed_comm_pct=pct,
-        exposed_over=pct is not None and pct > THRESHOLDS["exposed_comm_pct"], busy_run_ids=busy,
+        exposed_over=pct is not None and pct > THRESHOLDS["exposed_comm_pct"],
+        slower=group.speedup_mean < 1, busy_run_ids=busy,
     )  # fmt: skip
 
 

@@ -50,7 +50,8 @@ class Caveats(msgspec.Struct, kw_only=True):
 class VerdictCase(msgspec.Struct, kw_only=True):
     """One workload's verdict. `first` names the workload (its first group); `group` is the
     parallel group with a speedup and the most ranks, then the fastest (None: no parallel run
-    has a baseline). `efficiency_pct` = 100 × its mean efficiency. `largest` is the named part
+    has a baseline). `efficiency_pct` = 100 × its mean efficiency, `lost_pts` the points short
+    of 100. `largest` is the named part
     that cost the most points; with it and efficiency under 100% the verdict names it, else a
     split says what gained (`gain`: the part with the fewest points). `memory` is the static
     difference of its first run from that run's baseline, `memory_shown` when it is not the same.
@@ -61,6 +62,7 @@ class VerdictCase(msgspec.Struct, kw_only=True):
     advice: Advice
     group: GroupEntry | None = None
     efficiency_pct: float = 0.0
+    lost_pts: float = 100.0  # 100 − efficiency_pct
     largest: tuple[str, float] | None = None
     gain: tuple[str, float] | None = None
     name_largest: bool = False
@@ -129,6 +131,7 @@ def _case(groups: list[GroupEntry], doc: RunsJson) -> VerdictCase:
         return case
     case.advice = advice_of(g.advice)
     case.efficiency_pct = 100 * (g.scaling_efficiency_mean or 0.0)
+    case.lost_pts = 100 - case.efficiency_pct
     parts = g.efficiency_loss_pts
     if parts:
         case.largest = largest_part(parts)
