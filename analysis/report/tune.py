@@ -16,7 +16,7 @@ from analysis.report.figures import figure_height, png_uri, theme
 from analysis.report.tables import Table
 from analysis.runs.tune import TuneArm, TuneEntry
 
-__all__ = ["TUNE_COLS", "tune_figure", "tune_sections"]
+__all__ = ["TUNE_COLS", "tune_figure", "tune_header", "tune_sections"]
 
 C = Column
 TUNE_COLS = [
@@ -86,6 +86,31 @@ def tune_figure(tune: TuneEntry) -> str | None:
     return png_uri(fig)
 
 
+# The header's pieces: (words with {key} fields, the tune.json keys they need); a piece whose keys
+# the tune lacks is left out (a hand-written or older tune.json still renders).
+_HEADER = [
+    ("{model}", ("model",)),
+    ("{dataset}", ("dataset",)),
+    ("global batch {batch_size}", ("batch_size",)),
+    ("{nproc} × {backend} on {device}", ("nproc", "backend", "device")),
+    ("{steps} steps per trial", ("steps",)),
+    ("{trials} trials per arm", ("trials",)),
+]
+
+
+def tune_header(tune: TuneEntry) -> str:
+    """The tune's workload, rules and status in one line ("mlp · digits · global batch 64 · …")."""
+    w, rules = tune.workload, tune.rules
+    parts = [text.format(**w) for text, keys in _HEADER if all(k in w for k in keys)]
+    if "args" in w and w["args"]:
+        parts.append("ARGS " + " ".join(map(str, w["args"])))
+    if "alpha" in rules:
+        parts.append(f"significance level {rules['alpha']}")
+    if "loss_tolerance" in rules:
+        parts.append(f"loss flag above {rules['loss_tolerance']} nats")
+    return " · ".join([*parts, f"status {tune.status}"])
+
+
 def tune_sections(tunes: list[TuneEntry]) -> list[dict[str, Any]]:
     """One entry per tune: the tune itself, its Table (baseline first) and its figure."""
     out = []
@@ -96,6 +121,7 @@ def tune_sections(tunes: list[TuneEntry]) -> list[dict[str, Any]]:
         out.append(
             {
                 "tune": tune,
+                "header": tune_header(tune),
                 "table": Table(id=f"tune-{i}", columns=TUNE_COLS, rows=rows),
                 "figure": tune_figure(tune),
                 "best_speedup": _times(tune.best.speedup_vs_baseline if tune.best else None),

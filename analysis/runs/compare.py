@@ -28,6 +28,7 @@ from analysis.runs.groups import (
     spread,
     workload_key,
 )
+from analysis.trace.clocks import check_clock_align
 from analysis.runs.opdiff import ddp_adds
 from analysis.runs.tune import is_tune_dir, load_tunes
 from profiler.runfolder.errors import InputError
@@ -145,12 +146,16 @@ def _unique_id(entry: RunEntry, run_dir: Path, taken: set[str]) -> None:
     )
 
 
-def compare_runs(paths: Sequence[Path], *, progress: bool = True, traces: bool = True) -> dict:
+def compare_runs(
+    paths: Sequence[Path], *, progress: bool = True, traces: bool = True, clock_align: str = "auto"
+) -> dict:
     """The runs JSON (schema_version 2) for run folders or folders of run folders in `paths`.
 
-    `traces=False` skips trace analysis (trace fields stay null). Raises InputError only when
-    no run could be read at all; unreadable folders are listed under `skipped`.
+    `traces=False` skips trace analysis (trace fields stay null); `clock_align` is the traces
+    analysis' (analysis/trace/clocks.py). Raises InputError only when no run could be read at
+    all; unreadable folders are listed under `skipped`.
     """
+    check_clock_align(clock_align)
     run_dirs, skipped = find_run_dirs(paths)
     comm_dirs = [d for d in run_dirs if is_comm_run(d)]  # `make bench-comm`: not a training run
     run_dirs = [d for d in run_dirs if d not in comm_dirs]
@@ -163,7 +168,8 @@ def compare_runs(paths: Sequence[Path], *, progress: bool = True, traces: bool =
         try:
             entry = load_run(run_dir)
             if traces and is_measured(entry):
-                attach_trace(entry, run_dir, progress=False)  # one bar, over the runs
+                # one bar, over the runs
+                attach_trace(entry, run_dir, progress=False, clock_align=clock_align)
         except InvalidRecord as err:
             invalid.append({"path": str(run_dir), **err.to_dict()})
             continue
