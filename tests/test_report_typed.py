@@ -12,6 +12,7 @@ import pytest
 
 from analysis.report.build import ReportError, write_report
 from analysis.report.findings import findings
+from analysis.report.tune import tune_header
 from analysis.report.verdict import verdict
 from analysis.runs.compare import compare_runs
 from analysis.runs.entry import RunEntry
@@ -85,3 +86,21 @@ def test_typed_entries_hold_exactly_what_the_runs_json_holds(
         write_report(data, tmp_path / "report", progress=False).summary_json.read_text()
     )
     assert {k: summary[k] for k in data} == json.loads(before)
+
+
+def test_a_tune_header_shows_what_its_tune_json_holds_and_leaves_out_the_rest():
+    """A tune.json with only `workload.model` (all `load_tune` requires) still renders."""
+    bare = TuneEntry(tune_id="t", status="ok", workload={"model": "mlp"})
+    assert tune_header(bare) == "mlp · status ok"
+    full = TuneEntry(
+        status="ok",
+        workload={"model": "mlp", "dataset": "digits", "batch_size": 64, "nproc": 2,
+                  "backend": "gloo", "device": "cpu", "steps": 20, "trials": 3, "args": ["--x"]},
+        rules={"alpha": 0.1, "loss_tolerance": 0.001},
+    )  # fmt: skip
+    assert tune_header(full) == (
+        "mlp · digits · global batch 64 · 2 × gloo on cpu · 20 steps per trial · 3 trials per arm"
+        " · ARGS --x · significance level 0.1 · loss flag above 0.001 nats · status ok"
+    )
+    no_device = TuneEntry(workload={"model": "mlp", "nproc": 2, "backend": "gloo"})
+    assert tune_header(no_device) == "mlp"  # no device, no status: those pieces are left out

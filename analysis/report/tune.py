@@ -108,7 +108,9 @@ def tune_header(tune: TuneEntry) -> str:
         parts.append(f"significance level {rules['alpha']}")
     if "loss_tolerance" in rules:
         parts.append(f"loss flag above {rules['loss_tolerance']} nats")
-    return " · ".join([*parts, f"status {tune.status}"])
+    if tune.status is not None:
+        parts.append(f"status {tune.status}")
+    return " · ".join(parts)
 
 
 def tune_sections(tunes: list[TuneEntry]) -> list[dict[str, Any]]:
