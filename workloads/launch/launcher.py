@@ -1,8 +1,8 @@
-"""The launcher behind `make profile-*`: `python -m workloads.launch --mode single|dp|ddp|all ...`.
+"""The launcher behind `make profile-*`: `python -m workloads.launch --mode single|dp|ddp|fsdp|all`.
 
 It checks what this machine can run (one clear line and exit code 2 otherwise), writes
 `run.json` with status `running` and the config, starts the training — `workloads.train` directly
-for single/DP, through torchrun (`python -m torch.distributed.run`) for DDP — relays its output to
+for single/DP, through torchrun (`python -m torch.distributed.run`) for DDP and FSDP — relays its output to
 the console and `logs/launcher.log`, and afterwards turns a crash into `status: failed` with the
 failing rank, its exit code and the last lines of its log. `--mode all` runs every mode this
 machine supports and records the others as `status: skipped` with the reason. The training runs
@@ -20,6 +20,7 @@ from pathlib import Path
 from profiler.runfolder.errors import UserError, run_command
 from profiler.runfolder.layout import RUN_JSON, write_run_json
 from workloads.config import (
+    PROCESS_GROUP_MODES,
     OneLineParser,
     TrainConfig,
     add_config_arguments,
@@ -68,7 +69,7 @@ def _record(
 
 def _command(cfg: TrainConfig, plan: Plan, args: argparse.Namespace, extra: list[str]) -> list[str]:
     train_argv = [*to_argv(cfg), *extra]
-    if plan.mode != "ddp":
+    if plan.mode not in PROCESS_GROUP_MODES:
         return [sys.executable, "-m", "workloads.train", *train_argv]
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(plan.nproc)]
     if args.nnodes == 1 and not args.rdzv_endpoint:
@@ -164,13 +165,13 @@ def _check_arguments(args: argparse.Namespace) -> None:
         )
     if args.max_restarts < 0:
         raise LaunchError(f"--max-restarts must be >= 0; got {args.max_restarts}")
-    if args.max_restarts and args.mode != "ddp":
+    if args.max_restarts and args.mode not in PROCESS_GROUP_MODES:
         raise LaunchError(
-            "--max-restarts restarts torchrun's workers, so it needs --mode ddp "
+            "--max-restarts restarts torchrun's workers, so it needs --mode ddp or fsdp "
             "(run single-device as --mode ddp --nproc 1 to get restarts)"
         )
-    if args.nnodes > 1 and args.mode != "ddp":
-        raise LaunchError("--nnodes > 1 only makes sense with --mode ddp")
+    if args.nnodes > 1 and args.mode not in PROCESS_GROUP_MODES:
+        raise LaunchError("--nnodes > 1 only makes sense with --mode ddp or fsdp")
     runs = Path(args.runs_dir)
     existing = next(p for p in (runs, *runs.parents) if p.exists())
     if not existing.is_dir():
@@ -194,8 +195,10 @@ def run(args: argparse.Namespace, extra: list[str]) -> int:
     _check_arguments(args)
     # Every TrainConfig check (profiler schedule included) before anything is created, then the
     # workload's: each factory imported, called and its result checked (one line each, exit 2).
+    # The mode's own options (--zero, --fsdp-wrap) are checked with it: `all` checks as single.
+    mode = "single" if args.mode == "all" else args.mode
     workload = check_workload(
-        config_from_namespace(args, mode="single", backend=args.backend, init_method="")
+        config_from_namespace(args, mode=mode, backend=args.backend, init_method="")
     )
     init_method = ""
     if args.rdzv_file:
@@ -252,21 +255,22 @@ def build_parser(prog: str = "python -m workloads.launch") -> argparse.ArgumentP
     )
     parser.add_argument(
         "--mode",
-        choices=("single", "dp", "ddp", "all"),
+        choices=("single", "dp", "ddp", "fsdp", "all"),
         default="single",
-        help="all = single, dp, ddp-nccl, ddp-gloo as this machine allows (others: skipped)",
+        help="fsdp = FSDP2 (fully_shard, one process per device; ZeRO-1 is --mode ddp --zero 1); "
+        "all = single, dp, ddp-nccl, ddp-gloo as this machine allows (others: skipped)",
     )
     parser.add_argument(
         "--backend",
         choices=("auto", "nccl", "gloo"),
         default="auto",
-        help="DDP backend; auto = nccl on Linux with CUDA, gloo otherwise",
+        help="DDP/FSDP backend; auto = nccl on Linux with CUDA, gloo otherwise",
     )
     parser.add_argument(
         "--nproc",
         type=int,
         default=None,
-        help="DDP processes per node (default: GPU count, 2 on CPU); DP: GPUs to use",
+        help="DDP/FSDP processes per node (default: GPU count, 2 on CPU); DP: GPUs to use",
     )
     parser.add_argument("--nnodes", type=int, default=1, help="nodes in a multi-node DDP job")
     parser.add_argument(
