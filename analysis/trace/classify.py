@@ -151,6 +151,7 @@ class Classified:
     step_notes: list[str]  # ProfilerSteps dropped as duplicates or overlaps (steps.py)
     anchors: Ranges  # nccl:*/gloo:* collective annotations, with args
     rpc: Ranges  # record_param_comms ops, with args
+    c10d: Ranges  # c10d::* ops (the collective each call issued: analysis.trace.c10d), with args
     compute_ops: Ranges  # CPU ops (all threads, no names); computation on a kernel-less trace
     tb: TbRoles  # what torch-tb-profiler keeps, by its own rules (tbprofiler.py)
     data: Ranges  # `data` record_function ranges and DataLoader __next__ calls
@@ -179,6 +180,7 @@ class _Accumulator:
         self.steps = _Columns(codes, names=True, tids=True)  # their thread is the training thread
         self.anchors = _Columns(codes, names=True, tids=True, args=True)
         self.rpc = _Columns(codes, tids=True, args=True)
+        self.c10d = _Columns(codes, names=True, tids=True, args=True)
         self.tb = TbAccumulator()
         self.data = _Columns(codes)
         self.op_events = _Columns(codes, names=True, tids=True)  # ops, issue ops, then the rest
@@ -201,6 +203,7 @@ class _Accumulator:
         self.steps.add(b.steps)
         self.anchors.add(b.anchors)
         self.rpc.add(b.rpc)
+        self.c10d.add([e for e in b.issue if e.name.startswith("c10d::")])
         self.tb.add_kernels(b.kernels, tb_ext, [NO_ID if c == -2 else c for c in corr.tolist()])
         self.tb.add_host([*b.steps, *b.anchors, *b.data, *b.rpc, *b.runtime, *b.tb])
         self.data.add(b.data)
@@ -267,7 +270,14 @@ class _Accumulator:
             self.cpu_hi = max(self.cpu_hi, max(e.ts + e.dur for e in cpu_like))
 
     def finish(self) -> Classified:
-        parts = (self.kernels, self.steps, self.anchors, self.rpc, self.op_events, self.data)
+        parts = (
+            self.kernels,
+            self.steps,
+            self.anchors,
+            self.rpc,
+            self.op_events,
+            self.data,
+        )  # c10d ⊂ ops
         origin = min(min(p.first() for p in parts), self.cpu_lo, self.tb.first)
         origin = 0.0 if not np.isfinite(origin) else float(origin)
         op_events = self.op_events.ranges(origin)
@@ -296,6 +306,7 @@ class _Accumulator:
             step_notes=step_notes,
             anchors=_by_start(self.anchors.ranges(origin), args=True),
             rpc=self.rpc.ranges(origin),
+            c10d=_by_start(self.c10d.ranges(origin), args=True),
             compute_ops=Ranges(
                 op_events.start[is_op], op_events.end[is_op], tids=op_events.tids[is_op]
             ),

@@ -6,6 +6,12 @@ the GPU comm kernels it launched. A comm kernel that no annotation launched beco
 its own, named from the kernel (`ncclKernel_AllReduce_...` -> `nccl:all_reduce`), unless it is
 an orphan (no launch in the trace, see attribution.py): an orphan is linked to an annotation only
 through that annotation's External id, and never becomes a call of its own.
+
+An annotation issued by a c10d op is named and sized from that op (analysis.trace.c10d: what the
+program asked for, e.g. `gloo:reduce_scatter`), with the annotation as its `algorithm` (what ran,
+e.g. `gloo:all_reduce`), whose bus factor the busbw uses, and the loop phase it was issued in;
+each collective row splits its calls by phase (`phases`: FSDP's forward and backward all-gathers)
+with the exposed part of each call (its transfer not hidden under computation).
 """
 
 from __future__ import annotations
@@ -17,8 +23,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from analysis.trace.c10d import Issued, issued_calls, phase_name
 from analysis.trace.classify import COMM, Classified
-from analysis.trace.intervals import merge, total_us
+from analysis.trace.intervals import Intervals, covered_us, merge, total_us
 from profiler.runfolder.layout import bus_factor  # comm.csv's bus model: one set of factors
 
 __all__ = ["DTYPE_BYTES", "bus_factor", "combine_collectives", "rank_instances"]
@@ -155,12 +162,18 @@ class _Call:
     """One collective call on one rank (the fields `rank_instances` groups by name)."""
 
     name: str
+    algorithm: str
+    """What moved the bytes: the annotation's name (= `name` unless a c10d op renamed it)."""
+    phase: int
+    """analysis.trace.c10d.PHASE_CODES of the loop phase it was issued in (0: unknown)."""
     start_us: float
     """First comm kernel start, else the call's start (µs rel. to the trace origin)."""
     latency_us: float
     """|call ∪ its kernels|."""
     device_us: float
     """|∪ kernels|, or the call's own duration when it launched none (gloo/CPU)."""
+    exposed_us: float
+    """The part of device_us no computation overlaps."""
     nbytes: int
     """0 when unknown."""
     group_size: int
@@ -176,14 +189,19 @@ def _kernel_name(name: str) -> str:
     return f"nccl:{op}"
 
 
-def rank_instances(c: Classified, lo: float, hi: float) -> dict[str, dict[str, np.ndarray]]:
+def rank_instances(
+    c: Classified, lo: float, hi: float, compute: Intervals | None = None
+) -> dict[str, dict[str, np.ndarray]]:
     """Collective instances whose call starts in [lo, hi] (µs rel. to origin), grouped by name.
 
     Per instance: `start_us` (first comm kernel start, else the call's start; rel. to origin),
     `latency_us` = |call ∪ its kernels|, `device_us` = |∪ kernels| (the call's own duration when it
-    launched none, as on gloo/CPU), `bytes` (0 when unknown), `group_size` (0 when unknown),
-    all arrays in call order; plus `union_us`, the length of the union of those latencies
-    (tb-profiler's "total latency": time with at least one such call in flight).
+    launched none, as on gloo/CPU), `exposed_us` = the part of device_us that `compute` (merged
+    computation intervals; none: nothing hides it) does not overlap, `bytes` (0 when unknown),
+    `group_size` (0 when unknown), `phase` (analysis.trace.c10d.PHASE_CODES), all arrays in call
+    order; plus `union_us`, the length of the union of those latencies (tb-profiler's "total
+    latency": time with at least one such call in flight) and `algorithm`, the annotation that
+    moved the bytes (analysis.trace.c10d).
     """
     comm_idx = np.flatnonzero(c.kernel_cls == COMM)
     link = (
@@ -194,10 +212,11 @@ def rank_instances(c: Classified, lo: float, hi: float) -> dict[str, dict[str, n
     by_anchor: dict[int, list[int]] = defaultdict(list)
     for j, anchor in enumerate(link.tolist()):
         by_anchor[anchor].append(int(comm_idx[j]))
-    rows = _anchor_calls(c, lo, hi, by_anchor)
+    hidden = compute if compute is not None else (np.empty(0), np.empty(0))
+    rows = _anchor_calls(c, lo, hi, by_anchor, hidden)
     # An orphan kernel (attribution.py) never becomes a call: its launch is not in the trace.
     rows += [
-        _kernel_call(c, k)
+        _kernel_call(c, k, hidden)
         for k in by_anchor.get(-1, [])
         if lo <= c.launch_us[k] <= hi and not c.orphan[k]
     ]
@@ -205,16 +224,22 @@ def rank_instances(c: Classified, lo: float, hi: float) -> dict[str, dict[str, n
     return {name: _instances([r for r in rows if r.name == name]) for name in _names(rows)}
 
 
+def _exposed_us(device: Intervals, compute: Intervals) -> float:
+    """|device ∖ compute| for one call's (merged) device intervals."""
+    return float(total_us(device) - covered_us(compute, *device).sum())
+
+
 def _names(rows: list[_Call]) -> list[str]:
     return list(dict.fromkeys(r.name for r in rows))
 
 
 def _anchor_calls(
-    c: Classified, lo: float, hi: float, by_anchor: dict[int, list[int]]
+    c: Classified, lo: float, hi: float, by_anchor: dict[int, list[int]], compute: Intervals
 ) -> list[_Call]:
     """One _Call per collective annotation starting in [lo, hi], with the comm kernels linked
-    to it (`by_anchor`: annotation index -> kernel indices)."""
+    to it (`by_anchor`: annotation index -> kernel indices), named from its c10d op if any."""
     nbytes, group = _anchor_sizes(c)
+    issued = issued_calls(c)
     a = c.anchors
     rows: list[_Call] = []
     for i in range(len(a)):
@@ -234,13 +259,18 @@ def _anchor_calls(
         for ka in (c.kernels.args[k] for k in ks):  # size from the kernel when the call lacks it
             nbytes[i] = nbytes[i] or _nbytes_from_counts(ka, a.names[i])
             group[i] = group[i] or ka.group_size
+        on_device = merge(ks_s, ks_e) if ks else (a.start[i : i + 1], a.end[i : i + 1])
+        name, size, phase = _named(a.names[i], issued[i], nbytes[i])
         rows.append(
             _Call(
-                name=a.names[i],
+                name=name,
+                algorithm=a.names[i],
+                phase=phase,
                 start_us=float(ks_s.min()) if ks else float(a.start[i]),
                 latency_us=latency,
                 device_us=device,
-                nbytes=nbytes[i] or 0,
+                exposed_us=_exposed_us(on_device, compute),
+                nbytes=size or 0,
                 group_size=group[i] or 0,
                 starts=s,
                 ends=e,
@@ -249,16 +279,28 @@ def _anchor_calls(
     return rows
 
 
-def _kernel_call(c: Classified, k: int) -> _Call:
+def _named(anchor: str, issued: Issued | None, nbytes: int | None) -> tuple[str, int | None, int]:
+    """(name, bytes, phase) of a call: from its c10d op when one issued it (analysis.trace.c10d),
+    else the annotation's own."""
+    if issued is None:
+        return anchor, nbytes, 0
+    prefix = anchor.split(":", 1)[0]
+    return f"{prefix}:{issued.collective}", issued.nbytes or nbytes, issued.phase
+
+
+def _kernel_call(c: Classified, k: int, compute: Intervals) -> _Call:
     """A comm kernel no annotation claims: a call of its own, named from the kernel."""
     ks, ke = c.kernels.start[k], c.kernels.end[k]
     ka = c.kernels.args[k]
     name = _kernel_name(c.kernels.names[k])
     return _Call(
         name=name,
+        algorithm=name,
+        phase=0,
         start_us=float(ks),
         latency_us=ke - ks,
         device_us=ke - ks,
+        exposed_us=_exposed_us((np.array([ks]), np.array([ke])), compute),
         nbytes=_nbytes_from_counts(ka, name) or 0,
         group_size=ka.group_size or 0,
         starts=np.array([ks]),
@@ -272,8 +314,11 @@ def _instances(mine: list[_Call]) -> dict[str, np.ndarray]:
         "start_us": np.array([r.start_us for r in mine]),
         "latency_us": np.array([r.latency_us for r in mine]),
         "device_us": np.array([r.device_us for r in mine]),
+        "exposed_us": np.array([r.exposed_us for r in mine]),
         "bytes": np.array([r.nbytes for r in mine], dtype=np.int64),
         "group_size": np.array([r.group_size for r in mine], dtype=np.int64),
+        "phase": np.array([r.phase for r in mine], dtype=np.int64),
+        "algorithm": mine[0].algorithm,  # one per name: a c10d op runs as one algorithm
         "union_us": total_us(
             merge(np.concatenate([r.starts for r in mine]), np.concatenate([r.ends for r in mine]))
         ),
@@ -344,18 +389,18 @@ def _rank_row(r: int, name: str, x: dict, transfer: np.ndarray, m: int) -> dict:
 def _collective_row(
     name: str, inst: list[dict], rows: list[dict], transfer: np.ndarray, m: int, world_size: int
 ) -> dict:
-    """The `collectives` row of `name`: per-rank totals averaged, bandwidths over matched calls."""
-    sized = inst[0]["bytes"][:m] > 0
-    moved = float(inst[0]["bytes"][:m][sized].sum())
-    moved_us = float(transfer[sized].sum())
-    algbw = moved / moved_us / 1e3 if moved_us > 0 else None  # bytes/µs -> GB/s (1e9 B)
+    """The `collectives` row of `name`: per-rank totals averaged, bandwidths over matched calls
+    (busbw with the bus factor of the algorithm that moved the bytes), split by loop phase."""
     groups = np.concatenate([x["group_size"] for x in inst])
     n = int(groups.max()) if groups.size and groups.max() > 0 else world_size
-    factor = bus_factor(name, n)
+    algorithm = inst[0].get("algorithm") or name
+    factor = bus_factor(algorithm, n)
+    algbw = _algbw(inst[0]["bytes"][:m], transfer)
     calls = _mean([x["calls"] for x in rows])
     latency = _mean([x["latency_us_total"] for x in rows])
     return {
         "name": name,
+        "algorithm": algorithm,
         "calls": round(calls),
         "ranks": len(inst),
         "group_size": n,
@@ -366,9 +411,48 @@ def _collective_row(
         "transfer_us_total": _mean([x["transfer_us_total"] for x in rows]),
         "sync_us_total": _mean([x["sync_us_total"] for x in rows]),
         "latency_us_union": _mean([x["latency_us_union"] for x in rows]),
+        "exposed_us_total": _mean(
+            [float(x["exposed_us"].sum()) for x in inst if "exposed_us" in x]
+        ),
         "algbw_gbps": algbw,
         "busbw_gbps": algbw * factor if algbw is not None and factor is not None else None,
+        "phases": _phase_rows(inst, transfer, m, factor),
     }
+
+
+def _algbw(nbytes: np.ndarray, transfer: np.ndarray) -> float | None:
+    """Bytes ÷ transfer time over the sized calls, GB/s (1e9 B); None without any."""
+    sized = nbytes > 0
+    moved, moved_us = float(nbytes[sized].sum()), float(transfer[sized].sum())
+    return moved / moved_us / 1e3 if moved_us > 0 else None  # bytes/µs -> GB/s
+
+
+def _phase_rows(inst: list[dict], transfer: np.ndarray, m: int, factor: float | None) -> list:
+    """One row per loop phase the calls were issued in (analysis.trace.c10d; none: []): calls,
+    bytes, latency, exposed and overlapped time per rank (means over ranks, per analysed window)
+    and the bandwidths of its matched calls."""
+    if any("phase" not in x for x in inst) or not inst[0]["phase"].any():
+        return []
+    out = []
+    for code in np.unique(inst[0]["phase"]).tolist():
+        mine = [x["phase"] == code for x in inst]
+        device = _mean([float(x["device_us"][k].sum()) for x, k in zip(inst, mine, strict=True)])
+        exposed = _mean([float(x["exposed_us"][k].sum()) for x, k in zip(inst, mine, strict=True)])
+        matched = mine[0][:m]
+        algbw = _algbw(inst[0]["bytes"][:m][matched], transfer[matched])
+        out.append(
+            {
+                "phase": phase_name(code),
+                "calls": round(_mean([float(k.sum()) for k in mine])),
+                "bytes_total": _mean([float(x["bytes"][k].sum()) for x, k in zip(inst, mine, strict=True)]),
+                "latency_us_total": _mean([float(x["latency_us"][k].sum()) for x, k in zip(inst, mine, strict=True)]),
+                "exposed_us_total": exposed,
+                "overlapped_us_total": max(0.0, device - exposed),
+                "algbw_gbps": algbw,
+                "busbw_gbps": algbw * factor if algbw is not None and factor is not None else None,
+            }
+        )  # fmt: skip
+    return out
 
 
 def _straggler(r: int, skews: list[np.ndarray], last: int, matched_total: int) -> dict:

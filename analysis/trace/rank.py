@@ -115,6 +115,15 @@ def _step_rows(c: Classified, lo: np.ndarray, hi: np.ndarray, numbers: list) -> 
     return rows
 
 
+def _compute(c: Classified, lo: np.ndarray, hi: np.ndarray, numbers: list) -> Intervals:
+    """The analysed steps' computation, merged: compute kernels (GPU) or the training thread's
+    ops outside collectives (CPU), as `_step_rows` splits each step."""
+    if len(c.kernels):
+        _, valid = kernel_steps(c.launch_us, c.orphan, lo, hi, numbers == [None])
+        return merge(*_sel(c.kernels, valid & (c.kernel_cls == COMPUTE)))
+    return merge(*_sel(c.compute_ops, _outside_comm(c) & _training_thread(c)))
+
+
 def _hta_breakdown(c: Classified, lo: np.ndarray, hi: np.ndarray) -> dict:
     """HTA's temporal breakdown and comm/comp overlap over the kernels the analysed steps launched."""
     _, mine = kernel_steps(c.launch_us, c.orphan, lo, hi, lo.size == 1 and len(c.steps) == 0)
@@ -244,7 +253,8 @@ def summarize_file(path: Path) -> RankSummary:
     memory = memory_summary(c.memory, str(loaded.path))
     ops, timelines = rank_ops(c, lo, hi, numbers == [None], step_time)
     origin_ns = loaded.origin_ns(c.origin_us)
-    instances = rank_instances(c, float(lo[0]), float(hi[-1]))  # µs from this rank's origin
+    # µs from this rank's origin; each call's exposed part is what this computation leaves
+    instances = rank_instances(c, float(lo[0]), float(hi[-1]), _compute(c, lo, hi, numbers))
     step_total = max(1e-9, sum(r["step_time_us"] for r in per_step))
     return RankSummary(
         rank=loaded.rank,

@@ -29,7 +29,7 @@ from profiler.runfolder.versions import TRACES_PART_SCHEMA_VERSION
 __all__ = ["PART_KIND", "analyze_shard", "merge_parts", "parse_shard"]
 
 PART_KIND = "dpscope traces part"
-_INT_ARRAYS = ("bytes", "group_size")  # every other instance array is float64 µs
+_INT_ARRAYS = ("bytes", "group_size", "phase")  # every other instance array is float64 µs
 
 
 def parse_shard(text: str) -> tuple[int, int]:

@@ -153,6 +153,12 @@ def _check_arguments(args: argparse.Namespace) -> None:
     """Launcher-only arguments that are wrong on any machine: one line each, nothing written."""
     if args.mode == "all" and args.run_id:
         raise LaunchError("--run-id names one run but --mode all makes four; leave --run-id out")
+    if args.mode == "all" and (args.zero or args.fsdp_wrap):
+        flag = "--zero" if args.zero else "--fsdp-wrap"
+        raise LaunchError(
+            f"{flag} belongs to one mode but --mode all runs single, dp and ddp without it; "
+            f"run that mode on its own (--mode {'ddp' if args.zero else 'fsdp'})"
+        )
     if args.nproc is not None and args.nproc < 1:
         raise LaunchError(f"--nproc must be >= 1; got {args.nproc} (leave it out for the default)")
     if args.nnodes < 1 or not 0 <= args.node_rank < args.nnodes:

@@ -113,15 +113,16 @@ def wrap_targets(model: nn.Module, cfg: TrainConfig) -> list[tuple[str, nn.Modul
     """(qualified name, module) of each block fully_shard wraps before the root, descendants
     before their ancestors. Raises SpecError (one line) when --fsdp-wrap names a class the model
     does not contain."""
-    classes = [_import_class(m, c) for m, c in cfg.fsdp_classes()]
+    specs = cfg.fsdp_classes()
+    classes = [_import_class(m, c) for m, c in specs]
     if not classes:
         return _default_blocks(model)
     named = [(n, m) for n, m in model.named_modules() if n]  # the root is wrapped last anyway
-    for cls in classes:
+    for (module_name, name), cls in zip(specs, classes, strict=True):
         if not any(isinstance(m, cls) for _, m in named):
             present = sorted({type(m).__name__ for _, m in named})
             raise SpecError(
-                f"--fsdp-wrap {cls.__module__}:{cls.__name__}: the model "
+                f"--fsdp-wrap {module_name}:{name}: the model "
                 f"({type(model).__name__}) contains no {cls.__name__}; its classes: "
                 f"{', '.join(present[:20]) or 'none (no submodules)'}"
             )
