@@ -21,6 +21,7 @@ from analysis.jsonsafe import finite_json
 from analysis.project.comm import is_comm_run
 from analysis.project.runs import comm_and_projections
 from analysis.runs.efficiency import attach_efficiency_loss
+from analysis.runs.family import family_summary
 from analysis.runs.entry import RunEntry, attach_trace, load_run, mean_std
 from analysis.runs.opdiff import ddp_adds
 from profiler.runfolder.records import InvalidRecord
@@ -54,7 +55,10 @@ WORKLOAD_KEY = (
     "device_type",
     "os",
 )
-GROUP_KEY = (*WORKLOAD_KEY, "mode", "backend", "world_size")
+# `strategy` tells DDP from ZeRO-1 and FSDP2 with and without resharding (analysis.runs.family).
+GROUP_KEY = (*WORKLOAD_KEY, "mode", "strategy", "backend", "world_size")
+# The report's order of the family: single, DP, DDP, then the sharded members.
+ORDER = {"single": 0, "dp": 1, "ddp": 2, "zero1": 3, "fsdp": 4, "fsdp_keep": 5}
 GROUP_STATS = (
     "samples_per_s",
     "speedup",
@@ -163,12 +167,11 @@ def _groups(runs: list[RunEntry]) -> list[dict]:
         group["exposed_comm_pct_mean"] = mean_std(m.exposed_comm_pct for m in members)[0]
         group.update(spread(m.samples_per_s for m in members))
         groups.append(group)
-    order = {"single": 0, "dp": 1, "ddp": 2}
     return sorted(
         groups,
         key=lambda g: (
             *(str(g[k]) for k in WORKLOAD_KEY),
-            order.get(g["mode"], 9),
+            ORDER.get(g["strategy"] or g["mode"], 9),
             str(g["backend"]),
             g["world_size"] or 0,
         ),
@@ -191,10 +194,17 @@ def _unique_id(entry: RunEntry, run_dir: Path, taken: set[str]) -> None:
     )
 
 
-def compare_runs(paths: Sequence[Path], *, progress: bool = True, traces: bool = True) -> dict:
+def compare_runs(
+    paths: Sequence[Path],
+    *,
+    progress: bool = True,
+    traces: bool = True,
+    memory_budget_bytes: int | None = None,
+) -> dict:
     """The runs JSON (schema_version 2) for run folders or folders of run folders in `paths`.
 
-    `traces=False` skips trace analysis (trace fields stay null). Raises InputError only when
+    `traces=False` skips trace analysis (trace fields stay null). `memory_budget_bytes` is the
+    per-rank memory the family's capacity fits models into (default: the device's memory). Raises InputError only when
     no run could be read at all; unreadable folders are listed under `skipped`.
     """
     run_dirs, skipped = find_run_dirs(paths)
@@ -229,8 +239,7 @@ def compare_runs(paths: Sequence[Path], *, progress: bool = True, traces: bool =
         raise InputError(
             where, "no readable run folders", "run `make profile-all` first or pass the runs folder"
         )
-    order = {"single": 0, "dp": 1, "ddp": 2}
-    runs.sort(key=lambda r: (order.get(r.mode, 9), str(r.run_id)))
+    runs.sort(key=lambda r: (ORDER.get(r.strategy or r.mode, 9), str(r.run_id)))
     _link_baselines(runs)
     groups = _groups(runs)
     attach_efficiency_loss(runs, groups, _workload)
@@ -240,6 +249,7 @@ def compare_runs(paths: Sequence[Path], *, progress: bool = True, traces: bool =
         "runs": rows,
         "groups": groups,
         "ddp_adds": ddp_adds(rows, groups),
+        "family": family_summary(rows, workload_key, memory_budget_bytes),
         "skipped": skipped,
         "tunes": tunes,
         **comm_and_projections(comm_dirs, rows),

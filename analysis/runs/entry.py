@@ -26,6 +26,7 @@ from profiler.runfolder.records import InvalidRecord, read_record
 from profiler.runfolder.steps import read_steps_frame
 from analysis.trace.consistency import run_trace_warnings
 from analysis.trace.folder import analyze_trace_dir
+from analysis.runs.family import family_fields
 from analysis.trace.memory import breakdown_entries, fill_dynamic
 from profiler.runfolder.errors import safe_text
 from profiler.runfolder.layout import throughput_steps
@@ -178,6 +179,15 @@ class RunEntry(msgspec.Struct, kw_only=True):
     cpu_model: str | None
     threads_per_rank: int | None
     host_load: dict[str, Any] | None = None  # env.host_load as run.json has it (busy machine)
+    # The data-parallel family (analysis.runs.family): config.zero (0 for a record without it),
+    # config.fsdp, the member it makes (single | dp | ddp | zero1 | fsdp | fsdp_keep), metrics.fsdp
+    # and what bounds a rank's memory (env.device_memory_bytes, ranks per node).
+    zero: int | None = None
+    fsdp: dict[str, Any] | None = None
+    strategy: str | None = None
+    fsdp_groups: list[dict[str, Any]] = []
+    device_memory_bytes: int | None = None
+    nproc_per_node: int | None = None
     # The rest of the same-workload key (WORKLOAD_KEY): the factories' arguments (args_text) and
     # the loss spec; a record from before them counts as no arguments and cross_entropy.
     model_args: str
@@ -261,6 +271,9 @@ def load_run(run_dir: Path) -> RunEntry:
         profiler_overhead_pct=metrics.profiler_overhead_pct,
         measured_steps=_measured_steps(metrics),
         host_load=msgspec.to_builtins(env.host_load) if env.host_load else None,
+        **family_fields(config, metrics),
+        device_memory_bytes=env.device_memory_bytes,
+        nproc_per_node=config.nproc_per_node,
         epoch_time_s=mean_std(metrics.epoch_time_s)[0],
         memory=memory,
         **memory_peaks(memory),
