@@ -21,7 +21,7 @@ from tqdm import tqdm
 
 from analysis.jsonsafe import DISPLAY_CHARS, clip
 from analysis.outputs import check_report_out
-from analysis.report import figures, memory_section
+from analysis.report import family_section, figures, memory_section
 from analysis.report.findings import THRESHOLDS, findings
 from analysis.report.loss import loss_context
 from analysis.report.ops import ops_context
@@ -92,6 +92,7 @@ def runs_frame(data: dict[str, Any], labels: dict[str, str]) -> pd.DataFrame:
         "run_id",
         *WORKLOAD_KEY,
         "mode",
+        "strategy",
         "backend",
         "world_size",
         "seed",
@@ -105,7 +106,8 @@ def runs_frame(data: dict[str, Any], labels: dict[str, str]) -> pd.DataFrame:
     group_of = group_labels(data)
     df["group"] = [group_of.get(r, lab) for r, lab in zip(df["run_id"], df["label"], strict=True)]
     backend = df["backend"].where(~df["backend"].isin(["none", "dp"]) & df["backend"].notna(), "")
-    df["series"] = df["mode"].astype(str) + backend.map(lambda b: f" ({b})" if b else "")
+    member = df["strategy"].fillna(df["mode"]).astype(str)
+    df["series"] = member + backend.map(lambda b: f" ({b})" if b else "")
     # One line per comparable set: never average a model's throughput with another model's.
     for col in WORKLOAD_KEY:
         if df[col].nunique() > 1:
@@ -221,6 +223,7 @@ def write_report(data: dict[str, Any], out_dir: Path, *, progress: bool = True) 
     found = findings(data) + memory["findings"]
     loss = loss_context(data)
     tables["efficiency_loss"] = loss["table"]
+    tables.update(family_section.context(data))
     figs = _figures(data, tables, labels, progress)
     summary = _json_safe(
         {**full, "findings": [f.to_dict() for f in found], "thresholds": THRESHOLDS}
@@ -263,14 +266,23 @@ def write_report(data: dict[str, Any], out_dir: Path, *, progress: bool = True) 
     return ReportFiles(index_html=index, summary_json=out_dir / "summary.json", csvs=csvs)
 
 
-def build_report(paths: Sequence[Path], out_dir: Path, *, progress: bool = True) -> ReportFiles:
-    """Analyse the run folders under `paths` with `compare_runs` and write the report."""
+def build_report(
+    paths: Sequence[Path],
+    out_dir: Path,
+    *,
+    progress: bool = True,
+    memory_budget_bytes: int | None = None,
+) -> ReportFiles:
+    """Analyse the run folders under `paths` with `compare_runs` and write the report
+    (`memory_budget_bytes`: the per-rank memory the family's capacity fits models into)."""
     for p in paths:
         if not Path(p).is_dir():
             raise ReportError(f"{p} is not a folder; pass RUNS folders made by `make profile-all`")
     _check_out(Path(out_dir), [Path(p) for p in paths])  # before any work
     try:
-        data = compare_runs([Path(p) for p in paths], progress=progress)
+        data = compare_runs(
+            [Path(p) for p in paths], progress=progress, memory_budget_bytes=memory_budget_bytes
+        )
     except InputError as exc:
         raise ReportError(str(exc)) from exc
     return write_report(data, out_dir, progress=progress)

@@ -11,7 +11,9 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from analysis.runs.compare import WORKLOAD_KEY
+from analysis.runs.family import LABELS
 from profiler.runfolder.hostload import BUSY_OTHER_CORES_FRAC, is_busy
+from profiler.runfolder.schema import PROCESS_GROUP_MODES
 
 __all__ = ["Finding", "THRESHOLDS", "findings", "is_busy"]
 
@@ -37,7 +39,7 @@ THRESHOLDS = {
     "seed_spread_pct": 10.0,
 }
 
-NAMES = {"single": "Single", "dp": "DP", "ddp": "DDP"}
+NAMES = LABELS  # single, dp, ddp and the sharded members (analysis.runs.family)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -54,10 +56,13 @@ class Finding:
 
 
 def run_name(run: dict[str, Any], keys: tuple[str, ...] = ()) -> str:
-    """'DDP (GLOO)', 'DP', 'Single'; prefixed with the model/OS when the report holds several."""
-    mode = NAMES.get(run.get("mode"), str(run.get("mode")))
+    """'DDP (GLOO)', 'FSDP2 (GLOO)', 'DP', 'Single'; prefixed with the model/OS when the report
+    holds several."""
+    kind = run.get("strategy") or run.get("mode")
+    mode = NAMES.get(kind, str(kind))
     backend = run.get("backend")
-    name = f"{mode} ({backend.upper()})" if mode == "DDP" and backend else mode
+    grouped = run.get("mode") in PROCESS_GROUP_MODES
+    name = f"{mode} ({backend.upper()})" if grouped and backend else mode
     return " ".join([*(str(run.get(k)) for k in keys), name])
 
 

@@ -249,7 +249,7 @@ def compare_runs(
         "runs": rows,
         "groups": groups,
         "ddp_adds": ddp_adds(rows, groups),
-        "family": family_summary(rows, workload_key, memory_budget_bytes),
+        "family": family_summary(rows, WORKLOAD_KEY, memory_budget_bytes),
         "skipped": skipped,
         "tunes": tunes,
         **comm_and_projections(comm_dirs, rows),

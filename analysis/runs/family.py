@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import math
 import statistics
-from collections.abc import Callable
 from typing import Any
 
 from profiler.runfolder.schema import Config, Metrics
@@ -185,11 +184,15 @@ def _comparison(rows: list[dict], singles: list[dict], budget_bytes: int | None)
 
 
 def family_summary(
-    rows: list[dict], key: Callable[[dict], tuple], budget_bytes: int | None = None
+    rows: list[dict], fields: tuple[str, ...], budget_bytes: int | None = None
 ) -> list[dict]:
-    """The runs JSON `family`: one entry per workload (`key`), backend and world size with a DDP
-    run and a ZeRO-1 or FSDP2 run (module docstring), each with its capacity at the per-rank
-    budget (`budget_bytes`, default the device's memory)."""
+    """The runs JSON `family`: one entry per workload (its `fields`, the same-workload key),
+    backend and world size with a DDP run and a ZeRO-1 or FSDP2 run (module docstring), each with
+    its capacity at the per-rank budget (`budget_bytes`, default the device's memory)."""
+
+    def key(r: dict) -> tuple:
+        return tuple(r.get(k) for k in fields)
+
     ok = [r for r in rows if r.get("status") == "ok" and r.get("strategy")]
     buckets: dict[tuple, list[dict]] = {}
     for r in ok:
@@ -200,5 +203,5 @@ def family_summary(
         singles = [r for r in ok if r["strategy"] == "single" and key(r) == workload]
         entry = _comparison(members, singles, budget_bytes)
         if entry is not None:
-            out.append(entry)
+            out.append({**dict(zip(fields, workload, strict=True)), **entry})
     return out

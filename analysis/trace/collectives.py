@@ -440,11 +440,14 @@ def _phase_rows(inst: list[dict], transfer: np.ndarray, m: int, factor: float | 
         exposed = _mean([float(x["exposed_us"][k].sum()) for x, k in zip(inst, mine, strict=True)])
         matched = mine[0][:m]
         algbw = _algbw(inst[0]["bytes"][:m][matched], transfer[matched])
+        calls = _mean([float(k.sum()) for k in mine])
+        nbytes = _mean([float(x["bytes"][k].sum()) for x, k in zip(inst, mine, strict=True)])
         out.append(
             {
                 "phase": phase_name(code),
-                "calls": round(_mean([float(k.sum()) for k in mine])),
-                "bytes_total": _mean([float(x["bytes"][k].sum()) for x, k in zip(inst, mine, strict=True)]),
+                "calls": round(calls),
+                "bytes_total": nbytes,
+                "bytes_avg": nbytes / calls if calls else 0.0,
                 "latency_us_total": _mean([float(x["latency_us"][k].sum()) for x, k in zip(inst, mine, strict=True)]),
                 "exposed_us_total": exposed,
                 "overlapped_us_total": max(0.0, device - exposed),
