@@ -27,9 +27,11 @@ from analysis.columns import (
     Column,
     fmt,
 )
+from analysis.family_columns import CLI_FAMILY_COLS
 from analysis.jsonsafe import clip, finite_json
 from analysis.outputs import check_json_out
 from analysis.runs.compare import compare_runs, find_run_dirs
+from analysis.runs.family import budget_bytes
 from analysis.trace.folder import analyze_trace_dir, find_trace_files
 from analysis.trace.shard import analyze_shard, merge_parts, parse_shard
 from profiler.runfolder.atomic import write_json_atomic
@@ -111,6 +113,9 @@ def print_runs(result: dict) -> None:
     if result["groups"]:
         say("\ngroups (mean ± sample std over seeds)")
         say(table(result["groups"], CLI_GROUP_COLS))
+    for f in result.get("family") or []:
+        say(f"\nfamily: {f['model']}, {f['backend']}, {f['world_size']} ranks (vs DDP)")
+        say(table([f["ddp"], *f["members"]], CLI_FAMILY_COLS))
     for tune in result.get("tunes", []):  # make tune-ddp folders: their verdict, not their trials
         best = tune["best"]
         verdict = f"best {best['name']}" if best else "no knob beat the run-to-run noise"
@@ -135,6 +140,13 @@ def build_parser(prog: str = "python -m analysis") -> argparse.ArgumentParser:
     r = sub.add_parser("runs", help="compare run folders (speedup, memory, accuracy, comm)")
     r.add_argument("runs_dirs", type=Path, nargs="+", metavar="RUNS_DIR")
     r.add_argument("--no-traces", action="store_true", help="skip trace analysis")
+    r.add_argument(
+        "--memory-budget-gib",
+        type=float,
+        default=None,
+        help="per-rank memory the largest-model-that-fits estimate uses (default: the device's "
+        "memory; CPU: the host's RAM ÷ ranks per node)",
+    )
     for s in (t, r, m, *opscli.add_parsers(sub), add_parser(sub)):
         s.add_argument("--json", type=Path, default=None, metavar="OUT", help="write JSON here")
         s.add_argument("--no-progress", action="store_true", help="no progress bar")
@@ -203,7 +215,12 @@ def _run(args: argparse.Namespace) -> int:
         result = merge_parts(args.parts)
         show = print_traces
     elif args.command == "runs":
-        result = compare_runs(args.runs_dirs, progress=progress, traces=not args.no_traces)
+        result = compare_runs(
+            args.runs_dirs,
+            progress=progress,
+            traces=not args.no_traces,
+            memory_budget_bytes=budget_bytes(args.memory_budget_gib),
+        )
         show = print_runs
     else:
         result, show = opscli.run(args)

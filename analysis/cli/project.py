@@ -6,7 +6,7 @@ import argparse
 from pathlib import Path
 
 from analysis.cli.table import say
-from analysis.project.projection import project
+from analysis.project.sharded import project_any
 from profiler.runfolder.errors import InputError
 
 __all__ = ["add_parser", "print_projection", "run"]
@@ -24,7 +24,9 @@ def _ranks(text: str) -> list[int]:
 def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     """Register the `project` subcommand on the analysis CLI."""
     p = sub.add_parser("project", help="project a run's step time to other world sizes")
-    p.add_argument("run", type=Path, metavar="RUN", help="single-device or DDP run folder")
+    p.add_argument(
+        "run", type=Path, metavar="RUN", help="single-device, DDP, ZeRO-1 or FSDP2 run folder"
+    )
     p.add_argument(
         "--comm", type=Path, required=True, metavar="COMM_RUN", help="make bench-comm run"
     )
@@ -36,7 +38,11 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     p.add_argument("--scaling", choices=("strong", "weak"), default=None, help="default: RUN's")
     p.add_argument("--backend", choices=("nccl", "gloo"), default=None, help="default: RUN's")
     p.add_argument(
-        "--measured", type=Path, nargs="*", default=[], help="DDP runs to compare against"
+        "--measured",
+        type=Path,
+        nargs="*",
+        default=[],
+        help="runs of RUN's mode at other world sizes to compare against",
     )
     p.add_argument(
         "--batch-runs",
@@ -102,7 +108,7 @@ def print_projection(result: dict) -> None:
 
 def run(args: argparse.Namespace) -> dict:
     """Compute the projection for parsed `project` arguments."""
-    return project(
+    return project_any(
         args.run,
         args.comm,
         _ranks(args.ranks),

@@ -28,11 +28,13 @@ import math
 import statistics
 from typing import Any
 
+from profiler.runfolder.errors import InputError
 from profiler.runfolder.schema import Config, Metrics
 
 __all__ = [
     "LABELS",
     "SHARDED",
+    "budget_bytes",
     "family_fields",
     "family_summary",
     "model_state_bytes",
@@ -56,6 +58,15 @@ CATEGORIES = (
     "fsdp_unsharded_peak_bytes",
 )
 GIB = 2**30
+
+
+def budget_bytes(gib: float | None) -> int | None:
+    """`--memory-budget-gib` in bytes (None: the device's memory); one line unless > 0."""
+    if gib is None:
+        return None
+    if not (isinstance(gib, int | float) and math.isfinite(gib) and gib > 0):
+        raise InputError("--memory-budget-gib", f"got {gib}", "give the per-rank memory in GiB, > 0")
+    return int(gib * GIB)
 
 
 def strategy(mode: str | None, zero: int | None, reshard_after_forward: bool | None) -> str | None:

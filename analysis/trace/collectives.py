@@ -429,8 +429,9 @@ def _algbw(nbytes: np.ndarray, transfer: np.ndarray) -> float | None:
 
 def _phase_rows(inst: list[dict], transfer: np.ndarray, m: int, factor: float | None) -> list:
     """One row per loop phase the calls were issued in (analysis.trace.c10d; none: []): calls,
-    bytes, latency, exposed and overlapped time per rank (means over ranks, per analysed window)
-    and the bandwidths of its matched calls."""
+    bytes, latency, exposed and overlapped time per rank (means over ranks, per analysed window),
+    the exposed part that was transfer rather than waiting for a later rank (each call's exposed
+    time capped at its transfer time) and the bandwidths of its matched calls."""
     if any("phase" not in x for x in inst) or not inst[0]["phase"].any():
         return []
     out = []
@@ -438,6 +439,8 @@ def _phase_rows(inst: list[dict], transfer: np.ndarray, m: int, factor: float | 
         mine = [x["phase"] == code for x in inst]
         device = _mean([float(x["device_us"][k].sum()) for x, k in zip(inst, mine, strict=True)])
         exposed = _mean([float(x["exposed_us"][k].sum()) for x, k in zip(inst, mine, strict=True)])
+        moving = _mean([float(np.minimum(x["exposed_us"], np.concatenate([transfer, x["device_us"][m:]]))[k].sum())
+                        for x, k in zip(inst, mine, strict=True)])  # fmt: skip
         matched = mine[0][:m]
         algbw = _algbw(inst[0]["bytes"][:m][matched], transfer[matched])
         calls = _mean([float(k.sum()) for k in mine])
@@ -450,6 +453,7 @@ def _phase_rows(inst: list[dict], transfer: np.ndarray, m: int, factor: float | 
                 "bytes_avg": nbytes / calls if calls else 0.0,
                 "latency_us_total": _mean([float(x["latency_us"][k].sum()) for x, k in zip(inst, mine, strict=True)]),
                 "exposed_us_total": exposed,
+                "exposed_transfer_us_total": moving,
                 "overlapped_us_total": max(0.0, device - exposed),
                 "algbw_gbps": algbw,
                 "busbw_gbps": algbw * factor if algbw is not None and factor is not None else None,

@@ -44,6 +44,7 @@ _RANK_FIELDS = (
     "compute_us",
     "comm_us",
     "exposed_comm_us",
+    "exposed_comm_us_by_phase",
     "overlap_us",
     "data_wait_us",
     "idle_us",

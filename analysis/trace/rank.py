@@ -15,6 +15,7 @@ import msgspec
 import numpy as np
 
 from analysis.trace.attribution import kernel_steps
+from analysis.trace.c10d import phase_name
 from analysis.trace.classify import COMM, COMPUTE, MAX_DUR_US, Classified, Ranges, classify
 from analysis.trace.collectives import rank_instances
 from analysis.trace.intervals import Intervals, clip, intersection_us, merge, total_us, union_us
@@ -196,9 +197,24 @@ class RankSummary(msgspec.Struct, kw_only=True):
     instances: dict[str, dict[str, Any]]
     memory: dict[str, Any]
     ops_self_us_per_step: dict[str, float]
+    # µs per analysed step of collectives' exposed time by the loop phase that issued them
+    # (analysis.trace.c10d; {} without c10d ops): where a rank waited on communication.
+    exposed_comm_us_by_phase: dict[str, float] = {}
 
 
 _STEP_MEANS = ("compute_us", "comm_us", "exposed_comm_us", "data_wait_us", "overlap_us", "idle_us")
+
+
+def _exposed_by_phase(instances: dict[str, dict[str, Any]], steps: int) -> dict[str, float]:
+    """Exposed µs per step of every collective, summed by the loop phase that issued it."""
+    out: dict[str, float] = {}
+    for inst in instances.values():
+        for code in np.unique(inst["phase"]).tolist():
+            name = phase_name(code)
+            if name:
+                mine = float(inst["exposed_us"][inst["phase"] == code].sum()) / max(1, steps)
+                out[name] = out.get(name, 0.0) + mine
+    return out
 
 
 def _orphan_us(c: Classified) -> float:
@@ -286,6 +302,7 @@ def summarize_file(path: Path) -> RankSummary:
         per_step=per_step,
         warnings=[*warnings, *memory["warnings"]],
         instances=instances,
+        exposed_comm_us_by_phase=_exposed_by_phase(instances, len(per_step)),
         memory=memory,
         ops_self_us_per_step=timelines,
     )
