@@ -33,6 +33,7 @@ __all__ = [
     "is_fsdp",
     "local",
     "optimizer_state",
+    "sharding_seen",
 ]
 
 try:  # FSDP2 (torch >= 2.6); a torch without it has no sharded models to read
@@ -53,15 +54,36 @@ def local(t: torch.Tensor) -> torch.Tensor:
     return t._local_tensor if isinstance(t, DTensor) else t
 
 
+def _is_zero(optimizer: torch.optim.Optimizer | None) -> bool:
+    return type(optimizer).__name__ == "ZeroRedundancyOptimizer" and isinstance(
+        getattr(optimizer, "optim", None), torch.optim.Optimizer
+    )
+
+
 def optimizer_state(optimizer: torch.optim.Optimizer) -> dict:
     """The optimizer's per-parameter state on this rank: ZeRO-1's is its inner optimizer's (the
     wrapper's own `state` stays empty)."""
-    inner = getattr(optimizer, "optim", None)
-    if isinstance(inner, torch.optim.Optimizer) and type(optimizer).__name__ == (
-        "ZeroRedundancyOptimizer"
-    ):
-        return inner.state
-    return optimizer.state
+    return optimizer.optim.state if _is_zero(optimizer) else optimizer.state
+
+
+def _reshards(model: nn.Module) -> bool | None:
+    """reshard_after_forward of a sharded model's blocks (the root never reshards); None when
+    it has no block or torch's internals changed."""
+    try:
+        blocks = [g for name, g in _groups(model) if name]
+        return None if not blocks else any(g.post_forward_mesh_info is not None for g in blocks)
+    except AttributeError:
+        return None
+
+
+def sharding_seen(model: nn.Module | None, optimizer: torch.optim.Optimizer | None) -> dict:
+    """What a --script run's model and optimizer say of the family, as a rank part's `zero` and
+    `fsdp_config` (run.json config.zero and config.fsdp, the wrap rule `seen`):
+    ZeroRedundancyOptimizer, fully_shard."""
+    fsdp = None
+    if is_fsdp(model):
+        fsdp = {"wrap": "seen", "reshard_after_forward": _reshards(model)}
+    return {"zero": 1 if _is_zero(optimizer) else 0, "fsdp_config": fsdp}
 
 
 def _groups(model: nn.Module) -> Iterator[tuple[str, object]]:

@@ -28,7 +28,7 @@ from profiler.runfolder.layout import RUN_JSON, utc_now, write_run_json
 from profiler.runfolder.parts import assemble, read_parts
 from profiler.runfolder.versions import RUN_JSON_SCHEMA_VERSION
 from profiler.session import ProfileConfig
-from workloads.config import TrainConfig, config_from_namespace
+from workloads.config import PROCESS_GROUP_MODES, TrainConfig, config_from_namespace
 from workloads.launch.bootstrap import SETTINGS_ENV
 from workloads.launch.child import child_env, user_path
 from workloads.launch.runlog import finalize
@@ -36,7 +36,7 @@ from workloads.launch.supervise import run_supervised
 
 __all__ = ["ScriptError", "reject_builtin_options", "run_script"]
 
-BUILTIN_ONLY = ("--model", "--dataset")
+BUILTIN_ONLY = ("--model", "--dataset", "--zero", "--fsdp-wrap", "--fsdp-reshard-after-forward")
 SCRIPT_STALL_S = 24 * 3600.0
 """A script writes no heartbeat: the watchdog only ends a run that shows no sign for a day."""
 
@@ -52,7 +52,8 @@ def reject_builtin_options(argv: list[str]) -> None:
         if name in BUILTIN_ONLY:
             raise ScriptError(
                 f"{name} picks dpscope's built-in training, but --script runs your own; drop "
-                f"{name} (the script builds its model and data)"
+                f"{name} (the script builds its model, data and wrappers; dpscope records the "
+                "mode it sees)"
             )
 
 
@@ -76,10 +77,10 @@ def _check(args: argparse.Namespace) -> Path:
         raise ScriptError(
             f"--script {args.script}: no such file; pass the path of your training script"
         )
-    if args.mode not in ("single", "ddp"):
+    if args.mode not in ("single", "ddp", "fsdp"):
         raise ScriptError(
-            f"--script runs with --mode single or ddp, not {args.mode}; a script that builds "
-            "nn.DataParallel itself is recorded as dp under --mode single"
+            f"--script runs with --mode single, ddp or fsdp, not {args.mode}; a script that "
+            "builds nn.DataParallel itself is recorded as dp under --mode single"
         )
     if args.nproc is not None and args.nproc < 1:
         raise ScriptError(f"--nproc must be >= 1; got {args.nproc}")
@@ -113,7 +114,7 @@ def _env(cfg: TrainConfig, run_dir: Path, args: argparse.Namespace, nproc: int) 
 def _running_record(cfg: TrainConfig, mode: str, nproc: int, extra: dict) -> dict:
     config = {
         "mode": mode,
-        "world_size": nproc if mode == "ddp" else 1,
+        "world_size": nproc if mode in PROCESS_GROUP_MODES else 1,
         "profile": ProfileConfig(**cfg.profile_kwargs()).to_dict(),
         "warmup_steps": cfg.warmup_steps,
         **extra,
@@ -139,7 +140,7 @@ def run_script(args: argparse.Namespace, script_args: list[str]) -> int:
     args.runs_dir = str(user_path(args.runs_dir))
     cfg = config_from_namespace(args, mode="single", backend="auto", init_method="")
     mode = args.mode
-    nproc = (args.nproc or 2) if mode == "ddp" else 1
+    nproc = (args.nproc or 2) if mode in PROCESS_GROUP_MODES else 1
     sha = hashlib.sha256(script.read_bytes()).hexdigest()
     args.workload_name = workload_name(sha, script_args, args.workload)
     stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%S")
