@@ -1,0 +1,246 @@
+"""The data-parallel family (issue 30), in process: the mode options and their bad inputs, the
+FSDP2 wrap rule, the sharded memory count on a real 1-rank gloo group, collectives named from
+their c10d op on hand-built events, the family comparison and capacity, the sharded
+projection's timeline and ZeRO-1's partition, all against hand computations. The real 2-rank
+runs are in tests/test_family_runs.py."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pytest
+import torch
+import torch.distributed as dist
+
+from analysis.project.sharded_step import fsdp_timeline, fullest_share
+from analysis.runs.family import budget_bytes, family_summary, strategy
+from analysis.trace.classify import classify
+from analysis.trace.collectives import combine_collectives, rank_instances
+from analysis.trace.intervals import covered_us, intersection_us, merge
+from analysis.trace.loader import Event
+from profiler.runfolder.errors import InputError
+from workloads.config import TrainConfig
+from workloads.spec import SpecError
+from workloads.tools import demo, sweep
+from workloads.train.gpt import gpt
+from workloads.train.models import build_model
+from workloads.train.sharding import sgd, shard_model, wrap_targets
+
+MLP_LINEARS = [(3072, 256), (256, 256), (256, 10)]  # the built-in MLP's Linear (in, out)
+
+
+def _block_bytes(i: int, o: int) -> int:
+    return (i * o + o) * 4  # weight and bias, fp32
+
+
+@pytest.mark.parametrize(
+    "kw, text",
+    [
+        ({"mode": "single", "zero": 1}, "--zero 1 shards DDP's optimizer state, so it needs --mode ddp"),
+        ({"mode": "dp", "zero": 1}, "(got --mode dp)"),
+        ({"mode": "fsdp", "zero": 1}, "FSDP already shards the optimizer state"),
+        ({"mode": "ddp", "fsdp_wrap": "torch.nn:Linear"}, "--fsdp-wrap applies to --mode fsdp"),
+        ({"mode": "ddp", "fsdp_reshard_after_forward": "false"}, "applies to --mode fsdp"),
+        ({"mode": "fsdp", "fsdp_wrap": "Linear"}, "name classes as MODULE:CLASS"),
+        ({"mode": "fsdp", "sync_bn": True}, "--sync-bn converts BatchNorm for DDP"),
+        ({"mode": "ddp", "zero": 2}, "--zero must be one of 0, 1"),
+    ],
+)  # fmt: skip
+def test_family_options_refused_in_one_line(kw: dict, text: str) -> None:
+    with pytest.raises(ValueError, match=None) as err:
+        TrainConfig(**kw)
+    assert text in str(err.value) and "\n" not in str(err.value)
+
+
+def test_fsdp_on_one_rank_and_zero_under_ddp_are_allowed() -> None:
+    assert TrainConfig(mode="fsdp", fsdp_wrap="torch.nn:Linear").fsdp_classes() == [
+        ("torch.nn", "Linear")
+    ]
+    assert TrainConfig(mode="ddp", zero=1).zero == 1
+    assert not TrainConfig(mode="fsdp", fsdp_reshard_after_forward="false").reshard_after_forward
+
+
+def test_default_wrap_rule_takes_top_level_container_elements() -> None:
+    cfg = TrainConfig(mode="fsdp")
+    mlp = build_model("mlp", num_classes=10)
+    assert [n for n, _ in wrap_targets(mlp, cfg)] == ["1", "3", "5"]  # Linears; ReLUs hold none
+    net = gpt(num_classes=16, n_layer=3, n_embd=16, n_head=2)
+    assert [n for n, _ in wrap_targets(net, cfg)] == ["blocks.0", "blocks.1", "blocks.2"]
+
+
+def test_fsdp_wrap_names_classes_and_refuses_one_the_model_lacks() -> None:
+    net = gpt(num_classes=16, n_layer=2, n_embd=16, n_head=2)
+    picked = wrap_targets(net, TrainConfig(mode="fsdp", fsdp_wrap="torch.nn:LayerNorm"))
+    assert [n for n, _ in picked] == ["blocks.0.ln_1", "blocks.0.ln_2", "blocks.1.ln_1",
+                                      "blocks.1.ln_2", "ln_f"]  # fmt: skip
+    with pytest.raises(SpecError) as err:
+        wrap_targets(net, TrainConfig(mode="fsdp", fsdp_wrap="torch.nn:Conv2d"))
+    assert "--fsdp-wrap torch.nn:Conv2d: the model (GPT) contains no Conv2d" in str(err.value)
+    with pytest.raises(SpecError, match="module nosuch does not import"):
+        wrap_targets(net, TrainConfig(mode="fsdp", fsdp_wrap="nosuch:Block"))
+
+
+@pytest.fixture
+def one_rank_group(tmp_path):
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'rdzv'}", rank=0, world_size=1)
+    yield
+    dist.destroy_process_group()
+
+
+def _count(model, opt, steps: int = 3) -> dict:
+    from profiler.memory_breakdown import StaticMemory
+
+    static = StaticMemory(rank=0, devices=[torch.device("cpu")], planned_steps=steps)
+    for step in range(steps):
+        static.before_step(model, step)
+        model(torch.randn(4, 3, 32, 32)).sum().backward()
+        static.after_backward(model, step)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        static.after_optimizer(model, opt, step)
+    (entry,) = static.entries()
+    return entry
+
+
+@pytest.mark.parametrize("reshard", ["true", "false"])
+def test_fsdp_memory_on_one_rank_matches_the_hand_count(one_rank_group, reshard: str) -> None:
+    """One rank holds every shard: parameters, gradients and SGD momentum are the model's bytes,
+    no DDP buckets; gathered at once: the largest block when each block reshards after forward
+    (at one rank an all-gather completes at once, so no prefetch is in flight), every block
+    when none does."""
+    torch.manual_seed(0)
+    cfg = TrainConfig(mode="fsdp", fsdp_reshard_after_forward=reshard)
+    model, names = shard_model(build_model("mlp", num_classes=10), cfg)
+    assert names == ["1", "3", "5", ""]
+    e = _count(model, sgd(model.parameters(), cfg, zero=False))
+    total = sum(_block_bytes(i, o) for i, o in MLP_LINEARS)
+    assert e["parameters_bytes"] == e["gradients_bytes"] == e["optimizer_state_bytes"] == total
+    assert e["ddp_buckets_bytes"] == 0 and e["static_total_bytes"] == 3 * total
+    largest = _block_bytes(*MLP_LINEARS[0])
+    assert e["fsdp_unsharded_peak_bytes"] == (largest if reshard == "true" else total)
+
+
+def test_zero1_counts_its_inner_optimizers_state(one_rank_group) -> None:
+    torch.manual_seed(0)
+    model = torch.nn.parallel.DistributedDataParallel(build_model("mlp", num_classes=10))
+    e = _count(model, sgd(model.parameters(), TrainConfig(mode="ddp", zero=1), zero=True))
+    total = sum(_block_bytes(i, o) for i, o in MLP_LINEARS)
+    assert e["optimizer_state_bytes"] == total  # one rank owns every parameter's momentum
+    assert e["fsdp_unsharded_peak_bytes"] is None
+
+
+def _x(name: str, ts: float, dur: float, tid: int, cat: str = "cpu_op", **args) -> Event:
+    return Event(
+        ph="X", cat=cat, name=name, ts=ts, dur=dur, tid=tid, args=json.dumps(args).encode()
+    )
+
+
+def test_gloo_reduce_scatter_is_named_from_its_c10d_op_and_sized_by_its_input() -> None:
+    """An FSDP2 step on gloo as torch 2.14 records it: the c10d ops on the training thread, the
+    backend's annotations on gloo's threads (an all-gather's input shape is one shard; the
+    reduce-scatter runs as an all-reduce of the whole input)."""
+    ua = "user_annotation"
+    events = [
+        _x("ProfilerStep#1", 0, 1000, 1, ua),
+        _x("forward", 10, 300, 1, ua),
+        _x("c10d::_allgather_base_", 20, 5, 1, **{"Input Dims": [[248], [124], [], [], []],
+           "Input type": ["float", "float", "", "Scalar", "Scalar"]}),
+        _x("gloo:all_gather", 30, 100, 7, ua, **{"Input Dims": [[124]], "Input type": ["float"]}),
+        _x("aten::mm", 140, 100, 1),
+        _x("backward", 400, 400, 1, ua),
+        _x("aten::mm", 410, 200, 1),
+        _x("c10d::_reduce_scatter_base_", 620, 5, 1, **{"Input Dims": [[124], [248], [], [], [], []],
+           "Input type": ["float", "float", "", "", "Scalar", "Scalar"]}),
+        _x("gloo:all_reduce", 630, 100, 8, ua, **{"Input Dims": [[248]], "Input type": ["float"]}),
+        _x("ProfilerStep#2", 1000, 10, 1, ua),
+    ]  # fmt: skip
+    c = classify(iter([iter([events])]))
+    compute = merge(np.array([140.0, 410.0]), np.array([240.0, 610.0]))
+    inst = rank_instances(c, 0, 1000, compute)
+    assert list(inst) == ["gloo:all_gather", "gloo:reduce_scatter"]
+    ag, rs = inst["gloo:all_gather"], inst["gloo:reduce_scatter"]
+    assert ag["bytes"].tolist() == [248 * 4] and rs["bytes"].tolist() == [248 * 4]  # nccl-tests
+    assert ag["algorithm"] == "gloo:all_gather" and rs["algorithm"] == "gloo:all_reduce"
+    assert ag["phase"].tolist() == [1] and rs["phase"].tolist() == [2]  # forward, backward
+    assert ag["exposed_us"].tolist() == [100.0]  # nothing computes during it
+    two = {0: inst, 1: {k: dict(v) for k, v in inst.items()}}
+    rows = {r["name"]: r for r in combine_collectives(two, 2)["collectives"]}
+    # 992 B in 100 µs: algbw 0.00992 GB/s; busbw with the algorithm's factor at n = 2
+    assert rows["gloo:all_gather"]["busbw_gbps"] == pytest.approx(0.00992 * 0.5)
+    assert rows["gloo:reduce_scatter"]["busbw_gbps"] == pytest.approx(0.00992 * 1.0)
+    (phase,) = rows["gloo:reduce_scatter"]["phases"]
+    assert phase["phase"] == "backward" and phase["exposed_us_total"] == 100.0
+
+
+def test_covered_length_matches_the_intersection() -> None:
+    rng = np.random.default_rng(0)
+    s = rng.uniform(0, 100, 50)
+    merged = merge(s, s + rng.uniform(0, 5, 50))
+    qs = rng.uniform(-10, 110, 100)
+    qe = qs + rng.uniform(0, 20, 100)
+    want = [
+        intersection_us(merged, (np.array([a]), np.array([b]))) for a, b in zip(qs, qe, strict=True)
+    ]
+    assert covered_us(merged, qs, qe) == pytest.approx(want, abs=1e-9)
+
+
+def _row(rid: str, strategy_: str, sps: float, static: int, gathered: int | None = None) -> dict:
+    entry = {"rank": 0, "device": "cpu", "static_total_bytes": static, "buffers_bytes": 100,
+             "parameters_bytes": 0, "fsdp_unsharded_peak_bytes": gathered}  # fmt: skip
+    return {"run_id": rid, "status": "ok", "strategy": strategy_, "model": "m", "backend": "gloo",
+            "world_size": 2, "parameters": 1000, "samples_per_s": sps, "device_type": "cpu",
+            "device_memory_bytes": 8 * 2**30, "nproc_per_node": 2,
+            "memory_breakdown": [entry]}  # fmt: skip
+
+
+def test_family_saved_memory_throughput_and_capacity_by_hand() -> None:
+    rows = [_row("d", "ddp", 100.0, 16_100), _row("z", "zero1", 90.0, 14_100),
+            _row("f", "fsdp", 50.0, 6_100, 2_000)]  # fmt: skip
+    (f,) = family_summary(rows, ("model",), budget_bytes=1_000_100)
+    zero, fsdp = f["members"]
+    assert (zero["saved_bytes"], zero["throughput_vs_ddp_pct"]) == (2_000, 90.0)
+    assert fsdp["model_state_bytes"] == 8_100 and fsdp["saved_pct"] == pytest.approx(
+        100 * 8_000 / 16_100
+    )
+    fits = {c["strategy"]: (c["bytes_per_param"], c["max_params"]) for c in f["capacity"]}
+    # (state − buffers) ÷ P, then ⌊(budget − buffers) ÷ bytes per parameter⌋
+    assert fits == {"ddp": (16.0, 62_500), "zero1": (14.0, 71_428), "fsdp": (8.0, 125_000)}
+    (default,) = family_summary(rows, ("model",))  # the host's RAM ÷ 2 ranks per node
+    assert default["budget_bytes"] == 4 * 2**30 and "÷ 2 ranks" in default["budget_source"]
+    with pytest.raises(InputError, match="--memory-budget-gib"):
+        budget_bytes(-1)
+    assert strategy("ddp", 1, None) == "zero1" and strategy("fsdp", 0, False) == "fsdp_keep"
+
+
+def test_fsdp_timeline_by_hand() -> None:
+    """Two groups (root 1 element, block 3), forward 4 s, backward 8 s, every call 1 s, no
+    forward prefetch (CPU): AG root [0,1], fwd root [1,2], AG block [2,3], fwd block [3,6];
+    backward: AG block (re-gathered) [6,7], bwd block [7,13], RS block [13,14], bwd root
+    [13,15] (no all-gather: the root keeps its parameters), RS root [15,16]."""
+    groups = [{"module": "", "numel": 1, "unsharded_bytes": 10},
+              {"module": "b", "numel": 3, "unsharded_bytes": 30}]  # fmt: skip
+    line = fsdp_timeline(groups, 4.0, 8.0, lambda kind, nbytes: 1.0, reshard=True,
+                         prefetch_forward=False)  # fmt: skip
+    assert line == {"end_s": 16.0, "all_gather_s": 3.0, "reduce_scatter_s": 2.0}
+    keep = fsdp_timeline(groups, 4.0, 8.0, lambda kind, nbytes: 1.0, reshard=False,
+                         prefetch_forward=True)  # fmt: skip
+    # prefetched: AG block issued at fwd root's start [1,2] -> fwd block [2,5]; bwd [5,11], [11,13]
+    assert keep == {"end_s": 14.0, "all_gather_s": 2.0, "reduce_scatter_s": 2.0}
+
+
+def test_zero_partition_share_is_torchs_greedy() -> None:
+    sizes = [786_432, 256, 65_536, 256, 2_560, 10]  # the MLP's parameters (elements)
+    assert fullest_share(sizes, 2) == pytest.approx(786_432 / sum(sizes))
+    assert fullest_share(sizes, 1) == 1.0 and math.isclose(fullest_share([1, 1, 1, 1], 2), 0.5)
+
+
+def test_sweep_and_demo_take_the_family_modes() -> None:
+    todo = sweep.combos(["single", "zero1", "fsdp"], ["gloo"], [2], [0])
+    args = {c.run_id("s"): c.launcher_args("s") for c in todo}
+    assert args["s-zero1-gloo-n2-s0"][:4] == ["--mode", "ddp", "--zero", "1"]
+    assert args["s-fsdp-gloo-n2-s0"][:2] == ["--mode", "fsdp"]
+    assert demo._modes("single ddp fsdp") == ["single", "ddp", "fsdp"]
+    with pytest.raises(demo.DemoError, match="choose from single dp ddp zero1 fsdp"):
+        demo._modes("hsdp")
