@@ -17,7 +17,8 @@ import torch.distributed as dist
 from analysis.project.sharded_step import fsdp_timeline, fullest_share
 from analysis.runs.family import budget_bytes, family_summary, strategy
 from analysis.trace.classify import classify
-from analysis.trace.collectives import combine_collectives, rank_instances
+from analysis.trace.collectives import rank_instances
+from analysis.trace.crossrank import combine_collectives
 from analysis.trace.intervals import covered_us, intersection_us, merge
 from analysis.trace.loader import Event
 from profiler.runfolder.errors import InputError

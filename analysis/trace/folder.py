@@ -17,7 +17,7 @@ from tqdm import tqdm
 
 from analysis.errors import unexpected
 from analysis.jsonsafe import finite_json
-from analysis.trace.collectives import combine_collectives
+from analysis.trace.crossrank import combine_collectives
 from analysis.trace.rank import RankSummary, summarize_file
 from profiler.runfolder.errors import InputError
 from profiler.runfolder.versions import TRACES_JSON_SCHEMA_VERSION
