@@ -68,12 +68,18 @@ def _f(x: float | None, digits: int = 2) -> str:
 def print_projection(result: dict) -> None:
     """The per-n table, the replay and measured checks, assumptions and warnings."""
     inp = result["inputs"]
-    m = inp["all_reduce_model"]
+    # ZeRO-1 and FSDP2: each collective with the model of the algorithm that moves its bytes
+    models = {f"{c} (as {inp['algorithms'][c]})": m for c, m in inp.get("comm_models", {}).items()}
+    models = models or {"all_reduce": inp["all_reduce_model"]}
+    fits = "; ".join(
+        f"{name} α = {m['alpha_us']:.2f} µs/step, B = {m['bus_gbps']:.3f} GB/s (fit error mean "
+        f"{m['fit_error_pct_mean']:.1f}%)"
+        for name, m in models.items()
+    )
     say(
         f"projection of {result['run_id']} ({inp['mode']}, n={inp['world_size']}, "
         f"{result['scaling']} scaling, backend {result['backend']}) with comm run "
-        f"{result['comm_run_id']}: all_reduce α = {m['alpha_us']:.2f} µs/step, "
-        f"B = {m['bus_gbps']:.3f} GB/s (fit error mean {m['fit_error_pct_mean']:.1f}%)"
+        f"{result['comm_run_id']}: {fits}"
     )
     say(
         f"{'n':>6} {'batch/dev':>10} {'step ms':>10} {'compute ms':>11} {'comm ms':>9} "

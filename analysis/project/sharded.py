@@ -270,7 +270,6 @@ def project_sharded(run_dir: Path, comm_dir: Path, ranks: list[int], *, gpus_per
         p["speedup"] = p["samples_per_s"] / base["samples_per_s"]
         p["scaling_efficiency"] = p["speedup"] / n
         preds.append(p)
-    grad = kw["all_reduce"] or kw["models"]["reduce_scatter"]
     return {
         "schema_version": PROJECTION_JSON_SCHEMA_VERSION,
         "run_id": inp.run_id,
@@ -279,32 +278,28 @@ def project_sharded(run_dir: Path, comm_dir: Path, ranks: list[int], *, gpus_per
         "backend": asked,
         "scaling": kw["scaling"],
         "ranks": list(ranks),
-        "inputs": {
-            "mode": inp.strategy,
-            "world_size": inp.world_size,
-            "per_device_batch": inp.per_device_batch,
-            "global_batch": inp.global_batch,
-            "measured_step_time_s": inp.step_time_s,
-            "phases_s": inp.phases_s,
-            "compute_phases_s": inp.compute_phases_s,
-            "traced_exposed_comm_s": inp.traced_exposed_s,
-            "fsdp_groups": inp.groups,
-            "reshard_after_forward": inp.reshard_after_forward,
-            "algorithms": {c: _algorithm(inp, c) for c in kw["models"]},
-            "comm_models": kw["models"],
-            "all_reduce_model": grad,
-            "bandwidth_source": bandwidth,
-            "gpus_per_node": gpus_per_node,
-            "inter_node_gbps": kw["inter_gbps"],
-            "inter_node_alpha_us": INTER_NODE_ALPHA_US,
-            "wire_bytes_factor": 1.0,
-        },  # fmt: skip
+        "inputs": _inputs_json(inp, kw, bandwidth),
         "assumptions": _assumptions(inp, kw),
         "replay": _check(inp, inp, kw, base),
         "measured": [_check(inp, load_sharded(d, traces=False), kw, base) for d in measured],
         "predictions": preds,
         "warnings": list(inp.warnings) + (inp.ddp.warnings if inp.ddp else []),
     }
+
+
+def _inputs_json(inp: ShardedInputs, kw: dict, bandwidth: str) -> dict:
+    """The projection JSON's `inputs` (DDP's keys where they apply, the sharded ones besides)."""
+    return {
+        "mode": inp.strategy, "world_size": inp.world_size, "per_device_batch": inp.per_device_batch,
+        "global_batch": inp.global_batch, "measured_step_time_s": inp.step_time_s,
+        "phases_s": inp.phases_s, "compute_phases_s": inp.compute_phases_s,
+        "traced_exposed_comm_s": inp.traced_exposed_s, "fsdp_groups": inp.groups,
+        "reshard_after_forward": inp.reshard_after_forward,
+        "algorithms": {c: _algorithm(inp, c) for c in kw["models"]},
+        "comm_models": kw["models"], "all_reduce_model": kw["all_reduce"] or kw["models"]["reduce_scatter"],
+        "bandwidth_source": bandwidth, "gpus_per_node": kw["gpn"], "inter_node_gbps": kw["inter_gbps"],
+        "inter_node_alpha_us": INTER_NODE_ALPHA_US, "wire_bytes_factor": 1.0,
+    }  # fmt: skip
 
 
 def _assumptions(inp: ShardedInputs, kw: dict) -> list[str]:
