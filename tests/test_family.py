@@ -245,3 +245,21 @@ def test_sweep_and_demo_take_the_family_modes() -> None:
     assert demo._modes("single ddp fsdp") == ["single", "ddp", "fsdp"]
     with pytest.raises(demo.DemoError, match="choose from single dp ddp zero1 fsdp"):
         demo._modes("hsdp")
+
+
+def test_a_comm_run_without_the_collective_is_one_line_naming_it_and_the_backend(tmp_path) -> None:
+    from analysis.project.sharded import ShardedInputs, _models
+
+    inp = ShardedInputs(
+        run_id="f", path="f", strategy="fsdp", backend="gloo", device_type="cpu", world_size=2,
+        scaling="strong", per_device_batch=8, global_batch=16, step_time_s=1.0,
+        phases_s={}, compute_phases_s={}, other_s=0.0, step_samples_s=np.ones(2), compute_s=1.0,
+        algorithms={"all_gather": "all_gather", "reduce_scatter": "all_reduce"},
+    )  # fmt: skip
+    comm = {"backend": "gloo", "models": {"all_reduce": {}}, "skipped": [
+        {"collective": "all_gather_into_tensor", "reason": "RuntimeError: not supported"}]}  # fmt: skip
+    with pytest.raises(InputError) as err:
+        _models(inp, comm, tmp_path, "fit")
+    text = str(err.value)
+    assert "has no all_gather_into_tensor fit" in text and "on gloo" in text
+    assert "gloo lacks it: RuntimeError: not supported" in text and "\n" not in text
