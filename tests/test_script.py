@@ -192,7 +192,7 @@ def test_a_script_with_its_own_profiler_keeps_it(user):
         (["--script", "missing.py"], "--script missing.py: no such file"),
         (["--script", "cnn_trainer.py", "--model", "mlp"], "--model picks dpscope's built-in"),
         (["--script", "cnn_trainer.py", "--dataset=cifar10"], "--dataset picks dpscope's"),
-        (["--script", "cnn_trainer.py", "--mode", "dp"], "--mode single or ddp, not dp"),
+        (["--script", "cnn_trainer.py", "--mode", "dp"], "--mode single, ddp or fsdp, not dp"),
     ],
 )
 def test_bad_script_arguments_get_one_line_and_nothing_written(

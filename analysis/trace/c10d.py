@@ -15,7 +15,8 @@ whose collective can run as the annotation's algorithm (a reduce-scatter as an a
 and whose input has the annotation's element count (when both are known): backends start their
 work in the order it was issued, so this pairs them one to one. A matched call is then:
 
-- **named** `<backend>:<collective>` from the c10d op (`gloo:reduce_scatter`);
+- **named** `<backend>:<collective>` from the c10d op where the backend ran another algorithm
+  (`gloo:reduce_scatter`), else by its annotation (`gloo:all_gather`, `nccl:_all_gather_base`);
 - **sized** the nccl-tests way from the op's own tensors: all-gather by its output, every other
   collective by its input;
 - given its **algorithm**, the annotation's name (`gloo:all_reduce`), whose bus factor the
@@ -36,7 +37,7 @@ import numpy as np
 
 from analysis.trace.classify import Classified
 
-__all__ = ["PHASE_CODES", "Issued", "issued_calls", "phase_name"]
+__all__ = ["PHASE_CODES", "Issued", "algorithm_of", "issued_calls", "phase_name"]
 
 # c10d op -> (collective, index of the tensor nccl-tests sizes it by, index of its input).
 _OPS = {
@@ -118,7 +119,7 @@ def _op_sizes(name: str, args) -> tuple[int | None, int | None]:
     return nbytes, _numel(dims[inp])
 
 
-def _algorithm(anchor: str) -> str:
+def algorithm_of(anchor: str) -> str:
     """all_gather, reduce_scatter, all_reduce, ... of an annotation (`gloo:all_reduce`,
     `nccl:_all_gather_base`, `nccl:reduce_scatter_tensor_coalesced`)."""
     op = anchor.split(":", 1)[-1].lstrip("_").lower()
@@ -173,7 +174,7 @@ def issued_calls(c: Classified) -> list[Issued | None]:
     free = [True] * len(known)
     out: list[Issued | None] = []
     for j, anchor in enumerate(c.anchors.names):
-        algo = _algorithm(anchor)
+        algo = algorithm_of(anchor)
         a_args = c.anchors.args[j] if c.anchors.args else None
         a_numel = _numel(a_args.input_dims[0]) if a_args and a_args.input_dims else None
         queue, hit = queues.get(algo, []), None

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from analysis.trace.c10d import Issued, issued_calls
+from analysis.trace.c10d import Issued, algorithm_of, issued_calls
 from analysis.trace.classify import COMM, Classified
 from analysis.trace.intervals import Intervals, covered_us, merge, total_us
 from profiler.runfolder.layout import bus_factor  # comm.csv's bus model: one set of factors
@@ -280,12 +280,14 @@ def _anchor_calls(
 
 
 def _named(anchor: str, issued: Issued | None, nbytes: int | None) -> tuple[str, int | None, int]:
-    """(name, bytes, phase) of a call: from its c10d op when one issued it (analysis.trace.c10d),
-    else the annotation's own."""
+    """(name, bytes, phase) of a call: sized from its c10d op when one issued it, and named from
+    it where the backend ran another algorithm (analysis.trace.c10d); else the annotation's own."""
     if issued is None:
         return anchor, nbytes, 0
-    prefix = anchor.split(":", 1)[0]
-    return f"{prefix}:{issued.collective}", issued.nbytes or nbytes, issued.phase
+    name = anchor
+    if algorithm_of(anchor) != issued.collective:  # gloo's reduce-scatter, run as an all-reduce
+        name = f"{anchor.split(':', 1)[0]}:{issued.collective}"
+    return name, issued.nbytes or nbytes, issued.phase
 
 
 def _kernel_call(c: Classified, k: int, compute: Intervals) -> _Call:
