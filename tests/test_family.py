@@ -248,7 +248,8 @@ def test_sweep_and_demo_take_the_family_modes() -> None:
 
 
 def test_a_comm_run_without_the_collective_is_one_line_naming_it_and_the_backend(tmp_path) -> None:
-    from analysis.project.sharded import ShardedInputs, _models
+    from analysis.project.sharded import _models
+    from analysis.project.sharded_inputs import ShardedInputs
 
     inp = ShardedInputs(
         run_id="f", path="f", strategy="fsdp", backend="gloo", device_type="cpu", world_size=2,

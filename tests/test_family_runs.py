@@ -8,6 +8,7 @@ path under FSDP2 with `--fsdp-wrap`. Tiny models, few steps."""
 from __future__ import annotations
 
 import csv
+import json
 import math
 import os
 import shutil
@@ -133,9 +134,16 @@ def test_report_compares_the_family_and_projects_it(
     family: dict[str, Path], comm_run: Path, tmp_path: Path
 ) -> None:
     runs = tmp_path / "runs"
-    for run in family.values():
+    for run in [*family.values(), comm_run]:
         shutil.copytree(run, runs / run.name)
     index = build_report([runs], tmp_path / "report", progress=False).index_html
+    summary = json.loads((index.parent / "summary.json").read_text())
+    sharded = {p.get("strategy"): p for p in summary["projections"] if p.get("strategy")}
+    assert set(sharded) == {"fsdp", "zero1"}, summary["projection_skipped"]
+    for p in sharded.values():  # banded like DDP's, replayed from each run
+        assert all(x["step_time_s_low"] <= x["step_time_s"] <= x["step_time_s_high"]
+                   for x in p["predictions"])  # fmt: skip
+        assert [r["ranks"] for r in p["replays"]] == [2]
     html = index.read_text(encoding="utf-8")
     verdict = html[html.index('id="verdict"') : html.index('id="summary"')]
     assert "ZeRO-1 saves" in verdict and "FSDP2 saves" in verdict

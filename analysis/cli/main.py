@@ -101,7 +101,9 @@ def print_runs(result: dict) -> None:
     say(table(rows, CLI_RUN_COLS))
     for run in result["runs"]:
         if run["error"]:
-            say(f"  {clip(run['run_id'])}: {run['status']}: {clip(run['error'].get('message'))}")
+            kind = run["error"].get("kind")
+            status = f"{run['status']} ({str(kind).replace('_', ' ')})" if kind else run["status"]
+            say(f"  {clip(run['run_id'])}: {status}: {clip(run['error'].get('message'))}")
         for warning in run["warnings"]:
             say(f"  warning: {clip(warning)}")
     for warning in result.get("warnings", []):

@@ -31,7 +31,7 @@ from __future__ import annotations
 import statistics
 from collections.abc import Callable
 
-from analysis.runs.entry import RunEntry
+from analysis.runs.entry import RunEntry, is_measured
 from profiler.runfolder.schema import PROCESS_GROUP_MODES
 
 __all__ = ["PARTS", "attach_efficiency_loss", "efficiency_loss_pts"]
@@ -130,7 +130,7 @@ def attach_efficiency_loss(runs: list[RunEntry], groups: list[dict], key: Worklo
     parts sum exactly to 100 × (1 − the group's mean efficiency). `key(run)` is the
     same-workload key."""
     by_id = {r.run_id: r for r in runs}
-    ok = [r for r in runs if r.status == "ok"]
+    ok = [r for r in runs if is_measured(r)]
     ddp1s = [r for r in ok if r.mode in PROCESS_GROUP_MODES and r.world_size == 1]
     for run in ok:
         run.efficiency_loss_pts = None

@@ -17,6 +17,7 @@ from tqdm import tqdm
 
 from analysis.errors import unexpected
 from analysis.jsonsafe import finite_json
+from analysis.trace.attribution import hta_filtered
 from analysis.trace.crossrank import combine_collectives
 from analysis.trace.rank import RankSummary, summarize_file
 from profiler.runfolder.errors import InputError
@@ -203,6 +204,23 @@ def _mixed_job_warnings(path: Path, ranks: list[RankSummary], worlds: list[int])
     return out
 
 
+def _filter_warnings(ranks: list[RankSummary]) -> list[str]:
+    """HTA decides its kernel filter over every rank's ProfilerStep names together (two or more:
+    filter every rank). dpscope decides per rank (analysis.trace.attribution), so a rank with
+    fewer than two steps in a folder holding two or more names is said: HTA would filter it
+    (orphans and its last step out) where dpscope keeps every kernel of it."""
+    names = {n for r in ranks for n in r.profiler_steps}
+    if not hta_filtered(len(names)):
+        return []
+    return [
+        f"{r.file}: {len(set(r.profiler_steps))} ProfilerStep(s) here but {len(names)} step "
+        "names across the traces: HTA would filter this rank too (orphans and its last step "
+        "out); dpscope analyses it with every kernel (keep one job's traces per folder)"
+        for r in ranks
+        if not hta_filtered(len(set(r.profiler_steps)))
+    ]
+
+
 def reduce_files(
     files: list[Path], *, workers: int | None = None, progress: bool = True
 ) -> tuple[list[RankSummary], list[dict]]:
@@ -218,13 +236,23 @@ def reduce_files(
     return good, skipped
 
 
-def analyze_trace_dir(path: Path, *, workers: int | None = None, progress: bool = True) -> dict:
-    """The traces JSON for every trace file in `path` (see docs/reference/metrics.md for each field).
+def analyze_trace_dir(
+    path: Path,
+    *,
+    workers: int | None = None,
+    progress: bool = True,
+    exclude: frozenset[Path] = frozenset(),
+) -> dict:
+    """The traces JSON for every trace file in `path` but those in `exclude` (traces its run's
+    record leaves out; see docs/reference/metrics.md for each field).
 
     Raises InputError when no file could be analysed; otherwise bad files are listed in
     `skipped` with a one-line reason and the rest is analysed.
     """
-    good, skipped = reduce_files(find_trace_files(path), workers=workers, progress=progress)
+    files = [f for f in find_trace_files(path) if f not in exclude]
+    if not files:
+        raise InputError(path, "no trace files of this run", "profile the run again")
+    good, skipped = reduce_files(files, workers=workers, progress=progress)
     return combine_summaries(path, good, skipped)
 
 
@@ -248,6 +276,7 @@ def combine_summaries(path: Path | str, good: list[RankSummary], skipped: list[d
     worlds = [r.world_size for r in ranks if r.world_size]
     world_size = max(worlds) if worlds else len(ranks)
     warnings += _mixed_job_warnings(path, ranks, worlds)
+    warnings += _filter_warnings(ranks)
     tables = combine_collectives({r.rank: r.instances for r in ranks}, world_size)
     means = [r.step_time_us_mean for r in ranks]
     lo, hi = min(means), max(means)

@@ -24,6 +24,7 @@ from pathlib import Path
 
 import msgspec
 
+from analysis.trace.inflate import inflate_capped
 from analysis.trace.timebase import MAX_SPAN_US, median_base, needs_exact, rebase
 from profiler.runfolder.errors import InputError
 
@@ -281,31 +282,20 @@ def _read_regular(path: Path, limit: int) -> bytes:
             ) from None
 
 
-def _inflate(path: Path, data: bytes, limit: int) -> bytes:
-    """Gunzip `data` with the inflated size capped at `limit`; memory stays within the cap
-    (plus zlib's block buffers) whatever the gzip header or trailer claims."""
+def _inflate(path: Path, data: bytes, limit: int) -> bytes | bytearray:
+    """Gunzip `data` with the inflated size bounded while it streams (analysis.trace.inflate:
+    the size cap and the ratio cap), after a first look that it holds JSON at all."""
     try:
         head = zlib.decompressobj(wbits=31).decompress(data, 1 << 16)
-        if head.lstrip(b" \t\r\n\xef\xbb\xbf")[:1] not in (b"{", b"["):
-            raise InputError(path, "is a gzip that holds no JSON", "pass Kineto traces")
-        parts, rest, total = [], data, 0
-        while rest:  # one pass per gzip member (Kineto writes one)
-            d = zlib.decompressobj(wbits=31)
-            parts.append(d.decompress(rest, limit + 1 - total))
-            total += len(parts[-1])
-            if total > limit or d.unconsumed_tail:
-                raise _refuse_size(path, "inflates to", limit)
-            if not d.eof:
-                raise EOFError
-            rest = d.unused_data
-        return parts[0] if len(parts) == 1 else b"".join(parts)
-    except (EOFError, zlib.error):
-        raise InputError(
-            path, "truncated or corrupt gzip", "the trace was cut off while writing; re-profile"
-        ) from None
+    except zlib.error:
+        head = b"{"  # let inflate_capped name the corruption
+    if head.lstrip(b" \t\r\n\xef\xbb\xbf")[:1] not in (b"{", b"["):
+        raise InputError(path, "is a gzip that holds no JSON", "pass Kineto traces")
+    fix = f"raise it with {MAX_TRACE_BYTES_ENV}=<bytes> if this trace is genuine"
+    return inflate_capped(path, data, limit, fix)
 
 
-def _read_bytes(path: Path) -> bytes:
+def _read_bytes(path: Path) -> bytes | bytearray:
     limit = max_trace_bytes()
     data = _read_regular(path, limit)
     if data[:2] == b"\x1f\x8b":  # gzip magic: trust the content, not the suffix

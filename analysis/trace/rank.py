@@ -14,7 +14,7 @@ from typing import Any
 import msgspec
 import numpy as np
 
-from analysis.trace.attribution import kernel_steps
+from analysis.trace.attribution import hta_filtered, kernel_steps
 from analysis.trace.c10d import phase_name
 from analysis.trace.classify import COMM, COMPUTE, MAX_DUR_US, Classified, Ranges, classify
 from analysis.trace.collectives import rank_instances
@@ -43,8 +43,13 @@ def _windows(c: Classified, path: Path, warnings: list[str]) -> tuple[np.ndarray
             " call prof.step() every iteration for per-step numbers"
         )
         return np.array([lo]), np.array([hi]), [None]
-    n = len(c.steps) - 1 if len(c.steps) >= 2 else 1  # HTA drops the last, incomplete step
+    n = len(c.steps) - 1 if _filtered(c) else 1  # HTA drops the last, incomplete step
     return c.steps.start[:n], c.steps.end[:n], c.step_numbers[:n]
+
+
+def _filtered(c: Classified) -> bool:
+    """HTA's kernel filter applies to this trace (two or more ProfilerStep names, attribution)."""
+    return hta_filtered(len(c.steps))
 
 
 def _sel(r: Ranges, mask: np.ndarray) -> Intervals:
@@ -84,7 +89,7 @@ def _training_thread(c: Classified) -> np.ndarray:
 def _step_rows(c: Classified, lo: np.ndarray, hi: np.ndarray, numbers: list) -> list[dict]:
     gpu = len(c.kernels) > 0
     if gpu:  # a kernel belongs to the step whose CPU range launched it (HTA attributes the same)
-        k_step, valid = kernel_steps(c.launch_us, c.orphan, lo, hi, numbers == [None])
+        k_step, valid = kernel_steps(c.launch_us, c.orphan, lo, hi, not _filtered(c))
     else:
         ops = _sel(c.compute_ops, _outside_comm(c) & _training_thread(c))
         comm_all = merge(c.anchors.start, c.anchors.end)
@@ -127,7 +132,7 @@ def _compute(c: Classified, lo: np.ndarray, hi: np.ndarray, numbers: list) -> In
 
 def _hta_breakdown(c: Classified, lo: np.ndarray, hi: np.ndarray) -> dict:
     """HTA's temporal breakdown and comm/comp overlap over the kernels the analysed steps launched."""
-    _, mine = kernel_steps(c.launch_us, c.orphan, lo, hi, lo.size == 1 and len(c.steps) == 0)
+    _, mine = kernel_steps(c.launch_us, c.orphan, lo, hi, not _filtered(c))
     allk = merge(*_sel(c.kernels, mine))
     if allk[0].size == 0:
         return {
@@ -197,6 +202,9 @@ class RankSummary(msgspec.Struct, kw_only=True):
     instances: dict[str, dict[str, Any]]
     memory: dict[str, Any]
     ops_self_us_per_step: dict[str, float]
+    # Every ProfilerStep number of the trace (the analysed ones and a dropped last): whether
+    # HTA's filter applies is decided over all ranks' names (folder.combine_summaries).
+    profiler_steps: list[int] = []
     # µs per analysed step of collectives' exposed time by the loop phase that issued them
     # (analysis.trace.c10d; {} without c10d ops): where a rank waited on communication.
     exposed_comm_us_by_phase: dict[str, float] = {}
@@ -231,10 +239,15 @@ def _check_events(c: Classified, path: Path, warnings: list[str]) -> None:
         )
     if c.orphan.any():
         n = int(c.orphan.sum())
+        fate = (
+            "left out of the step split, the HTA figures and the collective calls, as HTA does"
+            if _filtered(c)
+            else "kept in the step split and the HTA figures, as HTA keeps every kernel of a "
+            "trace with fewer than two ProfilerSteps (never a collective call of their own)"
+        )
         warnings.append(
             f"{path}: {n} GPU event(s) ({_orphan_us(c):.0f} µs) have no launch in the trace (likely"
-            " work queued before the profiler went active) — left out of the step split, the HTA"
-            " figures and the collective calls, as HTA does"
+            f" work queued before the profiler went active) — {fate}"
         )
     if c.step_notes:
         warnings.append(
@@ -267,7 +280,7 @@ def summarize_file(path: Path) -> RankSummary:
     step_time = _mean(per_step, "step_time_us")
     hta = _hta_breakdown(c, lo, hi) if gpu else None
     memory = memory_summary(c.memory, str(loaded.path))
-    ops, timelines = rank_ops(c, lo, hi, numbers == [None], step_time)
+    ops, timelines = rank_ops(c, lo, hi, not _filtered(c), step_time)
     origin_ns = loaded.origin_ns(c.origin_us)
     # µs from this rank's origin; each call's exposed part is what this computation leaves
     instances = rank_instances(c, float(lo[0]), float(hi[-1]), _compute(c, lo, hi, numbers))
@@ -305,4 +318,5 @@ def summarize_file(path: Path) -> RankSummary:
         exposed_comm_us_by_phase=_exposed_by_phase(instances, len(per_step)),
         memory=memory,
         ops_self_us_per_step=timelines,
+        profiler_steps=[int(n) for n in c.step_numbers],
     )
