@@ -45,23 +45,33 @@ def _paths(paths: tuple[PathLike, ...]) -> list[Path]:
 
 
 def analyze_traces(
-    trace_dir: PathLike, *, workers: int | None = None, progress: bool = False
+    trace_dir: PathLike,
+    *,
+    workers: int | None = None,
+    progress: bool = False,
+    clock_align: str = "auto",
 ) -> dict[str, Any]:
     """The traces JSON (`dpscope traces DIR --json`) of one folder of per-rank Kineto traces:
-    per-rank compute/communication/overlap, per-collective bandwidth, stragglers, warnings and
-    the files skipped with their reason. Fields: docs/reference/schemas.md."""
+    per-rank compute/communication/overlap, clock offsets, per-collective bandwidth,
+    stragglers, warnings and the files skipped with their reason. `clock_align`: off | auto |
+    force (`--clock-align`). Fields: docs/reference/schemas.md."""
     from analysis.trace.folder import analyze_trace_dir
 
-    return analyze_trace_dir(Path(trace_dir), workers=workers, progress=progress)
+    return analyze_trace_dir(
+        Path(trace_dir), workers=workers, progress=progress, clock_align=clock_align
+    )
 
 
-def compare_runs(*paths: PathLike, traces: bool = True, progress: bool = False) -> dict[str, Any]:
+def compare_runs(
+    *paths: PathLike, traces: bool = True, progress: bool = False, clock_align: str = "auto"
+) -> dict[str, Any]:
     """The runs JSON (`dpscope runs ... --json`): every run with its throughput, speedup,
     efficiency, phases, memory and accuracy, groups of seeds, tune folders, and the folders
-    skipped or invalid with their reason. `traces=False` skips the trace analysis."""
+    skipped or invalid with their reason. `traces=False` skips the trace analysis;
+    `clock_align` is analyze_traces'."""
     from analysis.runs.compare import compare_runs as compare
 
-    return compare(_paths(paths), progress=progress, traces=traces)
+    return compare(_paths(paths), progress=progress, traces=traces, clock_align=clock_align)
 
 
 def load_runs(*paths: PathLike, traces: bool = True, progress: bool = False) -> pd.DataFrame:
@@ -101,10 +111,13 @@ def collectives(*paths: PathLike, progress: bool = False) -> pd.DataFrame:
     return frame if len(frame) else pd.DataFrame(columns=[c.key for c in COLLECTIVE_COLS])
 
 
-def build_report(*paths: PathLike, out: PathLike = "reports", progress: bool = False) -> Path:
+def build_report(
+    *paths: PathLike, out: PathLike = "reports", progress: bool = False, clock_align: str = "auto"
+) -> Path:
     """Write the HTML report (index.html, summary.json, the CSV tables) into `out` from the run
-    folders in `paths`; return the path of index.html. Raises ReportError (an InputError's
-    sibling: one line) for a missing folder or an output that would overwrite an input."""
+    folders in `paths` (trace clocks aligned per `clock_align`); return the path of index.html.
+    Raises ReportError (an InputError's sibling: one line) for a missing folder or an output
+    that would overwrite an input."""
     from analysis.report.build import build_report as build
 
-    return build(_paths(paths), Path(out), progress=progress).index_html
+    return build(_paths(paths), Path(out), progress=progress, clock_align=clock_align).index_html

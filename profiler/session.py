@@ -7,7 +7,8 @@ profiler plugin needs to find the file and to take the worker from it. torch add
 `distributedInfo` (backend, rank, world_size) to the trace when a process group is initialised.
 
 With `enabled=False` every method is a no-op, so `--no-profile` runs measure the profiler's
-overhead against otherwise identical runs.
+overhead against otherwise identical runs. The multi-host test hook DPSCOPE_CLOCK_SHIFT
+(profiler.clockshift) is read once, here, and applied to each trace before it gets its name.
 
 A trace is exported under a name no reader lists (`.<name>.partial`) and renamed to its real
 name only once complete, so a full disk never leaves a truncated `.pt.trace.json.gz` behind: the
@@ -30,6 +31,7 @@ from types import TracebackType
 
 from torch.profiler import ProfilerAction, ProfilerActivity, profile, schedule
 
+from profiler.clockshift import apply_clock_shift, clock_shift_us
 from profiler.runfolder.errors import disk_writes
 from profiler.runfolder.layout import TRACE_GLOB, TRACE_NAME, trace_name
 
@@ -124,6 +126,8 @@ class ProfilerSession:
         self._prof: profile | None = None
         self._running = False
         self._steps = 0  # prof.step() calls since start(): the schedule's step number
+        self._rank = int(os.environ.get("RANK", "0") or 0)
+        self._clock_shift_us = clock_shift_us(self._rank)  # the test hook, read once
 
     def _on_trace_ready(self, prof: profile) -> None:
         # What torch's tensorboard_trace_handler does, with the name taken from our template so
@@ -133,6 +137,8 @@ class ProfilerSession:
         try:
             with disk_writes(path):
                 prof.export_chrome_trace(str(partial))  # gzipped because the name ends in .gz
+                if self._clock_shift_us is not None:
+                    apply_clock_shift(partial, self._clock_shift_us, self._rank)
                 os.replace(partial, path)
         except BaseException:
             partial.unlink(missing_ok=True)

@@ -19,7 +19,8 @@ from workloads.tools.cli import COMMANDS, command_parser
 from workloads.tools.cli import main as dpscope
 
 ISSUE_COMMANDS = (
-    "profile sweep tune bench-comm report runs traces merge ops diff project tensorboard demo"
+    "profile sweep tune bench-comm report runs traces merge ops diff flightrec project tensorboard"
+    " demo"
 ).split()
 
 

@@ -1,5 +1,5 @@
-"""`python -m analysis traces DIR`, `runs RUNS_DIR...`, `ops RUN`, `diff RUN_A RUN_B`: tables
-and JSON.
+"""`python -m analysis traces DIR`, `runs RUNS_DIR...`, `ops RUN`, `diff RUN_A RUN_B`,
+`flightrec RUN`: tables and JSON.
 
 `traces DIR --shard K/N --json PART` and `merge PART... --json OUT` split the traces analysis
 over many jobs (analysis/trace/shard.py).
@@ -14,6 +14,7 @@ import argparse
 from pathlib import Path
 from typing import Any
 
+from analysis.cli import flightrec as frcli  # `flightrec`
 from analysis.cli import ops as opscli  # `ops` and `diff`
 from analysis.cli.project import add_parser, print_projection
 from analysis.cli.project import run as run_projection
@@ -32,6 +33,7 @@ from analysis.jsonsafe import clip, finite_json
 from analysis.outputs import check_json_out
 from analysis.runs.compare import compare_runs, find_run_dirs
 from analysis.runs.family import budget_bytes
+from analysis.trace.clocks import add_clock_align
 from analysis.trace.folder import analyze_trace_dir, find_trace_files
 from analysis.trace.shard import analyze_shard, merge_parts, parse_shard
 from profiler.runfolder.atomic import write_json_atomic
@@ -149,7 +151,9 @@ def build_parser(prog: str = "python -m analysis") -> argparse.ArgumentParser:
         help="per-rank memory the largest-model-that-fits estimate uses (default: the device's "
         "memory; CPU: the host's RAM ÷ ranks per node)",
     )
-    for s in (t, r, m, *opscli.add_parsers(sub), add_parser(sub)):
+    for s in (t, m, r):
+        add_clock_align(s)
+    for s in (t, r, m, *opscli.add_parsers(sub), add_parser(sub), frcli.add_parser(sub)):
         s.add_argument("--json", type=Path, default=None, metavar="OUT", help="write JSON here")
         s.add_argument("--no-progress", action="store_true", help="no progress bar")
     return p
@@ -210,17 +214,22 @@ def _run(args: argparse.Namespace) -> int:
         return _shard(args, progress)
     if args.command == "project":
         result, show = run_projection(args), print_projection
+    elif args.command == "flightrec":
+        result, show = frcli.run_flightrec(args.run), frcli.print_flightrec
     elif args.command == "traces":
-        result = analyze_trace_dir(args.trace_dir, workers=args.workers, progress=progress)
+        result = analyze_trace_dir(
+            args.trace_dir, workers=args.workers, progress=progress, clock_align=args.clock_align
+        )
         show = print_traces
     elif args.command == "merge":
-        result = merge_parts(args.parts)
+        result = merge_parts(args.parts, clock_align=args.clock_align)
         show = print_traces
     elif args.command == "runs":
         result = compare_runs(
             args.runs_dirs,
             progress=progress,
             traces=not args.no_traces,
+            clock_align=args.clock_align,
             memory_budget_bytes=budget_bytes(args.memory_budget_gib),
         )
         show = print_runs

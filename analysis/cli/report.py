@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from analysis.trace.clocks import add_clock_align
 from profiler.runfolder.errors import OneLineParser, run_command
 
 __all__ = ["build_parser", "main"]
@@ -33,6 +34,7 @@ def build_parser(prog: str = "python -m analysis.report") -> argparse.ArgumentPa
         help="per-rank memory the largest-model-that-fits estimate uses (default: the device's "
         "memory; CPU: the host's RAM ÷ ranks per node)",
     )
+    add_clock_align(parser)
     return parser
 
 
@@ -46,7 +48,11 @@ def main(argv: list[str] | None = None, *, prog: str = "python -m analysis.repor
 
         budget = budget_bytes(args.memory_budget_gib)  # a bad budget is one line before any work
         files = build_report(
-            args.runs, args.out, progress=not args.no_progress, memory_budget_bytes=budget
+            args.runs,
+            args.out,
+            progress=not args.no_progress,
+            clock_align=args.clock_align,
+            memory_budget_bytes=budget,
         )
         print(f"report: {files.index_html}")
         print(f"open:   {files.index_html.resolve().as_uri()}")

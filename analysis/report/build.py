@@ -271,17 +271,22 @@ def build_report(
     out_dir: Path,
     *,
     progress: bool = True,
+    clock_align: str = "auto",
     memory_budget_bytes: int | None = None,
 ) -> ReportFiles:
-    """Analyse the run folders under `paths` with `compare_runs` and write the report
-    (`memory_budget_bytes`: the per-rank memory the family's capacity fits models into)."""
+    """Analyse the run folders under `paths` with `compare_runs` (trace clocks aligned per
+    `clock_align`) and write the report (`memory_budget_bytes`: the per-rank memory the family's
+    capacity fits models into)."""
     for p in paths:
         if not Path(p).is_dir():
             raise ReportError(f"{p} is not a folder; pass RUNS folders made by `make profile-all`")
     _check_out(Path(out_dir), [Path(p) for p in paths])  # before any work
     try:
         data = compare_runs(
-            [Path(p) for p in paths], progress=progress, memory_budget_bytes=memory_budget_bytes
+            [Path(p) for p in paths],
+            progress=progress,
+            clock_align=clock_align,
+            memory_budget_bytes=memory_budget_bytes,
         )
     except InputError as exc:
         raise ReportError(str(exc)) from exc

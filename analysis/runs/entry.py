@@ -346,8 +346,11 @@ def _read_phases(entry: RunEntry, steps_csv: Path, schema_version: Any) -> None:
         )
 
 
-def attach_trace(entry: RunEntry, run_dir: Path, *, progress: bool) -> None:
-    """Analyse the run's traces/ folder and copy the run-level trace metrics into `entry`."""
+def attach_trace(
+    entry: RunEntry, run_dir: Path, *, progress: bool, clock_align: str = "auto"
+) -> None:
+    """Analyse the run's traces/ folder (clocks aligned per `clock_align`) and copy the
+    run-level trace metrics into `entry`."""
     trace_dir = run_dir / "traces"
     if os.path.lexists(trace_dir) and not trace_dir.is_dir():
         entry.warnings.append(f"{trace_dir}: not a folder — its traces are not analysed")
@@ -356,7 +359,9 @@ def attach_trace(entry: RunEntry, run_dir: Path, *, progress: bool) -> None:
         return
     left_out = frozenset(run_dir / t["file"] for t in entry.traces_left_out)
     try:
-        trace = analyze_trace_dir(trace_dir, progress=progress, exclude=left_out)
+        trace = analyze_trace_dir(
+            trace_dir, progress=progress, exclude=left_out, clock_align=clock_align
+        )
     except InputError as err:
         entry.warnings.append(str(err))
         return

@@ -168,6 +168,9 @@ class _Call:
     """analysis.trace.c10d.PHASE_CODES of the loop phase it was issued in (0: unknown)."""
     start_us: float
     """First comm kernel start, else the call's start (µs rel. to the trace origin)."""
+    end_us: float
+    """Last comm kernel end, else the call's end (µs rel. to the trace origin): the instant the
+    collective completed on this rank, which the clock alignment compares across ranks."""
     latency_us: float
     """|call ∪ its kernels|."""
     device_us: float
@@ -195,6 +198,7 @@ def rank_instances(
     """Collective instances whose call starts in [lo, hi] (µs rel. to origin), grouped by name.
 
     Per instance: `start_us` (first comm kernel start, else the call's start; rel. to origin),
+    `end_us` (last comm kernel end, else the call's end; rel. to origin),
     `latency_us` = |call ∪ its kernels|, `device_us` = |∪ kernels| (the call's own duration when it
     launched none, as on gloo/CPU), `exposed_us` = the part of device_us that `compute` (merged
     computation intervals; none: nothing hides it) does not overlap, `bytes` (0 when unknown),
@@ -267,6 +271,7 @@ def _anchor_calls(
                 algorithm=a.names[i],
                 phase=phase,
                 start_us=float(ks_s.min()) if ks else float(a.start[i]),
+                end_us=float(ks_e.max()) if ks else float(a.end[i]),
                 latency_us=latency,
                 device_us=device,
                 exposed_us=_exposed_us(on_device, compute),
@@ -300,6 +305,7 @@ def _kernel_call(c: Classified, k: int, compute: Intervals) -> _Call:
         algorithm=name,
         phase=0,
         start_us=float(ks),
+        end_us=float(ke),
         latency_us=ke - ks,
         device_us=ke - ks,
         exposed_us=_exposed_us((np.array([ks]), np.array([ke])), compute),
@@ -314,6 +320,7 @@ def _instances(mine: list[_Call]) -> dict[str, np.ndarray]:
     """The columns `rank_instances` returns for one name's calls (in call order)."""
     return {
         "start_us": np.array([r.start_us for r in mine]),
+        "end_us": np.array([r.end_us for r in mine]),
         "latency_us": np.array([r.latency_us for r in mine]),
         "device_us": np.array([r.device_us for r in mine]),
         "exposed_us": np.array([r.exposed_us for r in mine]),

@@ -18,6 +18,7 @@ from tqdm import tqdm
 from analysis.errors import unexpected
 from analysis.jsonsafe import finite_json
 from analysis.trace.attribution import hta_filtered
+from analysis.trace.clocks import align_clocks, check_clock_align
 from analysis.trace.crossrank import combine_collectives
 from analysis.trace.rank import RankSummary, summarize_file
 from profiler.runfolder.errors import InputError
@@ -36,6 +37,7 @@ _RANK_FIELDS = (
     "file",
     "rank_source",
     "kind",
+    "host",
     "steps",
     "dropped_events",
     "orphan_kernels",
@@ -242,21 +244,50 @@ def analyze_trace_dir(
     workers: int | None = None,
     progress: bool = True,
     exclude: frozenset[Path] = frozenset(),
+    clock_align: str = "auto",
 ) -> dict:
     """The traces JSON for every trace file in `path` but those in `exclude` (traces its run's
     record leaves out; see docs/reference/metrics.md for each field).
 
     Raises InputError when no file could be analysed; otherwise bad files are listed in
-    `skipped` with a one-line reason and the rest is analysed.
+    `skipped` with a one-line reason and the rest is analysed. `clock_align` (off | auto |
+    force) is analysis/trace/clocks.py's.
     """
+    check_clock_align(clock_align)  # before any file is read
     files = [f for f in find_trace_files(path) if f not in exclude]
     if not files:
         raise InputError(path, "no trace files of this run", "profile the run again")
     good, skipped = reduce_files(files, workers=workers, progress=progress)
-    return combine_summaries(path, good, skipped)
+    return combine_summaries(path, good, skipped, clock_align=clock_align)
 
 
-def combine_summaries(path: Path | str, good: list[RankSummary], skipped: list[dict]) -> dict:
+def _clock_fields(ranks: list[RankSummary], clock_align: str, warnings: list[str]) -> dict:
+    """Put every rank's instances on one origin (HTA's shift: the earliest event of all ranks
+    is 0, exact integer ns), then estimate and remove the hosts' clock offsets
+    (analysis/trace/clocks.py); returns {rank: its clock fields for `ranks[]`}."""
+    origin = min(r.origin_ns for r in ranks)
+    for r in ranks:
+        shift_us = (r.origin_ns - origin) / 1000  # exact integer ns: no float64 absolute clock
+        for inst in r.instances.values():
+            inst["start_us"] = inst["start_us"] + shift_us
+            inst["end_us"] = inst["end_us"] + shift_us
+    offsets, shifted, notes = align_clocks(
+        {r.rank: r.instances for r in ranks}, {r.rank: r.host for r in ranks}, clock_align
+    )
+    warnings += notes
+    return {
+        rank: {
+            "clock_offset_us": off.offset_us if off else None,
+            "clock_offset_uncertainty_us": off.uncertainty_us if off else None,
+            "clock_aligned": rank in shifted,
+        }
+        for rank, off in offsets.items()
+    }
+
+
+def combine_summaries(
+    path: Path | str, good: list[RankSummary], skipped: list[dict], *, clock_align: str = "auto"
+) -> dict:
     """The traces JSON from every rank's summary: ranks assigned, clocks aligned, collectives
     matched across ranks. Depends only on the set of summaries, not their order, so a merge of
     shards gives exactly the unsharded result."""
@@ -267,17 +298,16 @@ def combine_summaries(path: Path | str, good: list[RankSummary], skipped: list[d
     if not ranks:
         reasons = "; ".join(f"{Path(s['file']).name}: {s['reason']}" for s in skipped[:3])
         raise InputError(path, f"no usable trace ({reasons})", "fix or re-profile the traces")
-    origin = min(r.origin_ns for r in ranks)  # HTA's alignment: earliest event of all ranks = 0
     for r in ranks:
-        shift_us = (r.origin_ns - origin) / 1000  # exact integer ns: no float64 absolute clock
-        for inst in r.instances.values():
-            inst["start_us"] = inst["start_us"] + shift_us
         warnings += r.warnings
+    clock = _clock_fields(ranks, clock_align, warnings)
     worlds = [r.world_size for r in ranks if r.world_size]
     world_size = max(worlds) if worlds else len(ranks)
     warnings += _mixed_job_warnings(path, ranks, worlds)
     warnings += _filter_warnings(ranks)
     tables = combine_collectives({r.rank: r.instances for r in ranks}, world_size)
+    for row in tables["stragglers"]:  # the offset removed before its skew was computed
+        row.update(clock[row["rank"]])
     means = [r.step_time_us_mean for r in ranks]
     lo, hi = min(means), max(means)
     result = {
@@ -285,7 +315,8 @@ def combine_summaries(path: Path | str, good: list[RankSummary], skipped: list[d
         "trace_dir": str(path),
         "world_size": world_size if worlds else None,
         "kind": "gpu" if any(r.kind == "gpu" for r in ranks) else "cpu",
-        "ranks": [traces_row(r) for r in ranks],
+        "clock_align": clock_align,
+        "ranks": [{**traces_row(r), **clock[r.rank]} for r in ranks],
         **tables,
         "step_time_spread": {
             "min_us": lo,

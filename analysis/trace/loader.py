@@ -91,6 +91,7 @@ class _Trace(msgspec.Struct):
     baseTimeNanoseconds: msgspec.Raw = msgspec.Raw(b"")  # noqa: N815
     displayTimeUnit: str | None = None  # noqa: N815
     traceName: str | None = None  # noqa: N815
+    host_name: msgspec.Raw = msgspec.Raw(b"")  # Raw: a bad one costs the host, not the rank
 
 
 _DECODER = msgspec.json.Decoder(_Trace)
@@ -182,6 +183,7 @@ class LoadedTrace:
     backend: str | None
     base_time_ns: int  # baseTimeNanoseconds, 0 when absent or not an integer
     warnings: list[str] = field(default_factory=list)  # header values ignored as impossible
+    host: str | None = None  # Kineto's `host_name`: ranks on one host share one clock
     # Every event's `ts` is relative to this (integer µs): the first chunk's median `ts`.
     ts_base_us: int | None = None
     exact_ts: bool = False  # decode `ts` as Decimal too (timebase.needs_exact)
@@ -358,7 +360,15 @@ def load_trace(path: Path) -> LoadedTrace:
         source = "file name"
     base_ns = _base_ns(trace.baseTimeNanoseconds, path, warnings)
     raw = memoryview(trace.traceEvents).cast("B")
-    return LoadedTrace(path, raw.toreadonly(), rank, world, source, backend, base_ns, warnings)
+    return LoadedTrace(
+        path, raw.toreadonly(), rank, world, source, backend, base_ns, warnings, _host(trace)
+    )
+
+
+def _host(trace: _Trace) -> str | None:
+    """Kineto's `host_name` if it is a string of 1-255 characters, else None (no host)."""
+    value = msgspec.json.decode(trace.host_name) if trace.host_name else None  # valid JSON
+    return value if isinstance(value, str) and 0 < len(value) <= 255 else None
 
 
 def _base_ns(raw: msgspec.Raw, path: Path, warnings: list[str]) -> int:

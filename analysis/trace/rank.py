@@ -174,6 +174,9 @@ class RankSummary(msgspec.Struct, kw_only=True):
     world_size: int | None
     backend: str | None
     kind: str  # "gpu" | "cpu"
+    # The trace's host (Kineto's `host_name`), None when it has none: the clock alignment
+    # gives ranks of one host one offset (analysis/trace/clocks.py).
+    host: str | None = None
     # The rank's first event on its own clock (ns, exact): the alignment origin; instance
     # `start_us` are relative to it.
     origin_ns: int
@@ -291,6 +294,7 @@ def summarize_file(path: Path) -> RankSummary:
         rank_source=loaded.rank_source,
         world_size=loaded.world_size,
         backend=loaded.backend,
+        host=loaded.host,
         kind="gpu" if gpu else "cpu",
         origin_ns=origin_ns,
         steps=len(per_step),

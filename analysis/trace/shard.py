@@ -3,8 +3,9 @@ array, any batch system), then merge.
 
 `python -m analysis traces DIR --shard K/N --json part-K.json` reduces only shard K's files: the
 folder's trace files sorted by path, file i going to shard i mod N. A part holds each of its
-ranks' full summary, including the per-rank collective call arrays (start, latency, device time,
-bytes, group size) that cross-rank matching, stragglers and the step-time spread need, not only
+ranks' full summary, including the per-rank collective call arrays (start, end, latency, device
+time, bytes, group size) that clock alignment, cross-rank matching, stragglers and the step-time
+spread need, not only
 totals. `python -m analysis merge part-*.json --json all.json` checks that the parts belong
 together and runs the same cross-rank step as the unsharded analysis, so its output is exactly the
 unsharded traces JSON (JSON floats round-trip exactly).
@@ -74,6 +75,12 @@ def _from_json(summary: dict, path: Path) -> RankSummary:
             path, f"holds a broken rank summary ({problem})", "re-run that shard"
         ) from None
     for name, inst in out.instances.items():  # one call per index: every array as long
+        if "end_us" not in inst or "start_us" not in inst:  # the clock alignment needs both
+            raise InputError(
+                path,
+                f"holds no call start/end times for `{name}` (an older dpscope's part)",
+                "re-run that shard with this dpscope",
+            )
         sizes = {k: v.shape for k, v in inst.items() if isinstance(v, np.ndarray)}
         if len(set(sizes.values())) > 1 or any(len(s) != 1 for s in sizes.values()):
             raise InputError(
@@ -157,7 +164,7 @@ def _same(parts: list[tuple[Path, dict]], key: str, what: str, fix: str) -> None
         raise InputError(_names([p for p, _ in parts]), f"parts differ in {what} ({groups})", fix)
 
 
-def merge_parts(paths: list[Path]) -> dict:
+def merge_parts(paths: list[Path], *, clock_align: str = "auto") -> dict:
     """The traces JSON of the whole folder from its parts: exactly what the unsharded analysis
     gives. Parts from different folders or dpscope versions, or overlapping or missing shards,
     raise one InputError line naming the files."""
@@ -198,4 +205,4 @@ def merge_parts(paths: list[Path]) -> dict:
         )
     summaries = [_from_json(s, path) for path, p in parts for s in p["summaries"]]
     skipped = [s for _, p in parts for s in p["skipped"]]
-    return combine_summaries(first["trace_dir"], summaries, skipped)
+    return combine_summaries(first["trace_dir"], summaries, skipped, clock_align=clock_align)

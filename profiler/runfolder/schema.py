@@ -120,11 +120,30 @@ class FsdpMetrics(msgspec.Struct):
     groups: Annotated[list[FsdpGroup], msgspec.Meta(max_length=1_000_000)] = []
 
 
+class FlightRecorderView(msgspec.Struct):
+    """run.json `error.flight_recorder` (optional): what the ranks' flight-recorder dumps say
+    (profiler.runfolder.frdiag, docs/reference/run-folder.md)."""
+
+    message: str | None = None
+    process_group: str | None = None
+    seq: int | None = None
+    collective: str | None = None
+    entered: list[int] = []
+    never_entered: list[int] = []
+    waited_s: dict[str, float] = {}
+    desync: list[dict[str, Any]] | None = None
+    aborted: dict[str, str] = {}
+    no_dump: list[int] = []
+    dumps: list[str] = []
+    problems: list[str] = []
+
+
 class ErrorInfo(msgspec.Struct):
     message: str | None = None
     rank: int | None = None  # any integer: a writer may mark "no rank" its own way
     exit_code: int | None = None
     log_tail: list[str] = []
+    flight_recorder: FlightRecorderView | None = None
 
 
 class ModelFacts(msgspec.Struct):

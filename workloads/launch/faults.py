@@ -51,6 +51,7 @@ __all__ = [
     "per_device_batch",
     "read_attempts",
     "signal_name",
+    "timed_out",
     "write_attempt",
 ]
 
@@ -208,9 +209,14 @@ def classify(exc: BaseException, *, per_device_batch: int | None) -> dict:
     disk = disk_error(exc) if isinstance(exc, OSError | DiskError) else None
     if disk is not None or "no space left on device" in str(exc).lower():
         return {"kind": "disk", "message": str(disk) if disk is not None else text}
-    if any(w in str(exc).lower() for w in _TIMEOUT_WORDS):
+    if timed_out(str(exc)):
         return {"kind": "hang", "message": text}
     return {"kind": "crash", "message": text}
+
+
+def timed_out(text: str) -> bool:
+    """Whether an error message is a gloo/NCCL/store timeout's (a hang, not a crash)."""
+    return any(w in text.lower() for w in _TIMEOUT_WORDS)
 
 
 def per_device_batch(cfg: TrainConfig) -> int | None:

@@ -34,10 +34,11 @@ from workloads.config import (
     to_argv,
 )
 from workloads.launch.child import child_env
+from workloads.launch.flightrec import flight_recorder_env
 from workloads.launch.options import LaunchError, absolute_paths, build_parser, check_arguments
 from workloads.launch.runlog import finalize
 from workloads.launch.script import ScriptError, next_lines, parse_script_args, run_script
-from workloads.launch.supervise import flight_recorder_env, run_supervised
+from workloads.launch.supervise import WATCHDOG_GRACE_S, run_supervised
 from workloads.plan import Environment, Plan, check_machine
 from workloads.plan import plan as plan_run
 from workloads.record import run_record
@@ -46,9 +47,6 @@ from workloads.train.workload import WorkloadFacts, check_workload
 __all__ = ["LaunchError", "build_parser", "main"]
 
 ALL_MODES = (("single", "auto"), ("dp", "auto"), ("ddp", "nccl"), ("ddp", "gloo"))
-# The watchdog waits this much longer than --collective-timeout, so that a rank's own timeout
-# error (and NCCL's flight-recorder dump) comes first when a rank hangs in a collective.
-WATCHDOG_GRACE_S = 10.0
 
 
 def _record(
@@ -126,8 +124,8 @@ def _env(plan: Plan, run_dir: Path) -> dict:
         # A CUDA build of torch on a machine without a GPU makes Kineto log a harmless
         # "ERROR ... gpuGetDeviceCount failed" at every trace; level 5 keeps CPU logs clean.
         env.setdefault("KINETO_LOG_LEVEL", "5")
-    if plan.backend == "nccl":
-        env = {**flight_recorder_env(run_dir / "logs"), **env}
+    if plan.mode == "ddp":  # the flight recorder, on gloo and NCCL (workloads.launch.flightrec)
+        env = {**flight_recorder_env(run_dir / "logs", nccl=plan.backend == "nccl"), **env}
     return env
 
 

@@ -32,6 +32,7 @@ from profiler.runfolder.errors import DiskError
 from profiler.runfolder.layout import RUN_JSON, utc_now, write_run_json
 from profiler.runfolder.records import read_record
 from workloads.launch.faults import read_attempts, signal_name
+from workloads.launch.frexplain import explain_failure
 
 if TYPE_CHECKING:
     from workloads.launch.supervise import Outcome
@@ -250,9 +251,10 @@ def leftover_warning(leftovers: tuple[str, ...]) -> str:
 
 def finalize(run_dir: Path, outcome: Outcome, launcher_log: Path) -> dict:
     """After the training ended: turn a run.json that is not `ok` into `failed` with its error
-    (and restarts); return the record. Never downgraded: once rank 0 wrote `ok`, whatever
-    happens afterwards (a signal to the launcher, a rank failing in teardown) leaves it ok.
-    Processes the job left behind add a warning either way."""
+    (explained from the flight-recorder dumps: workloads.launch.frexplain) and restarts;
+    return the record. Never downgraded: once rank 0 wrote `ok`, whatever happens afterwards
+    (a signal to the launcher, a rank failing in teardown) leaves it ok. Processes the job left
+    behind add a warning either way."""
     rec, record = read_record(run_dir / RUN_JSON)  # rank 0's `ok` record, or the launcher's own
     changed = bool(outcome.leftovers)
     if outcome.leftovers:
@@ -261,7 +263,9 @@ def finalize(run_dir: Path, outcome: Outcome, launcher_log: Path) -> dict:
         resumes = read_attempts(run_dir)
         record.update(
             status="failed",
-            error=_error(run_dir, outcome, launcher_log),
+            error=explain_failure(
+                run_dir, _error(run_dir, outcome, launcher_log), record, tail=_tail
+            ),
             finished_at=utc_now(),
             restarts=max((a["attempt"] for a in resumes), default=0),
             resumes=resumes,

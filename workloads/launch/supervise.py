@@ -4,7 +4,8 @@ and never leave a process behind.
 - Output goes raw (progress bars work) to the console and to `logs/launcher.log`.
 - A watchdog thread reads `logs/rank<r>.heartbeat.json` every second. Once the first beat has
   appeared, if no rank's beat changes for `stall_s` seconds the job is declared hung: the
-  ranks' last beats are turned into the hang diagnosis and the process tree is ended.
+  ranks' last beats are turned into the hang diagnosis, every rank is asked to dump its flight
+  recorder (workloads.launch.flightrec, waited for a few seconds) and the process tree is ended.
 - Ctrl-C (SIGINT) or SIGTERM to the launcher ends the process tree too, and the outcome says
   `interrupted`. torchrun starts each rank in a session of its own, so a signal to torchrun's
   process group does not reach them: the tree is snapshotted first, torchrun is asked to stop
@@ -33,13 +34,17 @@ import psutil
 
 from profiler.runfolder.errors import disk_writes
 from workloads.launch.child import set_subreaper
+from workloads.launch.flightrec import PEER_WAIT_S, request_dumps, wait_for_dumps
 from workloads.launch.guard import guarded
 from workloads.launch.heartbeat import diagnose_hang, read_heartbeats
 
-__all__ = ["Outcome", "flight_recorder_env", "run_supervised"]
+__all__ = ["WATCHDOG_GRACE_S", "Outcome", "run_supervised"]
 
 GRACE_S = 30.0
 """How long torchrun gets to stop its workers before everything left is SIGKILLed."""
+WATCHDOG_GRACE_S = 10.0
+"""The watchdog waits this much longer than --collective-timeout, so that a rank's own timeout
+error (and its flight-recorder dump) comes first when a rank hangs in a collective."""
 LEFTOVER_GRACE_S = 6.0
 """How long processes left by a finished job get to end by themselves (DataLoader workers of a
 rank that exited at once notice within 5 s)."""
@@ -64,16 +69,6 @@ class _Terminated(Exception):
 
 def _on_sigterm(signum, frame) -> None:
     raise _Terminated
-
-
-def flight_recorder_env(logs: Path) -> dict[str, str]:
-    """NCCL flight recorder: each rank keeps its last collectives and dumps them on a timeout
-    into logs/nccl_trace_rank_<r> (read it with `python -m torch.distributed.flight_recorder`)."""
-    return {
-        "TORCH_NCCL_TRACE_BUFFER_SIZE": "2000",
-        "TORCH_NCCL_DUMP_ON_TIMEOUT": "1",
-        "TORCH_NCCL_DEBUG_INFO_TEMP_FILE": str((logs / "nccl_trace_rank_").resolve()),
-    }
 
 
 def _stop_tree(proc: subprocess.Popen, *, grace_s: float = GRACE_S) -> None:
@@ -136,6 +131,9 @@ def _watch(
                 file=sys.stderr,
                 flush=True,
             )
+            if len(beats) > 1:  # every live rank dumps its flight recorder first
+                since = request_dumps(logs, f"watchdog: no progress for {stall_s:.0f} s")
+                wait_for_dumps(logs, sorted(beats), since, PEER_WAIT_S)
             _stop_tree(proc)
             return
 

@@ -56,7 +56,7 @@ from workloads.config import (
     config_from_namespace,
     default_run_id,
 )
-from workloads.launch import faults
+from workloads.launch import faults, flightrec
 from workloads.launch.child import die_with_parent
 from workloads.launch.heartbeat import Heartbeat
 from workloads.launch.runlog import rank_log, write_error_record
@@ -373,6 +373,8 @@ def main(argv: list[str] | None = None) -> int:
     env_rank = int(os.environ.get("RANK", "0"))
     run_dir = Path(cfg.runs_dir) / cfg.run_id
     with rank_log(run_dir / "logs" / f"rank{env_rank}.log"):
+        if cfg.mode == "ddp":  # workloads.launch.flightrec: dumps on request or on a failure
+            flightrec.install(run_dir, rank=env_rank, run_id=cfg.run_id, attempt=faults.attempt())
         try:
             ctx = init_context(cfg)
             train(cfg, ctx, run_dir)
@@ -383,6 +385,7 @@ def main(argv: list[str] | None = None) -> int:
                 traceback.print_exc()
             details = faults.error_details(exc, cfg)
             write_error_record(run_dir, rank=env_rank, exc=exc, details=details)
+            flightrec.dump_on_failure(details["message"][:300])
         else:
             teardown()
             return 0
