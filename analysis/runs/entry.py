@@ -143,9 +143,8 @@ class RunEntry(msgspec.Struct, kw_only=True):
     cpu_model: str | None
     threads_per_rank: int | None
     host_load: dict[str, Any] | None = None  # env.host_load as run.json has it (busy machine)
-    # The data-parallel family (analysis.runs.family): config.zero (0 for a record without it),
-    # config.fsdp, the member it makes (single | dp | ddp | zero1 | fsdp | fsdp_keep), metrics.fsdp
-    # and what bounds a rank's memory (env.device_memory_bytes, ranks per node).
+    # The data-parallel family (analysis.runs.family.family_fields): zero, fsdp, strategy,
+    # metrics.fsdp's groups and what bounds a rank's memory.
     zero: int | None = None
     fsdp: dict[str, Any] | None = None
     strategy: str | None = None
@@ -258,9 +257,7 @@ def load_run(run_dir: Path) -> RunEntry:
         profile_export_s=max((p.export_s or 0.0 for p in metrics.profile), default=None),
         measured_steps=_measured_steps(metrics),
         host_load=msgspec.to_builtins(env.host_load) if env.host_load else None,
-        **family_fields(config, metrics),
-        device_memory_bytes=env.device_memory_bytes,
-        nproc_per_node=config.nproc_per_node,
+        **family_fields(config, metrics, env),
         epoch_time_s=mean_std(metrics.epoch_time_s)[0],
         memory=memory,
         **memory_peaks(memory),

@@ -29,7 +29,7 @@ import statistics
 from typing import Any
 
 from profiler.runfolder.errors import InputError
-from profiler.runfolder.schema import Config, Metrics
+from profiler.runfolder.schema import Config, Env, Metrics
 
 __all__ = [
     "LABELS",
@@ -78,8 +78,9 @@ def strategy(mode: str | None, zero: int | None, reshard_after_forward: bool | N
     return mode if mode in LABELS else None
 
 
-def family_fields(config: Config, metrics: Metrics) -> dict[str, Any]:
-    """The run entry's family fields from its run.json: zero, fsdp, strategy, fsdp_groups."""
+def family_fields(config: Config, metrics: Metrics, env: Env) -> dict[str, Any]:
+    """The run entry's family fields from its run.json: zero (0 for a record without it), fsdp,
+    strategy, fsdp_groups, device_memory_bytes and nproc_per_node (the budget's default)."""
     fsdp = config.fsdp
     reshard = fsdp.reshard_after_forward if fsdp else None
     return {
@@ -91,6 +92,8 @@ def family_fields(config: Config, metrics: Metrics) -> dict[str, Any]:
         ]
         if metrics.fsdp
         else [],
+        "device_memory_bytes": env.device_memory_bytes,
+        "nproc_per_node": config.nproc_per_node,
     }
 
 

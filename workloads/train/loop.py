@@ -62,13 +62,7 @@ from workloads.launch.heartbeat import Heartbeat
 from workloads.launch.runlog import rank_log, write_error_record
 from workloads.train.checkpoint import LoopState, checkpoint_now, resume
 from workloads.train.components import Components, build_components, planned_steps
-from workloads.train.context import (
-    RunContext,
-    eval_model,
-    init_context,
-    sync_gradients,
-    teardown,
-)
+from workloads.train.context import RunContext, eval_model, init_context, sync_gradients, teardown
 from workloads.train.finish import finish
 from workloads.train.instruments import Instruments, build_instruments
 from workloads.train.losses import LossFn, eval_record, eval_sums, output_kind
