@@ -126,9 +126,15 @@ def benchmarks_md(bench_dir: Path = BENCH_DIR) -> str:
         " run, the same with `--no-profile`, and a plain hand-written loop. `unprofiled_steps_ratio`"
         " = the profiled run's samples/s (its unprofiled steps) ÷ the `--no-profile` run's (goal"
         " ≥ 0.99); `plain_loop_ratio` = `--no-profile` ÷ the plain loop (goal ≥ 0.98).",
-        "- **analysis** (`make bench-analysis`): dpscope against HTA 0.5.0 on the same traces, then"
-        " a real trace copied to 8, 64 and 256 ranks: analysis time per rank (goal: flat within"
-        " 20 %) and RSS summed over the job's processes (goal: < 1 GB at 256 ranks).",
+        "- **hta** (`make bench-analysis`): dpscope against HTA 0.5.0 on the same 8 ranks of the"
+        " 47 MB df_index_resolver trace, in one run, interleaved; `speedup_vs_hta` = HTA's median"
+        " analysis time ÷ dpscope's with every trace decoded (goal ≥ 10), `rss_*_ratio_vs_hta` ="
+        " dpscope's peak RSS ÷ HTA's (goal ≤ 0.5); `dpscope_cached` is a second report of the same"
+        " traces with `--cache`.",
+        "- **analysis** (`make bench-analysis`): a real trace copied to 8 … 1,024 ranks, analysed"
+        " serially (`--workers 1`), by the local process pool and on a Dask LocalCluster: time per"
+        " rank (goal: flat within 20 %), RSS summed over the job's processes (goal: < 1 GB at 256"
+        " ranks), of the client and of the largest worker (flat: a worker holds one trace).",
         "- **report** (`make bench-report`): the report's build time for the 8-run demo and a"
         " 100-run sweep (goal: the sweep within 15 s).",
         "- **projection** (`make bench-projection`): per workload the median error over the rounds"

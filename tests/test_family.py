@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import math
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -20,7 +21,7 @@ from analysis.trace.classify import classify
 from analysis.trace.collectives import rank_instances
 from analysis.trace.crossrank import combine_collectives
 from analysis.trace.intervals import covered_us, intersection_us, merge
-from analysis.trace.loader import Event
+from analysis.trace.loader import load_trace
 from profiler.runfolder.errors import InputError
 from workloads.config import TrainConfig
 from workloads.spec import SpecError
@@ -132,13 +133,13 @@ def test_zero1_counts_its_inner_optimizers_state(one_rank_group) -> None:
     assert e["fsdp_unsharded_peak_bytes"] is None
 
 
-def _x(name: str, ts: float, dur: float, tid: int, cat: str = "cpu_op", **args) -> Event:
-    return Event(
-        ph="X", cat=cat, name=name, ts=ts, dur=dur, tid=tid, args=json.dumps(args).encode()
+def _x(name: str, ts: float, dur: float, tid: int, cat: str = "cpu_op", **args):
+    return SimpleNamespace(
+        ph="X", cat=cat, name=name, ts=ts, dur=dur, tid=tid, args=json.dumps(args)
     )
 
 
-def test_gloo_reduce_scatter_is_named_from_its_c10d_op_and_sized_by_its_input() -> None:
+def test_gloo_reduce_scatter_is_named_from_its_c10d_op_and_sized_by_its_input(tmp_path) -> None:
     """An FSDP2 step on gloo as torch 2.14 records it: the c10d ops on the training thread, the
     backend's annotations on gloo's threads (an all-gather's input shape is one shard; the
     reduce-scatter runs as an all-reduce of the whole input)."""
@@ -157,7 +158,11 @@ def test_gloo_reduce_scatter_is_named_from_its_c10d_op_and_sized_by_its_input() 
         _x("gloo:all_reduce", 630, 100, 8, ua, **{"Input Dims": [[248]], "Input type": ["float"]}),
         _x("ProfilerStep#2", 1000, 10, 1, ua),
     ]  # fmt: skip
-    c = classify(iter([iter([events])]))
+    trace = tmp_path / "rank0.pt.trace.json"
+    trace.write_text(json.dumps({"traceEvents": [
+        {"ph": e.ph, "cat": e.cat, "name": e.name, "ts": e.ts, "dur": e.dur, "tid": e.tid,
+         "pid": 1, "args": json.loads(e.args)} for e in events]}))  # fmt: skip
+    c = classify(load_trace(trace).event_chunks())
     compute = merge(np.array([140.0, 410.0]), np.array([240.0, 610.0]))
     inst = rank_instances(c, 0, 1000, compute)
     assert list(inst) == ["gloo:all_gather", "gloo:reduce_scatter"]

@@ -36,6 +36,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from analysis.trace.classify import Classified
+from analysis.trace.events import decode_list
 
 __all__ = ["PHASE_CODES", "Issued", "algorithm_of", "issued_calls", "phase_name"]
 
@@ -108,13 +109,14 @@ def _itemsize(types: list | None, i: int) -> int | None:
 def _op_sizes(name: str, args) -> tuple[int | None, int | None]:
     """(nccl-tests bytes, input element count) of one c10d op from its Input Dims."""
     _, sized, inp = _OPS[name]
-    dims = args.input_dims if args is not None else None
+    dims = decode_list(args.input_dims) if args is not None else None
+    types = decode_list(args.input_type) if args is not None else None
     if not dims or len(dims) <= max(sized, inp):
         return None, None
     numel = _numel(dims[sized])
-    size = _itemsize(args.input_type, sized)
-    if size is None and isinstance(args.input_type, list) and args.input_type:
-        size = 4 if str(args.input_type[sized]) == "TensorList" else None  # dtype not recorded
+    size = _itemsize(types, sized)
+    if size is None and types and len(types) > sized:
+        size = 4 if str(types[sized]) == "TensorList" else None  # dtype not recorded
     nbytes = numel * size if numel is not None and size is not None else None
     return nbytes, _numel(dims[inp])
 
@@ -176,7 +178,8 @@ def issued_calls(c: Classified) -> list[Issued | None]:
     for j, anchor in enumerate(c.anchors.names):
         algo = algorithm_of(anchor)
         a_args = c.anchors.args[j] if c.anchors.args else None
-        a_numel = _numel(a_args.input_dims[0]) if a_args and a_args.input_dims else None
+        a_dims = decode_list(a_args.input_dims) if a_args else None
+        a_numel = _numel(a_dims[0]) if a_dims else None
         queue, hit = queues.get(algo, []), None
         head = heads.get(algo, 0)
         while head < len(queue) and not free[queue[head]]:

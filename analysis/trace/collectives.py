@@ -7,11 +7,11 @@ its own, named from the kernel (`ncclKernel_AllReduce_...` -> `nccl:all_reduce`)
 an orphan (no launch in the trace, see attribution.py): an orphan is linked to an annotation only
 through that annotation's External id, and never becomes a call of its own.
 
-An annotation issued by a c10d op is named and sized from that op (analysis.trace.c10d: what the
-program asked for, e.g. `gloo:reduce_scatter`), with the annotation as its `algorithm` (what ran,
-e.g. `gloo:all_reduce`), whose bus factor the busbw uses, and the loop phase it was issued in;
-each collective row splits its calls by phase (`phases`: FSDP's forward and backward all-gathers)
-with the exposed part of each call (its transfer not hidden under computation).
+An annotation issued by a c10d op is sized from that op (analysis.trace.c10d: what the program
+asked for) and named from it where the backend ran another algorithm (gloo runs a reduce-scatter
+as `gloo:all_reduce`: the call is `gloo:reduce_scatter`); the annotation is its `algorithm`, whose
+bus factor the busbw uses, and the loop phase it was issued in is its `phase`. Each call's
+`exposed_us` is the part of its transfer no computation overlaps.
 """
 
 from __future__ import annotations
@@ -19,12 +19,13 @@ from __future__ import annotations
 import math
 import re
 from collections import defaultdict
-from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
-from analysis.trace.c10d import Issued, algorithm_of, issued_calls
+from analysis.trace.c10d import algorithm_of, issued_calls
 from analysis.trace.classify import COMM, Classified
+from analysis.trace.events import decode_list
 from analysis.trace.intervals import Intervals, covered_us, merge, total_us
 from profiler.runfolder.layout import bus_factor  # comm.csv's bus model: one set of factors
 
@@ -151,39 +152,10 @@ def _anchor_sizes(c: Classified) -> tuple[list[int | None], list[int | None]]:
         size = _nbytes_from_counts(r_args, anchors.names[i]) if r_args else None
         if size is None:
             a = anchors.args[i]
-            size = _nbytes_from_dims(a.input_dims, a.input_type)
+            size = _nbytes_from_dims(decode_list(a.input_dims), decode_list(a.input_type))
         nbytes.append(size)
         group.append(r_args.group_size if r_args else None)
     return nbytes, group
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class _Call:
-    """One collective call on one rank (the fields `rank_instances` groups by name)."""
-
-    name: str
-    algorithm: str
-    """What moved the bytes: the annotation's name (= `name` unless a c10d op renamed it)."""
-    phase: int
-    """analysis.trace.c10d.PHASE_CODES of the loop phase it was issued in (0: unknown)."""
-    start_us: float
-    """First comm kernel start, else the call's start (µs rel. to the trace origin)."""
-    end_us: float
-    """Last comm kernel end, else the call's end (µs rel. to the trace origin): the instant the
-    collective completed on this rank, which the clock alignment compares across ranks."""
-    latency_us: float
-    """|call ∪ its kernels|."""
-    device_us: float
-    """|∪ kernels|, or the call's own duration when it launched none (gloo/CPU)."""
-    exposed_us: float
-    """The part of device_us no computation overlaps."""
-    nbytes: int
-    """0 when unknown."""
-    group_size: int
-    """0 when unknown."""
-    starts: np.ndarray
-    ends: np.ndarray
-    """The call's and its kernels' intervals, for the per-name union of latencies."""
 
 
 def _kernel_name(name: str) -> str:
@@ -198,7 +170,8 @@ def rank_instances(
     """Collective instances whose call starts in [lo, hi] (µs rel. to origin), grouped by name.
 
     Per instance: `start_us` (first comm kernel start, else the call's start; rel. to origin),
-    `end_us` (last comm kernel end, else the call's end; rel. to origin),
+    `end_us` (last comm kernel end, else the call's end; rel. to origin: when the collective
+    completed on this rank),
     `latency_us` = |call ∪ its kernels|, `device_us` = |∪ kernels| (the call's own duration when it
     launched none, as on gloo/CPU), `exposed_us` = the part of device_us that `compute` (merged
     computation intervals; none: nothing hides it) does not overlap, `bytes` (0 when unknown),
@@ -216,75 +189,104 @@ def rank_instances(
     by_anchor: dict[int, list[int]] = defaultdict(list)
     for j, anchor in enumerate(link.tolist()):
         by_anchor[anchor].append(int(comm_idx[j]))
-    hidden = compute if compute is not None else (np.empty(0), np.empty(0))
-    rows = _anchor_calls(c, lo, hi, by_anchor, hidden)
+    calls = _anchor_calls(c, lo, hi, by_anchor)
     # An orphan kernel (attribution.py) never becomes a call: its launch is not in the trace.
-    rows += [
-        _kernel_call(c, k, hidden)
-        for k in by_anchor.get(-1, [])
-        if lo <= c.launch_us[k] <= hi and not c.orphan[k]
-    ]
-    rows.sort(key=lambda r: r.start_us)
-    return {name: _instances([r for r in rows if r.name == name]) for name in _names(rows)}
+    own = [k for k in by_anchor.get(-1, []) if lo <= c.launch_us[k] <= hi and not c.orphan[k]]
+    calls = _concat(calls, _kernel_calls(c, np.array(own, dtype=np.int64)))
+    hidden = compute if compute is not None else (np.empty(0), np.empty(0))
+    calls["exposed_us"] = _exposed_us(calls, hidden)
+    order = np.argsort(calls["start_us"], kind="stable")  # call order: by start
+    names = np.asarray(calls["name"], dtype=object)[order]
+    out = {}
+    for name in dict.fromkeys(names.tolist()):
+        mine = order[names == name]
+        cols = {k: calls[k][mine] for k in (*_CALL_KEYS, "exposed_us")}
+        on = np.isin(calls["iv_call"], mine)
+        cols["union_us"] = total_us(merge(calls["iv_start"][on], calls["iv_end"][on]))
+        cols["algorithm"] = calls["algorithm"][int(mine[0])]  # one per name
+        out[name] = cols
+    return out
 
 
-def _exposed_us(device: Intervals, compute: Intervals) -> float:
-    """|device ∖ compute| for one call's (merged) device intervals."""
-    return float(total_us(device) - covered_us(compute, *device).sum())
+_CALL_KEYS = ("start_us", "end_us", "latency_us", "device_us", "bytes", "group_size", "phase")
 
 
-def _names(rows: list[_Call]) -> list[str]:
-    return list(dict.fromkeys(r.name for r in rows))
+def _exposed_us(calls: dict, compute: Intervals) -> np.ndarray:
+    """Per call, |its device intervals ∖ compute|: the comm kernels (`dv_*`, by `dv_call`), or
+    the call's own range when it launched none."""
+    dev = np.zeros(len(calls["name"]))
+    covered = covered_us(compute, calls["dv_start"], calls["dv_end"])
+    spans = calls["dv_end"] - calls["dv_start"]
+    np.add.at(dev, calls["dv_call"], spans - covered)
+    return np.maximum(dev, 0.0)
+
+
+def _concat(a: dict, b: dict) -> dict:
+    """Two call tables as one (b's calls after a's; b's interval call ids shifted)."""
+    n = len(a["name"])
+    keys = (*_CALL_KEYS, "iv_start", "iv_end", "dv_start", "dv_end")
+    out = {k: np.concatenate([a[k], b[k]]) for k in keys}
+    out["iv_call"] = np.concatenate([a["iv_call"], b["iv_call"] + n])
+    out["dv_call"] = np.concatenate([a["dv_call"], b["dv_call"] + n])
+    out["name"] = [*a["name"], *b["name"]]
+    out["algorithm"] = [*a["algorithm"], *b["algorithm"]]
+    return out
 
 
 def _anchor_calls(
-    c: Classified, lo: float, hi: float, by_anchor: dict[int, list[int]], compute: Intervals
-) -> list[_Call]:
-    """One _Call per collective annotation starting in [lo, hi], with the comm kernels linked
-    to it (`by_anchor`: annotation index -> kernel indices), named from its c10d op if any."""
+    c: Classified, lo: float, hi: float, by_anchor: dict[int, list[int]]
+) -> dict[str, Any]:
+    """The calls of the collective annotations starting in [lo, hi], with the comm kernels linked
+    to them (`by_anchor`: annotation index -> kernel indices), as columns; `iv_*`: every call's
+    intervals (call and kernels), for the per-name union."""
     nbytes, group = _anchor_sizes(c)
-    issued = issued_calls(c)
-    a = c.anchors
-    rows: list[_Call] = []
-    for i in range(len(a)):
-        if not lo <= a.start[i] <= hi:
-            continue
-        ks = by_anchor.get(i, [])
-        ks_s, ks_e = c.kernels.start[ks], c.kernels.end[ks]
-        s = np.append(ks_s, a.start[i])
-        e = np.append(ks_e, a.end[i])
-        if len(ks) <= 1:  # the common case, in closed form: |call ∪ kernel|
-            device = float(ks_e.sum() - ks_s.sum()) if ks else a.end[i] - a.start[i]
-            hidden = max(0.0, min(e.min(), e.max()) - max(s.min(), s.max())) if ks else 0.0
-            latency = float((e - s).sum()) - hidden
-        else:
-            latency = total_us(merge(s, e))
-            device = total_us(merge(ks_s, ks_e))
-        for ka in (c.kernels.args[k] for k in ks):  # size from the kernel when the call lacks it
+    a, k = c.anchors, c.kernels
+    idx = np.flatnonzero((lo <= a.start) & (a.start <= hi))
+    ks_of = [by_anchor.get(i, []) for i in idx.tolist()]
+    a_s, a_e = a.start[idx], a.end[idx]
+    start, end = a_s.copy(), a_e.copy()
+    device = a_e - a_s  # launched no kernel: the call's own duration (gloo/CPU)
+    latency = device - 0.0
+    one = np.array([len(x) == 1 for x in ks_of], dtype=bool)
+    k1 = np.array([x[0] for x in ks_of if len(x) == 1], dtype=np.int64)
+    ks, ke = k.start[k1], k.end[k1]  # the common case in closed form: |call ∪ kernel|
+    hidden = np.maximum(0.0, np.minimum(ke, a_e[one]) - np.maximum(ks, a_s[one]))
+    latency[one] = ((ke - ks) + (a_e[one] - a_s[one])) - hidden
+    device[one], start[one], end[one] = ke - ks, ks, ke
+    for j in np.flatnonzero([len(x) > 1 for x in ks_of]).tolist():
+        s_, e_ = k.start[ks_of[j]], k.end[ks_of[j]]
+        latency[j] = total_us(merge(np.append(s_, a_s[j]), np.append(e_, a_e[j])))
+        device[j] = total_us(merge(s_, e_))
+        start[j], end[j] = float(s_.min()), float(e_.max())
+    for i, ks_i in zip(idx.tolist(), ks_of, strict=True):  # size from a kernel the call lacks
+        for ka in (k.args[x] for x in ks_i):
             nbytes[i] = nbytes[i] or _nbytes_from_counts(ka, a.names[i])
             group[i] = group[i] or ka.group_size
-        on_device = merge(ks_s, ks_e) if ks else (a.start[i : i + 1], a.end[i : i + 1])
-        name, size, phase = _named(a.names[i], issued[i], nbytes[i])
-        rows.append(
-            _Call(
-                name=name,
-                algorithm=a.names[i],
-                phase=phase,
-                start_us=float(ks_s.min()) if ks else float(a.start[i]),
-                end_us=float(ks_e.max()) if ks else float(a.end[i]),
-                latency_us=latency,
-                device_us=device,
-                exposed_us=_exposed_us(on_device, compute),
-                nbytes=size or 0,
-                group_size=group[i] or 0,
-                starts=s,
-                ends=e,
-            )
-        )
-    return rows
+    flat = np.array([x for ks_i in ks_of for x in ks_i], dtype=np.int64)
+    per = np.array([len(x) for x in ks_of], dtype=np.int64)
+    issued = issued_calls(c)
+    named = [_named(a.names[i], issued[i], nbytes[i]) for i in idx.tolist()]
+    bare = np.flatnonzero(per == 0)  # launched no kernel: the call's range is its device time
+    return {
+        "name": [n for n, _, _ in named],
+        "algorithm": [a.names[i] for i in idx.tolist()],
+        "start_us": start,
+        "end_us": end,
+        "latency_us": latency,
+        "device_us": device,
+        "bytes": np.array([size or 0 for _, size, _ in named], dtype=np.int64),
+        "group_size": np.array([group[i] or 0 for i in idx.tolist()], dtype=np.int64),
+        "phase": np.array([phase for _, _, phase in named], dtype=np.int64),
+        "iv_start": np.concatenate([a_s, k.start[flat]]),
+        "iv_end": np.concatenate([a_e, k.end[flat]]),
+        "iv_call": np.concatenate([np.arange(idx.size), np.repeat(np.arange(idx.size), per)]),
+        "dv_start": np.concatenate([a_s[bare], k.start[flat]]),
+        "dv_end": np.concatenate([a_e[bare], k.end[flat]]),
+        "dv_call": np.concatenate([bare, np.repeat(np.arange(idx.size), per)]),
+    }
 
 
-def _named(anchor: str, issued: Issued | None, nbytes: int | None) -> tuple[str, int | None, int]:
+def _named(anchor: str, issued, nbytes: int | None) -> tuple[str, int | None, int]:  # noqa: ANN001
     """(name, bytes, phase) of a call: sized from its c10d op when one issued it, and named from
     it where the backend ran another algorithm (analysis.trace.c10d); else the annotation's own."""
     if issued is None:
@@ -295,40 +297,29 @@ def _named(anchor: str, issued: Issued | None, nbytes: int | None) -> tuple[str,
     return name, issued.nbytes or nbytes, issued.phase
 
 
-def _kernel_call(c: Classified, k: int, compute: Intervals) -> _Call:
-    """A comm kernel no annotation claims: a call of its own, named from the kernel."""
-    ks, ke = c.kernels.start[k], c.kernels.end[k]
-    ka = c.kernels.args[k]
-    name = _kernel_name(c.kernels.names[k])
-    return _Call(
-        name=name,
-        algorithm=name,
-        phase=0,
-        start_us=float(ks),
-        end_us=float(ke),
-        latency_us=ke - ks,
-        device_us=ke - ks,
-        exposed_us=_exposed_us((np.array([ks]), np.array([ke])), compute),
-        nbytes=_nbytes_from_counts(ka, name) or 0,
-        group_size=ka.group_size or 0,
-        starts=np.array([ks]),
-        ends=np.array([ke]),
-    )
-
-
-def _instances(mine: list[_Call]) -> dict[str, np.ndarray]:
-    """The columns `rank_instances` returns for one name's calls (in call order)."""
+def _kernel_calls(c: Classified, own: np.ndarray) -> dict[str, Any]:
+    """Comm kernels no annotation claims: each a call of its own, named from the kernel."""
+    k = c.kernels
+    ks, ke = k.start[own], k.end[own]
+    names = [_kernel_name(k.names[x]) for x in own.tolist()]
+    args = [k.args[x] for x in own.tolist()]
     return {
-        "start_us": np.array([r.start_us for r in mine]),
-        "end_us": np.array([r.end_us for r in mine]),
-        "latency_us": np.array([r.latency_us for r in mine]),
-        "device_us": np.array([r.device_us for r in mine]),
-        "exposed_us": np.array([r.exposed_us for r in mine]),
-        "bytes": np.array([r.nbytes for r in mine], dtype=np.int64),
-        "group_size": np.array([r.group_size for r in mine], dtype=np.int64),
-        "phase": np.array([r.phase for r in mine], dtype=np.int64),
-        "algorithm": mine[0].algorithm,  # one per name: a c10d op runs as one algorithm
-        "union_us": total_us(
-            merge(np.concatenate([r.starts for r in mine]), np.concatenate([r.ends for r in mine]))
+        "name": names,
+        "algorithm": list(names),
+        "start_us": ks,
+        "end_us": ke,
+        "latency_us": ke - ks,
+        "device_us": ke - ks,
+        "phase": np.zeros(own.size, dtype=np.int64),
+        "bytes": np.array(
+            [_nbytes_from_counts(ka, n) or 0 for ka, n in zip(args, names, strict=True)],
+            dtype=np.int64,
         ),
+        "group_size": np.array([ka.group_size or 0 for ka in args], dtype=np.int64),
+        "iv_start": ks,
+        "iv_end": ke,
+        "iv_call": np.arange(own.size),
+        "dv_start": ks,
+        "dv_end": ke,
+        "dv_call": np.arange(own.size),
     }

@@ -84,7 +84,7 @@ def _collective_row(
     (busbw with the bus factor of the algorithm that moved the bytes), split by loop phase."""
     groups = np.concatenate([x["group_size"] for x in inst])
     n = int(groups.max()) if groups.size and groups.max() > 0 else world_size
-    algorithm = inst[0].get("algorithm") or name
+    algorithm = str(inst[0].get("algorithm", "") or "") or name  # a str (a 0-d array once copied)
     factor = bus_factor(algorithm, n)
     algbw = _algbw(inst[0]["bytes"][:m], transfer)
     calls = _mean([x["calls"] for x in rows])

@@ -1,4 +1,5 @@
-"""Gunzip a trace with its inflated size bounded as it streams (docs/reference/metrics.md §1).
+"""Gunzip a trace with its inflated size bounded as it streams (docs/reference/metrics.md §1),
+with ISA-L (`isal`, about twice zlib's speed) where it is installed.
 
 Two limits, both checked after every INFLATE_STEP_BYTES of output, so a decompression bomb stops
 within one step of crossing either, in memory of that order, whatever the gzip header or trailer
@@ -19,6 +20,14 @@ import zlib
 from pathlib import Path
 
 from profiler.runfolder.errors import InputError
+
+try:  # ISA-L inflates about twice as fast as zlib, with zlib's interface
+    from isal import isal_zlib as _zlib
+
+    _ERRORS: tuple[type[Exception], ...] = (zlib.error, _zlib.error)
+except ImportError:  # pragma: no cover - isal is a dependency; zlib is the fallback
+    _zlib = zlib
+    _ERRORS = (zlib.error,)
 
 __all__ = [
     "INFLATE_STEP_BYTES",
@@ -66,7 +75,7 @@ def inflate_capped(path: Path, data: bytes, limit: int, size_fix: str) -> bytear
     rest = data
     try:
         while rest:  # one pass per gzip member (Kineto writes one)
-            d = zlib.decompressobj(wbits=31)
+            d = _zlib.decompressobj(wbits=31)
             buf = rest
             while not d.eof:
                 chunk = d.decompress(buf, INFLATE_STEP_BYTES)
@@ -90,7 +99,7 @@ def inflate_capped(path: Path, data: bytes, limit: int, size_fix: str) -> bytear
                 if not chunk and not buf:
                     raise EOFError  # input used up before the member's end
             rest = d.unused_data
-    except (EOFError, zlib.error):
+    except (EOFError, *_ERRORS):
         raise InputError(
             path, "truncated or corrupt gzip", "the trace was cut off while writing; re-profile"
         ) from None
