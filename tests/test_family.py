@@ -133,6 +133,26 @@ def test_zero1_counts_its_inner_optimizers_state(one_rank_group) -> None:
     assert e["fsdp_unsharded_peak_bytes"] is None
 
 
+@pytest.mark.parametrize("reshard", [True, False])
+def test_a_scripts_own_sharding_is_recorded_as_seen(one_rank_group, reshard: bool) -> None:
+    """What --script records of a model the script shards itself and of a ZeRO-1 optimizer
+    (run.json config.fsdp and config.zero)."""
+    from torch.distributed.fsdp import fully_shard
+    from torch.distributed.optim import ZeroRedundancyOptimizer
+
+    from profiler.memory_sharded import sharding_seen
+
+    model = build_model("mlp", num_classes=10)
+    for layer in (model[1], model[3], model[5]):
+        fully_shard(layer, reshard_after_forward=reshard)
+    fully_shard(model, reshard_after_forward=reshard)
+    seen = sharding_seen(model, torch.optim.SGD(model.parameters(), lr=0.1))
+    assert seen == {"zero": 0, "fsdp_config": {"wrap": "seen", "reshard_after_forward": reshard}}
+    ddp = torch.nn.parallel.DistributedDataParallel(build_model("mlp", num_classes=10))
+    zero = ZeroRedundancyOptimizer(ddp.parameters(), optimizer_class=torch.optim.SGD, lr=0.1)
+    assert sharding_seen(ddp, zero) == {"zero": 1, "fsdp_config": None}
+
+
 def _x(name: str, ts: float, dur: float, tid: int, cat: str = "cpu_op", **args):
     return SimpleNamespace(
         ph="X", cat=cat, name=name, ts=ts, dur=dur, tid=tid, args=json.dumps(args)
