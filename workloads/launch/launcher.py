@@ -124,7 +124,7 @@ def _env(plan: Plan, run_dir: Path) -> dict:
         # A CUDA build of torch on a machine without a GPU makes Kineto log a harmless
         # "ERROR ... gpuGetDeviceCount failed" at every trace; level 5 keeps CPU logs clean.
         env.setdefault("KINETO_LOG_LEVEL", "5")
-    if plan.mode == "ddp":  # the flight recorder, on gloo and NCCL (workloads.launch.flightrec)
+    if plan.mode in PROCESS_GROUP_MODES:  # the flight recorder (workloads.launch.flightrec)
         env = {**flight_recorder_env(run_dir / "logs", nccl=plan.backend == "nccl"), **env}
     return env
 

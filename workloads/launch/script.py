@@ -60,8 +60,8 @@ HINTS = {
     "fsdp_reshard_after_forward": "the script passes its own to fully_shard",
 }
 SCRIPT_STALL_S = 24 * 3600.0
-"""A single-process script writes no heartbeat: the watchdog only ends it after a day. A DDP
-script's ranks beat (workloads.launch.flightrec): --collective-timeout + WATCHDOG_GRACE_S."""
+"""A single-process script writes no heartbeat: the watchdog only ends it after a day. A DDP or
+FSDP script's ranks beat (workloads.launch.flightrec): --collective-timeout + WATCHDOG_GRACE_S."""
 _UNSET = object()
 
 
@@ -160,7 +160,7 @@ def _env(cfg: TrainConfig, run_dir: Path, args: argparse.Namespace, nproc: int) 
         "collective_timeout": cfg.collective_timeout,
     }
     env = child_env(PYTHONUNBUFFERED="1", **{SETTINGS_ENV: json.dumps(settings)})
-    if args.mode == "ddp":  # the script picks its backend: NCCL's own dump is asked for too
+    if args.mode in PROCESS_GROUP_MODES:  # the script picks its backend: NCCL's dump too
         env = {**flight_recorder_env(run_dir / "logs", nccl=True), **env}
     env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // nproc)))
     env.setdefault("KINETO_LOG_LEVEL", "5")
@@ -214,7 +214,11 @@ def run_script(args: argparse.Namespace, script_args: list[str]) -> int:
         env=_env(cfg, run_dir, args, nproc),
         log_path=launcher_log,
         logs=run_dir / "logs",
-        stall_s=cfg.collective_timeout + WATCHDOG_GRACE_S if mode == "ddp" else SCRIPT_STALL_S,
+        stall_s=(
+            cfg.collective_timeout + WATCHDOG_GRACE_S
+            if mode in PROCESS_GROUP_MODES
+            else SCRIPT_STALL_S
+        ),
     )
     lease.stop()
     final = end_script_run(

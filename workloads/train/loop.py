@@ -367,7 +367,7 @@ def main(argv: list[str] | None = None) -> int:
     env_rank = int(os.environ.get("RANK", "0"))
     run_dir = Path(cfg.runs_dir) / cfg.run_id
     with rank_log(run_dir / "logs" / f"rank{env_rank}.log"):
-        if cfg.mode == "ddp":  # workloads.launch.flightrec: dumps on request or on a failure
+        if cfg.mode in PROCESS_GROUP_MODES:  # workloads.launch.flightrec: dumps on request/failure
             flightrec.install(run_dir, rank=env_rank, run_id=cfg.run_id, attempt=faults.attempt())
         try:
             ctx = init_context(cfg)
