@@ -6,6 +6,7 @@ runs are in tests/test_family_runs.py."""
 
 from __future__ import annotations
 
+import copy
 import json
 import math
 from types import SimpleNamespace
@@ -56,6 +57,33 @@ def test_family_options_refused_in_one_line(kw: dict, text: str) -> None:
     assert text in str(err.value) and "\n" not in str(err.value)
 
 
+FAST = "--model mlp --dataset synthetic --max-steps 4 --batch-size 32 --no-profile --device cpu"
+
+
+@pytest.mark.parametrize(
+    "args, text",
+    [
+        ("--mode single --zero 1", "--zero 1 shards DDP's optimizer state, so it needs --mode ddp"),
+        ("--mode dp --zero 1", "(got --mode dp); drop --zero or use --mode ddp"),
+        ("--mode all --zero 1", "--zero belongs to one mode but --mode all runs"),
+        ("--mode all --fsdp-wrap torch.nn:Linear", "run that mode on its own (--mode fsdp)"),
+        ("--mode fsdp --nproc 2 --fsdp-wrap torch.nn:Conv2d",
+         "--fsdp-wrap torch.nn:Conv2d: the model (Sequential) contains no Conv2d; its classes:"),
+        ("--mode fsdp --nproc 2 --fsdp-wrap nosuch.mod:Block", "module nosuch.mod does not import"),
+    ],
+)  # fmt: skip
+def test_the_launcher_refuses_them_in_one_line_writing_nothing(args, text, tmp_path, capsys):
+    """Through the launcher, as a user types them: exit 2, one line, no runs folder (in process:
+    a case that slipped past the checks would start a child, which the fast tier refuses)."""
+    from workloads.launch import launcher
+
+    runs = tmp_path / "runs"
+    assert launcher.main([*FAST.split(), *args.split(), "--runs-dir", str(runs)]) == 2
+    lines = [ln for ln in capsys.readouterr().err.splitlines() if ln.strip()]
+    assert len(lines) == 1 and text in lines[0], lines
+    assert not runs.exists()
+
+
 def test_fsdp_on_one_rank_and_zero_under_ddp_are_allowed() -> None:
     assert TrainConfig(mode="fsdp", fsdp_wrap="torch.nn:Linear").fsdp_classes() == [
         ("torch.nn", "Linear")
@@ -89,6 +117,29 @@ def one_rank_group(tmp_path):
     dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'rdzv'}", rank=0, world_size=1)
     yield
     dist.destroy_process_group()
+
+
+def test_a_torchvision_model_shards_by_the_default_rule_and_trains_as_unsharded(
+    one_rank_group,
+) -> None:
+    """torchvision's resnet18: its BasicBlocks (the elements of layer1..layer4) are the blocks;
+    an SGD step on one rank moves the loss as on the unsharded model (one rank: nothing to
+    reorder)."""
+    cfg = TrainConfig(mode="fsdp", model="torchvision:resnet18")
+    x, y = torch.randn(2, 3, 16, 16), torch.tensor([0, 1])
+    torch.manual_seed(0)
+    plain = build_model("torchvision:resnet18", num_classes=10)
+    sharded, names = shard_model(copy.deepcopy(plain), cfg)
+    assert names == [f"layer{i}.{j}" for i in range(1, 5) for j in (0, 1)] + [""]
+    losses = []
+    for model in (plain, sharded):
+        opt = sgd(model.parameters(), cfg, zero=False)
+        loss = torch.nn.functional.cross_entropy(model(x), y)
+        loss.backward()
+        opt.step()
+        with torch.no_grad():  # after the step: the update was the same
+            losses.append((loss.item(), torch.nn.functional.cross_entropy(model(x), y).item()))
+    assert losses[1] == pytest.approx(losses[0], abs=1e-5)
 
 
 def _count(model, opt, steps: int = 3) -> dict:
@@ -238,6 +289,35 @@ def test_family_saved_memory_throughput_and_capacity_by_hand() -> None:
     with pytest.raises(InputError, match="--memory-budget-gib"):
         budget_bytes(-1)
     assert strategy("ddp", 1, None) == "zero1" and strategy("fsdp", 0, False) == "fsdp_keep"
+
+
+def test_fsdp_efficiency_split_by_hand() -> None:
+    """Where a 2-rank FSDP2 run's efficiency went, built so every part is known: the single run
+    1 s per step (data 0.1, forward 0.3, backward 0.5, optimizer 0.1); a 1-rank FSDP2 run 50 ms
+    slower (FSDP2's own copies); the 2-rank run 1 s = the ideal 0.5 s + 0.4 s of all-gathers and
+    reduce-scatters nothing hides (0.3 s of them in forward, more than its backward holds) +
+    the 50 ms + 50 ms outside the phases. A 1-rank DDP run (25 ms) is not FSDP2's cost."""
+    from analysis.runs.compare import WORKLOAD_KEY
+    from analysis.runs.efficiency import attach_efficiency_loss
+    from tests.test_efficiency import _run, hand_built
+
+    single, ddp1, _ = hand_built()
+    fsdp1 = _run("fsdp1", "fsdp", 1, 64 / 1.05, {"data": 0.1, "forward": 0.32, "backward": 0.53,
+                 "optimizer": 0.1, "step_time": 1.05}, strategy="fsdp")  # fmt: skip
+    fsdp2 = _run("fsdp2", "fsdp", 2, 64 / 1.0, {"data": 0.05, "forward": 0.15 + 0.3 + 0.02,
+                 "backward": 0.25 + 0.1 + 0.03, "optimizer": 0.05, "step_time": 1.0},
+                 strategy="fsdp", exposed_comm_pct=40.0)  # fmt: skip
+    for run in (fsdp1, fsdp2):
+        run.scaling_efficiency = run.samples_per_s / 64.0 / run.world_size
+        run.baseline_run_id = "single"
+    group = {"mode": "fsdp", "strategy": "fsdp", "world_size": 2, "run_ids": ["fsdp2"],
+             "scaling_efficiency_mean": 0.5}  # fmt: skip
+    attach_efficiency_loss([single, ddp1, fsdp1, fsdp2], [group],
+                           lambda r: tuple(getattr(r, k) for k in WORKLOAD_KEY))  # fmt: skip
+    want = {"exposed_comm": 40.0, "stragglers": 0.0, "data": 0.0, "ddp_overhead": 5.0,
+            "contention": 0.0, "residual": 5.0}  # fmt: skip
+    assert fsdp2.efficiency_loss_pts == pytest.approx(want, abs=1e-9)
+    assert group["efficiency_loss_pts"] == pytest.approx(want, abs=1e-9)
 
 
 def test_fsdp_timeline_by_hand() -> None:
