@@ -58,6 +58,24 @@ def _fp16_share(run_dir: Path, comm_dir: Path, result: dict) -> float | None:
     return half["predictions"][0]["exposed_comm_pct"]
 
 
+def _replays(ddp: list[dict], comm_path: Path, skipped: list[dict]) -> list[dict]:
+    """Each DDP run of a workload projected from itself at its own world size (the replay
+    check); a run that cannot be is one line in `skipped`."""
+    out = []
+    for r in ddp:
+        try:
+            # its traces read again (when the runs JSON read them at all): the self-replay
+            # needs their per-bucket calls, which the traces JSON lacks
+            own = project(
+                Path(r["path"]), comm_path, [r["world_size"]], traces=r.get("trace") is not None
+            )
+        except (InputError, ValueError, KeyError, TypeError) as err:
+            skipped.append({"path": r["path"], "reason": str(err)})
+            continue
+        out.append({**own["replay"], "traced": own["replay_traced"], "warnings": own["warnings"]})
+    return out
+
+
 def comm_and_projections(comm_dirs: list[Path], runs: list[dict]) -> dict:
     """{comm: [...], projections: [...], projection_skipped: [...]} for the runs JSON.
 
@@ -97,23 +115,7 @@ def comm_and_projections(comm_dirs: list[Path], runs: list[dict]) -> dict:
             ) as err:  # one bad input, one line
                 skipped.append({"path": source["path"], "reason": str(err)})
                 continue
-            result["replays"] = []
-            for r in ddp:
-                try:
-                    # its traces read again (when the runs JSON read them at all): the
-                    # self-replay needs their per-bucket calls, which the traces JSON lacks
-                    own = project(
-                        Path(r["path"]),
-                        Path(c["path"]),
-                        [r["world_size"]],
-                        traces=r.get("trace") is not None,
-                    )
-                except (InputError, ValueError, KeyError, TypeError) as err:
-                    skipped.append({"path": r["path"], "reason": str(err)})
-                    continue
-                result["replays"].append(
-                    {**own["replay"], "traced": own["replay_traced"], "warnings": own["warnings"]}
-                )
+            result["replays"] = _replays(ddp, Path(c["path"]), skipped)
             result["comm_path"] = c["path"]
             projections.append(result)
     for c in (c for c in comm if c["status"] == "ok"):

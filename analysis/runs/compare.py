@@ -234,6 +234,42 @@ def _unique_id(entry: RunEntry, run_dir: Path, taken: set[str]) -> None:
     )
 
 
+def _load_runs(
+    run_dirs: list[Path],
+    invalid: list[dict],
+    skipped: list[dict],
+    *,
+    progress: bool,
+    traces: bool,
+    clock_align: str,
+) -> list[RunEntry]:
+    """The readable runs of `run_dirs` (their traces analysed when `traces`), each with a unique
+    id; an invalid record goes to `invalid`, any other unreadable folder to `skipped`."""
+    runs: list[RunEntry] = []
+    bar = tqdm(
+        run_dirs, desc="runs", unit="run", leave=False, disable=not progress or len(run_dirs) < 2
+    )
+    for run_dir in bar:
+        try:
+            entry = load_run(run_dir)
+            if traces and is_measured(entry):
+                # one bar, over the runs
+                attach_trace(entry, run_dir, progress=False, clock_align=clock_align)
+        except InvalidRecord as err:
+            invalid.append({"path": str(run_dir), **err.to_dict()})
+            continue
+        except InputError as err:
+            skipped.append({"path": str(run_dir), "reason": f"{err.what} — {err.fix}"})
+            continue
+        except Exception as err:  # noqa: BLE001 — one bad run (even a RecursionError or
+            # MemoryError) costs one line; the other runs are still compared.
+            skipped.append({"path": str(run_dir), "reason": unexpected(err)})
+            continue
+        _unique_id(entry, run_dir, {r.run_id for r in runs})
+        runs.append(entry)
+    return runs
+
+
 def compare_runs(
     paths: Sequence[Path],
     *,
@@ -253,29 +289,9 @@ def compare_runs(
     run_dirs, skipped = find_run_dirs(paths)
     comm_dirs = [d for d in run_dirs if is_comm_run(d)]  # `make bench-comm`: not a training run
     run_dirs = [d for d in run_dirs if d not in comm_dirs]
-    runs = []
-    bar = tqdm(
-        run_dirs, desc="runs", unit="run", leave=False, disable=not progress or len(run_dirs) < 2
-    )
     invalid: list[dict] = []
-    for run_dir in bar:
-        try:
-            entry = load_run(run_dir)
-            if traces and is_measured(entry):
-                # one bar, over the runs
-                attach_trace(entry, run_dir, progress=False, clock_align=clock_align)
-        except InvalidRecord as err:
-            invalid.append({"path": str(run_dir), **err.to_dict()})
-            continue
-        except InputError as err:
-            skipped.append({"path": str(run_dir), "reason": f"{err.what} — {err.fix}"})
-            continue
-        except Exception as err:  # noqa: BLE001 — one bad run (even a RecursionError or
-            # MemoryError) costs one line; the other runs are still compared.
-            skipped.append({"path": str(run_dir), "reason": unexpected(err)})
-            continue
-        _unique_id(entry, run_dir, {r.run_id for r in runs})
-        runs.append(entry)
+    runs = _load_runs(run_dirs, invalid, skipped, progress=progress, traces=traces,
+                      clock_align=clock_align)  # fmt: skip
     tunes, tune_skipped = load_tunes(paths)
     skipped += tune_skipped
     if not runs and not tunes and not comm_dirs and not invalid:
