@@ -3,7 +3,7 @@ real launcher (torchrun), against the session's single and DDP runs: the same lo
 1e-5, fp32: FSDP2 sums the gradients in another order), the static memory counted from the real
 shards against a hand computation, the all-gathers and reduce-scatters in the traces with their
 bytes, the report's family tables and verdict line, the projection; and a user's model by import
-path under FSDP2 with `--fsdp-wrap`. Tiny models, few steps."""
+path under FSDP2 with `--fsdp-wrap`; the make targets' flags. Tiny models, few steps."""
 
 from __future__ import annotations
 
@@ -268,3 +268,28 @@ def test_user_model_by_import_path_under_fsdp(tmp_path: Path) -> None:
     assert [g["module"] for g in run["metrics"]["fsdp"]["groups"]] == ["", "stages.a", "stages.b"]
     assert run["config"]["model"] == "famnets.nets:net"
     _same_losses(tmp_path / "runs" / "d", tmp_path / "runs" / "f")
+
+
+def test_make_targets_pass_the_family_flags(tmp_path: Path) -> None:
+    """`make profile-fsdp`, `profile-zero1` and `profile-all MODES=...` as a user types them;
+    PY is a script that prints its arguments, so make and the shell really run each recipe."""
+    argv = tmp_path / "argv.py"
+    argv.write_text(f"#!{sys.executable}\nimport json, sys\nprint(json.dumps(sys.argv[1:]))\n")
+    argv.chmod(0o755)
+
+    def make(*args: str) -> list[list[str]]:
+        cmd = ["make", "-s", "-o", ".venv/.requirements.stamp", f"PY={argv}", *args]
+        proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=60)
+        assert proc.returncode == 0, proc.stderr
+        return [json.loads(line)[2:] for line in proc.stdout.splitlines()]  # after -m cli
+
+    (fsdp,) = make("profile-fsdp", "FSDP_WRAP=mypkg.nets:Block", "RESHARD=false", "NPROC=2")
+    assert fsdp[:3] == ["profile", "--mode", "fsdp"] and "--nproc" in fsdp
+    assert fsdp[fsdp.index("--fsdp-wrap") + 1] == "mypkg.nets:Block"
+    assert fsdp[fsdp.index("--fsdp-reshard-after-forward") + 1] == "false"
+    (zero,) = make("profile-zero1")
+    assert zero[:5] == ["profile", "--mode", "ddp", "--zero", "1"]
+    calls = make("profile-all", "MODES=single ddp zero1 fsdp", "SEEDS=0 1")
+    modes = [(c[c.index("--mode") + 1], "--zero" in c, c[c.index("--seed") + 1]) for c in calls]
+    assert modes == [("all", False, "0"), ("ddp", True, "0"), ("fsdp", False, "0"),
+                     ("all", False, "1"), ("ddp", True, "1"), ("fsdp", False, "1")]  # fmt: skip
