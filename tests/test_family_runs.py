@@ -86,6 +86,23 @@ def test_fsdp_evaluates_as_the_single_run(single_mlp_run: Path, fsdp_mlp: Path) 
     assert abs(read_run(fsdp_mlp)["eval"]["best"]["test_loss"] - single) <= LOSS_TOL
 
 
+def test_fsdp_on_one_rank_runs_and_trains_as_the_single_run(
+    runs_dir: Path, single_mlp_run: Path
+) -> None:
+    """`--mode fsdp --nproc 1` is allowed (docs/guides/fsdp.md): one torchrun rank whose shards
+    are whole tensors, the single run's losses, no gathered peak above the model."""
+    fsdp1 = ["--mode", "fsdp", "--nproc", "1", "--backend", "gloo", "--run-id", "fsdp1-mlp"]
+    launch([*fsdp1, "--runs-dir", str(runs_dir), *TINY])
+    run = runs_dir / "fsdp1-mlp"
+    _same_losses(single_mlp_run, run)
+    rec = read_run(run)
+    assert (rec["config"]["mode"], rec["config"]["world_size"]) == ("fsdp", 1)
+    params = sum((i * o + o) * 4 for i, o in ((3072, 256), (256, 256), (256, 10)))
+    (e,) = rec["metrics"]["memory_breakdown"]
+    assert e["parameters_bytes"] == e["gradients_bytes"] == e["optimizer_state_bytes"] == params
+    assert e["fsdp_unsharded_peak_bytes"] <= params
+
+
 def test_sharded_static_memory_of_the_mlp_by_hand(family: dict[str, Path]) -> None:
     """256 and 10 rows split evenly over 2 ranks: FSDP2's shards are exactly half of every
     tensor; the gathered peak is block 1 and block 2 (block 2 gathered, block 1 prefetched in
