@@ -211,6 +211,22 @@ def _check_out(out_dir: Path, inputs: list[Path]) -> None:
         raise ReportError(str(exc)) from None
 
 
+def _files(
+    tables: dict, full: dict[str, Any], summary: dict, html: str
+) -> tuple[dict[str, str | bytes], list[str]]:
+    """Every file of the report folder by name (the CSV tables, the runs' Parquet tables,
+    summary.json, index.html), and the Parquet files' names."""
+    files: dict[str, str | bytes] = {
+        t.csv: t.frame().to_csv(index=False) for t in tables.values() if t.csv
+    }
+    runs = [(r["run_id"], r.get("trace")) for r in full.get("runs", []) if r.get("run_id")]
+    columnar = {f"{n}.parquet": table_bytes(t) for n, t in run_tables(runs).items()}
+    files.update(columnar)
+    files["summary.json"] = json.dumps(summary, indent=2, allow_nan=False) + "\n"
+    files["index.html"] = html
+    return files, list(columnar)
+
+
 def write_report(data: dict[str, Any], out_dir: Path, *, progress: bool = True) -> ReportFiles:
     """Write index.html, summary.json and the CSV tables for a runs JSON into `out_dir`."""
     out_dir = Path(out_dir)
@@ -260,14 +276,7 @@ def write_report(data: dict[str, Any], out_dir: Path, *, progress: bool = True) 
         )
     )
     # Everything is rendered before the first write, so a failure above leaves the folder as it was.
-    files: dict[str, str | bytes] = {
-        t.csv: t.frame().to_csv(index=False) for t in tables.values() if t.csv
-    }
-    runs = [(r["run_id"], r.get("trace")) for r in full.get("runs", []) if r.get("run_id")]
-    columnar = {f"{n}.parquet": table_bytes(t) for n, t in run_tables(runs).items()}
-    files.update(columnar)
-    files["summary.json"] = json.dumps(summary, indent=2, allow_nan=False) + "\n"
-    files["index.html"] = html
+    files, columnar = _files(tables, full, summary, html)
     replace_folder(files, out_dir)
     index = out_dir / "index.html"
     csvs = [out_dir / t.csv for t in tables.values() if t.csv]

@@ -123,31 +123,8 @@ def _add_script_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def build_parser(prog: str = "python -m workloads.launch") -> argparse.ArgumentParser:
-    parser = OneLineParser(
-        prog=prog,
-        description="Profile the same training as single-device, DataParallel, DDP (ZeRO-1 with "
-        "--zero 1) and FSDP2 runs; one run folder per run under --runs-dir.",
-    )
-    parser.add_argument(
-        "--mode",
-        choices=("single", "dp", "ddp", "fsdp", "all"),
-        default="single",
-        help="fsdp = FSDP2 (fully_shard, one process per device; ZeRO-1 is --mode ddp --zero 1); "
-        "all = single, dp, ddp-nccl, ddp-gloo as this machine allows (others: skipped)",
-    )
-    parser.add_argument(
-        "--backend",
-        choices=("auto", "nccl", "gloo"),
-        default="auto",
-        help="DDP/FSDP backend; auto = nccl on Linux with CUDA, gloo otherwise",
-    )
-    parser.add_argument(
-        "--nproc",
-        type=int,
-        default=None,
-        help="DDP/FSDP processes per node (default: GPU count, 2 on CPU); DP: GPUs to use",
-    )
+def _add_rendezvous_arguments(parser: argparse.ArgumentParser) -> None:
+    """Where the ranks of a DDP/FSDP job meet: nodes, torchrun's rendezvous, file://."""
     parser.add_argument("--nnodes", type=int, default=1, help="nodes in a multi-node DDP job")
     parser.add_argument(
         "--node-rank", type=int, default=0, help="this node's index in [0, --nnodes)"
@@ -173,6 +150,34 @@ def build_parser(prog: str = "python -m workloads.launch") -> argparse.ArgumentP
         help="ddp: file:// rendezvous on a fresh file dpscope creates in the run folder "
         "(logs/rendezvous), e.g. where torchrun's TCP store fails (Windows); one node only",
     )
+
+
+def build_parser(prog: str = "python -m workloads.launch") -> argparse.ArgumentParser:
+    parser = OneLineParser(
+        prog=prog,
+        description="Profile the same training as single-device, DataParallel, DDP (ZeRO-1 with "
+        "--zero 1) and FSDP2 runs; one run folder per run under --runs-dir.",
+    )
+    parser.add_argument(
+        "--mode",
+        choices=("single", "dp", "ddp", "fsdp", "all"),
+        default="single",
+        help="fsdp = FSDP2 (fully_shard, one process per device; ZeRO-1 is --mode ddp --zero 1); "
+        "all = single, dp, ddp-nccl, ddp-gloo as this machine allows (others: skipped)",
+    )
+    parser.add_argument(
+        "--backend",
+        choices=("auto", "nccl", "gloo"),
+        default="auto",
+        help="DDP/FSDP backend; auto = nccl on Linux with CUDA, gloo otherwise",
+    )
+    parser.add_argument(
+        "--nproc",
+        type=int,
+        default=None,
+        help="DDP/FSDP processes per node (default: GPU count, 2 on CPU); DP: GPUs to use",
+    )
+    _add_rendezvous_arguments(parser)
     parser.add_argument(
         "--skip-impossible",
         action="store_true",
