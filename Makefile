@@ -40,12 +40,12 @@ NPROC_FLAG = $(if $(strip $(NPROC)),--nproc $(NPROC))
 RUN_FLAGS = --model $(MODEL) --dataset $(DATASET) --epochs $(EPOCHS) --max-steps $(STEPS) \
             --batch-size $(BATCH) --runs-dir "$(RUNS)" $(PROFILE_FLAGS)
 
-.PHONY: help setup profile-single profile-dp profile-ddp profile-all profile-script report demo tensorboard \
+.PHONY: help setup profile-single profile-dp profile-ddp profile-fsdp profile-zero1 profile-all profile-script report demo tensorboard \
         bench-analysis hta-orphans-reference gpu-check test test-fast docs lint format clean
 
 help:
-	@echo "dpscope targets: setup profile-single profile-dp profile-ddp profile-all profile-script profile-sweep"
-	@echo "                 report demo tensorboard tune-ddp bench-comm bench-projection"
+	@echo "dpscope targets: setup profile-single profile-dp profile-ddp profile-fsdp profile-zero1 profile-all"
+	@echo "                 profile-script profile-sweep report demo tensorboard tune-ddp bench-comm bench-projection bench-family"
 	@echo "                 bench bench-overhead bench-analysis bench-report hta-orphans-reference gpu-check"
 	@echo "                 test test-fast docs lint format clean"
 	@echo "every target and variable: docs/reference/make.md; the dpscope command: docs/reference/cli.md"
@@ -70,8 +70,26 @@ profile-dp: setup
 profile-ddp: setup
 	@for s in $(SEEDS); do $(DPSCOPE) profile --mode ddp $(NPROC_FLAG) --backend $(BACKEND) --seed $$s $(RUN_FLAGS) $(ARGS) || exit $$?; done
 
+# FSDP2 (fully_shard on each block, then the root): FSDP_WRAP=MODULE:CLASS[,...] names the blocks,
+# RESHARD=false keeps the gathered blocks from forward to backward (ZeRO-2-like).
+FSDP_WRAP ?=
+RESHARD   ?= true
+FSDP_FLAGS = $(if $(strip $(FSDP_WRAP)),--fsdp-wrap "$(FSDP_WRAP)") --fsdp-reshard-after-forward $(RESHARD)
+profile-fsdp: setup
+	@for s in $(SEEDS); do $(DPSCOPE) profile --mode fsdp $(NPROC_FLAG) --backend $(BACKEND) $(FSDP_FLAGS) --seed $$s $(RUN_FLAGS) $(ARGS) || exit $$?; done
+
+# ZeRO-1: DDP with ZeroRedundancyOptimizer around the same optimizer.
+profile-zero1: setup
+	@for s in $(SEEDS); do $(DPSCOPE) profile --mode ddp --zero 1 $(NPROC_FLAG) --backend $(BACKEND) --seed $$s $(RUN_FLAGS) $(ARGS) || exit $$?; done
+
+# --mode all (single, dp, ddp-nccl, ddp-gloo as the machine allows), then the sharded members
+# MODES names (zero1, fsdp) on DDP's backend and ranks: `make profile-all MODES="single dp ddp fsdp"`.
+FAMILY_zero1 = --mode ddp --zero 1
+FAMILY_fsdp  = --mode fsdp
 profile-all: setup
-	@for s in $(SEEDS); do $(DPSCOPE) profile --mode all $(NPROC_FLAG) --seed $$s $(RUN_FLAGS) $(ARGS) || exit $$?; done
+	@for s in $(SEEDS); do $(DPSCOPE) profile --mode all $(NPROC_FLAG) --seed $$s $(RUN_FLAGS) $(ARGS) || exit $$?; \
+	    $(foreach m,$(filter zero1 fsdp,$(MODES)),$(DPSCOPE) profile $(FAMILY_$(m)) $(NPROC_FLAG) --backend $(BACKEND) --seed $$s $(RUN_FLAGS) $(ARGS) || exit $$?;) \
+	done
 
 # Your own script, unchanged (docs/guides/own-script.md):
 #   make profile-script SCRIPT=train.py SCRIPT_ARGS="--epochs 1" MODE=ddp NPROC=2
@@ -88,15 +106,15 @@ report: setup
 	@if [ -d "$(RUNS)" ]; then set -- "$(RUNS)"; else set -- $(RUNS); fi; \
 	    $(DPSCOPE) report "$$@" --out "$(REPORT_DIR)"
 
-# `dpscope demo`: smallcnn, 24 steps, seeds 0 and 1 in every mode, a 1-rank DDP run and a short
-# comm benchmark, then the report (README: the measured time). MODEL, STEPS or SEEDS given on
-# the command line win over the demo's own defaults.
+# `dpscope demo`: smallcnn, 24 steps, seeds 0 and 1 in every mode (FSDP2 beside DDP), a 1-rank
+# DDP run and a short comm benchmark, then the report (README: the measured time). MODEL, STEPS,
+# SEEDS or MODES given on the command line win over the demo's own defaults.
 cmdline = $(filter command line,$(origin $(1)))
 demo: setup
 	$(DPSCOPE) demo --runs-dir "$(RUNS)" --out "$(REPORT_DIR)" $(NPROC_FLAG) --backend $(BACKEND) \
 	    --dataset $(DATASET) --epochs $(EPOCHS) --batch-size $(BATCH) $(PROFILE_FLAGS) \
 	    $(if $(call cmdline,MODEL),--model $(MODEL)) $(if $(call cmdline,STEPS),--max-steps $(STEPS)) \
-	    $(if $(call cmdline,SEEDS),--seeds "$(SEEDS)") $(ARGS)
+	    $(if $(call cmdline,SEEDS),--seeds "$(SEEDS)") $(if $(call cmdline,MODES),--modes "$(MODES)") $(ARGS)
 
 tensorboard: setup
 	$(DPSCOPE) tensorboard "$(RUNS)" --port $(PORT)
@@ -187,7 +205,8 @@ bench-overhead: setup
 
 # --- scaling sweep (README: Scaling sweeps) ---------------------------------------------------
 # NPROCS empty: powers of two up to the GPU count (1 2 on CPU); given empty on the command line
-# (`NPROCS=`) it is an error rather than a silent default.
+# (`NPROCS=`) it is an error rather than a silent default. MODES: some of single dp ddp zero1 fsdp
+# (profile-all and the demo take the same words).
 NPROCS   ?=
 MODES    ?= single dp ddp
 BACKENDS ?= nccl gloo
@@ -198,6 +217,12 @@ profile-sweep: setup
 	$(DPSCOPE) sweep $(if $(filter command line,$(origin NPROCS)),--nprocs "$(NPROCS)") \
 	    --modes "$(MODES)" --backends "$(BACKENDS)" --seeds "$(SEEDS)" --scaling "$(SCALING)" \
 	    $(if $(SWEEP),--sweep "$(SWEEP)") $(RUN_FLAGS) $(ARGS)
+
+# --- the data-parallel family (issue 30): FSDP2, ZeRO-1 and DDP throughput and peak memory for gpt,
+# interleaved, with the host's load average recorded; written to docs/benchmarks.md by `make docs`.
+.PHONY: bench-family
+bench-family: setup
+	$(PY) -m bench.family --out $(if $(filter %.json,$(BENCH_OUT)),$(BENCH_OUT),$(or $(BENCH_OUT),reports/bench)/family.json) $(ARGS)
 
 .PHONY: bench-report
 bench-report: setup

@@ -165,6 +165,7 @@ PHASE_COLS = [
 COLLECTIVE_COLS = [
     C(key="run_id", label="Run"),
     C(key="name", label="Collective"),
+    C(key="algorithm", label="Moved by"),  # the backend's own op (analysis.trace.c10d)
     C(key="calls", label="Calls", unit="count", kind="int"),
     C(key="bytes_total", label="Bytes total", unit="MB", kind="bytes"),
     C(key="bytes_avg", label="Bytes per call", unit="MB", kind="bytes"),

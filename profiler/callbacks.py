@@ -190,10 +190,14 @@ class StepRecorder(Callback):
 
 class StaticMemoryCount(Callback):
     """Counts the static memory breakdown (profiler.memory_breakdown) between backward and the
-    optimizer step, and after the optimizer step (before the profiler moves its schedule on)."""
+    optimizer step, and after the optimizer step (before the profiler moves its schedule on);
+    FSDP's unsharded peak is sampled from the counted step's start."""
 
     def __init__(self, static: StaticMemory) -> None:
         self.static = static
+
+    def step_start(self, state: StepState) -> None:
+        self.static.before_step(state.model, state.step)
 
     def after_backward(self, state: StepState) -> None:
         if state.model is not None:

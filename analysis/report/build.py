@@ -23,7 +23,7 @@ from tqdm import tqdm
 from analysis.jsonsafe import DISPLAY_CHARS, clip
 from analysis.outputs import check_report_out
 from analysis.parquet import run_tables, table_bytes
-from analysis.report import figures, memory_section
+from analysis.report import family_section, figures, memory_section
 from analysis.report.findings import THRESHOLDS, findings
 from analysis.report.loss import loss_context
 from analysis.report.ops import ops_context
@@ -95,6 +95,7 @@ def runs_frame(data: dict[str, Any], labels: dict[str, str]) -> pd.DataFrame:
         "run_id",
         *WORKLOAD_KEY,
         "mode",
+        "strategy",
         "backend",
         "world_size",
         "seed",
@@ -108,7 +109,8 @@ def runs_frame(data: dict[str, Any], labels: dict[str, str]) -> pd.DataFrame:
     group_of = group_labels(data)
     df["group"] = [group_of.get(r, lab) for r, lab in zip(df["run_id"], df["label"], strict=True)]
     backend = df["backend"].where(~df["backend"].isin(["none", "dp"]) & df["backend"].notna(), "")
-    df["series"] = df["mode"].astype(str) + backend.map(lambda b: f" ({b})" if b else "")
+    member = df["strategy"].fillna(df["mode"]).astype(str)
+    df["series"] = member + backend.map(lambda b: f" ({b})" if b else "")
     # One line per comparable set: never average a model's throughput with another model's.
     for col in WORKLOAD_KEY:
         if df[col].nunique() > 1:
@@ -209,6 +211,22 @@ def _check_out(out_dir: Path, inputs: list[Path]) -> None:
         raise ReportError(str(exc)) from None
 
 
+def _files(
+    tables: dict, full: dict[str, Any], summary: dict, html: str
+) -> tuple[dict[str, str | bytes], list[str]]:
+    """Every file of the report folder by name (the CSV tables, the runs' Parquet tables,
+    summary.json, index.html), and the Parquet files' names."""
+    files: dict[str, str | bytes] = {
+        t.csv: t.frame().to_csv(index=False) for t in tables.values() if t.csv
+    }
+    runs = [(r["run_id"], r.get("trace")) for r in full.get("runs", []) if r.get("run_id")]
+    columnar = {f"{n}.parquet": table_bytes(t) for n, t in run_tables(runs).items()}
+    files.update(columnar)
+    files["summary.json"] = json.dumps(summary, indent=2, allow_nan=False) + "\n"
+    files["index.html"] = html
+    return files, list(columnar)
+
+
 def write_report(data: dict[str, Any], out_dir: Path, *, progress: bool = True) -> ReportFiles:
     """Write index.html, summary.json and the CSV tables for a runs JSON into `out_dir`."""
     out_dir = Path(out_dir)
@@ -224,6 +242,7 @@ def write_report(data: dict[str, Any], out_dir: Path, *, progress: bool = True) 
     found = findings(data) + memory["findings"]
     loss = loss_context(data)
     tables["efficiency_loss"] = loss["table"]
+    tables.update(family_section.context(data))
     figs = _figures(data, tables, labels, progress)
     summary = _json_safe(
         {**full, "findings": [f.to_dict() for f in found], "thresholds": THRESHOLDS}
@@ -257,14 +276,7 @@ def write_report(data: dict[str, Any], out_dir: Path, *, progress: bool = True) 
         )
     )
     # Everything is rendered before the first write, so a failure above leaves the folder as it was.
-    files: dict[str, str | bytes] = {
-        t.csv: t.frame().to_csv(index=False) for t in tables.values() if t.csv
-    }
-    runs = [(r["run_id"], r.get("trace")) for r in full.get("runs", []) if r.get("run_id")]
-    columnar = {f"{n}.parquet": table_bytes(t) for n, t in run_tables(runs).items()}
-    files.update(columnar)
-    files["summary.json"] = json.dumps(summary, indent=2, allow_nan=False) + "\n"
-    files["index.html"] = html
+    files, columnar = _files(tables, full, summary, html)
     replace_folder(files, out_dir)
     index = out_dir / "index.html"
     csvs = [out_dir / t.csv for t in tables.values() if t.csv]
@@ -277,16 +289,27 @@ def write_report(data: dict[str, Any], out_dir: Path, *, progress: bool = True) 
 
 
 def build_report(
-    paths: Sequence[Path], out_dir: Path, *, progress: bool = True, clock_align: str = "auto"
+    paths: Sequence[Path],
+    out_dir: Path,
+    *,
+    progress: bool = True,
+    clock_align: str = "auto",
+    memory_budget_bytes: int | None = None,
 ) -> ReportFiles:
     """Analyse the run folders under `paths` with `compare_runs` (trace clocks aligned per
-    `clock_align`) and write the report."""
+    `clock_align`) and write the report (`memory_budget_bytes`: the per-rank memory the family's
+    capacity fits models into)."""
     for p in paths:
         if not Path(p).is_dir():
             raise ReportError(f"{p} is not a folder; pass RUNS folders made by `make profile-all`")
     _check_out(Path(out_dir), [Path(p) for p in paths])  # before any work
     try:
-        data = compare_runs([Path(p) for p in paths], progress=progress, clock_align=clock_align)
+        data = compare_runs(
+            [Path(p) for p in paths],
+            progress=progress,
+            clock_align=clock_align,
+            memory_budget_bytes=memory_budget_bytes,
+        )
     except InputError as exc:
         raise ReportError(str(exc)) from exc
     return write_report(data, out_dir, progress=progress)

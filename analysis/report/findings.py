@@ -11,7 +11,9 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from analysis.runs.compare import WORKLOAD_KEY, is_measured
+from analysis.runs.family import LABELS
 from profiler.runfolder.hostload import BUSY_OTHER_CORES_FRAC, is_busy
+from profiler.runfolder.schema import PROCESS_GROUP_MODES
 
 __all__ = ["Finding", "THRESHOLDS", "findings", "is_busy"]
 
@@ -37,7 +39,7 @@ THRESHOLDS = {
     "seed_spread_pct": 10.0,
 }
 
-NAMES = {"single": "Single", "dp": "DP", "ddp": "DDP"}
+NAMES = LABELS  # single, dp, ddp and the sharded members (analysis.runs.family)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -53,11 +55,19 @@ class Finding:
         return asdict(self)
 
 
+def _is_ddp(run_or_group: dict[str, Any]) -> bool:
+    """Plain DDP: mode ddp without ZeRO-1 (a record without a strategy is DDP)."""
+    return run_or_group.get("mode") == "ddp" and run_or_group.get("strategy", "ddp") == "ddp"
+
+
 def run_name(run: dict[str, Any], keys: tuple[str, ...] = ()) -> str:
-    """'DDP (GLOO)', 'DP', 'Single'; prefixed with the model/OS when the report holds several."""
-    mode = NAMES.get(run.get("mode"), str(run.get("mode")))
+    """'DDP (GLOO)', 'FSDP2 (GLOO)', 'DP', 'Single'; prefixed with the model/OS when the report
+    holds several."""
+    kind = run.get("strategy") or run.get("mode")
+    mode = NAMES.get(kind, str(kind))
     backend = run.get("backend")
-    name = f"{mode} ({backend.upper()})" if mode == "DDP" and backend else mode
+    grouped = run.get("mode") in PROCESS_GROUP_MODES
+    name = f"{mode} ({backend.upper()})" if grouped and backend else mode
     return " ".join([*(str(run.get(k)) for k in keys), name])
 
 
@@ -107,7 +117,7 @@ def scaling_findings(
     exposed = [m["exposed_comm_pct"] for m in members if m.get("exposed_comm_pct") is not None]
     if exposed:
         pct = statistics.fmean(exposed)
-        word = "allreduce" if group.get("mode") == "ddp" else "communication"
+        word = "allreduce" if _is_ddp(group) else "communication"
         text += f" {pct:.0f}% of step time is exposed {word}"
         try_ = (group.get("advice") or {}).get(
             "exposed", "try larger buckets, no_sync gradient accumulation or a faster backend"
@@ -254,10 +264,10 @@ def _no_eval(runs: list[dict[str, Any]]) -> list[Finding]:
 
 def _backends(groups: list[dict[str, Any]]) -> list[Finding]:
     out = []
-    key = (*WORKLOAD_KEY, "world_size")
+    key = (*WORKLOAD_KEY, "strategy", "world_size")  # DDP against DDP, FSDP2 against FSDP2
     by_key: dict[tuple, dict[str, dict[str, Any]]] = {}
     for g in groups:
-        if g.get("mode") == "ddp" and g.get("samples_per_s_mean"):
+        if g.get("mode") in PROCESS_GROUP_MODES and g.get("samples_per_s_mean"):
             by_key.setdefault(tuple(g.get(k) for k in key), {})[g["backend"]] = g
     for found in by_key.values():
         if {"nccl", "gloo"} <= found.keys():
@@ -269,8 +279,9 @@ def _backends(groups: list[dict[str, Any]]) -> list[Finding]:
             else:
                 text = "Backends: NCCL and GLOO throughput are a tie on the same run"
             g = found["nccl"]
+            kind = NAMES.get(g.get("strategy"), "DDP")
             text += (
-                f" ({g['model']}, {g['world_size']} ranks, {g['os']}; differences under "
+                f" ({g['model']}, {kind}, {g['world_size']} ranks, {g['os']}; differences under "
                 f"{(limit - 1) * 100:.0f}% count as a tie)."
             )
             ids = [*found["nccl"].get("run_ids", []), *found["gloo"].get("run_ids", [])]
@@ -282,7 +293,7 @@ def _dp_vs_ddp(runs: list[dict[str, Any]]) -> list[Finding]:
     out = []
     ok = [r for r in runs if is_measured(r) and r.get("samples_per_s")]
     for dp in (r for r in ok if r.get("mode") == "dp"):
-        for ddp in (r for r in ok if r.get("mode") == "ddp"):
+        for ddp in (r for r in ok if _is_ddp(r)):
             same = all(dp.get(k) == ddp.get(k) for k in (*WORKLOAD_KEY, "world_size", "seed"))
             if same:
                 ratio = ddp["samples_per_s"] / dp["samples_per_s"]

@@ -21,6 +21,7 @@ from analysis.report.findings import Finding, run_name
 from analysis.report.tables import Table
 from analysis.runs.compare import is_measured, workload_key
 from analysis.trace.memory import downsample
+from profiler.runfolder.schema import PROCESS_GROUP_MODES
 
 __all__ = ["BREAKDOWN_COLS", "context", "floor_bytes", "memory_findings"]
 
@@ -48,6 +49,7 @@ BREAKDOWN_COLS = [
     mib(key="buffers_bytes", label="Buffers"),
     mib(key="ddp_buckets_bytes", label="DDP buckets"),
     mib(key="static_total_bytes", label="Static total"),
+    mib(key="fsdp_unsharded_peak_bytes", label="Unsharded peak (FSDP2)"),
     mib(key="forward_peak_bytes", label="Forward peak"),
     mib(key="backward_peak_bytes", label="Backward peak"),
     mib(key="optimizer_peak_bytes", label="Optimizer peak"),
@@ -90,7 +92,12 @@ def breakdown_figure(rows: list[dict[str, Any]], labels: dict[str, str]) -> str 
         + " · "
         + df["device"]
     )
-    cols = {**STATIC, "forward_peak_bytes": "activations (forward peak)"}
+    cols = {
+        **STATIC,
+        "fsdp_unsharded_peak_bytes": "gathered blocks (FSDP2 peak)",
+        "forward_peak_bytes": "activations (forward peak)",
+    }
+    cols = {k: v for k, v in cols.items() if k in df.columns}
     plot = df.set_index("bar")[list(cols)].astype(float).fillna(0.0) / MIB
     plot = plot.rename(columns=cols)
     theme()
@@ -227,6 +234,17 @@ def _vs_single(run: dict[str, Any], single: dict[str, Any]) -> Finding | None:
         return None
     total, ref, grads, diff = d["total"], d["ref"], d["grads"], d["diff_bytes"]
     name = run_name(run)
+    if run.get("mode") == "fsdp":  # every category shrinks at once: name the sharding itself
+        gathered = _mean(run.get("memory_breakdown") or [], "fsdp_unsharded_peak_bytes")
+        text = (
+            f"{name} holds {_mib(abs(diff))} {'less' if diff < 0 else 'more'} static memory per "
+            f"rank than Single: parameters, gradients and optimizer state are sharded over "
+            f"{run.get('world_size')} ranks (÷ {run.get('world_size')}, plus padding)"
+            + (f"; gathered blocks add {_mib(gathered)} at the peak" if gathered else "")
+            + "."
+        )
+        return Finding(rule="memory_breakdown", severity="info", text=text,
+                       run_ids=[run["run_id"], single["run_id"]])  # fmt: skip
     if abs(diff) < 0.01 * ref:
         view = run.get("mode") == "ddp" and d["buckets"] == 0
         why = " (gradient-as-bucket-view: the gradients are views of DDP's buckets)" if view else ""
@@ -279,16 +297,16 @@ def _dp_gpu0(run: dict[str, Any]) -> Finding | None:
 
 
 def memory_findings(data: dict[str, Any]) -> list[Finding]:
-    """One finding per DDP run that has a matching single run (same workload, WORKLOAD_KEY; the
-    same seed preferred), and one per DP run on GPU 0's extra."""
+    """One finding per DDP, ZeRO-1 or FSDP2 run that has a matching single run (same workload,
+    WORKLOAD_KEY; the same seed preferred), and one per DP run on GPU 0's extra."""
     runs = [r for r in data.get("runs", []) if _ok(r) and r.get("memory_breakdown")]
     singles = [r for r in runs if r.get("mode") == "single"]
     out = []
     for run in runs:
         if run.get("mode") == "dp" and (f := _dp_gpu0(run)):
             out.append(f)
-        if run.get("mode") != "ddp":  # DP's devices differ by design: the GPU-0 finding says why
-            continue
+        if run.get("mode") not in PROCESS_GROUP_MODES:  # DP's devices differ by design: the
+            continue  # GPU-0 finding says why
         same = [s for s in singles if _same_workload(s, run)]
         base = next(
             (s for s in same if s.get("seed") == run.get("seed")), same[0] if same else None

@@ -13,6 +13,7 @@ from typing import Any
 
 import pandas as pd
 
+from analysis.runs.compare import ORDER
 from analysis.runs.entry import is_measured
 
 __all__ = [
@@ -39,7 +40,7 @@ MAX_FINDINGS = 12
 def group_label(group: dict[str, Any], *, show: tuple[str, ...] = ("workload", "os")) -> str:
     """`ddp·gloo·n4 · mlp/synthetic · Linux` style label of a group (seeds pooled); `show` picks
     which of the workload and platform parts to add (those that tell the report's groups apart)."""
-    pieces = [str(group.get("mode") or "?")]
+    pieces = [str(group.get("strategy") or group.get("mode") or "?")]
     if group.get("backend") not in (None, "none", "dp"):
         pieces.append(str(group["backend"]))
     pieces.append(f"n{group.get('world_size') or '?'}")
@@ -124,7 +125,7 @@ def headline_rows(data: dict[str, Any]) -> list[dict[str, Any]]:
                 "group": group_label(g),
                 "os": g.get("os"),
                 "backend": g.get("backend"),
-                "mode": g.get("mode"),
+                "mode": g.get("strategy") or g.get("mode"),
                 "world_size": g.get("world_size"),
                 "model": g.get("model"),
                 "dataset": g.get("dataset"),
@@ -148,7 +149,6 @@ def headline_rows(data: dict[str, Any]) -> list[dict[str, Any]]:
                 "peak_memory_bytes": _mean([m.get("peak_memory_bytes") for m in members]),
             }
         )
-    order = {"single": 0, "dp": 1, "ddp": 2}
     return sorted(
         rows,
         key=lambda r: (
@@ -156,7 +156,7 @@ def headline_rows(data: dict[str, Any]) -> list[dict[str, Any]]:
             str(r["model"]),
             str(r["scaling"]),
             str(r["backend"]),
-            order.get(r["mode"], 9),
+            ORDER.get(r["mode"], 9),
             r["world_size"] or 0,
         ),
     )
@@ -189,7 +189,7 @@ def scaling_frame(data: dict[str, Any]) -> pd.DataFrame:
     rows = [
         {
             "world_size": r.get("num_devices") or r.get("world_size"),
-            "mode": r.get("mode"),
+            "mode": r.get("strategy") or r.get("mode"),
             "backend": r.get("backend"),
             "os": r.get("os"),
             "scaling": r.get("scaling"),

@@ -88,8 +88,9 @@ def run_reason(run: dict[str, Any]) -> str:
 
 
 def run_label(run: dict[str, Any]) -> str:
-    """Short label for figures: mode, backend, world size and seed."""
-    pieces = [str(run.get("mode") or "?")]
+    """Short label for figures: mode (the family member: ddp, zero1, fsdp, ...), backend, world
+    size and seed."""
+    pieces = [str(run.get("strategy") or run.get("mode") or "?")]
     if run.get("backend") not in (None, "none", "dp"):
         pieces.append(str(run["backend"]))
     pieces.append(f"n{run.get('world_size') or '?'}")
@@ -171,7 +172,7 @@ def phase_rows(data: dict[str, Any]) -> list[dict[str, Any]]:
                     exposed_s = min(exposed_s, back)
             back_c = (
                 back - exposed_s
-                if back is not None and exposed_s is not None and run.get("mode") == "ddp"
+                if back is not None and exposed_s is not None and run.get("strategy") == "ddp"
                 else back
             )
             phase_times = [p.get("data"), p.get("forward"), back, p.get("optimizer")]
@@ -186,7 +187,9 @@ def phase_rows(data: dict[str, Any]) -> list[dict[str, Any]]:
                     "forward_s": p.get("forward"),
                     "backward_s": back,
                     "backward_compute_s": back_c,
-                    "exposed_comm_s": exposed_s if run.get("mode") == "ddp" else None,
+                    # Carved out of backward for DDP only: ZeRO-1 also broadcasts in its optimizer
+                    # step, FSDP2 all-gathers in forward (the Communication section splits them).
+                    "exposed_comm_s": exposed_s if run.get("strategy") == "ddp" else None,
                     "optimizer_s": p.get("optimizer"),
                     "other_s": other,
                     "step_time_s": p.get("step_time"),

@@ -18,6 +18,7 @@ from analysis.report.loss import PART_NAMES, largest_part
 from analysis.report.memory_section import static_difference
 from analysis.report.projection import efficiency_text, predictions
 from analysis.runs.compare import is_measured, workload_key
+from analysis.runs.family import SHARDED
 
 __all__ = ["VERDICT_RANKS", "verdict"]
 
@@ -38,9 +39,48 @@ def _name(g: dict[str, Any]) -> str:
 
 def _pick(groups: list[dict[str, Any]]) -> dict[str, Any] | None:
     """The group a workload's paragraph is about: the DDP/DP group with a speedup and the most
-    ranks (then the fastest); the others stay in the tables."""
+    ranks (then the fastest), a ZeRO-1/FSDP2 group only when there is none (the family line
+    compares those); the others stay in the tables."""
     cands = [g for g in groups if g.get("mode") != "single" and g.get("speedup_mean") is not None]
-    return max(cands, key=lambda g: (g.get("world_size") or 0, g["speedup_mean"]), default=None)
+    plain = [g for g in cands if g.get("strategy") not in SHARDED]
+    return max(plain or cands, key=lambda g: (g.get("world_size") or 0, g["speedup_mean"]),
+               default=None)  # fmt: skip
+
+
+def _mib_text(n: float) -> str:
+    return f"{n / MIB:.2f} MiB" if abs(n) < 100 * MIB else f"{n / MIB:,.0f} MiB"
+
+
+def _params_text(n: int) -> str:
+    return f"{n / 1e9:.2f} B" if n >= 1e9 else f"{n / 1e6:,.0f} M" if n >= 1e6 else f"{n:,}"
+
+
+def _family(key: tuple, data: dict[str, Any]) -> list[dict]:
+    """The family line of a workload (analysis.runs.family): what each sharded mode saves per
+    rank against DDP and at what throughput, then the largest model each mode fits."""
+    out: list[dict] = []
+    for f in (e for e in data.get("family") or [] if workload_key(e) == key):
+        clauses = []
+        for m in f.get("members") or []:
+            if m.get("saved_bytes") is None:
+                continue
+            verb = "saves" if m["saved_bytes"] >= 0 else "costs"
+            text = f"{m['label']} {verb} {_mib_text(abs(m['saved_bytes']))} per rank"
+            text += f" ({abs(m['saved_pct']):.0f}%)"
+            if m.get("throughput_vs_ddp_pct") is not None:
+                text += f" at {m['throughput_vs_ddp_pct']:.0f}% of DDP's throughput"
+            clauses.append(text)
+        if not clauses:
+            continue
+        where = f" ({f.get('backend')}, {f.get('world_size')} ranks)"
+        out += [_seg(" "), _seg("; ".join(clauses) + where, "#family"), _seg(".")]
+        fits = [c for c in f.get("capacity") or [] if c.get("max_params") is not None]
+        if fits and f.get("budget_bytes"):
+            sizes = ", ".join(f"{c['label']} {_params_text(c['max_params'])}" for c in fits)
+            budget = f"{f['budget_bytes'] / 2**30:.1f} GiB per rank ({f.get('budget_source')})"
+            out += [_seg(f" Largest model that fits in {budget}: "),
+                    _seg(f"{sizes} parameters", "#family"), _seg(".")]  # fmt: skip
+    return out
 
 
 def _memory(g: dict[str, Any], runs: dict[str, dict]) -> tuple[list[dict], dict | None]:
@@ -128,7 +168,8 @@ def _paragraph(g: dict[str, Any], data: dict[str, Any], runs: dict) -> list[dict
                      _seg(f"{PART_NAMES[top[0]]}, {top[1]:.1f} points", "#efficiency")]  # fmt: skip
         segs.append(_seg("."))
     mem_segs, mem = _memory(g, runs)
-    return segs + mem_segs + _projection(g, data, runs) + _try(g, mem, data)
+    family = _family(workload_key(g), data)
+    return segs + mem_segs + family + _projection(g, data, runs) + _try(g, mem, data)
 
 
 def _caveats(groups: list[dict[str, Any]], runs: dict[str, dict]) -> list[str]:

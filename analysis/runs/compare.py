@@ -22,6 +22,7 @@ from analysis.project.comm import is_comm_run
 from analysis.project.runs import comm_and_projections
 from analysis.runs.efficiency import attach_efficiency_loss
 from analysis.runs.entry import RunEntry, attach_trace, is_measured, load_run, mean_std
+from analysis.runs.family import family_summary
 from analysis.trace.clocks import check_clock_align
 from analysis.runs.opdiff import ddp_adds
 from profiler.runfolder.records import InvalidRecord
@@ -56,7 +57,10 @@ WORKLOAD_KEY = (
     "device_type",
     "os",
 )
-GROUP_KEY = (*WORKLOAD_KEY, "mode", "backend", "world_size")
+# `strategy` tells DDP from ZeRO-1 and FSDP2 with and without resharding (analysis.runs.family).
+GROUP_KEY = (*WORKLOAD_KEY, "mode", "strategy", "backend", "world_size")
+# The report's order of the family: single, DP, DDP, then the sharded members.
+ORDER = {"single": 0, "dp": 1, "ddp": 2, "zero1": 3, "fsdp": 4, "fsdp_keep": 5}
 GROUP_STATS = (
     "samples_per_s",
     "speedup",
@@ -203,12 +207,11 @@ def _groups(runs: list[RunEntry]) -> list[dict]:
         group["exposed_comm_pct_mean"] = mean_std(m.exposed_comm_pct for m in members)[0]
         group.update(spread(m.samples_per_s for m in members))
         groups.append(group)
-    order = {"single": 0, "dp": 1, "ddp": 2}
     return sorted(
         groups,
         key=lambda g: (
             *(str(g[k]) for k in WORKLOAD_KEY),
-            order.get(g["mode"], 9),
+            ORDER.get(g["strategy"] or g["mode"], 9),
             str(g["backend"]),
             g["world_size"] or 0,
         ),
@@ -231,24 +234,21 @@ def _unique_id(entry: RunEntry, run_dir: Path, taken: set[str]) -> None:
     )
 
 
-def compare_runs(
-    paths: Sequence[Path], *, progress: bool = True, traces: bool = True, clock_align: str = "auto"
-) -> dict:
-    """The runs JSON (schema_version 2) for run folders or folders of run folders in `paths`.
-
-    `traces=False` skips trace analysis (trace fields stay null); `clock_align` is the traces
-    analysis' (analysis/trace/clocks.py). Raises InputError only when no run could be read at
-    all; unreadable folders are listed under `skipped`.
-    """
-    check_clock_align(clock_align)
-    run_dirs, skipped = find_run_dirs(paths)
-    comm_dirs = [d for d in run_dirs if is_comm_run(d)]  # `make bench-comm`: not a training run
-    run_dirs = [d for d in run_dirs if d not in comm_dirs]
-    runs = []
+def _load_runs(
+    run_dirs: list[Path],
+    invalid: list[dict],
+    skipped: list[dict],
+    *,
+    progress: bool,
+    traces: bool,
+    clock_align: str,
+) -> list[RunEntry]:
+    """The readable runs of `run_dirs` (their traces analysed when `traces`), each with a unique
+    id; an invalid record goes to `invalid`, any other unreadable folder to `skipped`."""
+    runs: list[RunEntry] = []
     bar = tqdm(
         run_dirs, desc="runs", unit="run", leave=False, disable=not progress or len(run_dirs) < 2
     )
-    invalid: list[dict] = []
     for run_dir in bar:
         try:
             entry = load_run(run_dir)
@@ -267,6 +267,31 @@ def compare_runs(
             continue
         _unique_id(entry, run_dir, {r.run_id for r in runs})
         runs.append(entry)
+    return runs
+
+
+def compare_runs(
+    paths: Sequence[Path],
+    *,
+    progress: bool = True,
+    traces: bool = True,
+    clock_align: str = "auto",
+    memory_budget_bytes: int | None = None,
+) -> dict:
+    """The runs JSON (schema_version 2) for run folders or folders of run folders in `paths`.
+
+    `traces=False` skips trace analysis (trace fields stay null); `clock_align` is the traces
+    analysis' (analysis/trace/clocks.py); `memory_budget_bytes` is the per-rank memory the
+    family's capacity fits models into (default: the device's memory). Raises InputError only
+    when no run could be read at all; unreadable folders are listed under `skipped`.
+    """
+    check_clock_align(clock_align)
+    run_dirs, skipped = find_run_dirs(paths)
+    comm_dirs = [d for d in run_dirs if is_comm_run(d)]  # `make bench-comm`: not a training run
+    run_dirs = [d for d in run_dirs if d not in comm_dirs]
+    invalid: list[dict] = []
+    runs = _load_runs(run_dirs, invalid, skipped, progress=progress, traces=traces,
+                      clock_align=clock_align)  # fmt: skip
     tunes, tune_skipped = load_tunes(paths)
     skipped += tune_skipped
     if not runs and not tunes and not comm_dirs and not invalid:
@@ -274,8 +299,7 @@ def compare_runs(
         raise InputError(
             where, "no readable run folders", "run `make profile-all` first or pass the runs folder"
         )
-    order = {"single": 0, "dp": 1, "ddp": 2}
-    runs.sort(key=lambda r: (order.get(r.mode, 9), str(r.run_id)))
+    runs.sort(key=lambda r: (ORDER.get(r.strategy or r.mode, 9), str(r.run_id)))
     _link_baselines(runs)
     groups = _groups(runs)
     attach_efficiency_loss(runs, groups, _workload)
@@ -285,6 +309,7 @@ def compare_runs(
         "runs": rows,
         "groups": groups,
         "ddp_adds": ddp_adds(rows, groups),
+        "family": family_summary(rows, WORKLOAD_KEY, memory_budget_bytes),
         "skipped": skipped,
         "tunes": tunes,
         **comm_and_projections(comm_dirs, rows),

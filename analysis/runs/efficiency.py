@@ -8,13 +8,16 @@ step (steps.csv phases, the trace's exposed share), so the split needs no common
 `E` is the run's measured scaling efficiency (throughput based), `f_x` the share of phase `x` in
 the step. Each part is 100 × that difference for its phase:
 
-- exposed_comm: communication not hidden under computation (the trace's exposed share), less the
-  part of it spent waiting for other ranks to arrive (`stragglers`);
+- exposed_comm: communication not hidden under computation (the trace's exposed share: DDP's
+  all-reduces, ZeRO-1's broadcasts, FSDP2's all-gathers and reduce-scatters that nothing hides),
+  less the part of it spent waiting for other ranks to arrive (`stragglers`);
 - stragglers: the collectives' sync wait per step (latency beyond the fastest rank's transfer),
   capped at the exposed share: time this rank waited for the slowest rank;
 - data: the data-loader wait beyond the single run's, scaled by E;
-- ddp_overhead: DDP's own per-step cost (reducer, bucket copies), from the 1-rank DDP run of the
-  same workload: (its step − the single step) ÷ this run's step; null when the runs have none;
+- ddp_overhead: the mode's own per-step cost (DDP: reducer, bucket copies; ZeRO-1: its
+  partitioned step and broadcasts; FSDP2: its all-gather copies and reduce-scatters), from the
+  1-rank run of the same workload and strategy (analysis.runs.family): (its step − the single
+  step) ÷ this run's step; null when the runs have none;
 - contention: the rest of the compute slowdown (forward, backward less exposed comm, optimizer)
   of running beside other ranks (shared cores, memory bandwidth);
 - residual: the loss less the named parts, i.e. loop time outside the timed phases and the
@@ -29,12 +32,20 @@ import statistics
 from collections.abc import Callable
 
 from analysis.runs.entry import RunEntry, is_measured
+from profiler.runfolder.schema import PROCESS_GROUP_MODES
 
 __all__ = ["PARTS", "attach_efficiency_loss", "efficiency_loss_pts"]
 
 # The same-workload key of a run entry (analysis.runs.compare WORKLOAD_KEY).
 WorkloadKey = Callable[[RunEntry], tuple]
 
+# The loop phases each strategy communicates in (analysis.runs.family strategies).
+COMM_PHASES = {
+    "ddp": ("backward",),
+    "zero1": ("backward", "optimizer"),
+    "fsdp": ("forward", "backward"),
+    "fsdp_keep": ("forward", "backward"),
+}
 PARTS = ("exposed_comm", "stragglers", "data", "ddp_overhead", "contention", "residual")
 
 
@@ -43,11 +54,14 @@ def _shares(run: RunEntry) -> dict[str, float] | None:
     rows = [p for p in run.phases_per_rank_s if p.get("step_time")]
     if not rows:
         return None
-    exposed = (run.exposed_comm_pct or 0.0) / 100 if run.mode == "ddp" else 0.0
-    backward = statistics.fmean(p["backward"] / p["step_time"] for p in rows)
-    # DDP's allreduce runs inside backward: the exposed share is carved out of it (as the phase
-    # table does) and never exceeds it.
-    exposed = min(exposed, backward)
+    grouped = run.mode in PROCESS_GROUP_MODES
+    exposed = (run.exposed_comm_pct or 0.0) / 100 if grouped else 0.0
+    # The exposed share is carved out of the phases the mode communicates in (as the phase
+    # table does) and never exceeds them: DDP's all-reduces run inside backward, ZeRO-1 also
+    # broadcasts in its optimizer step, FSDP2 all-gathers in forward too.
+    phases = COMM_PHASES.get(run.strategy or "", ("backward",))
+    timed = sum(statistics.fmean(p[ph] / p["step_time"] for p in rows) for ph in phases)
+    exposed = min(exposed, timed)
     compute = statistics.fmean(
         (p["forward"] + p["backward"] + p["optimizer"]) / p["step_time"] for p in rows
     )
@@ -105,22 +119,23 @@ def efficiency_loss_pts(
 
 
 def _ddp1_for(run: RunEntry, ddp1s: list[RunEntry], key: WorkloadKey) -> RunEntry | None:
-    same = [d for d in ddp1s if key(d) == key(run)]
+    same = [d for d in ddp1s if key(d) == key(run) and d.strategy == run.strategy]
     seeded = [d for d in same if d.seed == run.seed]
     return (seeded or same or [None])[0]
 
 
 def attach_efficiency_loss(runs: list[RunEntry], groups: list[dict], key: WorkloadKey) -> None:
-    """Fill `efficiency_loss_pts` of every DDP run (world size > 1) with a baseline and of every
-    DDP group: the mean of its runs' parts, the residual made so the parts sum exactly to
-    100 × (1 − the group's mean efficiency). `key(run)` is the same-workload key."""
+    """Fill `efficiency_loss_pts` of every DDP, ZeRO-1 and FSDP run (world size > 1) with a
+    baseline and of every such group: the mean of its runs' parts, the residual made so the
+    parts sum exactly to 100 × (1 − the group's mean efficiency). `key(run)` is the
+    same-workload key."""
     by_id = {r.run_id: r for r in runs}
     ok = [r for r in runs if is_measured(r)]
-    ddp1s = [r for r in ok if r.mode == "ddp" and r.world_size == 1]
+    ddp1s = [r for r in ok if r.mode in PROCESS_GROUP_MODES and r.world_size == 1]
     for run in ok:
         run.efficiency_loss_pts = None
         single = by_id.get(run.baseline_run_id) if run.baseline_run_id else None
-        if run.mode != "ddp" or (run.world_size or 1) < 2 or single is None:
+        if run.mode not in PROCESS_GROUP_MODES or (run.world_size or 1) < 2 or single is None:
             continue
         run.efficiency_loss_pts = efficiency_loss_pts(run, single, _ddp1_for(run, ddp1s, key))
     for group in groups:
@@ -131,7 +146,7 @@ def _group_split(group: dict, by_id: dict[str, RunEntry]) -> dict[str, float | N
     splits = [by_id[r].efficiency_loss_pts for r in group.get("run_ids") or []]
     splits = [s for s in splits if s]
     eff = group.get("scaling_efficiency_mean")
-    if not splits or eff is None or group.get("mode") != "ddp":
+    if not splits or eff is None or group.get("mode") not in PROCESS_GROUP_MODES:
         return None
     parts: dict[str, float | None] = {}
     for name in PARTS[:-1]:

@@ -28,6 +28,7 @@ from analysis.runs.fields import (
 from analysis.runs.notes import advice, overhead_note, workload_label
 from analysis.trace.consistency import run_trace_warnings
 from analysis.trace.folder import analyze_trace_dir
+from analysis.runs.family import family_fields
 from analysis.trace.memory import breakdown_entries, fill_dynamic
 from profiler.runfolder.errors import InputError, safe_text
 from profiler.runfolder.layout import STEP_PHASES, throughput_steps
@@ -142,6 +143,14 @@ class RunEntry(msgspec.Struct, kw_only=True):
     cpu_model: str | None
     threads_per_rank: int | None
     host_load: dict[str, Any] | None = None  # env.host_load as run.json has it (busy machine)
+    # The data-parallel family (analysis.runs.family.family_fields): zero, fsdp, strategy,
+    # metrics.fsdp's groups and what bounds a rank's memory.
+    zero: int | None = None
+    fsdp: dict[str, Any] | None = None
+    strategy: str | None = None
+    fsdp_groups: list[dict[str, Any]] = []
+    device_memory_bytes: int | None = None
+    nproc_per_node: int | None = None
     # The rest of the same-workload key (WORKLOAD_KEY): the factories' arguments (args_text) and
     # the loss spec; a record from before them counts as no arguments and cross_entropy.
     model_args: str
@@ -248,6 +257,7 @@ def load_run(run_dir: Path) -> RunEntry:
         profile_export_s=max((p.export_s or 0.0 for p in metrics.profile), default=None),
         measured_steps=_measured_steps(metrics),
         host_load=msgspec.to_builtins(env.host_load) if env.host_load else None,
+        **family_fields(config, metrics, env),
         epoch_time_s=mean_std(metrics.epoch_time_s)[0],
         memory=memory,
         **memory_peaks(memory),

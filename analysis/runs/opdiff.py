@@ -261,7 +261,9 @@ def ddp_adds(runs: list[dict], groups: list[dict]) -> list[dict[str, Any]]:
     pair add nothing. Needs the baselines linked and the traces attached."""
     by_id = {r["run_id"]: r for r in runs}
     out = []
-    for group in (g for g in groups if g.get("mode") == "ddp"):
+    for group in (
+        g for g in groups if g.get("strategy", "ddp") == "ddp" and g.get("mode") == "ddp"
+    ):
         members = [by_id[rid] for rid in group.get("run_ids", []) if rid in by_id]
         pairs = [(d, by_id.get(d.get("baseline_run_id"))) for d in members]
         pairs = [(d, s) for d, s in pairs if s and has_ops(d) and has_ops(s)]

@@ -1,8 +1,8 @@
-"""The launcher behind `make profile-*`: `python -m workloads.launch --mode single|dp|ddp|all ...`.
+"""The launcher behind `make profile-*`: `python -m workloads.launch --mode single|dp|ddp|fsdp|all`.
 
 It checks what this machine can run (one clear line and exit code 2 otherwise), writes
 `run.json` with status `running` and the config, starts the training — `workloads.train` directly
-for single/DP, through torchrun (`python -m torch.distributed.run`) for DDP — relays its output to
+for single/DP, through torchrun (`python -m torch.distributed.run`) for DDP and FSDP — relays its output to
 the console and `logs/launcher.log`, and afterwards turns a crash into `status: failed` with the
 failing rank, its exit code and the last lines of its log. `--mode all` runs every mode this
 machine supports and records the others as `status: skipped` with the reason. The training runs
@@ -26,7 +26,13 @@ from pathlib import Path
 from profiler.runfolder.errors import disk_writes, run_command
 from profiler.runfolder.layout import RUN_JSON, RunFolderTaken, create_run_folder, write_run_json
 from profiler.runfolder.lease import Lease
-from workloads.config import TrainConfig, config_from_namespace, default_run_id, to_argv
+from workloads.config import (
+    PROCESS_GROUP_MODES,
+    TrainConfig,
+    config_from_namespace,
+    default_run_id,
+    to_argv,
+)
 from workloads.launch.child import child_env
 from workloads.launch.flightrec import flight_recorder_env
 from workloads.launch.options import LaunchError, absolute_paths, build_parser, check_arguments
@@ -63,7 +69,7 @@ def _record(
 
 def _command(cfg: TrainConfig, plan: Plan, args: argparse.Namespace, extra: list[str]) -> list[str]:
     train_argv = [*to_argv(cfg), *extra]
-    if plan.mode != "ddp":
+    if plan.mode not in PROCESS_GROUP_MODES:
         return [sys.executable, "-m", "workloads.train", *train_argv]
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(plan.nproc)]
     if args.nnodes == 1 and not args.rdzv_endpoint:
@@ -102,7 +108,7 @@ def _claim(cfg: TrainConfig, *, given: bool) -> Path:
 def _rendezvous(cfg: TrainConfig, args: argparse.Namespace, run_dir: Path) -> None:
     """The file:// rendezvous of a DDP run: a fresh file dpscope creates in the run folder, or
     the given --rdzv-file (checked absent before anything started); its folder is made here."""
-    if cfg.mode != "ddp" or not (args.file_rendezvous or args.rdzv_file):
+    if cfg.mode not in PROCESS_GROUP_MODES or not (args.file_rendezvous or args.rdzv_file):
         return
     path = run_dir / "logs" / "rendezvous" if args.file_rendezvous else Path(args.rdzv_file)
     with disk_writes(path.parent):
@@ -118,7 +124,7 @@ def _env(plan: Plan, run_dir: Path) -> dict:
         # A CUDA build of torch on a machine without a GPU makes Kineto log a harmless
         # "ERROR ... gpuGetDeviceCount failed" at every trace; level 5 keeps CPU logs clean.
         env.setdefault("KINETO_LOG_LEVEL", "5")
-    if plan.mode == "ddp":  # the flight recorder, on gloo and NCCL (workloads.launch.flightrec)
+    if plan.mode in PROCESS_GROUP_MODES:  # the flight recorder (workloads.launch.flightrec)
         env = {**flight_recorder_env(run_dir / "logs", nccl=plan.backend == "nccl"), **env}
     return env
 
@@ -223,7 +229,9 @@ def run(args: argparse.Namespace, extra: list[str]) -> int:
     check_arguments(args)
     # Every TrainConfig check (profiler schedule included) before anything is created, then the
     # workload's: each factory imported, called and its result checked (one line each, exit 2).
-    first = config_from_namespace(args, mode="single", backend=args.backend, init_method="")
+    # The mode's own options (--zero, --fsdp-wrap) are checked with it: `all` checks as single.
+    mode = "single" if args.mode == "all" else args.mode
+    first = config_from_namespace(args, mode=mode, backend=args.backend, init_method="")
     check_machine(first, Environment.detect())  # --threads / --num-workers, before user code
     workload = check_workload(first)
     jobs = _plan_all(args, workload)
