@@ -23,6 +23,10 @@ EPOCHS   ?= 1
 STEPS    ?= 16
 BATCH    ?= 64
 SEEDS    ?= 0
+# profile-all as interleaved rounds (single, DDP, single, DDP, ...): a count, or `auto` = until
+# the speedup's 95% CI is within ±5% (3 to 5 rounds; REPEAT_BUDGET_S=S bounds it in seconds).
+REPEAT   ?= 1
+REPEAT_BUDGET_S ?=
 RUNS     ?= runs
 ARGS     ?=
 # --- profiler schedule (torch.profiler.schedule) -------------------------------------------
@@ -37,6 +41,7 @@ PORT       ?= 6006
 PROFILE_FLAGS = --profile-wait $(PROF_WAIT) --profile-warmup $(PROF_WARMUP) \
                 --profile-active $(PROF_ACTIVE) --profile-repeat $(PROF_REPEAT)
 NPROC_FLAG = $(if $(strip $(NPROC)),--nproc $(NPROC))
+REPEAT_FLAGS = --repeat $(REPEAT) $(if $(strip $(REPEAT_BUDGET_S)),--repeat-budget-s $(REPEAT_BUDGET_S))
 RUN_FLAGS = --model $(MODEL) --dataset $(DATASET) --epochs $(EPOCHS) --max-steps $(STEPS) \
             --batch-size $(BATCH) --runs-dir "$(RUNS)" $(PROFILE_FLAGS)
 
@@ -71,7 +76,7 @@ profile-ddp: setup
 	@for s in $(SEEDS); do $(DPSCOPE) profile --mode ddp $(NPROC_FLAG) --backend $(BACKEND) --seed $$s $(RUN_FLAGS) $(ARGS) || exit $$?; done
 
 profile-all: setup
-	@for s in $(SEEDS); do $(DPSCOPE) profile --mode all $(NPROC_FLAG) --seed $$s $(RUN_FLAGS) $(ARGS) || exit $$?; done
+	@for s in $(SEEDS); do $(DPSCOPE) profile --mode all $(NPROC_FLAG) --seed $$s $(RUN_FLAGS) $(REPEAT_FLAGS) $(ARGS) || exit $$?; done
 
 # Your own script, unchanged (docs/guides/own-script.md):
 #   make profile-script SCRIPT=train.py SCRIPT_ARGS="--epochs 1" MODE=ddp NPROC=2
@@ -88,15 +93,17 @@ report: setup
 	@if [ -d "$(RUNS)" ]; then set -- "$(RUNS)"; else set -- $(RUNS); fi; \
 	    $(DPSCOPE) report "$$@" --out "$(REPORT_DIR)"
 
-# `dpscope demo`: smallcnn, 24 steps, seeds 0 and 1 in every mode, a 1-rank DDP run and a short
-# comm benchmark, then the report (README: the measured time). MODEL, STEPS or SEEDS given on
-# the command line win over the demo's own defaults.
+# `dpscope demo`: smallcnn, 24 steps, every mode as interleaved rounds until the speedup is known
+# (--repeat auto), a 1-rank DDP run and a short comm benchmark, then the report (README: the
+# measured time). MODEL, STEPS, SEEDS, REPEAT or REPEAT_BUDGET_S given on the command line win
+# over the demo's own defaults.
 cmdline = $(filter command line,$(origin $(1)))
 demo: setup
 	$(DPSCOPE) demo --runs-dir "$(RUNS)" --out "$(REPORT_DIR)" $(NPROC_FLAG) --backend $(BACKEND) \
 	    --dataset $(DATASET) --epochs $(EPOCHS) --batch-size $(BATCH) $(PROFILE_FLAGS) \
 	    $(if $(call cmdline,MODEL),--model $(MODEL)) $(if $(call cmdline,STEPS),--max-steps $(STEPS)) \
-	    $(if $(call cmdline,SEEDS),--seeds "$(SEEDS)") $(ARGS)
+	    $(if $(call cmdline,SEEDS),--seeds "$(SEEDS)") $(if $(call cmdline,REPEAT),--repeat $(REPEAT)) \
+	    $(if $(call cmdline,REPEAT_BUDGET_S),--repeat-budget-s $(REPEAT_BUDGET_S)) $(ARGS)
 
 tensorboard: setup
 	$(DPSCOPE) tensorboard "$(RUNS)" --port $(PORT)

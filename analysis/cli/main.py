@@ -30,6 +30,7 @@ from analysis.columns import (
 from analysis.jsonsafe import clip, finite_json
 from analysis.outputs import check_json_out
 from analysis.runs.compare import compare_runs, find_run_dirs
+from analysis.runs.quiet import add_quiet_argument
 from analysis.trace.folder import analyze_trace_dir, find_trace_files
 from analysis.trace.shard import analyze_shard, merge_parts, parse_shard
 from profiler.runfolder.atomic import write_json_atomic
@@ -135,6 +136,7 @@ def build_parser(prog: str = "python -m analysis") -> argparse.ArgumentParser:
     r = sub.add_parser("runs", help="compare run folders (speedup, memory, accuracy, comm)")
     r.add_argument("runs_dirs", type=Path, nargs="+", metavar="RUNS_DIR")
     r.add_argument("--no-traces", action="store_true", help="skip trace analysis")
+    add_quiet_argument(r)
     for s in (t, r, m, *opscli.add_parsers(sub), add_parser(sub)):
         s.add_argument("--json", type=Path, default=None, metavar="OUT", help="write JSON here")
         s.add_argument("--no-progress", action="store_true", help="no progress bar")
@@ -203,7 +205,9 @@ def _run(args: argparse.Namespace) -> int:
         result = merge_parts(args.parts)
         show = print_traces
     elif args.command == "runs":
-        result = compare_runs(args.runs_dirs, progress=progress, traces=not args.no_traces)
+        result = compare_runs(
+            args.runs_dirs, progress=progress, traces=not args.no_traces, quiet_frac=args.quiet_frac
+        )
         show = print_runs
     else:
         result, show = opscli.run(args)

@@ -42,6 +42,7 @@ from analysis.report.tune import tune_sections
 from analysis.report.verdict import verdict
 from analysis.runs.compare import WORKLOAD_KEY, compare_runs
 from profiler.runfolder.errors import InputError
+from profiler.runfolder.hostload import QUIET_OTHER_CORES_FRAC
 
 __all__ = ["ReportError", "ReportFiles", "build_report", "write_report"]
 
@@ -263,14 +264,21 @@ def write_report(data: dict[str, Any], out_dir: Path, *, progress: bool = True) 
     return ReportFiles(index_html=index, summary_json=out_dir / "summary.json", csvs=csvs)
 
 
-def build_report(paths: Sequence[Path], out_dir: Path, *, progress: bool = True) -> ReportFiles:
-    """Analyse the run folders under `paths` with `compare_runs` and write the report."""
+def build_report(
+    paths: Sequence[Path],
+    out_dir: Path,
+    *,
+    progress: bool = True,
+    quiet_frac: float = QUIET_OTHER_CORES_FRAC,
+) -> ReportFiles:
+    """Analyse the run folders under `paths` with `compare_runs` (`quiet_frac`: its quiet-step
+    threshold) and write the report."""
     for p in paths:
         if not Path(p).is_dir():
             raise ReportError(f"{p} is not a folder; pass RUNS folders made by `make profile-all`")
     _check_out(Path(out_dir), [Path(p) for p in paths])  # before any work
     try:
-        data = compare_runs([Path(p) for p in paths], progress=progress)
+        data = compare_runs([Path(p) for p in paths], progress=progress, quiet_frac=quiet_frac)
     except InputError as exc:
         raise ReportError(str(exc)) from exc
     return write_report(data, out_dir, progress=progress)

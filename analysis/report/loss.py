@@ -22,6 +22,7 @@ PART_NAMES = {
     "stragglers": "waiting for the slowest rank",
     "data": "data loading",
     "ddp_overhead": "DDP's own per-step cost",
+    "host_contention": "host contention (other processes)",
     "contention": "compute contention",
     "residual": "residual",
 }

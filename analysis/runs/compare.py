@@ -7,7 +7,6 @@ defined in docs/reference/metrics.md; the JSON shape is the "runs JSON" of docs/
 from __future__ import annotations
 
 import statistics
-from profiler.runfolder.versions import RUNS_JSON_SCHEMA_VERSION
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
@@ -15,7 +14,6 @@ from typing import Any
 from msgspec.structs import asdict
 from tqdm import tqdm
 
-from profiler.runfolder.errors import InputError
 from analysis.errors import unexpected
 from analysis.jsonsafe import finite_json
 from analysis.project.comm import is_comm_run
@@ -23,8 +21,12 @@ from analysis.project.runs import comm_and_projections
 from analysis.runs.efficiency import attach_efficiency_loss
 from analysis.runs.entry import RunEntry, attach_trace, load_run, mean_std
 from analysis.runs.opdiff import ddp_adds
-from profiler.runfolder.records import InvalidRecord
+from analysis.runs.rounds import round_stats
 from analysis.runs.tune import is_tune_dir, load_tunes
+from profiler.runfolder.errors import InputError
+from profiler.runfolder.hostload import QUIET_OTHER_CORES_FRAC
+from profiler.runfolder.records import InvalidRecord
+from profiler.runfolder.versions import RUNS_JSON_SCHEMA_VERSION
 
 __all__ = [
     "GROUP_KEY",
@@ -124,7 +126,9 @@ def _link_baselines(runs: list[RunEntry]) -> None:
         # to mean "what parallelism bought".
         same = [s for s in singles if _workload(s) == _workload(run)]
         seeded = [s for s in same if s.seed == run.seed]
-        base = (seeded or same or [None])[0]
+        # `--repeat` rounds: each run against its own round's single run (the one beside it)
+        rounded = [s for s in seeded if (s.repeat_id, s.repeat_round) == (run.repeat_id, run.repeat_round)]  # fmt: skip
+        base = (rounded or seeded or same or [None])[0]
         if base is None:
             continue
         run.baseline_run_id = base.run_id
@@ -137,14 +141,20 @@ def spread(values: Iterable[float | None]) -> dict[str, float | None]:
     (None with fewer than two runs)."""
     xs = [v for v in values if v is not None]
     if not xs:
-        return {"samples_per_s_min": None, "samples_per_s_max": None, "samples_per_s_spread_pct": None}
+        return {
+            "samples_per_s_min": None,
+            "samples_per_s_max": None,
+            "samples_per_s_spread_pct": None,
+        }
     spread = 100 * (max(xs) - min(xs)) / statistics.fmean(xs) if len(xs) > 1 else None
     return {"samples_per_s_min": min(xs), "samples_per_s_max": max(xs),
             "samples_per_s_spread_pct": spread}  # fmt: skip
 
 
 def _groups(runs: list[RunEntry]) -> list[dict]:
-    """Mean ± sample std (n−1) over the seeds of each configuration; only ok runs count."""
+    """Mean ± sample std (n−1) over the seeds of each configuration, and the medians and
+    intervals over its rounds (analysis.runs.rounds); only ok runs count."""
+    by_id = {r.run_id: r for r in runs}
     buckets: dict[tuple, list[RunEntry]] = {}
     for run in runs:
         if run.status == "ok":
@@ -162,6 +172,7 @@ def _groups(runs: list[RunEntry]) -> list[dict]:
         group["comm_pct_mean"] = mean_std(m.comm_pct for m in members)[0]
         group["exposed_comm_pct_mean"] = mean_std(m.exposed_comm_pct for m in members)[0]
         group.update(spread(m.samples_per_s for m in members))
+        group.update(round_stats(members, by_id))  # medians and 95% CIs over rounds
         groups.append(group)
     order = {"single": 0, "dp": 1, "ddp": 2}
     return sorted(
@@ -191,11 +202,19 @@ def _unique_id(entry: RunEntry, run_dir: Path, taken: set[str]) -> None:
     )
 
 
-def compare_runs(paths: Sequence[Path], *, progress: bool = True, traces: bool = True) -> dict:
+def compare_runs(
+    paths: Sequence[Path],
+    *,
+    progress: bool = True,
+    traces: bool = True,
+    quiet_frac: float = QUIET_OTHER_CORES_FRAC,
+) -> dict:
     """The runs JSON (schema_version 2) for run folders or folders of run folders in `paths`.
 
-    `traces=False` skips trace analysis (trace fields stay null). Raises InputError only when
-    no run could be read at all; unreadable folders are listed under `skipped`.
+    `traces=False` skips trace analysis (trace fields stay null). `quiet_frac`: the quiet-step
+    threshold (other processes' cores per core a run uses; analysis.runs.quiet). Raises
+    InputError only when no run could be read at all; unreadable folders are listed under
+    `skipped`.
     """
     run_dirs, skipped = find_run_dirs(paths)
     comm_dirs = [d for d in run_dirs if is_comm_run(d)]  # `make bench-comm`: not a training run
@@ -207,7 +226,7 @@ def compare_runs(paths: Sequence[Path], *, progress: bool = True, traces: bool =
     invalid: list[dict] = []
     for run_dir in bar:
         try:
-            entry = load_run(run_dir)
+            entry = load_run(run_dir, quiet_frac=quiet_frac)
             if traces and entry.status == "ok":
                 attach_trace(entry, run_dir, progress=False)  # one bar, over the runs
         except InvalidRecord as err:

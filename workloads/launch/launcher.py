@@ -28,6 +28,13 @@ from workloads.config import (
     to_argv,
 )
 from workloads.launch.child import child_env, user_path
+from workloads.launch.rounds import (
+    ModeResult,
+    add_repeat_arguments,
+    check_repeat,
+    repeat_id,
+    run_rounds,
+)
 from workloads.launch.runlog import finalize
 from workloads.launch.script import ScriptError, reject_builtin_options, run_script
 from workloads.launch.supervise import flight_recorder_env, run_supervised
@@ -152,6 +159,10 @@ def _check_arguments(args: argparse.Namespace) -> None:
     """Launcher-only arguments that are wrong on any machine: one line each, nothing written."""
     if args.mode == "all" and args.run_id:
         raise LaunchError("--run-id names one run but --mode all makes four; leave --run-id out")
+    try:
+        check_repeat(args)
+    except ValueError as exc:
+        raise LaunchError(str(exc)) from None
     if args.nproc is not None and args.nproc < 1:
         raise LaunchError(f"--nproc must be >= 1; got {args.nproc} (leave it out for the default)")
     if args.nnodes < 1 or not 0 <= args.node_rank < args.nnodes:
@@ -188,6 +199,48 @@ def _absolute_paths(args: argparse.Namespace) -> None:
         args.rdzv_file = str(user_path(args.rdzv_file))
 
 
+def _one_round(
+    args: argparse.Namespace,
+    extra: list[str],
+    workload: WorkloadFacts,
+    env: Environment,
+    init_method: str,
+    rounds: tuple[str, int],
+) -> list[ModeResult]:
+    """Plan and execute each requested mode once (one round of `--repeat`); stops at an
+    interrupted run. `rounds`: (repeat id, round), ("", 0) outside rounds."""
+    (rounds_id, k), results = rounds, []
+    for mode, backend in ALL_MODES if args.mode == "all" else ((args.mode, args.backend),):
+        # DP's GPU count is --nproc (as `make profile-all NPROC=` passes it) or --dp-gpus.
+        dp_gpus = (args.nproc or args.dp_gpus) if mode == "dp" else args.dp_gpus
+        cfg = config_from_namespace(args, mode=mode, backend=backend, init_method=init_method,
+                                    dp_gpus=dp_gpus, repeat_id=rounds_id, repeat_round=k)  # fmt: skip
+        plan = plan_run(cfg, env, nproc=args.nproc, nnodes=args.nnodes)
+        label = f"ddp-{plan.backend}" if mode == "ddp" else mode
+        if k == 0:
+            for warning in plan.warnings:
+                print(f"workloads.launch: warning: {warning}", file=sys.stderr)
+        if not cfg.run_id:
+            run_id = default_run_id(cfg, backend=plan.backend, world_size=plan.replicas)
+            cfg.run_id = run_id + (f"-r{k}" if rounds_id else "")
+        if plan.reason is not None:
+            if args.mode != "all" and not args.skip_impossible:
+                raise LaunchError(plan.reason)
+            if k == 0:  # impossible here (or with this batch): recorded as skipped, once
+                _skip(cfg, plan, workload)
+            results.append(ModeResult(label, "skipped", None))
+            continue
+        if plan.backend != "none":
+            cfg.backend = plan.backend  # every rank uses what was planned, not "auto" again
+        if mode == "dp":  # the planned GPUs must reach train, which otherwise takes every GPU
+            cfg.dp_gpus = plan.replicas or 0
+        status = _execute(cfg, plan, args, extra, workload)
+        results.append(ModeResult(label, status, Path(cfg.runs_dir) / cfg.run_id))
+        if status == "interrupted":
+            break  # the user stopped the job: start no further mode
+    return results
+
+
 def run(args: argparse.Namespace, extra: list[str]) -> int:
     """Plan, validate and execute the requested run(s); return the process exit code."""
     _absolute_paths(args)
@@ -207,32 +260,12 @@ def run(args: argparse.Namespace, extra: list[str]) -> int:
     if extra:
         print(f"workloads.launch: passing to workloads.train: {' '.join(extra)}", file=sys.stderr)
     env = Environment.detect()
-    statuses = []
-    for mode, backend in ALL_MODES if args.mode == "all" else ((args.mode, args.backend),):
-        # DP's GPU count is --nproc (as `make profile-all NPROC=` passes it) or --dp-gpus.
-        dp_gpus = (args.nproc or args.dp_gpus) if mode == "dp" else args.dp_gpus
-        cfg = config_from_namespace(
-            args, mode=mode, backend=backend, init_method=init_method, dp_gpus=dp_gpus
-        )
-        plan = plan_run(cfg, env, nproc=args.nproc, nnodes=args.nnodes)
-        for warning in plan.warnings:
-            print(f"workloads.launch: warning: {warning}", file=sys.stderr)
-        cfg.run_id = cfg.run_id or default_run_id(
-            cfg, backend=plan.backend, world_size=plan.replicas
-        )
-        if plan.reason is not None:
-            if args.mode != "all" and not args.skip_impossible:
-                raise LaunchError(plan.reason)
-            _skip(cfg, plan, workload)  # impossible here (or with this batch): recorded as skipped
-            statuses.append("skipped")
-            continue
-        if plan.backend != "none":
-            cfg.backend = plan.backend  # every rank uses what was planned, not "auto" again
-        if mode == "dp":  # the planned GPUs must reach train, which otherwise takes every GPU
-            cfg.dp_gpus = plan.replicas or 0
-        statuses.append(_execute(cfg, plan, args, extra, workload))
-        if statuses[-1] == "interrupted":
-            break  # the user stopped the job: start no further mode
+    rounds_id = repeat_id(args)
+
+    def one_round(k: int) -> list[ModeResult]:
+        return _one_round(args, extra, workload, env, init_method, (rounds_id, k))
+
+    statuses = run_rounds(args, one_round)
     if args.node_rank == 0:
         runs = shlex.quote(str(args.runs_dir))
         print(f"\nnext: dpscope report {runs} --out reports   (make report RUNS={runs})")
@@ -299,6 +332,7 @@ def build_parser(prog: str = "python -m workloads.launch") -> argparse.ArgumentP
         help="ddp: torchrun restarts the job this many times after a rank fails; each restart "
         "resumes from the last checkpoint.pt (see --checkpoint-every)",
     )
+    add_repeat_arguments(parser)
     script = parser.add_argument_group("your own training script (docs/guides/own-script.md)")
     script.add_argument(
         "--script",
@@ -331,6 +365,8 @@ def _script_main(parser: argparse.ArgumentParser, argv: list[str], prog: str) ->
     def body() -> int:
         try:
             reject_builtin_options(ours)
+            if any(t.split("=", 1)[0].startswith("--repeat") for t in ours):
+                raise LaunchError("--repeat runs dpscope's own training in rounds; drop it")
             return run_script(parser.parse_args(ours), script_args)
         except (ScriptError, ValueError) as exc:
             raise LaunchError(str(exc)) from None

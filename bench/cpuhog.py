@@ -1,0 +1,143 @@
+"""A bounded, self-stopping CPU load generator: other processes for a measurement to run beside.
+
+    python -m bench.cpuhog --cores 2 --duty 0.5 --period-s 1 --deadline-s 60
+
+keeps `--cores` cores busy in bursts: every worker spins for `duty` × `period_s` at the start of
+each period and sleeps for the rest, all on one clock, so the bursts load every core at once
+(duty 1: always on). It can't outlive what started it: each worker (one process per core, so the
+load is real CPU, not one GIL) exits at the deadline (seconds from its start) or within one tick
+(TICK_S) of its parent being gone, and the hog process exits when its workers have.
+
+From Python, `start_hog(...)` starts it as a subprocess and `running_hog(...)` is the same as a
+context manager that stops it on exit; `hog(...)` runs it in the calling process.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+
+import psutil
+
+from workloads.launch.child import child_env
+
+__all__ = ["TICK_S", "hog", "main", "running_hog", "start_hog"]
+
+TICK_S = 0.05
+"""How often a spinning worker looks at the clock and at its parent."""
+
+
+def _check(cores: int, duty: float, period_s: float, deadline_s: float) -> None:
+    if cores < 1:
+        raise ValueError(f"--cores must be >= 1; got {cores}")
+    if not 0 < duty <= 1:
+        raise ValueError(f"--duty must be in (0, 1]; got {duty}")
+    if not period_s > 0 or not deadline_s > 0:
+        raise ValueError(f"--period-s and --deadline-s must be > 0; got {period_s}, {deadline_s}")
+
+
+def _alive(parent: psutil.Process) -> bool:
+    try:
+        return parent.is_running() and parent.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
+def _worker(duty: float, period_s: float, deadline_s: float) -> None:
+    """One core's bursts until the deadline or the parent's end."""
+    parent = psutil.Process(os.getppid())
+    end = time.monotonic() + deadline_s
+    while time.monotonic() < end and _alive(parent):
+        phase = time.time() % period_s  # the wall clock: every worker bursts at once
+        if phase < duty * period_s:
+            stop = min(time.monotonic() + min(duty * period_s - phase, TICK_S), end)
+            while time.monotonic() < stop:
+                pass
+        else:
+            time.sleep(min(period_s - phase, TICK_S))
+
+
+def _command(cores: int, duty: float, period_s: float, deadline_s: float) -> list[str]:
+    return [sys.executable, "-m", "bench.cpuhog", "--cores", str(cores), "--duty", str(duty),
+            "--period-s", str(period_s), "--deadline-s", str(deadline_s)]  # fmt: skip
+
+
+def hog(cores: int, duty: float = 1.0, period_s: float = 1.0, deadline_s: float = 60.0) -> None:
+    """Run the load here: one worker process per core; return when every worker has ended (the
+    deadline, or this process's parent gone)."""
+    _check(cores, duty, period_s, deadline_s)
+    worker = [*_command(1, duty, period_s, deadline_s), "--worker"]
+    # Each worker in a session of its own, as another user's job is: with the kernel's
+    # autogroup scheduling, CPU is shared between sessions first.
+    procs = [
+        subprocess.Popen(worker, env=child_env(), start_new_session=os.name == "posix")
+        for _ in range(cores)
+    ]
+    parent = psutil.Process(os.getppid())
+    try:
+        while any(p.poll() is None for p in procs):
+            if not _alive(parent):
+                break  # the workers see this process go and stop themselves
+            time.sleep(TICK_S)
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.terminate()
+        for p in procs:
+            p.wait()
+
+
+def start_hog(
+    cores: int, duty: float = 1.0, period_s: float = 1.0, deadline_s: float = 60.0
+) -> subprocess.Popen:
+    """`hog(...)` as a subprocess of this one (stop it with `.terminate()`; it ends by itself at
+    the deadline or when this process ends)."""
+    _check(cores, duty, period_s, deadline_s)
+    return subprocess.Popen(_command(cores, duty, period_s, deadline_s), env=child_env())
+
+
+@contextlib.contextmanager
+def running_hog(
+    cores: int, duty: float = 1.0, period_s: float = 1.0, deadline_s: float = 60.0
+) -> Iterator[subprocess.Popen]:
+    """`start_hog(...)` for the `with` block: the hog and its workers are gone after it."""
+    proc = start_hog(cores, duty, period_s, deadline_s)
+    try:
+        yield proc
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m bench.cpuhog", description=__doc__.split("\n")[0]
+    )
+    parser.add_argument("--cores", type=int, default=os.cpu_count() or 1, help="cores to load")
+    parser.add_argument("--duty", type=float, default=1.0, help="share of each period spent busy")
+    parser.add_argument("--period-s", type=float, default=1.0, help="seconds per on/off cycle")
+    parser.add_argument("--deadline-s", type=float, default=60.0, help="stop after this long")
+    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    try:
+        _check(args.cores, args.duty, args.period_s, args.deadline_s)
+    except ValueError as exc:
+        parser.error(str(exc))
+    if args.worker:
+        _worker(args.duty, args.period_s, args.deadline_s)
+    else:
+        hog(args.cores, args.duty, args.period_s, args.deadline_s)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
