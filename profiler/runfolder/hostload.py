@@ -58,6 +58,9 @@ STEP_LOAD_WINDOW_S = 0.2
 # The run's process tree is listed again at most this often (listing reads every process of the
 # machine: milliseconds on a busy host), and at each new epoch (new DataLoader workers).
 TREE_RELIST_S = 5.0
+# A process's start time comes in clock ticks: one that started this close before a reading
+# may have started after it.
+START_TICK_S = 0.011
 # Set by the launcher for the processes it starts: its own pid, the root of the run's tree.
 RUN_ROOT_ENV = "DPSCOPE_RUN_ROOT_PID"
 
@@ -164,14 +167,16 @@ class _OwnCpu:
         self.last: dict[int, float] = {}
         self.total_s = 0.0
         self.listed_at = -math.inf
-        self._wall = time.time()  # when the counters were last read (process create_time's clock)
+        self._read_at = _since_boot()  # when the counters were last read
 
     def relist(self) -> None:
+        boot = psutil.boot_time()
         for p in _tree(self.root):
             if p.pid in self.procs:
                 continue
             try:  # started since the last reading: all its CPU is the run's, from 0
-                self.last[p.pid] = 0.0 if p.create_time() >= self._wall else _cpu(p)
+                new = p.create_time() - boot >= self._read_at - START_TICK_S
+                self.last[p.pid] = 0.0 if new else _cpu(p)
                 self.procs[p.pid] = p
             except psutil.Error:
                 continue
@@ -187,8 +192,17 @@ class _OwnCpu:
                 continue
             self.total_s += now - self.last[pid]
             self.last[pid] = now
-        self._wall = time.time()
+        self._read_at = _since_boot()
         return self.total_s
+
+
+def _since_boot() -> float:
+    """Seconds since boot now, on the clock of a process's start time: Linux counts that in
+    ticks since boot (psutil's create_time adds the boot time, a whole second), so the boot
+    clock compares exactly; elsewhere the wall clock."""
+    if hasattr(time, "CLOCK_BOOTTIME"):
+        return time.clock_gettime(time.CLOCK_BOOTTIME)
+    return time.time() - psutil.boot_time()
 
 
 def _cpu(p: psutil.Process) -> float:

@@ -22,7 +22,6 @@ the analysis reports (analysis/runs/compare.py), from the same function.
 from __future__ import annotations
 
 import math
-import statistics
 from collections.abc import Sequence
 
 import numpy as np
@@ -74,7 +73,8 @@ def ci_within(ci: tuple[float, float, float] | None, frac: float = CI_HALF_WIDTH
     if ci is None:
         return False
     median, low, high = ci
-    return median > 0 and max(median - low, high - median) <= frac * median
+    # (1 + 1e-9): an interval exactly at ±frac is within, whatever the float rounding of the ends
+    return median > 0 and max(median - low, high - median) <= frac * median * (1 + 1e-9)
 
 
 def repeat_done(
@@ -113,9 +113,3 @@ def _half_width_pct(values: list[float]) -> float:
         return math.nan
     median, low, high = ci
     return 100 * max(median - low, high - median) / median
-
-
-def median_or_none(values: Sequence[float | None]) -> float | None:
-    """The median of the finite values, None without one."""
-    xs = [v for v in values if v is not None and math.isfinite(v)]
-    return statistics.median(xs) if xs else None
