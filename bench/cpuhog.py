@@ -48,9 +48,20 @@ def _alive(parent: psutil.Process) -> bool:
         return False
 
 
-def _worker(duty: float, period_s: float, deadline_s: float) -> None:
+def _parent(pid: int | None) -> psutil.Process | None:
+    """The process whose end stops this one: `pid` as its starter passed it (asked of the OS
+    after starting, a parent that died at once would already be replaced by a reaper)."""
+    try:
+        return psutil.Process(os.getppid() if pid is None else pid)
+    except psutil.Error:
+        return None
+
+
+def _worker(duty: float, period_s: float, deadline_s: float, parent_pid: int | None) -> None:
     """One core's bursts until the deadline or the parent's end."""
-    parent = psutil.Process(os.getppid())
+    parent = _parent(parent_pid)
+    if parent is None:
+        return
     end = time.monotonic() + deadline_s
     while time.monotonic() < end and _alive(parent):
         phase = time.time() % period_s  # the wall clock: every worker bursts at once
@@ -64,13 +75,22 @@ def _worker(duty: float, period_s: float, deadline_s: float) -> None:
 
 def _command(cores: int, duty: float, period_s: float, deadline_s: float) -> list[str]:
     return [sys.executable, "-m", "bench.cpuhog", "--cores", str(cores), "--duty", str(duty),
-            "--period-s", str(period_s), "--deadline-s", str(deadline_s)]  # fmt: skip
+            "--period-s", str(period_s), "--deadline-s", str(deadline_s),
+            "--parent-pid", str(os.getpid())]  # fmt: skip
 
 
-def hog(cores: int, duty: float = 1.0, period_s: float = 1.0, deadline_s: float = 60.0) -> None:
+def hog(
+    cores: int,
+    duty: float = 1.0,
+    period_s: float = 1.0,
+    deadline_s: float = 60.0,
+    *,
+    parent_pid: int | None = None,
+) -> None:
     """Run the load here: one worker process per core; return when every worker has ended (the
-    deadline, or this process's parent gone)."""
+    deadline, or the process `parent_pid` (default: this one's parent) gone)."""
     _check(cores, duty, period_s, deadline_s)
+    parent = _parent(parent_pid)
     worker = [*_command(1, duty, period_s, deadline_s), "--worker"]
     # Each worker in a session of its own, as another user's job is: with the kernel's
     # autogroup scheduling, CPU is shared between sessions first.
@@ -78,10 +98,9 @@ def hog(cores: int, duty: float = 1.0, period_s: float = 1.0, deadline_s: float 
         subprocess.Popen(worker, env=child_env(), start_new_session=os.name == "posix")
         for _ in range(cores)
     ]
-    parent = psutil.Process(os.getppid())
     try:
         while any(p.poll() is None for p in procs):
-            if not _alive(parent):
+            if parent is None or not _alive(parent):
                 break  # the workers see this process go and stop themselves
             time.sleep(TICK_S)
     finally:
@@ -126,6 +145,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--duty", type=float, default=1.0, help="share of each period spent busy")
     parser.add_argument("--period-s", type=float, default=1.0, help="seconds per on/off cycle")
     parser.add_argument("--deadline-s", type=float, default=60.0, help="stop after this long")
+    parser.add_argument(
+        "--parent-pid", type=int, default=None, help="stop when this process ends (default: parent)"
+    )
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     try:
@@ -133,9 +155,9 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as exc:
         parser.error(str(exc))
     if args.worker:
-        _worker(args.duty, args.period_s, args.deadline_s)
+        _worker(args.duty, args.period_s, args.deadline_s, args.parent_pid)
     else:
-        hog(args.cores, args.duty, args.period_s, args.deadline_s)
+        hog(args.cores, args.duty, args.period_s, args.deadline_s, parent_pid=args.parent_pid)
     return 0
 
 
