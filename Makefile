@@ -51,7 +51,7 @@ RUN_FLAGS = --model $(MODEL) --dataset $(DATASET) --epochs $(EPOCHS) --max-steps
 help:
 	@echo "dpscope targets: setup profile-single profile-dp profile-ddp profile-all profile-script profile-sweep"
 	@echo "                 report demo tensorboard tune-ddp bench-comm bench-projection"
-	@echo "                 bench bench-overhead bench-analysis bench-report hta-orphans-reference gpu-check"
+	@echo "                 bench bench-overhead bench-analysis bench-report bench-demo-load hta-orphans-reference gpu-check"
 	@echo "                 test test-fast docs lint format clean"
 	@echo "every target and variable: docs/reference/make.md; the dpscope command: docs/reference/cli.md"
 
@@ -205,6 +205,13 @@ profile-sweep: setup
 	$(DPSCOPE) sweep $(if $(filter command line,$(origin NPROCS)),--nprocs "$(NPROCS)") \
 	    --modes "$(MODES)" --backends "$(BACKENDS)" --seeds "$(SEEDS)" --scaling "$(SCALING)" \
 	    $(if $(SWEEP),--sweep "$(SWEEP)") $(RUN_FLAGS) $(ARGS)
+
+# `make demo` beside a bursty CPU hog (load about 4 on 2 cores); BEFORE=DIR also runs the dpscope
+# checked out in DIR, for a before/after pair (docs/benchmarks.md).
+BEFORE ?=
+.PHONY: bench-demo-load
+bench-demo-load: setup
+	$(PY) -m bench.demo_load $(if $(BEFORE),--before "$(BEFORE)") $(if $(BENCH_OUT),--json $(BENCH_OUT)) $(ARGS)
 
 .PHONY: bench-report
 bench-report: setup

@@ -131,6 +131,13 @@ def benchmarks_md(bench_dir: Path = BENCH_DIR) -> str:
         " 20 %) and RSS summed over the job's processes (goal: < 1 GB at 256 ranks).",
         "- **report** (`make bench-report`): the report's build time for the 8-run demo and a"
         " 100-run sweep (goal: the sweep within 15 s).",
+        "- **demo_load** (`make bench-demo-load`): `make demo` beside a bursty CPU hog (4"
+        " processes, each busy half of every 2 s: load about 4 on 2 cores), for this tree"
+        " (`after`) and an older checkout (`before`): the throughput's spread over a group's"
+        " runs, the speedup (median and 95% CI over rounds where the tree has them), the"
+        " efficiency, the largest part of its split against the loss it splits, and the"
+        " verdict (goal: a spread within 10% of the quiet steps, no split part beyond the loss,"
+        " no number the verdict knows is noise).",
         "",
     ]
     if not files:

@@ -57,7 +57,7 @@ QUIET_OTHER_CORES_FRAC = 0.25
 STEP_LOAD_WINDOW_S = 0.2
 # The run's process tree is listed again at most this often (listing reads every process of the
 # machine: milliseconds on a busy host), and at each new epoch (new DataLoader workers).
-TREE_RELIST_S = 5.0
+TREE_RELIST_S = 10.0
 # A process's start time comes in clock ticks: one that started this close before a reading
 # may have started after it.
 START_TICK_S = 0.011
