@@ -268,13 +268,14 @@ class HostLoadSampler(Callback):
     def run_start(self, state: StepState) -> None:
         if self.steps is not None:
             self.steps.start()
-            self._epoch = state.epoch
+            self._epoch = None  # the first step starts the DataLoader's workers: list them then
         if state.step >= self.warmup_steps:  # no warm-up left (none asked, or a resumed run)
             self._start_run_meter()
 
     def step_end(self, state: StepState) -> None:
         if self.steps is not None:
-            # A new epoch started its DataLoader workers: list the run's processes again.
+            # A new epoch (and the first step) started DataLoader workers: list the run's
+            # processes again, so that their CPU is the run's, from their start.
             new_epoch = state.epoch != self._epoch
             self._epoch = state.epoch
             state.row["other_cpu_cores"] = self.steps.sample(relist=new_epoch)
