@@ -175,7 +175,7 @@ class RunEntry(msgspec.Struct, kw_only=True):
     quiet_steps: int | None = None
     busy_steps: int | None = None
     quiet_threshold_cores: float | None = None
-    throughput_basis: str = "all"
+    throughput_basis: str | None = None  # quiet | all (null: a run without numbers)
     host_contention_frac: float | None = None
     throughput_noisy: bool = False
     step_time_s_mean: float | None

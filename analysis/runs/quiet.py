@@ -70,15 +70,19 @@ def apply_quiet(
     entry.quiet_threshold_cores = q["quiet_threshold_cores"]
     entry.quiet_steps, entry.busy_steps = q["quiet_steps"], q["busy_steps"]
     entry.samples_per_s_quiet = q["samples_per_s_quiet"]
-    entry.throughput_basis = q["throughput_basis"]
     entry.host_contention_frac = q["host_contention_frac"]
-    if q["throughput_basis"] == "quiet" and entry.status == "ok":
-        entry.samples_per_s = q["samples_per_s_quiet"]
+    if entry.status == "ok":
+        entry.throughput_basis = q["throughput_basis"]
+        if q["throughput_basis"] == "quiet":
+            entry.samples_per_s = q["samples_per_s_quiet"]
     return q["mask"]
 
 
 def mark_noisy(entry: RunEntry) -> None:
-    """`throughput_noisy`: an all-steps headline with busy steps in it, or a busy run's."""
+    """`throughput_noisy`: an all-steps headline with busy steps in it, or a busy run's (an ok
+    run without steps.csv has the all-steps headline too)."""
+    if entry.status == "ok" and entry.throughput_basis is None:
+        entry.throughput_basis = "all"
     entry.throughput_noisy = entry.throughput_basis == "all" and (
         bool(entry.busy_steps) or is_busy(entry.host_load)
     )

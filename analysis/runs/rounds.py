@@ -41,7 +41,7 @@ def _ci_fields(stat: str, values: Iterable[float | None]) -> dict[str, float | N
 
 
 def _basis(runs: list[RunEntry]) -> str | None:
-    kinds = {r.throughput_basis for r in runs}
+    kinds = {r.throughput_basis for r in runs if r.throughput_basis}
     if not kinds:
         return None
     return kinds.pop() if len(kinds) == 1 else "mixed"
