@@ -208,3 +208,20 @@ def test_auto_rounds_stop_at_the_bound_and_a_failure_ends_them(tmp_path, capsys)
 def test_one_round_without_repeat_prints_nothing_of_rounds(tmp_path, capsys):
     assert run_rounds(_args(), rounds_of(tmp_path, [2.0])) == ["ok", "skipped", "ok"]
     assert "round" not in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["--mode", "all", "--repeat", "twice"], "--repeat must be `auto` or a whole number"),
+        (["--mode", "single", "--repeat", "auto"], "--repeat auto measures the speedup"),
+        (["--mode", "all", "--repeat", "2", "--repeat-budget-s", "0"], "--repeat-budget-s must"),
+    ],
+)
+def test_the_launcher_refuses_bad_repeat_options_in_one_line(tmp_path, capsys, argv, message):
+    from workloads.launch import launcher
+
+    code = launcher.main([*argv, "--runs-dir", str(tmp_path / "runs")], prog="dpscope profile")
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1 and err[0].startswith("dpscope profile: error: ")
+    assert message in err[0] and not (tmp_path / "runs").exists()
