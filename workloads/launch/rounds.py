@@ -156,7 +156,6 @@ def _print_round(k: int, speedups: dict[str, list[float]]) -> None:
     for label, values in speedups.items():
         ci = bootstrap_ci(values)
         if ci is not None:
-            parts.append(
-                f"{label} {ci[0]:.2f}× (95% CI {ci[1]:.2f}–{ci[2]:.2f}, {len(values)} rounds)"
-            )
+            n = f"{len(values)} round" + ("s" if len(values) > 1 else "")
+            parts.append(f"{label} {ci[0]:.2f}× (95% CI {ci[1]:.2f}–{ci[2]:.2f}, {n})")
     print(f"\nround {k + 1}: speedup " + ("; ".join(parts) if parts else "not measured"))
