@@ -166,10 +166,9 @@ class RunEntry(msgspec.Struct, kw_only=True):
     fixed_batch: int | None  # the batch the scaling mode holds fixed (WORKLOAD_KEY)
     device_type: str | None
     num_devices: int | None
-    samples_per_s: (
-        float | None
-    )  # the headline: over the quiet steps when `throughput_basis` is quiet
-    # analysis.runs.quiet: the all-steps and quiet-step figures and which one is the headline
+    # The headline throughput: over the quiet steps when `throughput_basis` is quiet; beside it
+    # (analysis.runs.quiet) the all-steps and quiet-step figures and what the choice stands on.
+    samples_per_s: float | None
     samples_per_s_all: float | None = None
     samples_per_s_quiet: float | None = None
     quiet_steps: int | None = None
