@@ -46,6 +46,9 @@ class Column:
     ci_keys: tuple[str, str] | None = None
     scale: float = 1.0  # kinds "num"/"pm": shown value = stored value × scale (ratio → %)
     wrap: bool = False  # long free text (reasons, links) may wrap; ids and numbers never do
+    # The row key of a text that replaces the number when present (the runs JSON decides it:
+    # a profiler overhead within noise shows as "within noise (±N%)"); the raw value stays.
+    text_key: str | None = None
 
     def __post_init__(self) -> None:
         kinds = {"text", "num", "int", "bytes", "frac_pct", "pm", "ci", "links"}
@@ -73,6 +76,8 @@ def missing(v: Any) -> bool:
 
 def fmt(value: Any, col: Column, row: dict[str, Any] | None = None) -> str:
     """Display text for one cell (units are in the header); missing values show as an em dash."""
+    if col.text_key and isinstance(text := (row or {}).get(col.text_key), str) and text:
+        return clip(text, CELL_CHARS)
     if missing(value):
         return "—"
     if col.kind == "bytes":
@@ -160,7 +165,21 @@ SUMMARY_COLS = [
     C(key="exposed_comm_pct", label="Exposed comm", unit="% of step", kind="num", digits=1),
     mib(key="peak_memory_bytes", label="Peak memory"),
     num1(key="memory_imbalance_pct", label="Memory imbalance", unit="% more, fullest vs emptiest"),
-    num1(key="profiler_overhead_pct", label="Profiler overhead", unit="% per traced step"),
+    C(
+        key="baseline_noise_pct",
+        label="Noise",
+        unit="% spread of the single runs",
+        kind="num",
+        digits=1,
+    ),  # fmt: skip
+    C(
+        key="profiler_overhead_pct",
+        label="Profiler overhead",
+        unit="% per traced step",
+        kind="num",
+        digits=1,
+        text_key="profiler_overhead_note",
+    ),  # fmt: skip
     C(key="top1_pct", label="Top-1", unit="%", kind="num"),
     C(key="os", label="Platform"),
     C(key="label", label="Label"),

@@ -90,7 +90,7 @@ def _demo(tree: Path, work: Path, extra: list[str]) -> dict[str, Any]:
     cmd = [sys.executable, "-m", "workloads.tools.demo", "--runs-dir", str(work / "runs"),
            "--out", str(work / "report"), *extra]  # fmt: skip
     load0, start = os.getloadavg()[0], time.perf_counter()
-    proc = subprocess.run(cmd, cwd=tree, env=env, capture_output=True, text=True, timeout=7200)
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=7200)
     out: dict[str, Any] = {"wall_s": time.perf_counter() - start, "load_avg_1m_start": load0,
                            "load_avg_1m_end": os.getloadavg()[0], "exit_code": proc.returncode}  # fmt: skip
     if proc.returncode != 0:
@@ -130,13 +130,20 @@ def main(argv: list[str] | None = None) -> int:
         trees = {"before": user_path(args.before), **trees}
     result: dict[str, Any] = {"hog": {"workers": args.hog_workers, "duty": args.hog_duty,
                                       "period_s": args.hog_period_s}, "demo_args": " ".join(extra)}  # fmt: skip
+    path, here = bench_out("demo_load", args.json), Path.cwd()
     with tempfile.TemporaryDirectory(prefix="dpscope-demo-load-") as tmp:
-        with running_hog(args.hog_workers, args.hog_duty, args.hog_period_s, deadline_s=7200):
-            for name, tree in trees.items():
-                print(f"demo ({name}): {tree} ...", flush=True)
-                result[name] = _demo(tree, Path(tmp) / name, extra)
-                print(json.dumps(result[name], indent=2), flush=True)
-    path = bench_out("demo_load", args.json)
+        # Both demos run from a scratch folder, as a user runs `dpscope demo` from theirs: a
+        # child's `python -m` puts its folder first on sys.path, so run from a dpscope clone the
+        # older demo's children would import this one.
+        os.chdir(tmp)
+        try:
+            with running_hog(args.hog_workers, args.hog_duty, args.hog_period_s, deadline_s=7200):
+                for name, tree in trees.items():
+                    print(f"demo ({name}): {tree} ...", flush=True)
+                    result[name] = _demo(tree, Path(tmp) / name, extra)
+                    print(json.dumps(result[name], indent=2), flush=True)
+        finally:
+            os.chdir(here)
     write_json(path, result)
     print(f"wrote {path}")
     return 0

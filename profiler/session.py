@@ -140,6 +140,11 @@ class ProfilerSession:
         self._steps = 0
         self._running = True
 
+    @property
+    def running(self) -> bool:
+        """Whether the session is between `start()` and `stop()` (False when disabled)."""
+        return self._running
+
     def phase(self) -> str:
         """The schedule's phase (`none` | `warmup` | `active`) of the step now running, i.e. the
         one the next `step()` call ends; `none` when the session is not running."""

@@ -42,10 +42,11 @@ ENV_KEYS = set(
 )
 METRIC_KEYS = set(
     """samples_per_s step_time_s per_rank epoch_time_s wall_time_s memory memory_after_first_step
-    memory_breakdown ddp param_grad_bytes buffer_bytes_by_dtype profiler_overhead_pct""".split()
+    memory_breakdown ddp param_grad_bytes buffer_bytes_by_dtype profiler_overhead_pct
+    profiler_overhead_noise_pct""".split()
 )
-STEPS_HEADER = """rank epoch step warmup profiled step_time_s data_s forward_s backward_s optimizer_s samples loss
-    rss_bytes cuda_allocated_bytes other_cpu_cores""".split()
+STEPS_HEADER = """rank epoch step warmup profiled step_time_s data_s forward_s backward_s optimizer_s
+    profiler_s samples loss rss_bytes cuda_allocated_bytes other_cpu_cores""".split()
 
 
 def read_steps(run_dir) -> list[dict]:

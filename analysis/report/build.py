@@ -40,7 +40,7 @@ from analysis.report.scaling import (
 from analysis.report.tables import Table, all_tables, fmt, unique_labels
 from analysis.report.tune import tune_sections
 from analysis.report.verdict import verdict
-from analysis.runs.compare import WORKLOAD_KEY, compare_runs
+from analysis.runs.compare import WORKLOAD_KEY, compare_runs, is_measured
 from profiler.runfolder.errors import InputError
 from profiler.runfolder.hostload import QUIET_OTHER_CORES_FRAC
 
@@ -88,7 +88,7 @@ def _json_safe(obj: Any) -> Any:
 
 def runs_frame(data: dict[str, Any], labels: dict[str, str]) -> pd.DataFrame:
     """One row per ok run with the fields the figures need, plus its label and a series name."""
-    runs = [r for r in data.get("runs", []) if r.get("status") == "ok"]
+    runs = [r for r in data.get("runs", []) if is_measured(r)]
     keys = [
         "run_id",
         *WORKLOAD_KEY,
@@ -216,7 +216,7 @@ def write_report(data: dict[str, Any], out_dir: Path, *, progress: bool = True) 
     # the tables): a figure and a table cannot name a run differently.
     labels = unique_labels(_display(data.get("runs", []), FIGURE_CHARS, _PATH_KEYS | {"run_id"}))
     tables = all_tables(data, out_dir, labels)
-    many = sum(r.get("status") == "ok" for r in data.get("runs", [])) > GROUP_FIGURES_ABOVE
+    many = sum(is_measured(r) for r in data.get("runs", [])) > GROUP_FIGURES_ABOVE
     memory = memory_section.context(data, labels, first_of_groups(data) if many else None)
     tables["memory_breakdown"] = memory["table"]
     found = findings(data) + memory["findings"]

@@ -32,6 +32,9 @@ from profiler.runfolder.quiet import MIN_QUIET_STEPS, quiet_summary
 if TYPE_CHECKING:
     from analysis.runs.entry import RunEntry
 
+# Statuses whose numbers count (analysis.runs.entry.MEASURED, which imports this module).
+MEASURED = ("ok", "interrupted")
+
 __all__ = ["add_quiet_argument", "apply_quiet", "mark_noisy", "phases_summary"]
 
 
@@ -62,26 +65,27 @@ def add_quiet_argument(parser: argparse.ArgumentParser) -> None:
 
 
 def apply_quiet(
-    entry: RunEntry, steps: pd.DataFrame, *, cores: int | None, frac: float
+    entry: RunEntry, steps: pd.DataFrame, *, cores: int | None, frac: float, measured: bool
 ) -> np.ndarray:
-    """Fill `entry`'s quiet-step fields from its steps.csv frame; return the rows its headline
-    is measured on (the phases use the same rows)."""
+    """Fill `entry`'s quiet-step fields from its steps.csv frame (its headline too when
+    `measured`: its numbers count); return the rows its headline is measured on (the phases
+    use the same rows)."""
     q = quiet_summary(steps, cores=cores, frac=frac)
     entry.quiet_threshold_cores = q["quiet_threshold_cores"]
     entry.quiet_steps, entry.busy_steps = q["quiet_steps"], q["busy_steps"]
     entry.samples_per_s_quiet = q["samples_per_s_quiet"]
     entry.host_contention_frac = q["host_contention_frac"]
-    if entry.status == "ok":
+    if measured:
         entry.throughput_basis = q["throughput_basis"]
         if q["throughput_basis"] == "quiet":
             entry.samples_per_s = q["samples_per_s_quiet"]
     return q["mask"]
 
 
-def mark_noisy(entry: RunEntry) -> None:
-    """`throughput_noisy`: an all-steps headline with busy steps in it, or a busy run's (an ok
-    run without steps.csv has the all-steps headline too)."""
-    if entry.status == "ok" and entry.throughput_basis is None:
+def mark_noisy(entry: RunEntry, *, measured: bool) -> None:
+    """`throughput_noisy`: an all-steps headline with busy steps in it, or a busy run's (a
+    `measured` run without steps.csv has the all-steps headline too)."""
+    if measured and entry.throughput_basis is None:
         entry.throughput_basis = "all"
     entry.throughput_noisy = entry.throughput_basis == "all" and (
         bool(entry.busy_steps) or is_busy(entry.host_load)

@@ -50,7 +50,9 @@ def _basis(runs: list[RunEntry]) -> str | None:
 def round_stats(members: list[RunEntry], by_id: dict[str, RunEntry]) -> dict[str, Any]:
     """The group fields of the module docstring for one group's ok `members`; `by_id` finds
     their baselines."""
-    bases = [by_id[m.baseline_run_id] for m in members if m.baseline_run_id in by_id]
+    # every single run a member's speedup divides by (one, or the group mean's runs)
+    base_ids = {b for m in members for b in (m.baseline_run_ids or [m.baseline_run_id]) if b}
+    bases = [by_id[b] for b in sorted(base_ids) if b in by_id]
     involved = list({r.run_id: r for r in [*members, *bases]}.values())
     key = "speedup" if any(m.speedup is not None for m in members) else "samples_per_s"
     out: dict[str, Any] = {"n_rounds": sum(getattr(m, key) is not None for m in members)}

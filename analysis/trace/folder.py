@@ -217,13 +217,23 @@ def reduce_files(
     return good, skipped
 
 
-def analyze_trace_dir(path: Path, *, workers: int | None = None, progress: bool = True) -> dict:
-    """The traces JSON for every trace file in `path` (see docs/reference/metrics.md for each field).
+def analyze_trace_dir(
+    path: Path,
+    *,
+    workers: int | None = None,
+    progress: bool = True,
+    exclude: frozenset[Path] = frozenset(),
+) -> dict:
+    """The traces JSON for every trace file in `path` but those in `exclude` (traces its run's
+    record leaves out; see docs/reference/metrics.md for each field).
 
     Raises InputError when no file could be analysed; otherwise bad files are listed in
     `skipped` with a one-line reason and the rest is analysed.
     """
-    good, skipped = reduce_files(find_trace_files(path), workers=workers, progress=progress)
+    files = [f for f in find_trace_files(path) if f not in exclude]
+    if not files:
+        raise InputError(path, "no trace files of this run", "profile the run again")
+    good, skipped = reduce_files(files, workers=workers, progress=progress)
     return combine_summaries(path, good, skipped)
 
 

@@ -61,6 +61,7 @@ STEPS_COLUMNS: list[str] = [
     "forward_s",
     "backward_s",
     "optimizer_s",
+    "profiler_s",
     "samples",
     "loss",
     "rss_bytes",

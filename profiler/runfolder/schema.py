@@ -31,6 +31,7 @@ __all__ = [
     "FINITE_MAX",
     "Flag",
     "HostLoad",
+    "LeftOut",
     "MAX_ENTRIES",
     "MAX_RANKS",
     "MemoryEntry",
@@ -40,6 +41,7 @@ __all__ = [
     "Pct",
     "PerRank",
     "ProfileConfig",
+    "ProfileExport",
     "REQUIRED_STEP_COLUMNS",
     "Rate",
     "RunRecord",
@@ -202,6 +204,20 @@ class PerRank(msgspec.Struct):
     step_time_s_p95: Seconds | None = None
 
 
+class ProfileExport(msgspec.Struct):
+    """One rank's `metrics.profile` entry: seconds its profiler spent exporting traces."""
+
+    rank: Count
+    export_s: Seconds | None = None
+
+
+class LeftOut(msgspec.Struct):
+    """A run.json `traces_left_out` entry: a trace on disk that is not part of the run, and why."""
+
+    file: PathText
+    reason: str = ""
+
+
 class Metrics(msgspec.Struct):
     samples_per_s: Rate | None = None
     step_time_s: StepTime | None = None
@@ -216,6 +232,9 @@ class Metrics(msgspec.Struct):
     buffer_bytes_by_dtype: dict[str, Bytes] | None = None
     # schema 2: (profiled ÷ unprofiled mean step time − 1) × 100 ≥ −100; may be negative (noise)
     profiler_overhead_pct: Annotated[float, msgspec.Meta(ge=-100, le=FINITE_MAX)] | None = None
+    # Newer runs: two standard errors of that overhead (%), and each rank's trace export time.
+    profiler_overhead_noise_pct: Seconds | None = None
+    profile: Annotated[list[ProfileExport], msgspec.Meta(max_length=MAX_ENTRIES)] = []
 
 
 class EvalEntry(msgspec.Struct):
@@ -252,11 +271,15 @@ class RunRecord(msgspec.Struct):
     metrics: Metrics = msgspec.field(default_factory=Metrics)
     eval: Eval = msgspec.field(default_factory=Eval)
     traces: list[PathText] = []
+    # Newer script runs: traces on disk that the record leaves out, each with its reason.
+    traces_left_out: Annotated[list[LeftOut], msgspec.Meta(max_length=MAX_ENTRIES)] = []
     warnings: list[str] = []  # schema 2: the writer's own warnings (e.g. no unprofiled step)
+    stop_reason: str | None = None  # newer script runs: "stopped after --max-steps N"
 
 
 class StepRow(msgspec.Struct):
-    """One steps.csv row; `profiled` (schema_version 2) and `other_cpu_cores` are optional."""
+    """One steps.csv row; `profiled` (schema_version 2), `profiler_s` and `other_cpu_cores` are
+    optional."""
 
     rank: Count
     step: Count
@@ -272,6 +295,8 @@ class StepRow(msgspec.Struct):
     rss_bytes: Count | None = None
     cuda_allocated_bytes: Count | None = None
     profiled: Flag | None = None
+    # Newer runs: the profiler's own seconds at the step's end, inside step_time_s.
+    profiler_s: Seconds | None = None
     # cores' worth of CPU other processes used during the step (rank 0's rows; newer runs)
     other_cpu_cores: Annotated[float, msgspec.Meta(ge=0, le=FINITE_MAX)] | None = None
 

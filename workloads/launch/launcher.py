@@ -13,7 +13,6 @@ process, and runlog.finalize gives each failed run its `error.kind` (never downg
 from __future__ import annotations
 
 import argparse
-import shlex
 import sys
 from pathlib import Path
 
@@ -36,7 +35,7 @@ from workloads.launch.rounds import (
     run_rounds,
 )
 from workloads.launch.runlog import finalize
-from workloads.launch.script import ScriptError, reject_builtin_options, run_script
+from workloads.launch.script import ScriptError, next_lines, parse_script_args, run_script
 from workloads.launch.supervise import flight_recorder_env, run_supervised
 from workloads.plan import Environment, Plan
 from workloads.plan import plan as plan_run
@@ -267,11 +266,7 @@ def run(args: argparse.Namespace, extra: list[str]) -> int:
 
     statuses = run_rounds(args, one_round)
     if args.node_rank == 0:
-        runs = shlex.quote(str(args.runs_dir))
-        print(f"\nnext: dpscope report {runs} --out reports   (make report RUNS={runs})")
-        print(
-            f"      dpscope tensorboard --logdir {runs}   (traces in TensorBoard's profiler plugin)"
-        )
+        print("\n" + "\n".join(next_lines(args.runs_dir)))
     if "interrupted" in statuses:
         return 130
     return 1 if "failed" in statuses else 0
@@ -338,7 +333,9 @@ def build_parser(prog: str = "python -m workloads.launch") -> argparse.ArgumentP
         "--script",
         default="",
         help="profile this unedited training script instead of dpscope's own training; its "
-        "arguments go after `--` (only --mode single|ddp, no --model/--dataset)",
+        "arguments go after `--` (--mode single|ddp; --max-steps N stops it after N optimizer "
+        "steps; the built-in training's options, --model, --epochs, --batch-size, ..., are "
+        "refused)",
     )
     script.add_argument(
         "--samples-per-step",
@@ -364,10 +361,7 @@ def _script_main(parser: argparse.ArgumentParser, argv: list[str], prog: str) ->
 
     def body() -> int:
         try:
-            reject_builtin_options(ours)
-            if any(t.split("=", 1)[0].startswith("--repeat") for t in ours):
-                raise LaunchError("--repeat runs dpscope's own training in rounds; drop it")
-            return run_script(parser.parse_args(ours), script_args)
+            return run_script(parse_script_args(parser, ours), script_args)
         except (ScriptError, ValueError) as exc:
             raise LaunchError(str(exc)) from None
 
