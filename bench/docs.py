@@ -132,12 +132,13 @@ def benchmarks_md(bench_dir: Path = BENCH_DIR) -> str:
         "- **report** (`make bench-report`): the report's build time for the 8-run demo and a"
         " 100-run sweep (goal: the sweep within 15 s).",
         "- **demo_load** (`make bench-demo-load`): `make demo` beside a bursty CPU hog (4"
-        " processes, each busy half of every 2 s: load about 4 on 2 cores), for this tree"
-        " (`after`) and an older checkout (`before`): the throughput's spread over a group's"
-        " runs, the speedup (median and 95% CI over rounds where the tree has them), the"
-        " efficiency, the largest part of its split against the loss it splits, and the"
-        " verdict (goal: a spread within 10% of the quiet steps, no split part beyond the loss,"
-        " no number the verdict knows is noise).",
+        " processes, each busy half of every 2 s: on an otherwise idle 2-core machine a load"
+        " of about 4; `load_avg_1m_*` say what it was), for this tree (`after`) and an older"
+        " checkout (`before`, `BEFORE=DIR`), one after the other: the throughput range and"
+        " spread over a group's runs, the speedup (median and 95% CI over rounds where the tree"
+        " has them), the efficiency, the largest part of its split beside the loss it splits,"
+        " the quiet and busy steps, and the verdict (goal: the verdict quotes no number it knows"
+        " is noise; with quiet steps, its figures come from them).",
         "",
     ]
     if not files:
