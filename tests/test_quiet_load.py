@@ -3,15 +3,19 @@ every core) give, over their quiet steps, the throughput of the same runs measur
 while their all-steps throughput visibly falls short.
 
 Robust on a shared 2-core machine: the reference runs (no hog) and the hogged runs come one after
-the other in one test and every assertion is a ratio between them. Quiet steps need a machine
-other jobs leave mostly alone now and then: when other processes already use more than 0.25 of
-a core per core, or the reference runs have fewer than 8 quiet steps, there is nothing quiet to
-compare with here, and the test says so and skips.
+the other in one test and every assertion is a ratio between them. What the claim needs is that
+nothing but the hog loads the machine meanwhile, and the test measures exactly that: the CPU of
+every process outside this test's own tree (the launcher's runs and the hog are in it) over each
+launch. When other jobs used more than 0.25 of a core per core during either launch, it measures
+the pair again once; when they did again, there is nothing quiet to compare with here, and the
+test says so and skips.
 """
 
 from __future__ import annotations
 
+import os
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import psutil
@@ -19,7 +23,7 @@ import pytest
 
 from analysis.runs.compare import compare_runs
 from bench.cpuhog import running_hog
-from profiler.runfolder.hostload import QUIET_OTHER_CORES_FRAC, HostLoadMeter
+from profiler.runfolder.hostload import QUIET_OTHER_CORES_FRAC
 from profiler.runfolder.quiet import MIN_QUIET_STEPS
 from tests.conftest import launch
 
@@ -27,6 +31,32 @@ RUN = "--mode all --model smallcnn --dataset synthetic --batch-size 64 --epochs 
 RUN += " --no-profile --device cpu"
 # On 1 s, off 1 s: a burst spans several steps, so few steps straddle its edges.
 PERIOD_S, DUTY = 2.0, 0.5
+CORES = psutil.cpu_count() or 1
+LIMIT = QUIET_OTHER_CORES_FRAC * CORES  # cores other jobs may use for a pair to count
+
+
+def _busy_s() -> float:
+    t = psutil.cpu_times()
+    return sum(getattr(t, f, 0.0) for f in ("user", "nice", "system", "irq", "softirq"))
+
+
+def _mine_s(hog: psutil.Process | None) -> float:
+    """CPU seconds of this process and its finished children (the launches: each waited for its
+    own, so theirs are in it), plus the running hog's."""
+    t = os.times()
+    own = t.user + t.system + t.children_user + t.children_system
+    if hog is not None:
+        for p in [hog, *hog.children(recursive=True)]:
+            own += sum(p.cpu_times()[:2])
+    return own
+
+
+def _others(run: Callable[[], None], hog: psutil.Process | None = None) -> float:
+    """Cores' worth of CPU that processes outside this test's tree used while `run` ran."""
+    busy0, mine0, t0 = _busy_s(), _mine_s(hog), time.perf_counter()
+    run()
+    busy1, mine1 = _busy_s(), _mine_s(hog)
+    return max(0.0, (busy1 - busy0 - (mine1 - mine0)) / (time.perf_counter() - t0))
 
 
 def _runs(runs_dir: Path) -> dict[str, dict]:
@@ -34,37 +64,37 @@ def _runs(runs_dir: Path) -> dict[str, dict]:
     return {r["mode"]: r for r in data["runs"] if r["status"] == "ok"}
 
 
-def _skip_if_busy_now() -> None:
-    """Other processes' CPU over 1.5 s (this process not counted): a machine busy already has
-    no quiet steps to give, and the test would measure nothing."""
-    meter = HostLoadMeter()
-    meter.start()
-    time.sleep(1.5)
-    load, limit = meter.stop(), QUIET_OTHER_CORES_FRAC * (psutil.cpu_count() or 1)
-    if load["other_cpu_cores_mean"] > limit:
-        pytest.skip(f"the machine is busy without the hog: other processes use "
-                    f"{load['other_cpu_cores_mean']:.1f} cores (quiet: at most {limit:.1f})")  # fmt: skip
+def _pair(tmp: Path) -> tuple[dict, dict, float]:
+    """The runs without the hog, then beside it, and the most CPU other jobs used in either."""
+    ref_dir, hog_dir = tmp / "quiet", tmp / "hog"
+    others = _others(lambda: launch([*RUN.split(), "--runs-dir", str(ref_dir)], timeout=600))
+    with running_hog(CORES, duty=DUTY, period_s=PERIOD_S, deadline_s=600) as proc:
+        hogged = _others(
+            lambda: launch([*RUN.split(), "--runs-dir", str(hog_dir)], timeout=600),
+            psutil.Process(proc.pid),
+        )
+    return _runs(ref_dir), _runs(hog_dir), max(others, hogged)
 
 
 @pytest.mark.integration
-@pytest.mark.timeout(600)
+@pytest.mark.timeout(900)
 def test_quiet_steps_beside_a_bursty_hog_give_the_quiet_runs_throughput(tmp_path):
-    _skip_if_busy_now()
-    launch([*RUN.split(), "--runs-dir", str(tmp_path / "quiet")], timeout=600)
-    ref = _runs(tmp_path / "quiet")
-    if not all(ref[m]["throughput_basis"] == "quiet" for m in ("single", "ddp")):
-        steps = {m: (r["quiet_steps"], r["busy_steps"]) for m, r in ref.items()}
-        pytest.skip(f"other jobs loaded the machine during the runs without the hog: (quiet, "
-                    f"busy) steps {steps}, fewer than {MIN_QUIET_STEPS} quiet to compare with")  # fmt: skip
-    with running_hog(psutil.cpu_count() or 1, duty=DUTY, period_s=PERIOD_S, deadline_s=600):
-        launch([*RUN.split(), "--runs-dir", str(tmp_path / "hog")], timeout=600)
-    hog = _runs(tmp_path / "hog")
+    seen = []
+    for attempt in range(2):
+        ref, hog, others = _pair(tmp_path / f"try{attempt}")
+        seen.append(f"{others:.1f}")
+        if others <= LIMIT:
+            break
+    else:
+        pytest.skip(f"other jobs used {' and '.join(seen)} cores beside this test's runs (more "
+                    f"than {LIMIT:.1f}): no quiet machine to compare with here")  # fmt: skip
     for mode in ("single", "ddp"):
         quiet, busy = ref[mode], hog[mode]
+        assert quiet["throughput_basis"] == "quiet", f"{mode} without the hog: {quiet}"
         assert busy["busy_steps"] >= 5, f"{mode}: the hog's bursts were not seen: {busy}"
         assert busy["quiet_steps"] >= MIN_QUIET_STEPS, f"{mode}: {busy}"
         assert busy["throughput_basis"] == "quiet" and not busy["throughput_noisy"]
-        reference = quiet["samples_per_s"]  # over its quiet steps: all of them, on an idle machine
+        reference = quiet["samples_per_s"]  # over its quiet steps: all of them, nothing else ran
         ratio = busy["samples_per_s_quiet"] / reference
         slowed = busy["samples_per_s_all"] / reference
         assert 0.9 <= ratio <= 1.1, (
