@@ -27,9 +27,10 @@ from profiler.runfolder.hostload import QUIET_OTHER_CORES_FRAC
 from profiler.runfolder.quiet import MIN_QUIET_STEPS
 from tests.conftest import launch
 
-RUN = "--mode all --model smallcnn --dataset synthetic --batch-size 64 --epochs 1 --max-steps 32"
+# About 6 s of steps on an idle 2-core machine (smallcnn: 25-30 ms a step), three hog periods.
+RUN = "--mode all --model smallcnn --dataset synthetic --batch-size 64 --epochs 8 --max-steps 240"
 RUN += " --no-profile --device cpu"
-# On 1 s, off 1 s: a burst spans several steps, so few steps straddle its edges.
+# On 1 s, off 1 s: a burst spans many steps, so few steps straddle its edges.
 PERIOD_S, DUTY = 2.0, 0.5
 CORES = psutil.cpu_count() or 1
 LIMIT = QUIET_OTHER_CORES_FRAC * CORES  # cores other jobs may use for a pair to count
