@@ -16,7 +16,7 @@ import pytest
 
 from analysis.report.verdict import NOT_ENOUGH_QUIET, verdict
 from analysis.runs.compare import compare_runs
-from profiler.runfolder.hostload import QUIET_OTHER_CORES_FRAC, StepLoadMeter
+from profiler.runfolder.hostload import QUIET_OTHER_CORES_FRAC, STEP_LOAD_WINDOW_S, StepLoadMeter
 from profiler.runfolder.layout import STEPS_COLUMNS, write_run_json, write_steps_csv
 from profiler.runfolder.quiet import MIN_QUIET_STEPS, cores_in_use, quiet_summary, run_headline
 from profiler.runfolder.records import InvalidRecord, read_record
@@ -69,6 +69,23 @@ def test_the_threshold_is_inclusive_per_core_in_use_and_skips_profiled_steps():
     assert (q["quiet_steps"], q["busy_steps"]) == (8, 3)  # step 2 was traced: not a throughput step
     assert quiet_summary(frame(rows), cores=1)["quiet_steps"] == 0  # 0.25 of 1 core in use
     assert quiet_summary(frame(rows), cores=2, frac=1.0)["busy_steps"] == 0
+
+
+def test_a_step_whose_next_window_reaches_back_into_it_takes_that_load_too():
+    """A burst that begins late in a short step shows first in the next step's window (it spans
+    the last 0.2 s, STEP_LOAD_WINDOW_S): that step is not quiet either. A next step longer than
+    the window measures only itself and says nothing about this one."""
+    assert STEP_LOAD_WINDOW_S == 0.2
+    rows = step_rows(10, 0)  # 10 quiet steps of 0.1 s (steps 2-11)
+    for r in rows:
+        if r["step"] == 7:
+            r["step_time_s"], r["other_cpu_cores"] = 0.15, (1.5 if r["rank"] == 0 else None)
+    q = quiet_summary(frame(rows), cores=2)
+    assert (q["quiet_steps"], q["busy_steps"]) == (8, 2)  # steps 6 and 7
+    for r in rows:
+        if r["step"] == 7:
+            r["step_time_s"] = 0.3
+    assert quiet_summary(frame(rows), cores=2)["busy_steps"] == 1  # step 7 alone
 
 
 def test_a_run_without_per_step_load_is_neither_quiet_nor_busy():

@@ -6,9 +6,9 @@ Robust on a shared 2-core machine: the reference runs (no hog) and the hogged ru
 the other in one test and every assertion is a ratio between them. What the claim needs is that
 nothing but the hog loads the machine meanwhile, and the test measures exactly that: the CPU of
 every process outside this test's own tree (the launcher's runs and the hog are in it) over each
-launch. When other jobs used more than 0.25 of a core per core during either launch, it measures
-the pair again once; when they did again, there is nothing quiet to compare with here, and the
-test says so and skips.
+launch. When other jobs used more than 0.1 of a core per core during either launch, it measures
+the pair again (three tries in all); when they always did, there is nothing quiet to compare
+with here, and the test says so and skips.
 """
 
 from __future__ import annotations
@@ -33,7 +33,10 @@ RUN += " --no-profile --device cpu"
 # On 1 s, off 1 s: a burst spans many steps, so few steps straddle its edges.
 PERIOD_S, DUTY = 2.0, 0.5
 CORES = psutil.cpu_count() or 1
-LIMIT = QUIET_OTHER_CORES_FRAC * CORES  # cores other jobs may use for a pair to count
+# Cores other jobs may use beside a pair for it to count: well below the quiet-step threshold
+# (0.25 per core), which lets other jobs slow a step by about that much and still call it quiet.
+LIMIT = 0.4 * QUIET_OTHER_CORES_FRAC * CORES
+ATTEMPTS = 3
 
 
 def _busy_s() -> float:
@@ -81,7 +84,7 @@ def _pair(tmp: Path) -> tuple[dict, dict, float]:
 @pytest.mark.timeout(900)
 def test_quiet_steps_beside_a_bursty_hog_give_the_quiet_runs_throughput(tmp_path):
     seen = []
-    for attempt in range(2):
+    for attempt in range(ATTEMPTS):
         ref, hog, others = _pair(tmp_path / f"try{attempt}")
         seen.append(f"{others:.1f}")
         if others <= LIMIT:

@@ -2,7 +2,9 @@
 alone, and which figure a run's headline uses (docs/reference/metrics.md, "Quiet steps").
 
 - A step is *quiet* when steps.csv `other_cpu_cores` (the most any row of that step recorded;
-  rank 0 measures for its host) is at most `frac` × the cores the run uses (`cores_in_use`);
+  rank 0 measures for its host), and the next step's when that one is shorter than the meter's
+  window (its window reaches back into this step: a burst that began late in this step shows
+  there), is at most `frac` × the cores the run uses (`cores_in_use`);
   `frac` defaults to QUIET_OTHER_CORES_FRAC (0.25 of a core per core in use). A step without a
   value (other ranks' rows alone, a run from before the column) is neither quiet nor busy.
 - Only the throughput steps count (profiler.runfolder.layout.throughput_steps: measured, not
@@ -28,7 +30,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from profiler.runfolder.hostload import QUIET_OTHER_CORES_FRAC
+from profiler.runfolder.hostload import QUIET_OTHER_CORES_FRAC, STEP_LOAD_WINDOW_S
 from profiler.runfolder.layout import RUN_JSON, STEPS_CSV, throughput_steps
 from profiler.runfolder.records import read_record
 from profiler.runfolder.schema import RunRecord
@@ -74,11 +76,21 @@ def frame_samples_per_s(steps: pd.DataFrame, mask: np.ndarray) -> float | None:
 
 
 def _step_loads(steps: pd.DataFrame) -> pd.Series:
-    """Each row's step load: the largest `other_cpu_cores` any row of its step recorded."""
+    """Each row's step load: the largest `other_cpu_cores` any row of its step recorded, and of
+    the next step's when that one is shorter than the meter's window (STEP_LOAD_WINDOW_S): its
+    window then reaches back into this step, so a burst that began inside this step shows there
+    first."""
     if LOAD_COLUMN not in steps.columns:
         return pd.Series(np.nan, index=steps.index)
-    by_step = steps.groupby("step")[LOAD_COLUMN].max()
-    return steps["step"].map(by_step).astype(float)
+    by_step = steps.groupby("step").agg(load=(LOAD_COLUMN, "max"), time=("step_time_s", "max"))
+    following = by_step.reindex(by_step.index + 1)
+    reaches_back = (following["time"] < STEP_LOAD_WINDOW_S).to_numpy()
+    later = np.where(reaches_back, following["load"].to_numpy(), np.nan)
+    load = np.fmax(by_step["load"].to_numpy(), later)  # fmax: a missing next value changes nothing
+    load[np.isnan(by_step["load"].to_numpy())] = (
+        np.nan
+    )  # a step without its own value stays unknown
+    return steps["step"].map(pd.Series(load, index=by_step.index)).astype(float)
 
 
 def quiet_summary(
