@@ -86,6 +86,9 @@ def test_a_step_whose_next_window_reaches_back_into_it_takes_that_load_too():
         if r["step"] == 7:
             r["step_time_s"] = 0.3
     assert quiet_summary(frame(rows), cores=2)["busy_steps"] == 1  # step 7 alone
+    for r in rows:  # steps of 60 ms: steps 4-6 end within 0.2 s before step 7 ends (not step 3)
+        r["step_time_s"] = 0.06
+    assert quiet_summary(frame(rows), cores=2)["busy_steps"] == 4
 
 
 def test_a_run_without_per_step_load_is_neither_quiet_nor_busy():

@@ -2,9 +2,9 @@
 alone, and which figure a run's headline uses (docs/reference/metrics.md, "Quiet steps").
 
 - A step is *quiet* when steps.csv `other_cpu_cores` (the most any row of that step recorded;
-  rank 0 measures for its host), and the next step's when that one is shorter than the meter's
-  window (its window reaches back into this step: a burst that began late in this step shows
-  there), is at most `frac` × the cores the run uses (`cores_in_use`);
+  rank 0 measures for its host), and that of every later step ending less than the meter's
+  window (0.2 s) after it (their windows reach back into this step: a burst that began late in
+  this step shows there first), is at most `frac` × the cores the run uses (`cores_in_use`);
   `frac` defaults to QUIET_OTHER_CORES_FRAC (0.25 of a core per core in use). A step without a
   value (other ranks' rows alone, a run from before the column) is neither quiet nor busy.
 - Only the throughput steps count (profiler.runfolder.layout.throughput_steps: measured, not
@@ -76,21 +76,22 @@ def frame_samples_per_s(steps: pd.DataFrame, mask: np.ndarray) -> float | None:
 
 
 def _step_loads(steps: pd.DataFrame) -> pd.Series:
-    """Each row's step load: the largest `other_cpu_cores` any row of its step recorded, and of
-    the next step's when that one is shorter than the meter's window (STEP_LOAD_WINDOW_S): its
-    window then reaches back into this step, so a burst that began inside this step shows there
-    first."""
+    """Each row's step load: the largest `other_cpu_cores` of every measurement that covers its
+    step: the step's own (the most any row of it recorded) and that of each later step whose
+    window reaches back into it. A step shorter than the meter's window (STEP_LOAD_WINDOW_S) is
+    measured over the window ending with it, so a later step ending less than a window after
+    this one's end covers this one too: a burst that began late in a step shows there first.
+    (The steps' times are summed without the gaps between them: a little more look-ahead.)"""
     if LOAD_COLUMN not in steps.columns:
         return pd.Series(np.nan, index=steps.index)
     by_step = steps.groupby("step").agg(load=(LOAD_COLUMN, "max"), time=("step_time_s", "max"))
-    following = by_step.reindex(by_step.index + 1)
-    reaches_back = (following["time"] < STEP_LOAD_WINDOW_S).to_numpy()
-    later = np.where(reaches_back, following["load"].to_numpy(), np.nan)
-    load = np.fmax(by_step["load"].to_numpy(), later)  # fmax: a missing next value changes nothing
-    load[np.isnan(by_step["load"].to_numpy())] = (
-        np.nan
-    )  # a step without its own value stays unknown
-    return steps["step"].map(pd.Series(load, index=by_step.index)).astype(float)
+    ends = by_step["time"].cumsum().to_numpy()
+    # Backwards in time, a rolling max over one window: at step k, the steps ending in
+    # [end_k, end_k + window), i.e. k and the later ones whose windows reach back into it.
+    back = pd.Series(by_step["load"].to_numpy()[::-1], index=pd.to_timedelta(-ends[::-1], unit="s"))
+    covered = back.rolling(pd.Timedelta(seconds=STEP_LOAD_WINDOW_S)).max().to_numpy()[::-1]
+    covered = np.where(np.isnan(by_step["load"].to_numpy()), np.nan, covered)  # own value needed
+    return steps["step"].map(pd.Series(covered, index=by_step.index)).astype(float)
 
 
 def quiet_summary(
