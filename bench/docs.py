@@ -138,7 +138,9 @@ def benchmarks_md(bench_dir: Path = BENCH_DIR) -> str:
         " spread over a group's runs, the speedup (median and 95% CI over rounds where the tree"
         " has them), the efficiency, the largest part of its split beside the loss it splits,"
         " the quiet and busy steps, and the verdict (goal: the verdict quotes no number it knows"
-        " is noise; with quiet steps, its figures come from them).",
+        " is noise; with quiet steps, its figures come from them). Another run kept beside it"
+        " (`BENCH_OUT=reports/bench/demo_load_<label>.json`) gets its own section:"
+        " `demo_load_busier` was measured while other jobs held the load at 11 to 15.",
         "",
     ]
     if not files:
