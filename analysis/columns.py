@@ -235,6 +235,8 @@ STRAGGLER_COLS = [
     ms_of_us(key="start_skew_us_mean", label="Collective start skew, mean", unit="ms"),
     ms_of_us(key="start_skew_us_max", label="Collective start skew, max", unit="ms"),
     C(key="straggler_score", label="Straggler score", unit="ratio", kind="num"),
+    C(key="clock_offset_us", label="Clock offset vs rank 0", unit="µs", kind="num", digits=1),
+    C(key="clock_offset_uncertainty_us", label="± (offset)", unit="µs", kind="num", digits=1),
     C(key="spread_pct", label="Step-time spread over ranks", unit="%", kind="num", digits=1),
 ]
 MEMORY_COLS = [

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import gzip
 import json
+import mmap
 import re
 import sys
 import time
@@ -107,11 +108,16 @@ def test_session_cut_short_still_writes_and_disabled_writes_nothing(tmp_path: Pa
 
 def test_timer_cpu_phases_sum_to_step():
     results = _train(5, None)
+    covered = []
     for r in results:
         assert set(r) == {"step_time_s", "data_s", "forward_s", "backward_s", "optimizer_s"}
         phases = r["data_s"] + r["forward_s"] + r["backward_s"] + r["optimizer_s"]
         assert all(r[k] > 0 for k in r)
-        assert phases <= r["step_time_s"] and phases >= 0.5 * r["step_time_s"]
+        assert phases <= r["step_time_s"]
+        covered.append(phases / r["step_time_s"])
+    # The phases cover most of a step. A loaded machine can preempt the loop between two phases
+    # of any one step, so the best of the five steps is judged, not each.
+    assert max(covered) >= 0.5, covered
 
 
 def test_timer_misuse_is_an_error():
@@ -168,14 +174,17 @@ def test_memory_cpu_real_rss():
     # memory to the OS in between (a previous test's garbage), so the peak can sit below the
     # first sample + 64 MiB while still having seen the whole block.
     baseline = psutil.Process().memory_info().rss
-    block = bytearray(64 * 1024 * 1024)  # touch 64 MiB so the peak must rise
-    block[::4096] = b"x" * len(block[::4096])
+    # An anonymous mapping: fresh pages, so touching them must raise the RSS. A bytearray could
+    # reuse heap memory a previous test freed but the allocator kept resident (no rise at all).
+    block = mmap.mmap(-1, 64 * 1024 * 1024)
+    for offset in range(0, len(block), mmap.PAGESIZE):
+        block[offset] = 1
     # The daemon sampler alone must see the block. On a loaded machine its 10 ms wake-up can
     # be late, so wait for it (bounded) instead of sleeping a fixed time.
     deadline = time.monotonic() + 10.0
     while tracker._peak_rss < baseline + 60 * 1024 * 1024 and time.monotonic() < deadline:
         time.sleep(0.01)
-    del block
+    block.close()
     tracker.stop()
     (entry,) = tracker.summary()
     (early,) = tracker.summary_after_first_step()

@@ -245,7 +245,7 @@ def test_run_recorder_in_process_writes_the_standard_run_folder(tmp_path):
 def test_run_recorder_phase_outside_a_step_names_the_fix(tmp_path):
     from profiler import RunRecorder
 
-    rec = RunRecorder(runs_dir=tmp_path, run_id="bad")
-    with pytest.raises(ValueError, match="inside `with rec.step"):
-        with rec.phase("forward"):
-            pass
+    with RunRecorder(runs_dir=tmp_path, run_id="bad") as rec:  # closed: one open per process
+        with pytest.raises(ValueError, match="inside `with rec.step"):
+            with rec.phase("forward"):
+                pass

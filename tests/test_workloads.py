@@ -34,8 +34,8 @@ CONFIG_KEYS = set(
     """mode backend world_size nnodes nproc_per_node devices model model_args dataset dataset_args
     loss model_facts global_batch
     per_device_batch scaling amp seed epochs max_steps lr momentum weight_decay sync_bn num_workers
-    pin_memory warmup_steps rendezvous ddp profile grad_accum_steps micro_batch sweep_id repeat_id
-    repeat_round""".split()
+    pin_memory warmup_steps eval_batches rendezvous ddp profile grad_accum_steps micro_batch
+    sweep_id repeat_id repeat_round""".split()
 )
 ENV_KEYS = set(
     "os platform python torch cuda nccl gpus cpu_model cpu_cores threads_per_rank hostname host_load".split()

@@ -11,6 +11,7 @@ import argparse
 from pathlib import Path
 
 from analysis.runs.quiet import add_quiet_argument
+from analysis.trace.clocks import add_clock_align
 from profiler.runfolder.errors import OneLineParser, run_command
 
 __all__ = ["build_parser", "main"]
@@ -27,6 +28,7 @@ def build_parser(prog: str = "python -m analysis.report") -> argparse.ArgumentPa
     )
     parser.add_argument("--out", type=Path, default=Path("reports"), help="report folder")
     parser.add_argument("--no-progress", action="store_true", help="hide progress bars")
+    add_clock_align(parser)
     add_quiet_argument(parser)
     return parser
 
@@ -39,7 +41,11 @@ def main(argv: list[str] | None = None, *, prog: str = "python -m analysis.repor
         from analysis.report.build import build_report
 
         files = build_report(
-            args.runs, args.out, progress=not args.no_progress, quiet_frac=args.quiet_frac
+            args.runs,
+            args.out,
+            progress=not args.no_progress,
+            clock_align=args.clock_align,
+            quiet_frac=args.quiet_frac,
         )
         print(f"report: {files.index_html}")
         print(f"open:   {files.index_html.resolve().as_uri()}")

@@ -1,4 +1,5 @@
-"""Build the report folder: index.html (self-contained), summary.json and the CSV tables.
+"""Build the report folder: index.html (self-contained), summary.json, the CSV tables and the
+Parquet tables (analysis/parquet.py: steps, collectives, ops, memory).
 
 `build_report` runs `compare_runs` over the given folders; `write_report` turns its runs JSON into
 files. All HTML goes through Jinja2 with autoescape on, so every string from a trace or run.json
@@ -21,6 +22,7 @@ from tqdm import tqdm
 
 from analysis.jsonsafe import DISPLAY_CHARS, clip
 from analysis.outputs import check_report_out
+from analysis.parquet import run_tables, table_bytes
 from analysis.report import figures, memory_section
 from analysis.report.findings import THRESHOLDS, findings
 from analysis.report.loss import loss_context
@@ -56,6 +58,7 @@ class ReportFiles:
     index_html: Path
     summary_json: Path
     csvs: list[Path] = field(default_factory=list)
+    parquet: list[Path] = field(default_factory=list)  # steps/collectives/ops/memory tables
 
 
 # Keys whose strings are file paths (links must stay whole); every other string from a record is
@@ -255,13 +258,23 @@ def write_report(data: dict[str, Any], out_dir: Path, *, progress: bool = True) 
         )
     )
     # Everything is rendered before the first write, so a failure above leaves the folder as it was.
-    files = {t.csv: t.frame().to_csv(index=False) for t in tables.values() if t.csv}
+    files: dict[str, str | bytes] = {
+        t.csv: t.frame().to_csv(index=False) for t in tables.values() if t.csv
+    }
+    runs = [(r["run_id"], r.get("trace")) for r in full.get("runs", []) if r.get("run_id")]
+    columnar = {f"{n}.parquet": table_bytes(t) for n, t in run_tables(runs).items()}
+    files.update(columnar)
     files["summary.json"] = json.dumps(summary, indent=2, allow_nan=False) + "\n"
     files["index.html"] = html
     replace_folder(files, out_dir)
     index = out_dir / "index.html"
     csvs = [out_dir / t.csv for t in tables.values() if t.csv]
-    return ReportFiles(index_html=index, summary_json=out_dir / "summary.json", csvs=csvs)
+    return ReportFiles(
+        index_html=index,
+        summary_json=out_dir / "summary.json",
+        csvs=csvs,
+        parquet=[out_dir / n for n in columnar],
+    )
 
 
 def build_report(
@@ -269,16 +282,22 @@ def build_report(
     out_dir: Path,
     *,
     progress: bool = True,
+    clock_align: str = "auto",
     quiet_frac: float = QUIET_OTHER_CORES_FRAC,
 ) -> ReportFiles:
-    """Analyse the run folders under `paths` with `compare_runs` (`quiet_frac`: its quiet-step
-    threshold) and write the report."""
+    """Analyse the run folders under `paths` with `compare_runs` (trace clocks aligned per
+    `clock_align`; `quiet_frac`: its quiet-step threshold) and write the report."""
     for p in paths:
         if not Path(p).is_dir():
             raise ReportError(f"{p} is not a folder; pass RUNS folders made by `make profile-all`")
     _check_out(Path(out_dir), [Path(p) for p in paths])  # before any work
     try:
-        data = compare_runs([Path(p) for p in paths], progress=progress, quiet_frac=quiet_frac)
+        data = compare_runs(
+            [Path(p) for p in paths],
+            progress=progress,
+            clock_align=clock_align,
+            quiet_frac=quiet_frac,
+        )
     except InputError as exc:
         raise ReportError(str(exc)) from exc
     return write_report(data, out_dir, progress=progress)

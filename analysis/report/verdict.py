@@ -12,9 +12,11 @@ from __future__ import annotations
 
 from typing import Any
 
+from analysis.project.bands import band_text
 from analysis.report.findings import NAMES, THRESHOLDS, is_busy
 from analysis.report.loss import PART_NAMES, largest_part
 from analysis.report.memory_section import static_difference
+from analysis.report.projection import efficiency_text, predictions
 from analysis.runs.compare import is_measured, workload_key
 
 __all__ = ["VERDICT_RANKS", "verdict"]
@@ -60,7 +62,7 @@ def _projection(g: dict[str, Any], data: dict[str, Any], runs: dict) -> list[dic
         replays = [r for r in p.get("replays") or [] if r.get("run_id") in mine]
         if not replays and (base is None or workload_key(base) != key):
             continue
-        at = next((x for x in p["predictions"] if x["ranks"] == VERDICT_RANKS), None)
+        at = next((x for x in predictions(p) if x["ranks"] == VERDICT_RANKS), None)
         if at is None:
             continue
         inputs = p.get("inputs") or {}
@@ -69,8 +71,9 @@ def _projection(g: dict[str, Any], data: dict[str, Any], runs: dict) -> list[dic
         gbps = inputs.get("inter_node_gbps") if across else None
         out = [_seg(f" Projected at {VERDICT_RANKS} ranks" + (f" over {gbps:g} Gb/s"
                     if gbps else "") + ": "),
-               _seg(f"{at['speedup']:.1f}× ({100 * at['scaling_efficiency']:.0f}%)", "#projection")]  # fmt: skip
-        if replays:
+               _seg(f"{band_text(at['speedup'], at['speedup_low'], at['speedup_high'], '{:.1f}', '×')}"
+                    f" ({efficiency_text(at)})", "#projection")]  # fmt: skip
+        if replays and isinstance(replays[0].get("error_pct"), int | float):
             out.append(_seg(f" (replay error {replays[0]['error_pct']:+.0f}%)", "#projection"))
         return [*out, _seg(".")]
     return []

@@ -20,6 +20,7 @@ from analysis.project.comm import is_comm_run
 from analysis.project.runs import comm_and_projections
 from analysis.runs.efficiency import attach_efficiency_loss
 from analysis.runs.entry import RunEntry, attach_trace, is_measured, load_run, mean_std
+from analysis.trace.clocks import check_clock_align
 from analysis.runs.opdiff import ddp_adds
 from analysis.runs.rounds import round_stats
 from analysis.runs.tune import is_tune_dir, load_tunes
@@ -243,15 +244,17 @@ def compare_runs(
     *,
     progress: bool = True,
     traces: bool = True,
+    clock_align: str = "auto",
     quiet_frac: float = QUIET_OTHER_CORES_FRAC,
 ) -> dict:
     """The runs JSON (schema_version 2) for run folders or folders of run folders in `paths`.
 
-    `traces=False` skips trace analysis (trace fields stay null). `quiet_frac`: the quiet-step
-    threshold (other processes' cores per core a run uses; analysis.runs.quiet). Raises
-    InputError only when no run could be read at all; unreadable folders are listed under
-    `skipped`.
+    `traces=False` skips trace analysis (trace fields stay null); `clock_align` is the traces
+    analysis' (analysis/trace/clocks.py); `quiet_frac`: the quiet-step threshold (other
+    processes' cores per core a run uses; analysis.runs.quiet). Raises InputError only when no
+    run could be read at all; unreadable folders are listed under `skipped`.
     """
+    check_clock_align(clock_align)
     run_dirs, skipped = find_run_dirs(paths)
     comm_dirs = [d for d in run_dirs if is_comm_run(d)]  # `make bench-comm`: not a training run
     run_dirs = [d for d in run_dirs if d not in comm_dirs]
@@ -264,7 +267,8 @@ def compare_runs(
         try:
             entry = load_run(run_dir, quiet_frac=quiet_frac)
             if traces and is_measured(entry):
-                attach_trace(entry, run_dir, progress=False)  # one bar, over the runs
+                # one bar, over the runs
+                attach_trace(entry, run_dir, progress=False, clock_align=clock_align)
         except InvalidRecord as err:
             invalid.append({"path": str(run_dir), **err.to_dict()})
             continue

@@ -35,6 +35,7 @@ from profiler.runfolder.quiet import cores_in_use
 from profiler.runfolder.records import InvalidRecord, read_record
 from profiler.runfolder.schema import EvalEntry, Metrics, RunRecord, StepTime
 from profiler.runfolder.steps import read_steps_frame
+from profiler.runfolder.lease import killed_error
 
 __all__ = [
     "MEASURED",
@@ -208,6 +209,9 @@ def load_run(run_dir: Path, *, quiet_frac: float = QUIET_OTHER_CORES_FRAC) -> Ru
     processes' cores per core the run uses (analysis.runs.quiet).
     """
     rec, raw = read_record(run_dir / "run.json")
+    status, error = rec.status, raw.get("error")
+    if status == "running" and (killed := killed_error(run_dir)):  # its launcher is gone
+        status, error = "failed", killed
     config, env, metrics = rec.config, rec.env, rec.metrics
     step_time = metrics.step_time_s or StepTime()
     best = rec.eval.best or EvalEntry()
@@ -215,8 +219,8 @@ def load_run(run_dir: Path, *, quiet_frac: float = QUIET_OTHER_CORES_FRAC) -> Ru
     entry = RunEntry(
         run_id=safe_text(rec.run_id or run_dir.name),  # a non-UTF-8 folder name: U+FFFD
         path=str(run_dir),
-        status=rec.status,
-        error=raw.get("error"),
+        status=status,
+        error=error,
         **{k: getattr(config, k) for k in CONFIG_FIELDS},
         **{k: getattr(env, k) for k in ENV_FIELDS},
         model_args=args_text(config.model_args),
@@ -326,8 +330,11 @@ def _read_phases(entry: RunEntry, steps_csv: Path, rec: RunRecord, quiet_frac: f
         )
 
 
-def attach_trace(entry: RunEntry, run_dir: Path, *, progress: bool) -> None:
-    """Analyse the run's traces/ folder and copy the run-level trace metrics into `entry`."""
+def attach_trace(
+    entry: RunEntry, run_dir: Path, *, progress: bool, clock_align: str = "auto"
+) -> None:
+    """Analyse the run's traces/ folder (clocks aligned per `clock_align`) and copy the
+    run-level trace metrics into `entry`."""
     trace_dir = run_dir / "traces"
     if os.path.lexists(trace_dir) and not trace_dir.is_dir():
         entry.warnings.append(f"{trace_dir}: not a folder — its traces are not analysed")
@@ -336,7 +343,9 @@ def attach_trace(entry: RunEntry, run_dir: Path, *, progress: bool) -> None:
         return
     left_out = frozenset(run_dir / t["file"] for t in entry.traces_left_out)
     try:
-        trace = analyze_trace_dir(trace_dir, progress=progress, exclude=left_out)
+        trace = analyze_trace_dir(
+            trace_dir, progress=progress, exclude=left_out, clock_align=clock_align
+        )
     except InputError as err:
         entry.warnings.append(str(err))
         return

@@ -14,7 +14,10 @@ nothing first-party outside itself. Its modules:
   shares (step metrics, the comm run's alpha-beta fit, the busy-machine rule and the host-load
   meters, the quiet-step headline, the bootstrap interval over rounds and when `--repeat auto`
   stops);
-- `inputfile`, `atomic`, `errors`: the reading boundary, atomic writes, the error types.
+- `inputfile`, `atomic`, `errors`: the reading boundary, atomic writes, the error types (the
+  disk's refusals as one line too: `DiskError`);
+- `lease`: `owner.json`, the exclusive claim of a run folder and the lease that tells a reader
+  its launcher was killed.
 
 The format itself: docs/reference/run-folder.md.
 """

@@ -96,11 +96,30 @@ class DdpMetrics(msgspec.Struct):
     param_count: Count | None = None
 
 
+class FlightRecorderView(msgspec.Struct):
+    """run.json `error.flight_recorder` (optional): what the ranks' flight-recorder dumps say
+    (profiler.runfolder.frdiag, docs/reference/run-folder.md)."""
+
+    message: str | None = None
+    process_group: str | None = None
+    seq: int | None = None
+    collective: str | None = None
+    entered: list[int] = []
+    never_entered: list[int] = []
+    waited_s: dict[str, float] = {}
+    desync: list[dict[str, Any]] | None = None
+    aborted: dict[str, str] = {}
+    no_dump: list[int] = []
+    dumps: list[str] = []
+    problems: list[str] = []
+
+
 class ErrorInfo(msgspec.Struct):
     message: str | None = None
     rank: int | None = None  # any integer: a writer may mark "no rank" its own way
     exit_code: int | None = None
     log_tail: list[str] = []
+    flight_recorder: FlightRecorderView | None = None
 
 
 class ModelFacts(msgspec.Struct):
@@ -156,6 +175,7 @@ class Config(msgspec.Struct):
     # ranks on one host (the launcher's plan; a recorded run's ranks), for the cores a run uses
     nproc_per_node: Count | None = None
     warmup_steps: Count | None = None
+    eval_batches: Count | None = None  # --eval-batches (0 = the whole test split); newer runs
     sweep_id: str | None = None
     # `--repeat` rounds: the set of rounds (one id) and this run's round in it, from 0
     repeat_id: str | None = None
@@ -255,6 +275,7 @@ class Eval(msgspec.Struct):
     epochs: list[EvalEntry] = []
     best: EvalEntry | None = None
     note: str | None = None  # why the run has no eval (a dataset without a test split)
+    split_samples: Count | None = None  # the test split's size (newer runs; --eval-batches caps)
 
 
 class RunRecord(msgspec.Struct):

@@ -21,7 +21,10 @@ However the script ends, the rank writes its part (profiler.runfolder.parts) wit
   and the cycle cut short are all kept.
 
 The launcher passes its settings in DPSCOPE_SCRIPT (JSON: run_dir, profile, warmup_steps,
-samples_per_step, workload, max_steps), so the script's own arguments stay untouched.
+samples_per_step, workload, max_steps, collective_timeout), so the script's own arguments stay
+untouched. A DDP rank also gets `--collective-timeout` as its process groups' default timeout,
+the flight recorder's dumper and a heartbeat (workloads.launch.flightrec); a failing rank dumps
+and asks its peers to.
 """
 
 from __future__ import annotations
@@ -40,6 +43,7 @@ from pathlib import Path
 from profiler.autohooks import AutoSteps, HookedRecorder, MaxStepsReached
 from profiler.runfolder.parts import write_part
 from profiler.session import ProfileConfig
+from workloads.launch.flightrec import dump_on_failure, watch_script_rank
 from workloads.launch.kinetolog import ProfilerLogFilter
 from workloads.launch.runlog import rank_log, write_error_record
 
@@ -202,6 +206,12 @@ def main(argv: list[str] | None = None) -> int:
             guard=stopper.hold,
         )
         hooks.install()
+        watch_script_rank(  # --collective-timeout, the flight recorder and the heartbeat
+            run_dir,
+            rank=rank,
+            timeout_s=settings.get("collective_timeout"),
+            progress=lambda: (rec.state.step, rec.state.phase or ("data" if rec.in_step else None)),
+        )
         ending, failure = _run(script, argv[1:], stopper)
         hooks.remove()
         rec.ending = ending
@@ -210,6 +220,7 @@ def main(argv: list[str] | None = None) -> int:
             write_error_record(
                 run_dir, rank=rank, exc=failure, details={"exit_code": ending["exit_code"]}
             )
+            dump_on_failure(f"{type(failure).__name__}: {failure}"[:300])
         if ending["ended"] == "max_steps":
             _stop_process_group()
     sys.stdout.flush()

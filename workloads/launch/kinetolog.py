@@ -1,6 +1,13 @@
 """Keep the profiler's own log lines out of the user's terminal: a `--script` rank's stderr file
 descriptor goes through a pipe whose reader moves them to `logs/rank<r>.profiler.log`.
 
+The reader is a small process of its own (`python -m workloads.launch.kinetolog LOG`), not a
+thread: a rank that dies at once (gloo's "terminate called ... Received data size doesn't match
+expected size", a C++ abort) writes its last lines into the pipe and takes any thread of its
+own with it, so only a reader outside it gets them to the terminal and the launcher's log. It
+ignores SIGINT and SIGTERM (a Ctrl-C must not cut what the rank prints on its way out) and ends
+when the pipe closes, that is when the rank and every child holding its stderr are gone.
+
 Kineto (torch.profiler's C++ library) and c10 write straight to file descriptor 2, past Python's
 `sys.stderr`, so a `sys.stderr` wrapper cannot see them. What counts as the profiler's own
 (`PROFILER_LINE`): Kineto's formatted log lines (`USDT:... SyncActivityProfilerHandler.cpp:39]
@@ -19,8 +26,9 @@ from __future__ import annotations
 import os
 import re
 import select
+import signal
+import subprocess
 import sys
-import threading
 from pathlib import Path
 
 __all__ = ["PROFILER_LINE", "ProfilerLogFilter", "is_profiler_line"]
@@ -54,28 +62,38 @@ class ProfilerLogFilter:
         self.fd = fd
         self._saved: int | None = None
         self._read: int | None = None
-        self._thread: threading.Thread | None = None
+        self._proc: subprocess.Popen | None = None
 
     def start(self) -> None:
-        if os.name != "posix" or self._thread is not None:
+        """Route `fd` through the pipe to the reader process (see the module docstring)."""
+        if os.name != "posix" or self._proc is not None:
             return
         sys.stderr.flush()
         self._saved = os.dup(self.fd)
-        self._read, write = os.pipe()
+        read, write = os.pipe()
+        self._proc = subprocess.Popen(
+            [sys.executable, "-m", "workloads.launch.kinetolog", str(self.log_path)],
+            stdin=read,
+            stdout=subprocess.DEVNULL,
+            stderr=self._saved,
+        )
+        os.close(read)
         os.dup2(write, self.fd)
         os.close(write)
-        self._thread = threading.Thread(target=self._pump, name="dpscope-stderr", daemon=True)
-        self._thread.start()
 
     def stop(self, timeout_s: float = 2.0) -> None:
         """Put `fd` back and let the reader drain what is left (forked children that still hold
-        the pipe keep it open: then it stops waiting after `timeout_s`)."""
-        if self._thread is None or self._saved is None:
+        the pipe keep it open: then it stops waiting after `timeout_s`, and the reader ends when
+        they do)."""
+        if self._proc is None or self._saved is None:
             return
         sys.stderr.flush()
         os.dup2(self._saved, self.fd)  # our last reference to the pipe's writing end
-        self._thread.join(timeout_s)
-        self._thread = None
+        try:
+            self._proc.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            pass
+        self._proc = None
 
     def _pump(self) -> None:
         assert self._read is not None and self._saved is not None
@@ -117,3 +135,19 @@ class ProfilerLogFilter:
                 view = view[os.write(self._saved, view) :]
             except OSError:  # the reader went away (the launcher stopped): drop it
                 return
+
+
+def main(argv: list[str] | None = None) -> int:
+    """The reader process: stdin is the rank's stderr pipe, stderr the terminal (the rank's
+    original stderr); the profiler's lines go to the log named by the one argument."""
+    (log_path,) = sys.argv[1:] if argv is None else argv
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, signal.SIG_IGN)
+    filt = ProfilerLogFilter(Path(log_path))
+    filt._read, filt._saved = sys.stdin.fileno(), sys.stderr.fileno()
+    filt._pump()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

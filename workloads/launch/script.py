@@ -24,14 +24,16 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from profiler.environment import collect_env
-from profiler.runfolder.layout import RUN_JSON, utc_now, write_run_json
+from profiler.runfolder.layout import create_run_folder, utc_now, write_run_json
+from profiler.runfolder.lease import Lease
 from profiler.runfolder.versions import RUN_JSON_SCHEMA_VERSION
 from profiler.session import ProfileConfig
 from workloads.config import TrainConfig, config_from_namespace
 from workloads.launch.bootstrap import SETTINGS_ENV
 from workloads.launch.child import child_env, user_path
+from workloads.launch.flightrec import flight_recorder_env
 from workloads.launch.scriptend import end_script_run, exit_code, next_lines, print_summary
-from workloads.launch.supervise import run_supervised
+from workloads.launch.supervise import WATCHDOG_GRACE_S, run_supervised
 
 __all__ = ["ScriptError", "next_lines", "parse_script_args", "run_script"]
 
@@ -40,7 +42,7 @@ SCRIPT_OPTIONS = frozenset(
     {
         "help", "mode", "nproc", "script", "samples_per_step", "workload", "runs_dir", "run_id",
         "warmup_steps", "max_steps", "profile", "profile_wait", "profile_warmup",
-        "profile_active", "profile_repeat", "profile_with_stack",
+        "profile_active", "profile_repeat", "profile_with_stack", "collective_timeout",
     }
 )  # fmt: skip
 """The launcher options that mean something with --script; every other one is refused."""
@@ -54,7 +56,8 @@ HINTS = {
     "nnodes": "--script runs on one node (torchrun --standalone)",
 }
 SCRIPT_STALL_S = 24 * 3600.0
-"""A script writes no heartbeat: the watchdog only ends a run that shows no sign for a day."""
+"""A single-process script writes no heartbeat: the watchdog only ends it after a day. A DDP
+script's ranks beat (workloads.launch.flightrec): --collective-timeout + WATCHDOG_GRACE_S."""
 _UNSET = object()
 
 
@@ -150,8 +153,11 @@ def _env(cfg: TrainConfig, run_dir: Path, args: argparse.Namespace, nproc: int) 
         "samples_per_step": args.samples_per_step,
         "workload": args.workload_name,
         "max_steps": cfg.max_steps,
+        "collective_timeout": cfg.collective_timeout,
     }
     env = child_env(PYTHONUNBUFFERED="1", **{SETTINGS_ENV: json.dumps(settings)})
+    if args.mode == "ddp":  # the script picks its backend: NCCL's own dump is asked for too
+        env = {**flight_recorder_env(run_dir / "logs", nccl=True), **env}
     env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // nproc)))
     env.setdefault("KINETO_LOG_LEVEL", "5")
     return env
@@ -192,12 +198,9 @@ def run_script(args: argparse.Namespace, script_args: list[str]) -> int:
     args.workload_name = workload_name(sha, script_args, args.workload)
     stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%S")
     cfg.run_id = cfg.run_id or f"script-{script.stem}-{mode}-n{nproc}-{stamp}"
-    run_dir = Path(cfg.runs_dir) / cfg.run_id
-    if (run_dir / RUN_JSON).exists():
-        raise ScriptError(
-            f"run folder {run_dir} already holds a run; pick another --run-id or remove it"
-        )
+    run_dir = create_run_folder(cfg.runs_dir, cfg.run_id, writer="launcher")  # exclusive
     (run_dir / "logs").mkdir(parents=True, exist_ok=True)
+    lease = Lease(run_dir, "launcher")  # a killed launcher reads as such (profiler.runfolder.lease)
     extra = _config_extra(script, script_args, sha, args.workload_name, cfg.max_steps)
     record = _running_record(cfg, mode, nproc, extra)
     write_run_json(run_dir, record)
@@ -207,8 +210,9 @@ def run_script(args: argparse.Namespace, script_args: list[str]) -> int:
         env=_env(cfg, run_dir, args, nproc),
         log_path=launcher_log,
         logs=run_dir / "logs",
-        stall_s=SCRIPT_STALL_S,
+        stall_s=cfg.collective_timeout + WATCHDOG_GRACE_S if mode == "ddp" else SCRIPT_STALL_S,
     )
+    lease.stop()
     final = end_script_run(
         run_dir,
         outcome,

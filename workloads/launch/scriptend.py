@@ -97,7 +97,7 @@ def next_lines(runs_dir: str | Path) -> list[str]:
     make = f"   (make report RUNS={runs})" if in_repo else ""
     return [
         f"next: dpscope report {runs} --out reports{make}",
-        f"      dpscope tensorboard --logdir {runs}   (traces in TensorBoard's profiler plugin)",
+        f"      dpscope tensorboard {runs}   (traces in TensorBoard's profiler plugin)",
     ]
 
 
