@@ -5,11 +5,13 @@ and the step meter on this process (its own CPU is never "other")."""
 
 from __future__ import annotations
 
+import itertools
 import subprocess
 import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 import psutil
 import pytest
@@ -89,6 +91,47 @@ def test_a_step_whose_next_window_reaches_back_into_it_takes_that_load_too():
     for r in rows:  # steps of 60 ms: steps 4-6 end within 0.2 s before step 7 ends (not step 3)
         r["step_time_s"] = 0.06
     assert quiet_summary(frame(rows), cores=2)["busy_steps"] == 4
+
+
+def _covered_loads(times: list[float], loads: list[float | None]) -> list[float | None]:
+    """The reference for the look-ahead, from the meter's rule (StepLoadMeter.sample): step j's
+    value is measured from the newest step end (or the start) at least STEP_LOAD_WINDOW_S before
+    its own end, so it covers every step k <= j that ends after that point. A step's load is
+    the largest value of every step that covers it; None without its own value."""
+    ends = list(itertools.accumulate(times))
+    starts = [max([0.0, *(e for e in ends[:j] if e <= ends[j] - STEP_LOAD_WINDOW_S)])
+              for j in range(len(ends))]  # fmt: skip
+    out = []
+    for k, own in enumerate(loads):
+        cover = [loads[j] for j in range(k, len(ends)) if starts[j] < ends[k]]
+        out.append(None if own is None else max(v for v in cover if v is not None))
+    return out
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_every_later_step_whose_window_reaches_back_into_a_step_covers_it(seed):
+    """Random step times (20-250 ms, around the 0.2 s window) and loads, some steps without a
+    value: the quiet steps are exactly those the meter's windows say were quiet."""
+    rng = np.random.default_rng(seed)
+    n = 40
+    times = rng.uniform(0.02, 0.25, n + 2).round(4).tolist()
+    loads = [float(v) for v in rng.choice([0.1, 0.3, 0.5, 0.7, 1.5], n + 2, p=[.5, .2, .1, .1, .1])]  # fmt: skip
+    loads = [None if rng.random() < 0.1 else v for v in loads]
+    rows = step_rows(n, 0)
+    for r in rows:
+        r["step_time_s"] = times[r["step"]]
+        r["other_cpu_cores"] = loads[r["step"]] if r["rank"] == 0 else None
+    expected = _covered_loads(times, loads)
+    quiet = {k for k in range(2, n + 2) if expected[k] is not None and expected[k] <= 0.5}
+    busy = {k for k in range(2, n + 2) if expected[k] is not None and expected[k] > 0.5}
+    assert quiet and busy, "a draw without both kinds of step would prove little"
+    q = quiet_summary(frame(rows), cores=2)
+    assert (q["quiet_steps"], q["busy_steps"]) == (len(quiet), len(busy))
+    steps = frame(rows)["step"][q["mask"]] if q["throughput_basis"] == "quiet" else None
+    if steps is not None:
+        assert set(steps) == quiet
+    naive = {k for k in range(2, n + 2) if loads[k] is not None and loads[k] <= 0.5}
+    assert quiet <= naive  # look-ahead only removes steps
 
 
 def test_a_run_without_per_step_load_is_neither_quiet_nor_busy():
