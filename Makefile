@@ -46,13 +46,13 @@ RUN_FLAGS = --model $(MODEL) --dataset $(DATASET) --epochs $(EPOCHS) --max-steps
             --batch-size $(BATCH) --runs-dir "$(RUNS)" $(PROFILE_FLAGS)
 
 .PHONY: help setup profile-single profile-dp profile-ddp profile-all profile-script report demo tensorboard \
-        bench-analysis hta-orphans-reference gpu-check test test-fast docs lint format clean
+        bench-analysis hta-orphans-reference gpu-check test test-fast test-load docs lint format clean
 
 help:
 	@echo "dpscope targets: setup profile-single profile-dp profile-ddp profile-all profile-script profile-sweep"
 	@echo "                 report demo tensorboard tune-ddp bench-comm bench-projection"
 	@echo "                 bench bench-overhead bench-analysis bench-report bench-demo-load hta-orphans-reference gpu-check"
-	@echo "                 test test-fast docs lint format clean"
+	@echo "                 test test-fast test-load docs lint format clean"
 	@echo "every target and variable: docs/reference/make.md; the dpscope command: docs/reference/cli.md"
 
 # Re-install only when requirements.txt or pyproject.toml changed (the stamp is newer otherwise):
@@ -137,6 +137,15 @@ test: setup
 
 test-fast: setup
 	$(PY) -m pytest -q -m "not integration"
+
+# The whole suite beside a CPU hog on every core (bench/cpuhog.py, on HOG_DUTY of each second):
+# it stops when the suite ends, or after HOG_DEADLINE_S whatever happens. CI runs plain `test`.
+HOG_DUTY ?= 1
+HOG_DEADLINE_S ?= 5400
+test-load: setup
+	$(PY) -m bench.cpuhog --duty $(HOG_DUTY) --deadline-s $(HOG_DEADLINE_S) \
+	    --json $(if $(filter %.json,$(BENCH_OUT)),$(BENCH_OUT),$(or $(BENCH_OUT),reports/bench)/suite_load.json) \
+	    -- $(PY) -m pytest $(ARGS)
 
 # docs/reference/cli.md from the argparse parsers, docs/benchmarks.md from reports/bench/*.json.
 docs: setup

@@ -1,6 +1,7 @@
 """A bounded, self-stopping CPU load generator: other processes for a measurement to run beside.
 
     python -m bench.cpuhog --cores 2 --duty 0.5 --period-s 1 --deadline-s 60
+    python -m bench.cpuhog --deadline-s 5400 -- python -m pytest     # make test-load
 
 keeps `--cores` cores busy in bursts: every worker spins for `duty` × `period_s` at the start of
 each period and sleeps for the rest, all on one clock, so the bursts load every core at once
@@ -8,7 +9,8 @@ each period and sleeps for the rest, all on one clock, so the bursts load every 
 load is real CPU, not one GIL) exits at the deadline (seconds from its start) or within one tick
 (TICK_S) of its parent being gone, and the hog process exits when its workers have.
 
-From Python, `start_hog(...)` starts it as a subprocess and `running_hog(...)` is the same as a
+With a command after `--`, the hog runs while that command does and stops when it ends; the exit
+status is the command's (`run_beside`). From Python, `start_hog(...)` starts it as a subprocess and `running_hog(...)` is the same as a
 context manager that stops it on exit; `hog(...)` runs it in the calling process.
 """
 
@@ -21,15 +23,19 @@ import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import psutil
 
+from bench.common import write_json
 from workloads.launch.child import child_env
 
-__all__ = ["TICK_S", "hog", "main", "running_hog", "start_hog"]
+__all__ = ["TICK_S", "hog", "main", "run_beside", "running_hog", "start_hog"]
 
 TICK_S = 0.05
 """How often a spinning worker looks at the clock and at its parent."""
+LOAD_EVERY_S = 5.0
+"""How often `run_beside` reads the load average while its command runs."""
 
 
 def _check(cores: int, duty: float, period_s: float, deadline_s: float) -> None:
@@ -137,9 +143,49 @@ def running_hog(
             proc.wait()
 
 
+def run_beside(
+    command: list[str], cores: int, duty: float = 1.0, period_s: float = 1.0,
+    deadline_s: float = 60.0, *, json_path: Path | None = None,
+) -> int:  # fmt: skip
+    """Run `command` beside `running_hog(...)`; its exit status (the hog stops when it ends, or
+    at the deadline if that comes first: the command then goes on without the load).
+
+    `json_path`: also write what was measured there (bench.common.write_json): `exit_code`,
+    `wall_s` (seconds the command ran), `load_avg_1m_start` / `load_avg_1m_max` (the 1-minute
+    load average as the hog started / the highest of its readings every LOAD_EVERY_S while the
+    command ran), the `command` and the `hog`'s settings."""
+    loads = [os.getloadavg()[0]]
+    t0 = time.perf_counter()
+    with running_hog(cores, duty, period_s, deadline_s):
+        try:
+            proc = subprocess.Popen(command)
+        except OSError as exc:
+            print(f"bench.cpuhog: cannot run {command[0]!r}: {exc.strerror}", file=sys.stderr)
+            return 2
+        while True:
+            try:
+                rc = proc.wait(timeout=LOAD_EVERY_S)
+                break
+            except subprocess.TimeoutExpired:
+                loads.append(os.getloadavg()[0])
+    if json_path is not None:
+        hog = {"cores": cores, "duty": duty, "period_s": period_s, "deadline_s": deadline_s}
+        write_json(json_path, {"command": " ".join(command), "exit_code": rc,
+                               "wall_s": round(time.perf_counter() - t0, 1),
+                               "load_avg_1m_start": loads[0], "load_avg_1m_max": max(loads),
+                               "hog": hog})  # fmt: skip
+        print(f"wrote {json_path}")
+    return rc
+
+
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    command = argv[argv.index("--") + 1 :] if "--" in argv else None
+    argv = argv[: argv.index("--")] if "--" in argv else argv
     parser = argparse.ArgumentParser(
-        prog="python -m bench.cpuhog", description=__doc__.split("\n")[0]
+        prog="python -m bench.cpuhog",
+        description=__doc__.split("\n")[0],
+        usage="%(prog)s [options] [-- COMMAND ...]",
     )
     parser.add_argument("--cores", type=int, default=os.cpu_count() or 1, help="cores to load")
     parser.add_argument("--duty", type=float, default=1.0, help="share of each period spent busy")
@@ -148,12 +194,22 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--parent-pid", type=int, default=None, help="stop when this process ends (default: parent)"
     )
+    parser.add_argument(
+        "--json", type=Path, default=None, help="with a command: write what was measured here"
+    )
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     try:
         _check(args.cores, args.duty, args.period_s, args.deadline_s)
     except ValueError as exc:
         parser.error(str(exc))
+    if command is not None and (args.worker or not command):
+        parser.error("-- must be followed by a command to run beside the hog")
+    if args.json is not None and not command:
+        parser.error("--json needs a command after --: it records that command's run")
+    if command:
+        return run_beside(command, args.cores, args.duty, args.period_s, args.deadline_s,
+                          json_path=args.json)  # fmt: skip
     if args.worker:
         _worker(args.duty, args.period_s, args.deadline_s, args.parent_pid)
     else:

@@ -151,6 +151,11 @@ def benchmarks_md(bench_dir: Path = BENCH_DIR) -> str:
         " is noise; with quiet steps, its figures come from them). Another run kept beside it"
         " (`BENCH_OUT=reports/bench/demo_load_<label>.json`) gets its own section:"
         " `demo_load_busier` was measured while other jobs held the load at 11 to 15.",
+        "- **suite_load** (`make test-load`): the whole suite (`pytest`) beside a CPU hog on"
+        " every core (bench/cpuhog.py, always on): `exit_code` (0: it passed), `wall_s`, the"
+        " 1-minute load average as the hog started and the highest while the suite ran (goal:"
+        " it passes). No section below means it was not recorded on the machine that generated"
+        " this page.",
         "",
     ]
     if not files:

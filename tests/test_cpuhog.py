@@ -4,6 +4,7 @@ by themselves when the hog is killed; bad arguments are one line."""
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 import time
@@ -80,3 +81,60 @@ def test_bad_arguments_are_one_line():
                           capture_output=True, text=True, timeout=60)  # fmt: skip
     assert proc.returncode == 2 and proc.stdout == ""
     assert proc.stderr.strip().splitlines()[-1].endswith("--duty must be in (0, 1]; got 2.0")
+
+
+WATCH = """import sys, time, psutil
+me = psutil.Process()
+end = time.monotonic() + 60
+while time.monotonic() < end:
+    workers = [p for p in me.parent().children(recursive=True) if "--worker" in p.cmdline()]
+    if workers:
+        break
+    time.sleep(0.05)
+print(" ".join(str(p.pid) for p in workers))
+sys.exit(3)
+"""
+
+
+def test_a_command_beside_the_hog_gets_its_load_and_gives_its_exit_status(tmp_path):
+    """`python -m bench.cpuhog ... -- COMMAND` (make test-load): the command runs while a worker
+    spins, the exit status is the command's, the record says so, and no worker outlives it."""
+    out = tmp_path / "suite_load.json"
+    proc = subprocess.run([sys.executable, "-m", "bench.cpuhog", "--cores", "1", "--deadline-s",
+                           "120", "--json", str(out), "--", sys.executable, "-c", WATCH],
+                          cwd=REPO, capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert proc.returncode == 3, proc.stderr
+    first, wrote = proc.stdout.splitlines()
+    pids = [int(p) for p in first.split()]
+    assert wrote == f"wrote {out}"
+    assert len(pids) == 1, f"the command saw {len(pids)} hog workers beside it: {proc.stdout}"
+    record = json.loads(out.read_text(encoding="utf-8"))
+    assert record["exit_code"] == 3 and record["wall_s"] > 0
+    assert record["hog"] == {"cores": 1, "duty": 1.0, "period_s": 1.0, "deadline_s": 120.0}
+    assert record["load_avg_1m_max"] >= record["load_avg_1m_start"] >= 0
+    assert record["recorded"]["machine"]["cores"] == psutil.cpu_count()
+    deadline = time.monotonic() + 30
+    while _running_pid(pids[0]) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not _running_pid(pids[0]), "a hog worker outlived the command"
+
+
+def _running_pid(pid: int) -> bool:
+    try:
+        return _running(psutil.Process(pid))
+    except psutil.NoSuchProcess:
+        return False
+
+
+def test_a_command_that_cannot_start_or_a_missing_one_is_one_line(tmp_path):
+    base = [sys.executable, "-m", "bench.cpuhog", "--cores", "1", "--deadline-s", "60"]
+    for args, end in (
+        (["--"], "-- must be followed by a command to run beside the hog"),
+        (["--json", str(tmp_path / "x.json")], "--json needs a command after --"),
+        (["--", str(tmp_path / "no-such-program")], "No such file or directory"),
+    ):
+        proc = subprocess.run([*base, *args], cwd=REPO, capture_output=True, text=True,
+                              timeout=60)  # fmt: skip
+        assert proc.returncode == 2 and proc.stdout == "", (args, proc.stdout)
+        assert end in proc.stderr.strip().splitlines()[-1], (args, proc.stderr)
+    assert not (tmp_path / "x.json").exists()
