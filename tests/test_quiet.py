@@ -229,14 +229,15 @@ def test_steps_csv_other_cpu_cores_is_optional_and_checked(tmp_path):
 
 
 def test_the_step_meter_does_not_count_this_process_as_other():
-    """Spinning here for 0.6 s: the window's `other` × wall is at most the machine's busy CPU
-    less this process's (measured around the meter, so a little wider)."""
+    """Spinning here until this process has used 0.3 s of CPU (however long a loaded machine
+    takes to give it, at most 60 s): the window's `other` × wall is at most the machine's busy
+    CPU less this process's (measured around the meter, so a little wider)."""
     meter = StepLoadMeter()
     me = psutil.Process()
     own0, sys0, t0 = sum(me.cpu_times()[:2]), psutil.cpu_times(), time.perf_counter()
     meter.start()
-    end = time.perf_counter() + 0.6
-    while time.perf_counter() < end:
+    cpu0, end = time.process_time(), time.perf_counter() + 60
+    while time.process_time() - cpu0 < 0.3 and time.perf_counter() < end:
         pass
     other = meter.sample()
     wall, own, sys1 = time.perf_counter() - t0, sum(me.cpu_times()[:2]) - own0, psutil.cpu_times()
@@ -252,14 +253,19 @@ def test_the_step_meter_counts_a_child_started_in_the_window_as_the_runs_own():
     first tick, once the tree is listed again (`relist`, as at a new epoch)."""
     meter = StepLoadMeter()
     meter.start()
-    spin = "import time\nt = time.time() + 1\nwhile time.time() < t: pass"
-    child = subprocess.Popen([sys.executable, "-c", spin])
+    # The child spins until it has used 0.3 s of CPU, says so, then idles: what the meter reads
+    # and what is read after it are the same count, however slowly a loaded machine runs it.
+    spin = "import time\nwhile time.process_time() < 0.3: pass\nprint('spun', flush=True)\n"
+    spin += "time.sleep(120)"
+    child = subprocess.Popen([sys.executable, "-c", spin], stdout=subprocess.PIPE, text=True)
     try:
-        time.sleep(0.6)
+        assert child.stdout.readline().strip() == "spun"
         own0 = meter.own.total_s
         meter.sample(relist=True)
         used = sum(psutil.Process(child.pid).cpu_times()[:2])
     finally:
+        child.kill()
         child.wait(timeout=60)
+        child.stdout.close()
     assert used > 0.05, "the child got almost no CPU: the check below would prove nothing"
     assert meter.own.total_s - own0 >= used - 0.02  # all of it, from 0 (10 ms ticks)
