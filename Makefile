@@ -23,6 +23,10 @@ EPOCHS   ?= 1
 STEPS    ?= 16
 BATCH    ?= 64
 SEEDS    ?= 0
+# profile-all as interleaved rounds (single, DDP, single, DDP, ...): a count, or `auto` = until
+# the speedup's 95% CI is within ±5% (3 to 5 rounds; REPEAT_BUDGET_S=S bounds it in seconds).
+REPEAT   ?= 1
+REPEAT_BUDGET_S ?=
 RUNS     ?= runs
 ARGS     ?=
 # --- profiler schedule (torch.profiler.schedule) -------------------------------------------
@@ -37,17 +41,18 @@ PORT       ?= 6006
 PROFILE_FLAGS = --profile-wait $(PROF_WAIT) --profile-warmup $(PROF_WARMUP) \
                 --profile-active $(PROF_ACTIVE) --profile-repeat $(PROF_REPEAT)
 NPROC_FLAG = $(if $(strip $(NPROC)),--nproc $(NPROC))
+REPEAT_FLAGS = --repeat $(REPEAT) $(if $(strip $(REPEAT_BUDGET_S)),--repeat-budget-s $(REPEAT_BUDGET_S))
 RUN_FLAGS = --model $(MODEL) --dataset $(DATASET) --epochs $(EPOCHS) --max-steps $(STEPS) \
             --batch-size $(BATCH) --runs-dir "$(RUNS)" $(PROFILE_FLAGS)
 
 .PHONY: help setup profile-single profile-dp profile-ddp profile-fsdp profile-zero1 profile-all profile-script report demo tensorboard \
-        bench-analysis hta-orphans-reference gpu-check test test-fast docs lint format clean
+        bench-analysis hta-orphans-reference gpu-check test test-fast test-load docs lint format clean
 
 help:
 	@echo "dpscope targets: setup profile-single profile-dp profile-ddp profile-fsdp profile-zero1 profile-all"
 	@echo "                 profile-script profile-sweep report demo tensorboard tune-ddp bench-comm bench-projection bench-family"
-	@echo "                 bench bench-overhead bench-analysis bench-report hta-orphans-reference gpu-check"
-	@echo "                 test test-fast docs lint format clean"
+	@echo "                 bench bench-overhead bench-analysis bench-report bench-demo-load hta-orphans-reference gpu-check"
+	@echo "                 test test-fast test-load docs lint format clean"
 	@echo "every target and variable: docs/reference/make.md; the dpscope command: docs/reference/cli.md"
 
 # Re-install only when requirements.txt or pyproject.toml changed (the stamp is newer otherwise):
@@ -87,7 +92,7 @@ profile-zero1: setup
 FAMILY_zero1 = --mode ddp --zero 1
 FAMILY_fsdp  = --mode fsdp
 profile-all: setup
-	@for s in $(SEEDS); do $(DPSCOPE) profile --mode all $(NPROC_FLAG) --seed $$s $(RUN_FLAGS) $(ARGS) || exit $$?; \
+	@for s in $(SEEDS); do $(DPSCOPE) profile --mode all $(NPROC_FLAG) --seed $$s $(RUN_FLAGS) $(REPEAT_FLAGS) $(ARGS) || exit $$?; \
 	    $(foreach m,$(filter zero1 fsdp,$(MODES)),$(DPSCOPE) profile $(FAMILY_$(m)) $(NPROC_FLAG) --backend $(BACKEND) --seed $$s $(RUN_FLAGS) $(ARGS) || exit $$?;) \
 	done
 
@@ -106,15 +111,18 @@ report: setup
 	@if [ -d "$(RUNS)" ]; then set -- "$(RUNS)"; else set -- $(RUNS); fi; \
 	    $(DPSCOPE) report "$$@" --out "$(REPORT_DIR)"
 
-# `dpscope demo`: smallcnn, 24 steps, seeds 0 and 1 in every mode (FSDP2 beside DDP), a 1-rank
-# DDP run and a short comm benchmark, then the report (README: the measured time). MODEL, STEPS,
-# SEEDS or MODES given on the command line win over the demo's own defaults.
+# `dpscope demo`: smallcnn, 24 steps, every mode as interleaved rounds until the speedup is known
+# (--repeat auto; FSDP2 beside DDP), a 1-rank DDP run and a short comm benchmark, then the report
+# (README: the measured time). MODEL, STEPS, SEEDS, MODES, REPEAT or REPEAT_BUDGET_S given on the
+# command line win over the demo's own defaults.
 cmdline = $(filter command line,$(origin $(1)))
 demo: setup
 	$(DPSCOPE) demo --runs-dir "$(RUNS)" --out "$(REPORT_DIR)" $(NPROC_FLAG) --backend $(BACKEND) \
 	    --dataset $(DATASET) --epochs $(EPOCHS) --batch-size $(BATCH) $(PROFILE_FLAGS) \
 	    $(if $(call cmdline,MODEL),--model $(MODEL)) $(if $(call cmdline,STEPS),--max-steps $(STEPS)) \
-	    $(if $(call cmdline,SEEDS),--seeds "$(SEEDS)") $(if $(call cmdline,MODES),--modes "$(MODES)") $(ARGS)
+	    $(if $(call cmdline,SEEDS),--seeds "$(SEEDS)") $(if $(call cmdline,MODES),--modes "$(MODES)") \
+	    $(if $(call cmdline,REPEAT),--repeat $(REPEAT)) \
+	    $(if $(call cmdline,REPEAT_BUDGET_S),--repeat-budget-s $(REPEAT_BUDGET_S)) $(ARGS)
 
 tensorboard: setup
 	$(DPSCOPE) tensorboard "$(RUNS)" --port $(PORT)
@@ -148,6 +156,15 @@ test: setup
 
 test-fast: setup
 	$(PY) -m pytest -q -m "not integration"
+
+# The whole suite beside a CPU hog on every core (bench/cpuhog.py, on HOG_DUTY of each second):
+# it stops when the suite ends, or after HOG_DEADLINE_S whatever happens. CI runs plain `test`.
+HOG_DUTY ?= 1
+HOG_DEADLINE_S ?= 5400
+test-load: setup
+	$(PY) -m bench.cpuhog --duty $(HOG_DUTY) --deadline-s $(HOG_DEADLINE_S) \
+	    --json $(if $(filter %.json,$(BENCH_OUT)),$(BENCH_OUT),$(or $(BENCH_OUT),reports/bench)/suite_load.json) \
+	    -- $(PY) -m pytest $(ARGS)
 
 # docs/reference/cli.md from the argparse parsers, docs/benchmarks.md from reports/bench/*.json.
 docs: setup
@@ -223,6 +240,12 @@ profile-sweep: setup
 .PHONY: bench-family
 bench-family: setup
 	$(PY) -m bench.family --out $(if $(filter %.json,$(BENCH_OUT)),$(BENCH_OUT),$(or $(BENCH_OUT),reports/bench)/family.json) $(ARGS)
+# `make demo` beside a bursty CPU hog (load about 4 on 2 cores); BEFORE=DIR also runs the dpscope
+# checked out in DIR, for a before/after pair (docs/benchmarks.md).
+BEFORE ?=
+.PHONY: bench-demo-load
+bench-demo-load: setup
+	$(PY) -m bench.demo_load $(if $(BEFORE),--before "$(BEFORE)") $(if $(BENCH_OUT),--json $(BENCH_OUT)) $(ARGS)
 
 .PHONY: bench-report
 bench-report: setup

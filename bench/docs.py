@@ -146,6 +146,21 @@ def benchmarks_md(bench_dir: Path = BENCH_DIR) -> str:
         " peak) and peak RSS per rank, and each sharded mode's ratios to DDP; the host's 1-minute"
         " load average before and after. The machine is shared: the ratios within one run hold,"
         " the absolute numbers are a busy machine's until re-run quiet.",
+        "- **demo_load** (`make bench-demo-load`): `make demo` beside a bursty CPU hog (4"
+        " processes, each busy half of every 2 s: on an otherwise idle 2-core machine a load"
+        " of about 4; `load_avg_1m_*` say what it was), for this tree (`after`) and an older"
+        " checkout (`before`, `BEFORE=DIR`), one after the other: the throughput range and"
+        " spread over a group's runs, the speedup (median and 95% CI over rounds where the tree"
+        " has them), the efficiency, the largest part of its split beside the loss it splits,"
+        " the quiet and busy steps, and the verdict (goal: the verdict quotes no number it knows"
+        " is noise; with quiet steps, its figures come from them). Another run kept beside it"
+        " (`BENCH_OUT=reports/bench/demo_load_<label>.json`) gets its own section:"
+        " `demo_load_busier` was measured while other jobs held the load at 11 to 15.",
+        "- **suite_load** (`make test-load`): the whole suite (`pytest`) beside a CPU hog on"
+        " every core (bench/cpuhog.py, always on): `exit_code` (0: it passed), `wall_s`, the"
+        " 1-minute load average as the hog started and the highest while the suite ran (goal:"
+        " it passes). No section below means it was not recorded on the machine that generated"
+        " this page.",
         "",
     ]
     if not files:

@@ -17,8 +17,9 @@ pytestmark = pytest.mark.integration
 
 
 def test_the_demo_fills_every_section(tmp_path) -> None:
-    # The demo's own options, made tiny: the run count and kinds are the real demo's.
-    args = ["demo", "--model", "mlp", "--max-steps", "8", "--seeds", "0"]
+    # The demo's own options, made tiny: the run kinds are the real demo's, two rounds (its
+    # default, --repeat auto, runs 3 to 5).
+    args = ["demo", "--model", "mlp", "--max-steps", "8", "--seeds", "0", "--repeat", "2"]
     proc = run_dpscope([*args, "--runs-dir", "runs", "--out", "rep"], cwd=tmp_path, timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     runs = [json.loads(p.read_text()) for p in (tmp_path / "runs").glob("*/run.json")]
@@ -28,6 +29,8 @@ def test_the_demo_fills_every_section(tmp_path) -> None:
     summary = json.loads((tmp_path / "rep" / "summary.json").read_text())
     (group,) = [g for g in summary["groups"] if g["mode"] == "ddp" and g["world_size"] == 2]
     assert group["efficiency_loss_pts"]["ddp_overhead"] is not None
+    assert group["n_rounds"] == 2 and group["speedup_ci95_low"] <= group["speedup_median"]
+    assert "stopped after 2 round(s): 2 of 2 rounds" in proc.stdout
     assert summary["projections"], summary.get("projection_skipped")
     html = (tmp_path / "rep" / "index.html").read_text(encoding="utf-8")
     assert html.index('id="verdict"') < html.index('id="summary"')

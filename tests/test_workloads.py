@@ -35,7 +35,7 @@ CONFIG_KEYS = set(
     loss model_facts global_batch
     per_device_batch scaling amp seed epochs max_steps lr momentum weight_decay sync_bn num_workers
     pin_memory warmup_steps eval_batches rendezvous ddp zero fsdp profile grad_accum_steps micro_batch
-    sweep_id""".split()
+    sweep_id repeat_id repeat_round""".split()
 )
 ENV_KEYS = set(
     """os platform python torch cuda nccl gpus cpu_model cpu_cores threads_per_rank hostname
@@ -47,7 +47,7 @@ METRIC_KEYS = set(
     profiler_overhead_noise_pct""".split()
 )
 STEPS_HEADER = """rank epoch step warmup profiled step_time_s data_s forward_s backward_s optimizer_s
-    profiler_s samples loss rss_bytes cuda_allocated_bytes""".split()
+    profiler_s samples loss rss_bytes cuda_allocated_bytes other_cpu_cores""".split()
 
 
 def read_steps(run_dir) -> list[dict]:

@@ -181,6 +181,8 @@ class TrainConfig:
         "", "run folder name (default: <mode>-<backend>-<model>-<dataset>-n<world>-s<seed>-<time>)"
     )
     sweep_id: str = _opt("", "the sweep this run belongs to (set by `make profile-sweep`)")
+    repeat_id: str = _opt("", "the `--repeat` rounds this run belongs to (set by the launcher)")
+    repeat_round: int = _opt(0, "this run's round of `--repeat`, from 0 (set by the launcher)")
 
     def __post_init__(self) -> None:
         for name in (
@@ -211,6 +213,7 @@ class TrainConfig:
             "threads",
             "warmup_steps",
             "checkpoint_every",
+            "repeat_round",
             "dp_gpus",
             "eval_batches",
         ):

@@ -113,4 +113,7 @@ def config_record(cfg: TrainConfig, plan: Plan, *, workload: WorkloadFacts | Non
         "fsdp": fsdp_record(cfg),
         "profile": ProfileConfig(**cfg.profile_kwargs()).to_dict(),
         "sweep_id": cfg.sweep_id or None,
+        # `--repeat` rounds (workloads.launch.rounds): the set and this run's round in it
+        "repeat_id": cfg.repeat_id or None,
+        "repeat_round": cfg.repeat_round if cfg.repeat_id else None,
     }

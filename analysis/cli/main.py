@@ -34,6 +34,7 @@ from analysis.jsonsafe import clip, finite_json
 from analysis.outputs import check_json_out
 from analysis.runs.compare import compare_runs, find_run_dirs
 from analysis.runs.family import budget_bytes
+from analysis.runs.quiet import add_quiet_argument
 from analysis.trace.clocks import add_clock_align
 from profiler.runfolder.atomic import write_json_atomic
 from profiler.runfolder.errors import InputError, OneLineParser, run_command
@@ -139,6 +140,7 @@ def build_parser(prog: str = "python -m analysis") -> argparse.ArgumentParser:
         help="per-rank memory the largest-model-that-fits estimate uses (default: the device's "
         "memory; CPU: the host's RAM ÷ ranks per node)",
     )
+    add_quiet_argument(r)
     traces_parsers = tracescli.add_parsers(sub)
     for s in (*traces_parsers, r):
         add_clock_align(s)
@@ -193,6 +195,7 @@ def _run(args: argparse.Namespace) -> int:
             traces=not args.no_traces,
             clock_align=args.clock_align,
             memory_budget_bytes=budget_bytes(args.memory_budget_gib),
+            quiet_frac=args.quiet_frac,
         )
         show = print_runs
     else:

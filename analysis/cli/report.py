@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from analysis.runs.quiet import add_quiet_argument
 from analysis.trace.clocks import add_clock_align
 from profiler.runfolder.errors import OneLineParser, run_command
 
@@ -35,6 +36,7 @@ def build_parser(prog: str = "python -m analysis.report") -> argparse.ArgumentPa
         "memory; CPU: the host's RAM ÷ ranks per node)",
     )
     add_clock_align(parser)
+    add_quiet_argument(parser)
     return parser
 
 
@@ -53,6 +55,7 @@ def main(argv: list[str] | None = None, *, prog: str = "python -m analysis.repor
             progress=not args.no_progress,
             clock_align=args.clock_align,
             memory_budget_bytes=budget,
+            quiet_frac=args.quiet_frac,
         )
         print(f"report: {files.index_html}")
         print(f"open:   {files.index_html.resolve().as_uri()}")

@@ -44,6 +44,7 @@ from analysis.report.tune import tune_sections
 from analysis.report.verdict import verdict
 from analysis.runs.compare import WORKLOAD_KEY, compare_runs, is_measured
 from profiler.runfolder.errors import InputError
+from profiler.runfolder.hostload import QUIET_OTHER_CORES_FRAC
 
 __all__ = ["ReportError", "ReportFiles", "build_report", "write_report"]
 
@@ -295,10 +296,11 @@ def build_report(
     progress: bool = True,
     clock_align: str = "auto",
     memory_budget_bytes: int | None = None,
+    quiet_frac: float = QUIET_OTHER_CORES_FRAC,
 ) -> ReportFiles:
     """Analyse the run folders under `paths` with `compare_runs` (trace clocks aligned per
-    `clock_align`) and write the report (`memory_budget_bytes`: the per-rank memory the family's
-    capacity fits models into)."""
+    `clock_align`; `quiet_frac`: its quiet-step threshold) and write the report
+    (`memory_budget_bytes`: the per-rank memory the family's capacity fits models into)."""
     for p in paths:
         if not Path(p).is_dir():
             raise ReportError(f"{p} is not a folder; pass RUNS folders made by `make profile-all`")
@@ -309,6 +311,7 @@ def build_report(
             progress=progress,
             clock_align=clock_align,
             memory_budget_bytes=memory_budget_bytes,
+            quiet_frac=quiet_frac,
         )
     except InputError as exc:
         raise ReportError(str(exc)) from exc

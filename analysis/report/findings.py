@@ -132,9 +132,12 @@ def scaling_findings(
     flagged = sorted({r["run_id"] for r in [*members, *bases] if is_busy(r.get("host_load"))})
     if flagged:
         frac = t["busy_other_cores_frac"]
+        # The runs JSON says which figures stand on quiet steps (analysis.runs.rounds).
+        why = ("; the speedup uses only the steps measured while they were quiet"
+               if group.get("throughput_basis") == "quiet" else ", so this speedup is unreliable")  # fmt: skip
         text += (
             f" Measured on a busy machine: other processes used over {frac:.0%} of the cores "
-            f"during {', '.join(flagged)}, so this speedup is unreliable."
+            f"during {', '.join(flagged)}{why}."
         )
         severity = "bad" if severity == "bad" else "warn"
     return Finding(
@@ -151,8 +154,16 @@ def _busy(runs: list[dict[str, Any]]) -> list[Finding]:
             out.append(Finding(rule="busy_machine", severity="warn", run_ids=[run["run_id"]], text=(
                 f"{run_name(run)} run {run['run_id']} was measured while other processes used "
                 f"{load['other_cpu_cores_mean']:.1f} of {load['cores']} cores (over {frac:.0%}): "
-                "throughput unreliable; re-measure on an idle machine.")))  # fmt: skip
+                + _busy_remedy(run))))  # fmt: skip
     return out
+
+
+def _busy_remedy(run: dict[str, Any]) -> str:
+    """What a busy run's figure stands on: its quiet steps, or nothing to trust."""
+    if run.get("throughput_basis") == "quiet":
+        return (f"its throughput, {run['samples_per_s']:.1f} samples/s, is over the "
+                f"{run['quiet_steps']} steps measured while the machine was quiet.")  # fmt: skip
+    return "throughput unreliable; re-run with --repeat auto or on an idle machine."
 
 
 def _seed_spread(groups: list[dict[str, Any]], multi: tuple[str, ...]) -> list[Finding]:

@@ -22,6 +22,7 @@ PART_NAMES = {
     "stragglers": "waiting for the slowest rank",
     "data": "data loading",
     "ddp_overhead": "DDP's own per-step cost",
+    "host_contention": "host contention (other processes)",
     "contention": "compute contention",
     "residual": "residual",
 }
@@ -112,4 +113,5 @@ def loss_context(data: dict[str, Any]) -> dict[str, Any]:
         "figure": waterfall_figure(rows),
         "left_out": max(len(rows) - MAX_WATERFALLS, 0),
         "has_ddp1": any(r.get("ddp_overhead") is not None for r in rows),
+        "has_host": any(r.get("host_contention") is not None for r in rows),
     }

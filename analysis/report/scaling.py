@@ -13,6 +13,7 @@ from typing import Any
 
 import pandas as pd
 
+from analysis.columns import ROUND_COLS
 from analysis.runs.compare import ORDER
 from analysis.runs.entry import is_measured
 
@@ -113,8 +114,10 @@ def headline_rows(data: dict[str, Any]) -> list[dict[str, Any]]:
 
     Per platform, backend, mode and world size: time per epoch (mean of the runs' epoch wall
     times), throughput, speedup, efficiency, peak memory per device and top-1, each the mean over
-    the group's seeds (± std where the group has one). Peak memory per device is the mean of each
-    run's largest device peak (`peak_memory_bytes`).
+    the group's seeds (± std where the group has one); the speedup and efficiency also as the
+    median and 95% interval over its rounds, with the rounds and the steps they stand on
+    (analysis.runs.rounds). Peak memory per device is the mean of each run's largest device peak
+    (`peak_memory_bytes`).
     """
     runs = {r["run_id"]: r for r in data.get("runs", []) if isinstance(r.get("run_id"), str)}
     rows = []
@@ -144,6 +147,8 @@ def headline_rows(data: dict[str, Any]) -> list[dict[str, Any]]:
                         "scaling_efficiency_std",
                         "top1_pct_mean",
                         "top1_pct_std",
+                        *(c.key for c in ROUND_COLS),
+                        *(k for c in ROUND_COLS for k in c.ci_keys or ()),
                     )
                 },
                 "peak_memory_bytes": _mean([m.get("peak_memory_bytes") for m in members]),

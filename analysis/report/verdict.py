@@ -143,11 +143,38 @@ def _try(g: dict[str, Any], mem: dict | None, data: dict[str, Any]) -> list[dict
     return [*out, _seg(".")]
 
 
+NOT_ENOUGH_QUIET = "not enough quiet steps: re-run with --repeat auto or on an idle machine"
+
+
+def _figures(g: dict[str, Any]) -> list[dict]:
+    """The speedup and efficiency: the median and 95% CI over the group's rounds when it has
+    several (analysis.runs.rounds), else its one run's; "on quiet steps" when some of its runs
+    (or their baselines) were measured while other processes ran and the figures left those
+    steps out."""
+    rounds = g.get("n_rounds") or 0
+    quiet = (
+        " on quiet steps" if g.get("busy_run_ids") and g.get("throughput_basis") == "quiet" else ""
+    )
+    if rounds < 2 or g.get("speedup_median") is None:
+        eff = 100 * (g.get("scaling_efficiency_mean") or 0.0)
+        return [_seg(f"{g['speedup_mean']:.2f}× over single device{quiet}", "#speedup"),
+                _seg(" ("), _seg(f"{eff:.0f}% efficiency", "#speedup"), _seg(").")]  # fmt: skip
+    sp = (g["speedup_median"], g["speedup_ci95_low"], g["speedup_ci95_high"])
+    ef = [
+        100 * (g.get(f"scaling_efficiency_{k}") or 0.0) for k in ("median", "ci95_low", "ci95_high")
+    ]
+    return [_seg(f"{sp[0]:.2f}× over single device{quiet}", "#speedup"),
+            _seg(f" (95% CI {sp[1]:.2f}–{sp[2]:.2f}× over {rounds} rounds; "),
+            _seg(f"{ef[0]:.0f}% efficiency, {ef[1]:.0f}–{ef[2]:.0f}%", "#speedup"), _seg(").")]  # fmt: skip
+
+
 def _paragraph(g: dict[str, Any], data: dict[str, Any], runs: dict) -> list[dict]:
+    head = _seg(f"{_name(g)}, {g.get('world_size')} ranks: ")
+    if g.get("noisy_run_ids"):  # its figures are known noise: none of them is quoted
+        mem_segs, mem = _memory(g, runs)
+        return [head, _seg(NOT_ENOUGH_QUIET, "#speedup"), _seg(".")] + mem_segs + _try(g, mem, data)
     eff = 100 * (g.get("scaling_efficiency_mean") or 0.0)
-    segs = [_seg(f"{_name(g)}, {g.get('world_size')} ranks: "),
-            _seg(f"{g['speedup_mean']:.2f}× over single device", "#speedup"),
-            _seg(" ("), _seg(f"{eff:.0f}% efficiency", "#speedup"), _seg(").")]  # fmt: skip
+    segs = [head, *_figures(g)]
     if g.get("comm_pct_mean") is not None:
         segs += [_seg(" Communication "), _seg(f"{g['comm_pct_mean']:.0f}% of the step", "#communication")]  # fmt: skip
         if g.get("exposed_comm_pct_mean") is not None:
@@ -178,8 +205,11 @@ def _caveats(groups: list[dict[str, Any]], runs: dict[str, dict]) -> list[str]:
     busy = [r for r in members if is_busy(r.get("host_load"))]
     if busy:
         frac = THRESHOLDS["busy_other_cores_frac"]
+        quiet = all(r.get("throughput_basis") == "quiet" for r in busy)
+        what = ("their figures use only their quiet steps" if quiet
+                else "re-run with --repeat auto or on an idle machine")  # fmt: skip
         out.append(f"busy machine: other processes used more than {frac:.0%} of the cores "
-                   f"during {len(busy)} of {len(members)} runs (re-measure on an idle machine)")  # fmt: skip
+                   f"during {len(busy)} of {len(members)} runs ({what})")  # fmt: skip
     few = [r for r in members if (r.get("measured_steps") or 0) < THRESHOLDS["few_measured_steps"]]
     if few:
         how = (few[0].get("advice") or {}).get("more_steps", "raise --max-steps")

@@ -7,7 +7,6 @@ defined in docs/reference/metrics.md; the JSON shape is the "runs JSON" of docs/
 from __future__ import annotations
 
 import statistics
-from profiler.runfolder.versions import RUNS_JSON_SCHEMA_VERSION
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
@@ -15,7 +14,6 @@ from typing import Any
 from msgspec.structs import asdict
 from tqdm import tqdm
 
-from profiler.runfolder.errors import InputError
 from analysis.errors import unexpected
 from analysis.jsonsafe import finite_json
 from analysis.project.comm import is_comm_run
@@ -25,8 +23,12 @@ from analysis.runs.entry import RunEntry, attach_trace, is_measured, load_run, m
 from analysis.runs.family import family_summary
 from analysis.trace.clocks import check_clock_align
 from analysis.runs.opdiff import ddp_adds
-from profiler.runfolder.records import InvalidRecord
+from analysis.runs.rounds import round_stats
 from analysis.runs.tune import is_tune_dir, load_tunes
+from profiler.runfolder.errors import InputError
+from profiler.runfolder.hostload import QUIET_OTHER_CORES_FRAC
+from profiler.runfolder.records import InvalidRecord
+from profiler.runfolder.versions import RUNS_JSON_SCHEMA_VERSION
 
 __all__ = [
     "GROUP_KEY",
@@ -151,10 +153,13 @@ def _link_baselines(runs: list[RunEntry]) -> None:
         if not same:
             continue
         seeded = [s for s in same if run.seed is not None and s.seed == run.seed]
+        # `--repeat` rounds: each run against its own round's single run (the one beside it)
+        rounded = [s for s in seeded if (s.repeat_id, s.repeat_round) == (run.repeat_id, run.repeat_round)]  # fmt: skip
         if run.mode == "single":
             kind, base, value = "self", run, run.samples_per_s
         elif seeded:
-            kind, base, value = "same_seed", seeded[0], seeded[0].samples_per_s or 0.0
+            base = (rounded or seeded)[0]
+            kind, value = "same_seed", base.samples_per_s or 0.0
         else:
             kind, (value, base) = "group_mean", _mean_baseline(same)
         run.baseline_kind, run.baseline_run_id = kind, base.run_id
@@ -182,8 +187,10 @@ def spread(values: Iterable[float | None]) -> dict[str, float | None]:
 
 
 def _groups(runs: list[RunEntry]) -> list[dict]:
-    """Mean ± sample std (n−1) over the seeds of each configuration; only measured runs (ok or
-    interrupted, is_measured) count."""
+    """Mean ± sample std (n−1) over the seeds of each configuration, and the medians and
+    intervals over its rounds (analysis.runs.rounds); only measured runs (ok or interrupted,
+    is_measured) count."""
+    by_id = {r.run_id: r for r in runs}
     buckets: dict[tuple, list[RunEntry]] = {}
     for run in runs:
         if is_measured(run):
@@ -206,6 +213,7 @@ def _groups(runs: list[RunEntry]) -> list[dict]:
         group["comm_pct_mean"] = mean_std(m.comm_pct for m in members)[0]
         group["exposed_comm_pct_mean"] = mean_std(m.exposed_comm_pct for m in members)[0]
         group.update(spread(m.samples_per_s for m in members))
+        group.update(round_stats(members, by_id))  # medians and 95% CIs over rounds
         groups.append(group)
     return sorted(
         groups,
@@ -242,6 +250,7 @@ def _load_runs(
     progress: bool,
     traces: bool,
     clock_align: str,
+    quiet_frac: float,
 ) -> list[RunEntry]:
     """The readable runs of `run_dirs` (their traces analysed when `traces`), each with a unique
     id; an invalid record goes to `invalid`, any other unreadable folder to `skipped`."""
@@ -251,7 +260,7 @@ def _load_runs(
     )
     for run_dir in bar:
         try:
-            entry = load_run(run_dir)
+            entry = load_run(run_dir, quiet_frac=quiet_frac)
             if traces and is_measured(entry):
                 # one bar, over the runs
                 attach_trace(entry, run_dir, progress=False, clock_align=clock_align)
@@ -277,13 +286,16 @@ def compare_runs(
     traces: bool = True,
     clock_align: str = "auto",
     memory_budget_bytes: int | None = None,
+    quiet_frac: float = QUIET_OTHER_CORES_FRAC,
 ) -> dict:
     """The runs JSON (schema_version 2) for run folders or folders of run folders in `paths`.
 
     `traces=False` skips trace analysis (trace fields stay null); `clock_align` is the traces
     analysis' (analysis/trace/clocks.py); `memory_budget_bytes` is the per-rank memory the
-    family's capacity fits models into (default: the device's memory). Raises InputError only
-    when no run could be read at all; unreadable folders are listed under `skipped`.
+    family's capacity fits models into (default: the device's memory); `quiet_frac`: the
+    quiet-step threshold (other processes' cores per core a run uses; analysis.runs.quiet).
+    Raises InputError only when no run could be read at all; unreadable folders are listed
+    under `skipped`.
     """
     check_clock_align(clock_align)
     run_dirs, skipped = find_run_dirs(paths)
@@ -291,7 +303,7 @@ def compare_runs(
     run_dirs = [d for d in run_dirs if d not in comm_dirs]
     invalid: list[dict] = []
     runs = _load_runs(run_dirs, invalid, skipped, progress=progress, traces=traces,
-                      clock_align=clock_align)  # fmt: skip
+                      clock_align=clock_align, quiet_frac=quiet_frac)  # fmt: skip
     tunes, tune_skipped = load_tunes(paths)
     skipped += tune_skipped
     if not runs and not tunes and not comm_dirs and not invalid:

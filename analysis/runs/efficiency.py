@@ -18,8 +18,13 @@ the step. Each part is 100 × that difference for its phase:
   partitioned step and broadcasts; FSDP2: its all-gather copies and reduce-scatters), from the
   1-rank run of the same workload and strategy (analysis.runs.family): (its step − the single
   step) ÷ this run's step; null when the runs have none;
+- host_contention: what steps measured while other processes ran cost, from steps.csv
+  `other_cpu_cores` (analysis.runs.quiet): `h` = the share of a run's step time its busy steps
+  added over its quiet pace (0 when its headline is over the quiet steps), and the part is
+  100 × (h_ddp − E · h_single), carved out of the compute slowdown (a busy host slows every
+  phase, compute most); null when either run has no per-step load or no quiet step;
 - contention: the rest of the compute slowdown (forward, backward less exposed comm, optimizer)
-  of running beside other ranks (shared cores, memory bandwidth);
+  of running beside other ranks (shared cores, memory bandwidth): DDP's own compute slowdown;
 - residual: the loss less the named parts, i.e. loop time outside the timed phases and the
   mismatch between the profiled and unprofiled steps. Shown, never hidden; the parts sum exactly.
 
@@ -46,7 +51,18 @@ COMM_PHASES = {
     "fsdp": ("forward", "backward"),
     "fsdp_keep": ("forward", "backward"),
 }
-PARTS = ("exposed_comm", "stragglers", "data", "ddp_overhead", "contention", "residual")
+PARTS = (
+    "exposed_comm",
+    "stragglers",
+    "data",
+    "ddp_overhead",
+    "host_contention",
+    "contention",
+    "residual",
+)
+# Parts measured only when their inputs exist; a group whose runs lack one folds it back into
+# contention, where it sits when unmeasured.
+OPTIONAL_PARTS = ("ddp_overhead", "host_contention")
 
 
 def _shares(run: RunEntry) -> dict[str, float] | None:
@@ -112,7 +128,13 @@ def efficiency_loss_pts(
     t_ddp1 = _step_s(ddp1) if ddp1 is not None else None
     if t_n and t_1 and t_ddp1:
         parts["ddp_overhead"] = 100 * (t_ddp1 - t_1) / t_n
-    parts["contention"] = compute - (parts["ddp_overhead"] or 0.0)
+    h_n, h_1 = run.host_contention_frac, single.host_contention_frac
+    parts["host_contention"] = (
+        100 * (h_n - eff * h_1) if h_n is not None and h_1 is not None else None
+    )
+    parts["contention"] = (
+        compute - (parts["ddp_overhead"] or 0.0) - (parts["host_contention"] or 0.0)
+    )
     loss = 100 * (1 - eff)
     parts["residual"] = loss - sum(v or 0.0 for v in parts.values())
     return parts
@@ -150,12 +172,13 @@ def _group_split(group: dict, by_id: dict[str, RunEntry]) -> dict[str, float | N
         return None
     parts: dict[str, float | None] = {}
     for name in PARTS[:-1]:
-        values = [s[name] for s in splits if s[name] is not None]
+        values = [s[name] for s in splits if s.get(name) is not None]
         # A part measured in only some runs (ddp_overhead) stays null rather than half-averaged.
         parts[name] = statistics.fmean(values) if len(values) == len(splits) else None
-    if parts["ddp_overhead"] is None:  # the runs that had one fold it back into contention
-        parts["contention"] = statistics.fmean(
-            s["contention"] + (s["ddp_overhead"] or 0.0) for s in splits
-        )
+    # A part left null: the runs that had it fold it back into contention.
+    folded = [p for p in OPTIONAL_PARTS if parts[p] is None]
+    parts["contention"] = statistics.fmean(
+        s["contention"] + sum(s.get(p) or 0.0 for p in folded) for s in splits
+    )
     parts["residual"] = 100 * (1 - eff) - sum(v or 0.0 for v in parts.values())
     return parts

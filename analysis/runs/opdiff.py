@@ -8,16 +8,16 @@ is per analysed step; definitions in docs/reference/metrics.md §9.
 
 from __future__ import annotations
 
-from profiler.runfolder.layout import STEP_PHASES
-from profiler.runfolder.versions import DIFF_JSON_SCHEMA_VERSION, OPS_JSON_SCHEMA_VERSION
 from pathlib import Path
 from typing import Any
 
 from msgspec.structs import asdict
 
-from profiler.runfolder.errors import InputError
 from analysis.runs.entry import load_run
 from analysis.trace.folder import analyze_trace_dir, find_trace_files
+from profiler.runfolder.errors import InputError
+from profiler.runfolder.layout import STEP_PHASES
+from profiler.runfolder.versions import DIFF_JSON_SCHEMA_VERSION, OPS_JSON_SCHEMA_VERSION
 
 __all__ = [
     "ddp_adds",

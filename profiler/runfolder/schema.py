@@ -214,9 +214,14 @@ class Config(msgspec.Struct):
     scaling: Literal["strong", "weak"] | None = None
     amp: str | None = None
     seed: int | None = None
+    # ranks on one host (the launcher's plan; a recorded run's ranks), for the cores a run uses
+    nproc_per_node: Count | None = None
     warmup_steps: Count | None = None
     eval_batches: Count | None = None  # --eval-batches (0 = the whole test split); newer runs
     sweep_id: str | None = None
+    # `--repeat` rounds: the set of rounds (one id) and this run's round in it, from 0
+    repeat_id: str | None = None
+    repeat_round: Count | None = None
     # A `--script` / RunRecorder run: what it ran (the same-workload key, docs/reference/metrics.md).
     workload: str | None = None
     script: str | None = None
@@ -339,7 +344,8 @@ class RunRecord(msgspec.Struct):
 
 
 class StepRow(msgspec.Struct):
-    """One steps.csv row; `profiled` (schema_version 2) and `profiler_s` are optional."""
+    """One steps.csv row; `profiled` (schema_version 2), `profiler_s` and `other_cpu_cores` are
+    optional."""
 
     rank: Count
     step: Count
@@ -357,6 +363,8 @@ class StepRow(msgspec.Struct):
     profiled: Flag | None = None
     # Newer runs: the profiler's own seconds at the step's end, inside step_time_s.
     profiler_s: Seconds | None = None
+    # cores' worth of CPU other processes used during the step (rank 0's rows; newer runs)
+    other_cpu_cores: Annotated[float, msgspec.Meta(ge=0, le=FINITE_MAX)] | None = None
 
 
 # The columns every steps.csv must have (StepRow's required fields); the others may be empty.

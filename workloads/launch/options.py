@@ -12,6 +12,7 @@ from pathlib import Path
 from profiler.runfolder.errors import UserError, disk_writes
 from workloads.config import PROCESS_GROUP_MODES, OneLineParser, add_config_arguments
 from workloads.launch.child import user_path
+from workloads.launch.rounds import add_repeat_arguments, check_repeat
 
 __all__ = ["LaunchError", "absolute_paths", "build_parser", "check_arguments"]
 
@@ -30,6 +31,10 @@ def check_arguments(args: argparse.Namespace) -> None:
             f"{flag} belongs to one mode but --mode all runs single, dp and ddp without it; "
             f"run that mode on its own (--mode {'ddp' if args.zero else 'fsdp'})"
         )
+    try:
+        check_repeat(args)
+    except ValueError as exc:
+        raise LaunchError(str(exc)) from None
     if args.nproc is not None and args.nproc < 1:
         raise LaunchError(f"--nproc must be >= 1; got {args.nproc} (leave it out for the default)")
     if args.nnodes < 1 or not 0 <= args.node_rank < args.nnodes:
@@ -191,6 +196,7 @@ def build_parser(prog: str = "python -m workloads.launch") -> argparse.ArgumentP
         help="ddp: torchrun restarts the job this many times after a rank fails; each restart "
         "resumes from the last checkpoint.pt (see --checkpoint-every)",
     )
+    add_repeat_arguments(parser)
     _add_script_arguments(parser)
     add_config_arguments(parser, exclude=("mode", "backend", "init_method"))
     return parser

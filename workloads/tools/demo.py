@@ -1,5 +1,7 @@
 """`dpscope demo` (what `make demo` runs): profile a small workload in every mode this machine
-supports, for two seeds (so the report has error bars), then write the report.
+supports as interleaved rounds until the speedup is known (`--repeat auto`: single, DDP, single,
+DDP, ... until the speedup's 95% CI over rounds is within ±5%, 3 to 5 rounds; the report shows the
+median and that interval), then write the report.
 
 `--modes` (make: MODES) picks the family: single, dp and ddp come from one `--mode all` launch
 per seed; zero1 (DDP with `--zero 1`) and fsdp (FSDP2) are a launch each per seed, on DDP's
@@ -25,7 +27,7 @@ from profiler.runfolder.errors import OneLineParser, UserError, run_command
 __all__ = ["DEMO_DEFAULTS", "build_parser", "main"]
 
 # Launcher options the demo sets unless the user passes their own (a later option wins).
-DEMO_DEFAULTS = ("--mode", "all", "--model", "smallcnn", "--max-steps", "24")
+DEMO_DEFAULTS = ("--mode", "all", "--model", "smallcnn", "--max-steps", "24", "--repeat", "auto")
 # The comm benchmark's options: small sizes, few calls and three compute gaps for the idle
 # penalty (the full sweep's six take 23 s alone) keep it to about 20 s on 2 CPU cores.
 DEMO_COMM = (
@@ -47,11 +49,14 @@ class DemoError(UserError):
 def build_parser(prog: str = "python -m workloads.tools.demo") -> argparse.ArgumentParser:
     parser = OneLineParser(
         prog=prog,
-        description="Profile smallcnn (24 steps) in every mode this machine supports for two "
-        "seeds, one 1-rank DDP run and a short comm benchmark, then write the report. Other options are `dpscope profile` options and win over "
-        "these defaults (e.g. --model resnet18 --max-steps 50).",
+        description="Profile smallcnn (24 steps) in every mode this machine supports as "
+        "interleaved rounds until the speedup is known (--repeat auto), one 1-rank DDP run and a "
+        "short comm benchmark, then write the report. Other options are `dpscope profile` "
+        "options and win over these defaults (e.g. --model resnet18 --max-steps 50, --repeat 3).",
     )
-    parser.add_argument("--seeds", default="0 1", help='seeds, one run per mode each (e.g. "0 1")')
+    parser.add_argument(
+        "--seeds", default="0", help='seeds, one set of rounds per mode each (e.g. "0 1")'
+    )
     parser.add_argument(
         "--modes",
         default=DEMO_MODES,
@@ -112,7 +117,7 @@ def _demo(args: argparse.Namespace, extra: list[str], prog: str) -> int:
     if chosen.mode == "all":  # the sharded members beside them, on DDP's backend and ranks
         launches += [[*FAMILY[m][0], "--seed", s] for s in seeds for m in FAMILY if m in modes]
     if chosen.mode in ("all", "ddp") and args.ddp1:
-        launches.append(["--mode", "ddp", "--nproc", "1", "--seed", seeds[0]])
+        launches.append(["--mode", "ddp", "--nproc", "1", "--seed", seeds[0], "--repeat", "1"])
     for own in launches:
         argv = [*DEMO_DEFAULTS, *extra, *own, *runs]
         if (code := launcher.main(argv, prog=prog)) != 0:
