@@ -49,6 +49,10 @@ class Column:
     # The row key of a text that replaces the number when present (the runs JSON decides it:
     # a profiler overhead within noise shows as "within noise (±N%)"); the raw value stays.
     text_key: str | None = None
+    # kind "num": the row key of the count the number is over, shown after it ("812.4 (12
+    # steps)") so the two need one column; `count_unit` names what is counted.
+    count_key: str | None = None
+    count_unit: str = ""
 
     def __post_init__(self) -> None:
         kinds = {"text", "num", "int", "bytes", "frac_pct", "pm", "ci", "links"}
@@ -96,7 +100,10 @@ def fmt(value: Any, col: Column, row: dict[str, Any] | None = None) -> str:
     if col.kind in ("num", "pm"):
         text = f"{value * col.scale:,.{col.digits}f}"
         std = (row or {}).get(col.std_key) if col.kind == "pm" else None
-        return f"{text} ± {std * col.scale:,.{col.digits}f}" if not missing(std) else text
+        if not missing(std):
+            return f"{text} ± {std * col.scale:,.{col.digits}f}"
+        count = (row or {}).get(col.count_key) if col.count_key else None
+        return f"{text} ({int(count):,} {col.count_unit})" if not missing(count) else text
     # Record strings are already clipped one by one (build._display, the CLI's _table); this bound
     # only stops a cell that joins many of them from growing without limit.
     if isinstance(value, list):
@@ -153,11 +160,13 @@ SUMMARY_COLS = [
     C(
         key="samples_per_s_quiet",
         label="Throughput, quiet steps",
-        unit="samples/s",
+        unit="samples/s (steps)",
         kind="num",
         digits=1,
+        count_key="quiet_steps",
+        count_unit="steps",
     ),
-    C(key="quiet_steps", label="Quiet steps", unit="count", kind="int"),
+    C(key="quiet_steps", label="Quiet steps", unit="count", kind="int"),  # CSV only: in the above
     C(key="throughput_basis", label="Steps used", unit="quiet | all"),
     C(key="speedup", label="Speedup vs single", unit="×", kind="num"),
     C(key="scaling_efficiency", label="Scaling efficiency", unit="%", kind="frac_pct"),
@@ -298,6 +307,15 @@ SPEEDUP_COLS = [
         kind="num",
         digits=1,
     ),
+    # The baseline's noise belongs to the group its speedup is over (the summary's CSV keeps it
+    # per run).
+    C(
+        key="baseline_noise_pct",
+        label="Noise",
+        unit="% spread of the single runs",
+        kind="num",
+        digits=1,
+    ),  # fmt: skip
 ]
 ACCURACY_COLS = [
     C(key="model", label="Model"),

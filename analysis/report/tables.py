@@ -45,16 +45,19 @@ class Table:
     rows: list[dict[str, Any]] = field(default_factory=list)
     csv: str | None = None
     csv_only: frozenset[str] = frozenset()  # keys written to the CSV but not shown on the page
+    # keys shown only when the rows differ in them (the platform of a one-OS report says nothing)
+    only_if_varied: frozenset[str] = frozenset()
 
     @property
     def visible_columns(self) -> list[Column]:
         """Columns to show: a numeric column empty in every row (e.g. CUDA memory on CPU) is hidden,
-        and so are the `csv_only` ones."""
+        and so are the `csv_only` ones and the `only_if_varied` ones with one value in every row."""
         return [
             c
             for c in self.columns
             if c.key not in self.csv_only
             and (not c.numeric or any(not missing(r.get(c.key)) for r in self.rows))
+            and (c.key not in self.only_if_varied or len({r.get(c.key) for r in self.rows}) > 1)
         ]
 
     def frame(self) -> pd.DataFrame:
@@ -277,7 +280,10 @@ def all_tables(data: dict[str, Any], out_dir: Path, labels: dict[str, str]) -> d
             rows=summary_rows(data, labels),
             csv="summary.csv",
             # The Run column shows the label (OS included when runs differ by it; full id: tooltip).
-            csv_only=frozenset({"label", "os"}),
+            # The page's summary fits 1,400 px: quiet_steps is shown beside the quiet throughput
+            # ("812.4 (12 steps)"), the baseline's noise in the speedup table and top-1 in the
+            # accuracy table (per group); the CSV keeps each run's.
+            csv_only=frozenset({"label", "os", "quiet_steps", "baseline_noise_pct", "top1_pct"}),
         ),
         "phases": Table(id="phases", columns=PHASE_COLS, rows=phase_rows(data), csv="phases.csv"),
         "collectives": Table(
@@ -302,6 +308,10 @@ def all_tables(data: dict[str, Any], out_dir: Path, labels: dict[str, str]) -> d
         ),
         "traces": Table(id="traces", columns=TRACE_COLS, rows=trace_link_rows(data, out_dir)),
         "headline": Table(
-            id="headline", columns=HEADLINE_COLS, rows=headline_rows(data), csv="headline.csv"
+            id="headline",
+            columns=HEADLINE_COLS,
+            rows=headline_rows(data),
+            csv="headline.csv",
+            only_if_varied=frozenset({"os"}),
         ),
     }
