@@ -254,7 +254,7 @@ def test_sigterm_to_the_launcher_stops_every_process(runs_dir):
     finally:
         if proc.poll() is None:
             proc.kill()
-    _, alive = psutil.wait_procs(tree, timeout=10)
+    _, alive = psutil.wait_procs(tree, timeout=60)  # returns as soon as they are gone
 
     def running(p: psutil.Process) -> bool:  # an unreaped zombie is not running
         try:

@@ -23,7 +23,7 @@ from tqdm import tqdm
 from analysis.jsonsafe import DISPLAY_CHARS, clip
 from analysis.outputs import check_report_out
 from analysis.parquet import runs_json_tables, table_bytes
-from analysis.report import figures, memory_section
+from analysis.report import family_section, figures, memory_section
 from analysis.report.findings import THRESHOLDS, findings
 from analysis.report.labels import Labels, unique_labels
 from analysis.report.loss import loss_context
@@ -47,6 +47,7 @@ from analysis.runs.rows import step_points
 from analysis.runs.runsjson import RunsJson, RunsJsonError, read_runs_json
 from analysis.runs.sweep import first_of_groups, skipped_by_reason
 from profiler.runfolder.errors import InputError
+from profiler.runfolder.hostload import QUIET_OTHER_CORES_FRAC
 
 __all__ = ["ReportError", "ReportFiles", "build_report", "write_report"]
 
@@ -94,15 +95,16 @@ def _json_safe(obj: Any) -> Any:
 def runs_frame(doc: RunsJson | dict[str, Any], labels: Labels) -> pd.DataFrame:
     """One row per measured run with the fields the figures need, plus its label and a series name."""
     doc = read_runs_json(doc)
-    keys = ["run_id", *WORKLOAD_KEY, "mode", "backend", "world_size", "seed", "samples_per_s",
-            "speedup", "top1_pct", "test_loss"]  # fmt: skip
+    keys = ["run_id", *WORKLOAD_KEY, "mode", "strategy", "backend", "world_size", "seed",
+            "samples_per_s", "speedup", "top1_pct", "test_loss"]  # fmt: skip
     df = pd.DataFrame([{k: getattr(r, k) for k in keys} for r in doc.measured()], columns=keys)
     df["label"] = df["run_id"].map(labels)
     group_of = group_labels(doc)
     df["group"] = [group_of[r] if r in group_of else lab
                    for r, lab in zip(df["run_id"], df["label"], strict=True)]  # fmt: skip
     backend = df["backend"].where(~df["backend"].isin(["none", "dp"]) & df["backend"].notna(), "")
-    df["series"] = df["mode"].astype(str) + backend.map(lambda b: f" ({b})" if b else "")
+    member = df["strategy"].fillna(df["mode"]).astype(str)
+    df["series"] = member + backend.map(lambda b: f" ({b})" if b else "")
     # One line per comparable set: never average a model's throughput with another model's.
     for col in WORKLOAD_KEY:
         if df[col].nunique() > 1:
@@ -198,6 +200,21 @@ def _read(data: dict[str, Any]) -> RunsJson:
         raise ReportError(str(exc)) from None
 
 
+def _files(
+    tables: dict, full: dict[str, Any], summary: dict, html: str
+) -> tuple[dict[str, str | bytes], list[str]]:
+    """Every file of the report folder by name (the CSV tables, the runs' Parquet tables,
+    summary.json, index.html), and the Parquet files' names."""
+    files: dict[str, str | bytes] = {
+        t.csv: t.frame().to_csv(index=False) for t in tables.values() if t.csv
+    }
+    columnar = {f"{n}.parquet": table_bytes(t) for n, t in runs_json_tables(full).items()}
+    files.update(columnar)
+    files["summary.json"] = json.dumps(summary, indent=2, allow_nan=False) + "\n"
+    files["index.html"] = html
+    return files, list(columnar)
+
+
 def write_report(data: dict[str, Any], out_dir: Path, *, progress: bool = True) -> ReportFiles:
     """Write index.html, summary.json and the CSV tables for a runs JSON into `out_dir`."""
     out_dir = Path(out_dir)
@@ -218,6 +235,7 @@ def write_report(data: dict[str, Any], out_dir: Path, *, progress: bool = True) 
     found = findings(doc) + memory["findings"]
     loss = loss_context(doc)
     tables["efficiency_loss"] = loss["table"]
+    tables.update(family_section.context(doc))
     figs = _figures(shown, tables, labels, progress)
     summary = _json_safe(
         {**full, "findings": [f.to_dict() for f in found], "thresholds": THRESHOLDS}
@@ -250,13 +268,7 @@ def write_report(data: dict[str, Any], out_dir: Path, *, progress: bool = True) 
         )
     )
     # Everything is rendered before the first write, so a failure above leaves the folder as it was.
-    files: dict[str, str | bytes] = {
-        t.csv: t.frame().to_csv(index=False) for t in tables.values() if t.csv
-    }
-    columnar = {f"{n}.parquet": table_bytes(t) for n, t in runs_json_tables(full).items()}
-    files.update(columnar)
-    files["summary.json"] = json.dumps(summary, indent=2, allow_nan=False) + "\n"
-    files["index.html"] = html
+    files, columnar = _files(tables, full, summary, html)
     replace_folder(files, out_dir)
     index = out_dir / "index.html"
     csvs = [out_dir / t.csv for t in tables.values() if t.csv]
@@ -269,16 +281,29 @@ def write_report(data: dict[str, Any], out_dir: Path, *, progress: bool = True) 
 
 
 def build_report(
-    paths: Sequence[Path], out_dir: Path, *, progress: bool = True, clock_align: str = "auto"
+    paths: Sequence[Path],
+    out_dir: Path,
+    *,
+    progress: bool = True,
+    clock_align: str = "auto",
+    memory_budget_bytes: int | None = None,
+    quiet_frac: float = QUIET_OTHER_CORES_FRAC,
 ) -> ReportFiles:
     """Analyse the run folders under `paths` with `compare_runs` (trace clocks aligned per
-    `clock_align`) and write the report."""
+    `clock_align`; `quiet_frac`: its quiet-step threshold) and write the report
+    (`memory_budget_bytes`: the per-rank memory the family's capacity fits models into)."""
     for p in paths:
         if not Path(p).is_dir():
             raise ReportError(f"{p} is not a folder; pass RUNS folders made by `make profile-all`")
     _check_out(Path(out_dir), [Path(p) for p in paths])  # before any work
     try:
-        data = compare_runs([Path(p) for p in paths], progress=progress, clock_align=clock_align)
+        data = compare_runs(
+            [Path(p) for p in paths],
+            progress=progress,
+            clock_align=clock_align,
+            memory_budget_bytes=memory_budget_bytes,
+            quiet_frac=quiet_frac,
+        )
     except InputError as exc:
         raise ReportError(str(exc)) from exc
     return write_report(data, out_dir, progress=progress)

@@ -8,21 +8,24 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from analysis.runs.entry import RunEntry
+from analysis.runs.family import LABELS
 from analysis.runs.groups import GroupEntry
 from analysis.runs.rules import (
     THRESHOLDS,
     AccuracyPair,
     BackendPair,
+    BusyRun,
     FindingCases,
     MemoryBalance,
     ScalingCase,
     finding_cases,
 )
 from analysis.runs.runsjson import RunsJson, read_runs_json
+from profiler.runfolder.schema import PROCESS_GROUP_MODES
 
 __all__ = ["NAMES", "THRESHOLDS", "Finding", "findings", "run_name"]
 
-NAMES = {"single": "Single", "dp": "DP", "ddp": "DDP"}
+NAMES = LABELS  # single, dp, ddp and the sharded members (analysis.runs.family)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -39,9 +42,12 @@ class Finding:
 
 
 def run_name(run: RunEntry | GroupEntry, keys: tuple[str, ...] = ()) -> str:
-    """'DDP (GLOO)', 'DP', 'Single'; prefixed with the model/OS when the report holds several."""
-    mode = NAMES.get(run.mode or "", str(run.mode))
-    name = f"{mode} ({run.backend.upper()})" if mode == "DDP" and run.backend else mode
+    """'DDP (GLOO)', 'FSDP2 (GLOO)', 'DP', 'Single'; prefixed with the model/OS when the report
+    holds several."""
+    kind = run.strategy or run.mode or ""
+    mode = NAMES.get(kind, str(kind))
+    grouped = run.mode in PROCESS_GROUP_MODES
+    name = f"{mode} ({run.backend.upper()})" if grouped and run.backend else mode
     return " ".join([*(str(getattr(run, k)) for k in keys), name])
 
 
@@ -83,7 +89,7 @@ def scaling_finding(case: ScalingCase, multi: tuple[str, ...]) -> Finding:
         f"{_JUDGED[case.judged]}; {_rule_text(case.judged)})."
     )
     if case.exposed_comm_pct is not None:
-        word = "allreduce" if g.mode == "ddp" else "communication"
+        word = "allreduce" if case.plain_ddp else "communication"
         text += f" {case.exposed_comm_pct:.0f}% of step time is exposed {word}"
         text += (
             f" (above the {t['exposed_comm_pct']:.0f}% threshold: {case.advice.exposed})."
@@ -93,10 +99,12 @@ def scaling_finding(case: ScalingCase, multi: tuple[str, ...]) -> Finding:
     slower = case.slower
     severity = "bad" if slower else "good" if case.judged == "good" else "warn"
     if case.busy_run_ids:
+        why = ("; the speedup uses only the steps measured while they were quiet"
+               if case.quiet_basis else ", so this speedup is unreliable")  # fmt: skip
         text += (
             f" Measured on a busy machine: other processes used over "
             f"{t['busy_other_cores_frac']:.0%} of the cores during "
-            f"{', '.join(case.busy_run_ids)}, so this speedup is unreliable."
+            f"{', '.join(case.busy_run_ids)}{why}."
         )
         severity = "bad" if slower else "warn"
     return Finding(rule="scaling", severity=severity, text=text, run_ids=case.run_ids)
@@ -150,7 +158,7 @@ def _backend(b: BackendPair) -> Finding:
         text = f"Backends: {b.fast} {b.ratio:.1f}× faster than {b.slow} on the same run"
     g = b.nccl
     text += (
-        f" ({g.model}, {g.world_size} ranks, {g.os}; differences under "
+        f" ({g.model}, {NAMES.get(g.strategy or '', 'DDP')}, {g.world_size} ranks, {g.os}; differences under "
         f"{(limit - 1) * 100:.0f}% count as a tie)."
     )
     return Finding(rule="backends", severity="info", text=text,
@@ -190,6 +198,14 @@ def _runs_of_status(cases: FindingCases) -> list[Finding]:
     ]
 
 
+def _busy_remedy(b: BusyRun) -> str:
+    """What a busy run's figure stands on: its quiet steps, or nothing to trust."""
+    if b.quiet_basis:
+        return (f"its throughput, {b.run.samples_per_s:.1f} samples/s, is over the "
+                f"{b.run.quiet_steps} steps measured while the machine was quiet.")  # fmt: skip
+    return "throughput unreliable; re-run with --repeat auto or on an idle machine."
+
+
 def _info(cases: FindingCases) -> list[Finding]:
     """DP vs DDP throughput, runs without an eval (one per reason), seed spreads, busy runs."""
     frac = THRESHOLDS["busy_other_cores_frac"]
@@ -202,8 +218,7 @@ def _info(cases: FindingCases) -> list[Finding]:
     return out + [
         Finding(rule="busy_machine", severity="warn", run_ids=[b.run.run_id], text=(
             f"{run_name(b.run)} run {b.run.run_id} was measured while other processes used "
-            f"{b.other_cores:.1f} of {b.cores} cores (over {frac:.0%}): "
-            "throughput unreliable; re-measure on an idle machine."))
+            f"{b.other_cores:.1f} of {b.cores} cores (over {frac:.0%}): " + _busy_remedy(b)))
         for b in cases.busy
     ]  # fmt: skip
 

@@ -19,8 +19,9 @@ class Labels(dict[str, str]):
 
 
 def run_label(run: RunEntry) -> str:
-    """Short label for figures: mode, backend, world size and seed."""
-    pieces = [str(run.mode or "?")]
+    """Short label for figures: mode (the family member: ddp, zero1, fsdp, ...), backend, world
+    size and seed."""
+    pieces = [str(run.strategy or run.mode or "?")]
     if run.backend not in (None, "none", "dp"):
         pieces.append(str(run.backend))
     pieces.append(f"n{run.world_size or '?'}")

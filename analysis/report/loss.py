@@ -25,6 +25,7 @@ PART_NAMES = {
     "stragglers": "waiting for the slowest rank",
     "data": "data loading",
     "ddp_overhead": "DDP's own per-step cost",
+    "host_contention": "host contention (other processes)",
     "contention": "compute contention",
     "residual": "residual",
 }
@@ -103,4 +104,5 @@ def loss_context(doc: RunsJson) -> dict[str, Any]:
         "figure": waterfall_figure(rows),
         "left_out": max(len(rows) - MAX_WATERFALLS, 0),
         "has_ddp1": any(r.parts["ddp_overhead"] is not None for _, r in rows),
+        "has_host": any(r.parts["host_contention"] is not None for _, r in rows),
     }

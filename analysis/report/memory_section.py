@@ -57,6 +57,7 @@ BREAKDOWN_COLS = [
     mib(key="buffers_bytes", label="Buffers"),
     mib(key="ddp_buckets_bytes", label="DDP buckets"),
     mib(key="static_total_bytes", label="Static total"),
+    mib(key="fsdp_unsharded_peak_bytes", label="Unsharded peak (FSDP2)"),
     mib(key="forward_peak_bytes", label="Forward peak"),
     mib(key="backward_peak_bytes", label="Backward peak"),
     mib(key="optimizer_peak_bytes", label="Optimizer peak"),
@@ -75,7 +76,12 @@ def breakdown_figure(rows: list[dict[str, Any]], labels: Labels) -> str | None:
         + " · "
         + df["device"]
     )
-    cols = {**STATIC, "forward_peak_bytes": "activations (forward peak)"}
+    cols = {
+        **STATIC,
+        "fsdp_unsharded_peak_bytes": "gathered blocks (FSDP2 peak)",
+        "forward_peak_bytes": "activations (forward peak)",
+    }
+    cols = {k: v for k, v in cols.items() if k in df.columns}
     plot = df.set_index("bar")[list(cols)].astype(float).fillna(0.0) / MIB
     plot = plot.rename(columns=cols)
     theme()
@@ -161,6 +167,17 @@ def _vs_single(d: StaticDelta) -> Finding:
     """DDP vs single: the per-rank static difference and the category that makes it."""
     run, diff = d.run, d.diff_bytes
     name = run_name(run)
+    if d.sharded:  # every category shrinks at once: name the sharding itself
+        gathered = d.gathered_bytes
+        text = (
+            f"{name} holds {_mib(abs(diff))} {'less' if diff < 0 else 'more'} static memory per "
+            f"rank than Single: parameters, gradients and optimizer state are sharded over "
+            f"{run.world_size} ranks (÷ {run.world_size}, plus padding)"
+            + (f"; gathered blocks add {_mib(gathered)} at the peak" if gathered else "")
+            + "."
+        )
+        return Finding(rule="memory_breakdown", severity="info", text=text,
+                       run_ids=[run.run_id, d.single.run_id])  # fmt: skip
     if d.same:
         why = (
             " (gradient-as-bucket-view: the gradients are views of DDP's buckets)"
@@ -197,7 +214,7 @@ def _dp_first_gpu(g: DpFirstGpu) -> Finding:
 
 
 def memory_findings(data: RunsJson | dict[str, Any]) -> list[Finding]:
-    """One finding per DDP run that has a matching single run and one per DP run on GPU 0's
+    """One finding per DDP, ZeRO-1 or FSDP2 run that has a matching single run and one per DP run on GPU 0's
     extra (analysis.runs.memory.memory_cases); runs of several seeds that say the same sentence
     (static counts do not depend on the seed) say it once, naming them all."""
     cases = memory_cases(read_runs_json(data).measured())

@@ -41,7 +41,7 @@ MAX_FINDINGS = 12
 def group_label(group: GroupEntry, *, show: tuple[str, ...] = ("workload", "os")) -> str:
     """`ddp·gloo·n4 · mlp/synthetic · Linux` style label of a group (seeds pooled); `show` picks
     which of the workload and platform parts to add (those that tell the report's groups apart)."""
-    pieces = [str(group.mode or "?")]
+    pieces = [str(group.strategy or group.mode or "?")]
     if group.backend not in (None, "none", "dp"):
         pieces.append(str(group.backend))
     pieces.append(f"n{group.world_size or '?'}")
@@ -103,7 +103,7 @@ def scaling_frame(data: RunsJson | dict[str, Any]) -> pd.DataFrame:
     rows = [
         {
             "world_size": r.num_devices or r.world_size,
-            "mode": r.mode,
+            "mode": r.strategy or r.mode,
             "backend": r.backend,
             "os": r.os,
             "scaling": r.scaling,

@@ -59,16 +59,19 @@ class Table:
     rows: list[dict[str, Any]] = field(default_factory=list)
     csv: str | None = None
     csv_only: frozenset[str] = frozenset()  # keys written to the CSV but not shown on the page
+    # keys shown only when the rows differ in them (the platform of a one-OS report says nothing)
+    only_if_varied: frozenset[str] = frozenset()
 
     @property
     def visible_columns(self) -> list[Column]:
         """Columns to show: a numeric column empty in every row (e.g. CUDA memory on CPU) is hidden,
-        and so are the `csv_only` ones."""
+        and so are the `csv_only` ones and the `only_if_varied` ones with one value in every row."""
         return [
             c
             for c in self.columns
             if c.key not in self.csv_only
             and (not c.numeric or any(not missing(r.get(c.key)) for r in self.rows))
+            and (c.key not in self.only_if_varied or len({r.get(c.key) for r in self.rows}) > 1)
         ]
 
     def frame(self) -> pd.DataFrame:
@@ -157,6 +160,7 @@ def headline_table_rows(doc: RunsJson) -> list[dict[str, Any]]:
         {
             "group": group_label(h.group),
             **{k: getattr(h.group, k) for k in _HEADLINE_GROUP_KEYS},
+            "mode": h.group.strategy or h.group.mode,  # the family member
             "batch": h.batch,
             "epoch_time_s": h.epoch_time_s,
             "peak_memory_bytes": h.peak_memory_bytes,
@@ -165,9 +169,13 @@ def headline_table_rows(doc: RunsJson) -> list[dict[str, Any]]:
     ]
 
 
-_HEADLINE_GROUP_KEYS = tuple(
-    c.key for c in HEADLINE_COLS if c.key not in ("batch", "epoch_time_s", "peak_memory_bytes")
-) + tuple(c.std_key for c in HEADLINE_COLS if c.std_key)
+_HEADLINE_GROUP_KEYS = (
+    tuple(
+        c.key for c in HEADLINE_COLS if c.key not in ("batch", "epoch_time_s", "peak_memory_bytes")
+    )
+    + tuple(c.std_key for c in HEADLINE_COLS if c.std_key)
+    + tuple(k for c in HEADLINE_COLS for k in c.ci_keys or ())
+)
 
 
 def all_tables(doc: RunsJson, out_dir: Path, labels: Labels) -> dict[str, Table]:
@@ -182,7 +190,10 @@ def all_tables(doc: RunsJson, out_dir: Path, labels: Labels) -> dict[str, Table]
             rows=summary_rows(doc, labels),
             csv="summary.csv",
             # The Run column shows the label (OS included when runs differ by it; full id: tooltip).
-            csv_only=frozenset({"label", "os"}),
+            # The page's summary fits 1,400 px: quiet_steps is shown beside the quiet throughput
+            # ("812.4 (12 steps)"), the baseline's noise in the speedup table and top-1 in the
+            # accuracy table (per group); the CSV keeps each run's.
+            csv_only=frozenset({"label", "os", "quiet_steps", "baseline_noise_pct", "top1_pct"}),
         ),
         "phases": Table(
             id="phases",
@@ -205,6 +216,10 @@ def all_tables(doc: RunsJson, out_dir: Path, labels: Labels) -> dict[str, Table]
         ),
         "traces": Table(id="traces", columns=TRACE_COLS, rows=trace_link_rows(doc, out_dir)),
         "headline": Table(
-            id="headline", columns=HEADLINE_COLS, rows=headline_table_rows(doc), csv="headline.csv"
+            id="headline",
+            columns=HEADLINE_COLS,
+            rows=headline_table_rows(doc),
+            csv="headline.csv",
+            only_if_varied=frozenset({"os"}),
         ),
     }

@@ -15,6 +15,7 @@ from analysis.project.bands import band_text
 from analysis.report.findings import NAMES
 from analysis.report.loss import PART_NAMES
 from analysis.report.projection import efficiency_text
+from analysis.runs.familyview import FamilyEntry
 from analysis.runs.groups import GroupEntry
 from analysis.runs.rules import THRESHOLDS
 from analysis.runs.runsjson import RunsJson, read_runs_json
@@ -42,6 +43,40 @@ def _memory(case: VerdictCase) -> list[dict]:
     why = " (DDP's buckets)" if d.cause == "ddp_buckets_bytes" else ""
     return [_seg(" Memory "), _seg(f"{d.diff_bytes / MIB:+.2f} MiB per rank", "#memory"),
             _seg(f"{why}.")]  # fmt: skip
+
+
+def _mib_text(n: float) -> str:
+    return f"{n / MIB:.2f} MiB" if abs(n) < 100 * MIB else f"{n / MIB:,.0f} MiB"
+
+
+def _params_text(n: int) -> str:
+    return f"{n / 1e9:.2f} B" if n >= 1e9 else f"{n / 1e6:,.0f} M" if n >= 1e6 else f"{n:,}"
+
+
+def _family(family: list[FamilyEntry]) -> list[dict]:
+    """The family line of a workload (analysis.runs.family): what each sharded mode saves per
+    rank against DDP and at what throughput, then the largest model each mode fits."""
+    out: list[dict] = []
+    for f in family:
+        clauses = []
+        for m in (m for m in f.members if m.saved_bytes is not None):
+            verb = "saves" if m.saved_bytes >= 0 else "costs"
+            text = f"{m.label} {verb} {_mib_text(abs(m.saved_bytes))} per rank"
+            text += f" ({abs(m.saved_pct or 0.0):.0f}%)"
+            if m.throughput_vs_ddp_pct is not None:
+                text += f" at {m.throughput_vs_ddp_pct:.0f}% of DDP's throughput"
+            clauses.append(text)
+        if not clauses:
+            continue
+        where = f" ({f.backend}, {f.world_size} ranks)"
+        out += [_seg(" "), _seg("; ".join(clauses) + where, "#family"), _seg(".")]
+        fits = [c for c in f.capacity if c.max_params is not None]
+        if fits and f.budget_bytes:
+            sizes = ", ".join(f"{c.label} {_params_text(c.max_params)}" for c in fits)
+            budget = f"{f.budget_bytes / 2**30:.1f} GiB per rank ({f.budget_source})"
+            out += [_seg(f" Largest model that fits in {budget}: "),
+                    _seg(f"{sizes} parameters", "#family"), _seg(".")]  # fmt: skip
+    return out
 
 
 def _projection(p: Projected | None) -> list[dict]:
@@ -96,24 +131,49 @@ def _split(case: VerdictCase) -> list[dict]:
     return [*segs, _seg(".")]
 
 
+NOT_ENOUGH_QUIET = "not enough quiet steps: re-run with --repeat auto or on an idle machine"
+
+
+def _figures(case: VerdictCase, g: GroupEntry) -> list[dict]:
+    """The speedup and efficiency: the median and 95% CI over the group's rounds when it has
+    several (analysis.runs.rounds), else its mean; "on quiet steps" when some of its runs (or
+    their baselines) were measured while other processes ran and the figures left those steps
+    out."""
+    quiet = " on quiet steps" if case.on_quiet else ""
+    if case.rounds < 2:
+        return [_seg(f"{g.speedup_mean:.2f}× over single device{quiet}", "#speedup"),
+                _seg(" ("), _seg(f"{case.efficiency_pct:.0f}% efficiency", "#speedup"),
+                _seg(").")]  # fmt: skip
+    sp = (g.speedup_median or 0.0, g.speedup_ci95_low or 0.0, g.speedup_ci95_high or 0.0)
+    ef = [100 * (v or 0.0) for v in (g.scaling_efficiency_median, g.scaling_efficiency_ci95_low,
+                                     g.scaling_efficiency_ci95_high)]  # fmt: skip
+    return [_seg(f"{sp[0]:.2f}× over single device{quiet}", "#speedup"),
+            _seg(f" (95% CI {sp[1]:.2f}–{sp[2]:.2f}× over {case.rounds} rounds; "),
+            _seg(f"{ef[0]:.0f}% efficiency, {ef[1]:.0f}–{ef[2]:.0f}%", "#speedup"), _seg(").")]  # fmt: skip
+
+
 def _paragraph(case: VerdictCase, g: GroupEntry) -> list[dict]:
-    segs = [_seg(f"{_name(g)}, {g.world_size} ranks: "),
-            _seg(f"{g.speedup_mean:.2f}× over single device", "#speedup"),
-            _seg(" ("), _seg(f"{case.efficiency_pct:.0f}% efficiency", "#speedup"), _seg(").")]  # fmt: skip
+    head = _seg(f"{_name(g)}, {g.world_size} ranks: ")
+    if case.noisy:  # its figures are known noise: none of them is quoted
+        return [head, _seg(NOT_ENOUGH_QUIET, "#speedup"), _seg("."), *_memory(case), *_try(case)]
+    segs = [head, *_figures(case, g)]
     if g.comm_pct_mean is not None:
         segs += [_seg(" Communication "), _seg(f"{g.comm_pct_mean:.0f}% of the step", "#communication")]  # fmt: skip
         if g.exposed_comm_pct_mean is not None:
             segs += [_seg(", "), _seg(f"{g.exposed_comm_pct_mean:.0f}% exposed", "#communication")]  # fmt: skip
         segs.append(_seg("."))
-    return segs + _split(case) + _memory(case) + _projection(case.projected) + _try(case)
+    return (segs + _split(case) + _memory(case) + _family(case.family)
+            + _projection(case.projected) + _try(case))  # fmt: skip
 
 
 def _caveats(c: Caveats) -> list[str]:
     out = []
     if c.busy:
         frac = THRESHOLDS["busy_other_cores_frac"]
+        what = ("their figures use only their quiet steps" if c.busy_quiet
+                else "re-run with --repeat auto or on an idle machine")  # fmt: skip
         out.append(f"busy machine: other processes used more than {frac:.0%} of the cores "
-                   f"during {c.busy} of {c.runs} runs (re-measure on an idle machine)")  # fmt: skip
+                   f"during {c.busy} of {c.runs} runs ({what})")  # fmt: skip
     if c.few:
         out.append(f"few steps: {c.few} runs measured fewer than "
                    f"{THRESHOLDS['few_measured_steps']} unprofiled steps ({c.more_steps})")  # fmt: skip

@@ -20,6 +20,7 @@ from analysis.project.comm import is_comm_run
 from analysis.project.runs import comm_and_projections
 from analysis.runs.efficiency import attach_efficiency_loss
 from analysis.runs.entry import RunEntry, attach_trace, is_measured, load_run
+from analysis.runs.family import family_summary
 from analysis.runs.groups import (
     GROUP_KEY,
     MODE_ORDER,
@@ -28,10 +29,11 @@ from analysis.runs.groups import (
     spread,
     workload_key,
 )
-from analysis.trace.clocks import check_clock_align
 from analysis.runs.opdiff import ddp_adds
 from analysis.runs.tune import is_tune_dir, load_tunes
+from analysis.trace.clocks import check_clock_align
 from profiler.runfolder.errors import InputError
+from profiler.runfolder.hostload import QUIET_OTHER_CORES_FRAC
 from profiler.runfolder.records import InvalidRecord
 from profiler.runfolder.versions import RUNS_JSON_SCHEMA_VERSION
 
@@ -115,10 +117,13 @@ def _link_baselines(runs: list[RunEntry]) -> None:
         if not same:
             continue
         seeded = [s for s in same if run.seed is not None and s.seed == run.seed]
+        # `--repeat` rounds: each run against its own round's single run (the one beside it)
+        rounded = [s for s in seeded if (s.repeat_id, s.repeat_round) == (run.repeat_id, run.repeat_round)]  # fmt: skip
         if run.mode == "single":
             kind, base, value = "self", run, run.samples_per_s
         elif seeded:
-            kind, base, value = "same_seed", seeded[0], seeded[0].samples_per_s or 0.0
+            base = (rounded or seeded)[0]
+            kind, value = "same_seed", base.samples_per_s or 0.0
         else:
             kind, (value, base) = "group_mean", _mean_baseline(same)
         run.baseline_kind, run.baseline_run_id = kind, base.run_id
@@ -146,27 +151,25 @@ def _unique_id(entry: RunEntry, run_dir: Path, taken: set[str]) -> None:
     )
 
 
-def compare_runs(
-    paths: Sequence[Path], *, progress: bool = True, traces: bool = True, clock_align: str = "auto"
-) -> dict:
-    """The runs JSON (schema_version 2) for run folders or folders of run folders in `paths`.
-
-    `traces=False` skips trace analysis (trace fields stay null); `clock_align` is the traces
-    analysis' (analysis/trace/clocks.py). Raises InputError only when no run could be read at
-    all; unreadable folders are listed under `skipped`.
-    """
-    check_clock_align(clock_align)
-    run_dirs, skipped = find_run_dirs(paths)
-    comm_dirs = [d for d in run_dirs if is_comm_run(d)]  # `make bench-comm`: not a training run
-    run_dirs = [d for d in run_dirs if d not in comm_dirs]
-    runs = []
+def _load_runs(
+    run_dirs: list[Path],
+    invalid: list[dict],
+    skipped: list[dict],
+    *,
+    progress: bool,
+    traces: bool,
+    clock_align: str,
+    quiet_frac: float,
+) -> list[RunEntry]:
+    """The readable runs of `run_dirs` (their traces analysed when `traces`), each with a unique
+    id; an invalid record goes to `invalid`, any other unreadable folder to `skipped`."""
+    runs: list[RunEntry] = []
     bar = tqdm(
         run_dirs, desc="runs", unit="run", leave=False, disable=not progress or len(run_dirs) < 2
     )
-    invalid: list[dict] = []
     for run_dir in bar:
         try:
-            entry = load_run(run_dir)
+            entry = load_run(run_dir, quiet_frac=quiet_frac)
             if traces and is_measured(entry):
                 # one bar, over the runs
                 attach_trace(entry, run_dir, progress=False, clock_align=clock_align)
@@ -182,6 +185,34 @@ def compare_runs(
             continue
         _unique_id(entry, run_dir, {r.run_id for r in runs})
         runs.append(entry)
+    return runs
+
+
+def compare_runs(
+    paths: Sequence[Path],
+    *,
+    progress: bool = True,
+    traces: bool = True,
+    clock_align: str = "auto",
+    memory_budget_bytes: int | None = None,
+    quiet_frac: float = QUIET_OTHER_CORES_FRAC,
+) -> dict:
+    """The runs JSON (schema_version 2) for run folders or folders of run folders in `paths`.
+
+    `traces=False` skips trace analysis (trace fields stay null); `clock_align` is the traces
+    analysis' (analysis/trace/clocks.py); `memory_budget_bytes` is the per-rank memory the
+    family's capacity fits models into (default: the device's memory); `quiet_frac`: the
+    quiet-step threshold (other processes' cores per core a run uses; analysis.runs.quiet).
+    Raises InputError only when no run could be read at all; unreadable folders are listed
+    under `skipped`.
+    """
+    check_clock_align(clock_align)
+    run_dirs, skipped = find_run_dirs(paths)
+    comm_dirs = [d for d in run_dirs if is_comm_run(d)]  # `make bench-comm`: not a training run
+    run_dirs = [d for d in run_dirs if d not in comm_dirs]
+    invalid: list[dict] = []
+    runs = _load_runs(run_dirs, invalid, skipped, progress=progress, traces=traces,
+                      clock_align=clock_align, quiet_frac=quiet_frac)  # fmt: skip
     tunes, tune_skipped = load_tunes(paths)
     skipped += tune_skipped
     if not runs and not tunes and not comm_dirs and not invalid:
@@ -189,7 +220,7 @@ def compare_runs(
         raise InputError(
             where, "no readable run folders", "run `make profile-all` first or pass the runs folder"
         )
-    runs.sort(key=lambda r: (MODE_ORDER.get(r.mode, 9), str(r.run_id)))
+    runs.sort(key=lambda r: (MODE_ORDER.get(r.strategy or r.mode, 9), str(r.run_id)))
     _link_baselines(runs)
     groups = group_runs(runs)
     attach_efficiency_loss(runs, groups, workload_key)
@@ -201,6 +232,7 @@ def compare_runs(
         "runs": rows,
         "groups": [asdict(g) for g in groups],
         "ddp_adds": ddp_adds(rows, groups),
+        "family": family_summary(rows, WORKLOAD_KEY, memory_budget_bytes),
         "skipped": skipped,
         "tunes": msgspec.to_builtins(tunes),
         **comm_and_projections(comm_dirs, rows),

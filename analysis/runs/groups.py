@@ -12,6 +12,7 @@ from typing import Any
 import msgspec
 
 from analysis.runs.entry import RunEntry, is_measured, mean_std
+from analysis.runs.rounds import round_stats
 
 __all__ = [
     "GROUP_KEY",
@@ -45,7 +46,8 @@ WORKLOAD_KEY = (
     "device_type",
     "os",
 )
-GROUP_KEY = (*WORKLOAD_KEY, "mode", "backend", "world_size")
+# `strategy` tells DDP from ZeRO-1 and FSDP2 with and without resharding (analysis.runs.family).
+GROUP_KEY = (*WORKLOAD_KEY, "mode", "strategy", "backend", "world_size")
 GROUP_STATS = (
     "samples_per_s",
     "speedup",
@@ -55,7 +57,8 @@ GROUP_STATS = (
     "top5_pct",
     "perplexity",
 )
-MODE_ORDER = {"single": 0, "dp": 1, "ddp": 2}  # runs and groups are listed in this order
+# Runs and groups are listed in the family's order: single, DP, DDP, then the sharded members.
+MODE_ORDER = {"single": 0, "dp": 1, "ddp": 2, "zero1": 3, "fsdp": 4, "fsdp_keep": 5}
 
 
 class GroupEntry(msgspec.Struct, kw_only=True):
@@ -77,6 +80,7 @@ class GroupEntry(msgspec.Struct, kw_only=True):
     device_type: str | None = None
     os: str | None = None
     mode: str | None = None
+    strategy: str | None = None  # ddp | zero1 | fsdp | fsdp_keep (analysis.runs.family)
     backend: str | None = None
     world_size: int | None = None
     n_seeds: int | None = None
@@ -105,6 +109,20 @@ class GroupEntry(msgspec.Struct, kw_only=True):
     samples_per_s_min: float | None = None
     samples_per_s_max: float | None = None
     samples_per_s_spread_pct: float | None = None  # (max − min) ÷ mean × 100
+    # Over the group's rounds (analysis.runs.rounds.round_stats): medians and 95% intervals.
+    n_rounds: int | None = None
+    speedup_median: float | None = None  # ×
+    speedup_ci95_low: float | None = None
+    speedup_ci95_high: float | None = None
+    scaling_efficiency_median: float | None = None  # ratio
+    scaling_efficiency_ci95_low: float | None = None
+    scaling_efficiency_ci95_high: float | None = None
+    samples_per_s_median: float | None = None  # samples/s
+    samples_per_s_ci95_low: float | None = None
+    samples_per_s_ci95_high: float | None = None
+    throughput_basis: str | None = None  # quiet | all | mixed
+    busy_run_ids: list[str] = []
+    noisy_run_ids: list[str] = []
     efficiency_loss_pts: dict[str, float | None] | None = None
 
 
@@ -133,7 +151,7 @@ def spread(values: Iterable[float | None]) -> dict[str, float | None]:
             "samples_per_s_spread_pct": spread}  # fmt: skip
 
 
-def _group(key: tuple, members: list[RunEntry]) -> GroupEntry:
+def _group(key: tuple, members: list[RunEntry], by_id: dict[str, RunEntry]) -> GroupEntry:
     stats: dict[str, Any] = {}
     for stat in GROUP_STATS:
         stats[f"{stat}_mean"], stats[f"{stat}_std"] = mean_std(getattr(m, stat) for m in members)
@@ -151,22 +169,25 @@ def _group(key: tuple, members: list[RunEntry]) -> GroupEntry:
         comm_pct_mean=mean_std(m.comm_pct for m in members)[0],
         exposed_comm_pct_mean=mean_std(m.exposed_comm_pct for m in members)[0],
         **spread(m.samples_per_s for m in members),
+        **round_stats(members, by_id),  # medians and 95% CIs over rounds
     )
 
 
 def group_runs(runs: list[RunEntry]) -> list[GroupEntry]:
-    """Mean ± sample std (n−1) over the seeds of each configuration (GROUP_KEY); only measured
-    runs (ok or interrupted, is_measured) count. Sorted by workload, mode, backend, world size."""
+    """Mean ± sample std (n−1) over the seeds of each configuration (GROUP_KEY), and the medians
+    and intervals over its rounds (analysis.runs.rounds); only measured runs (ok or interrupted,
+    is_measured) count. Sorted by workload, family member, backend, world size."""
+    by_id = {r.run_id: r for r in runs}
     buckets: dict[tuple, list[RunEntry]] = {}
     for run in runs:
         if is_measured(run):
             buckets.setdefault(tuple(getattr(run, k) for k in GROUP_KEY), []).append(run)
-    groups = [_group(key, members) for key, members in buckets.items()]
+    groups = [_group(key, members, by_id) for key, members in buckets.items()]
     return sorted(
         groups,
         key=lambda g: (
             *(str(getattr(g, k)) for k in WORKLOAD_KEY),
-            MODE_ORDER.get(g.mode, 9),
+            MODE_ORDER.get(g.strategy or g.mode, 9),
             str(g.backend),
             g.world_size or 0,
         ),

@@ -14,6 +14,7 @@ from analysis.runs.entry import RunEntry
 from analysis.runs.groups import workload_key
 from analysis.runs.notes import Advice, advice_of
 from analysis.runs.runsjson import RunsJson
+from profiler.runfolder.schema import PROCESS_GROUP_MODES
 
 __all__ = [
     "STATIC_KEYS",
@@ -64,7 +65,9 @@ class StaticDelta(msgspec.Struct, kw_only=True):
     """Per-rank static memory of a run less its single-device run's (bytes, means over ranks):
     `diff_bytes` = `total` − `ref`; `cause` the category (STATIC_KEYS) that differs most, by
     `cause_bytes`; `same` when the difference is under SAME_STATIC_FRAC of `ref`; `grads_ratio` =
-    |diff| ÷ the single run's gradients; `bucket_view` a DDP run whose buckets hold 0 bytes."""
+    |diff| ÷ the single run's gradients; `bucket_view` a DDP run whose buckets hold 0 bytes;
+    `sharded` an FSDP2 run (every category shrinks at once), `gathered_bytes` its mean unsharded
+    peak (the gathered blocks)."""
 
     run: RunEntry
     single: RunEntry
@@ -78,6 +81,8 @@ class StaticDelta(msgspec.Struct, kw_only=True):
     same: bool
     grads_ratio: float
     bucket_view: bool
+    sharded: bool = False
+    gathered_bytes: float | None = None
 
 
 def static_difference(run: RunEntry, single: RunEntry) -> StaticDelta | None:
@@ -95,6 +100,7 @@ def static_difference(run: RunEntry, single: RunEntry) -> StaticDelta | None:
         diff_bytes=diff, cause=cause, cause_bytes=deltas[cause],
         same=abs(diff) < SAME_STATIC_FRAC * ref, grads_ratio=abs(diff) / grads,
         bucket_view=run.mode == "ddp" and _mean(mine, "ddp_buckets_bytes") == 0,
+        sharded=run.mode == "fsdp", gathered_bytes=_mean(mine, "fsdp_unsharded_peak_bytes"),
     )  # fmt: skip
 
 
@@ -128,7 +134,7 @@ def _dp_first_gpu(run: RunEntry) -> DpFirstGpu | None:
 
 def memory_cases(runs: list[RunEntry]) -> list[StaticDelta | DpFirstGpu]:
     """For the measured `runs` with a breakdown, in order: each DP run's first-GPU extra and each
-    DDP run's static difference from a single run of the same workload (WORKLOAD_KEY; the same
+    DDP, ZeRO-1 or FSDP2 run's static difference from a single run of the same workload (WORKLOAD_KEY; the same
     seed preferred)."""
     runs = [r for r in runs if r.memory_breakdown]
     singles = [r for r in runs if r.mode == "single"]
@@ -136,7 +142,8 @@ def memory_cases(runs: list[RunEntry]) -> list[StaticDelta | DpFirstGpu]:
     for run in runs:
         if run.mode == "dp" and (gpu := _dp_first_gpu(run)):
             out.append(gpu)
-        if run.mode != "ddp":  # DP's devices differ by design: the first-GPU case says why
+        if run.mode not in PROCESS_GROUP_MODES:  # DP's devices differ by design: the first-GPU
+            # case says why
             continue
         same = [s for s in singles if workload_key(s) == workload_key(run)]
         base = next((s for s in same if s.seed == run.seed), same[0] if same else None)

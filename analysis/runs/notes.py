@@ -81,8 +81,7 @@ def advice(*, script: str | None, num_buckets: int | None) -> dict[str, str]:
     buckets = f"{num_buckets} gradient bucket(s) per step" if num_buckets else "its buckets"
     return {
         "pair": f"profile {script} with --mode single and with --mode ddp, same arguments",
-        "more_steps": "let the script run more steps: its own arguments, or a larger "
-        "--max-steps",
+        "more_steps": "let the script run more steps: its own arguments, or a larger --max-steps",
         "bucket_view": "DDP(model, gradient_as_bucket_view=True)",
         "tune": "DDP(model, bucket_cap_mb=...)",
         "tune_note": f" (this run: {buckets}, DDP's default 25 MB each; larger buckets mean "

@@ -8,18 +8,18 @@ is per analysed step; definitions in docs/reference/metrics.md §9.
 
 from __future__ import annotations
 
-from profiler.runfolder.layout import STEP_PHASES
-from profiler.runfolder.versions import DIFF_JSON_SCHEMA_VERSION, OPS_JSON_SCHEMA_VERSION
 from pathlib import Path
 from typing import Any
 
 import msgspec
 from msgspec.structs import asdict
 
-from profiler.runfolder.errors import InputError
 from analysis.runs.entry import load_run
 from analysis.runs.groups import GroupEntry
 from analysis.trace.folder import analyze_trace_dir, find_trace_files
+from profiler.runfolder.errors import InputError
+from profiler.runfolder.layout import STEP_PHASES
+from profiler.runfolder.versions import DIFF_JSON_SCHEMA_VERSION, OPS_JSON_SCHEMA_VERSION
 
 __all__ = [
     "DdpAdds",
@@ -291,7 +291,7 @@ def ddp_adds(runs: list[dict], groups: list[GroupEntry]) -> list[dict[str, Any]]
     pair add nothing. Needs the baselines linked and the traces attached."""
     by_id = {r["run_id"]: r for r in runs}
     out = []
-    for group in (g for g in groups if g.mode == "ddp"):
+    for group in (g for g in groups if (g.strategy or "ddp") == "ddp" and g.mode == "ddp"):
         members = [by_id[rid] for rid in group.run_ids if rid in by_id]
         pairs = [(d, by_id.get(d.get("baseline_run_id"))) for d in members]
         pairs = [(d, s) for d, s in pairs if s and has_ops(d) and has_ops(s)]

@@ -13,7 +13,7 @@ from typing import Any
 
 import msgspec
 
-from analysis.runs.entry import RunEntry, is_measured
+from analysis.runs.entry import RunEntry
 from analysis.runs.runsjson import RunsJson
 
 __all__ = [
@@ -63,7 +63,9 @@ def _phase_row(run: RunEntry, p: dict[str, Any], tr: dict[str, Any]) -> PhaseRow
         exposed_s = exposed / traced * step
         if back is not None:
             exposed_s = min(exposed_s, back)
-    ddp = run.mode == "ddp"
+    # Carved out of backward for DDP only: ZeRO-1 also broadcasts in its optimizer step, FSDP2
+    # all-gathers in forward (the Communication section splits them).
+    ddp = run.strategy == "ddp"
     back_c = back - exposed_s if back is not None and exposed_s is not None and ddp else back
     phase_times = [p.get("data"), p.get("forward"), back, p.get("optimizer")]
     other = None

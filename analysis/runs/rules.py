@@ -11,11 +11,12 @@ import statistics
 import msgspec
 
 from analysis.project.view import SkippedInput
-from analysis.runs.entry import RunEntry, is_measured
+from analysis.runs.entry import RunEntry
 from analysis.runs.groups import WORKLOAD_KEY, GroupEntry, workload_key
 from analysis.runs.notes import Advice, advice_of, error_words
 from analysis.runs.runsjson import InvalidEntry, RunsJson
 from profiler.runfolder.hostload import BUSY_OTHER_CORES_FRAC, is_busy
+from profiler.runfolder.schema import PROCESS_GROUP_MODES
 
 __all__ = ["THRESHOLDS", "FindingCases", "finding_cases", "name_keys"]
 
@@ -47,7 +48,8 @@ class ScalingCase(msgspec.Struct, kw_only=True):
     own cost and noise), superlinear, good, poor or fair (THRESHOLDS); `exposed_comm_pct` the
     mean exposed share of its runs (% of step), `exposed_over` above the threshold; `slower` a
     speedup below 1 (slower than the single device); `busy_run_ids` its runs and their baselines
-    measured on a busy machine."""
+    measured on a busy machine; `plain_ddp` whether the group is plain DDP (its exposed
+    communication is allreduce)."""
 
     group: GroupEntry
     advice: Advice
@@ -57,10 +59,13 @@ class ScalingCase(msgspec.Struct, kw_only=True):
     exposed_over: bool = False
     slower: bool = False
     busy_run_ids: list[str] = []
+    plain_ddp: bool = False
+    quiet_basis: bool = False  # the group's figures stand on quiet steps (analysis.runs.rounds)
 
 
 class BackendPair(msgspec.Struct, kw_only=True):
-    """NCCL and GLOO groups of one workload and world size; `ratio` = faster ÷ slower throughput."""
+    """NCCL and GLOO groups of one workload, family member and world size; `ratio` = faster ÷
+    slower throughput."""
 
     nccl: GroupEntry
     gloo: GroupEntry
@@ -112,11 +117,13 @@ class NoEval(msgspec.Struct, kw_only=True):
 
 
 class BusyRun(msgspec.Struct, kw_only=True):
-    """A run measured while other processes used `other_cores` of the machine's `cores`."""
+    """A run measured while other processes used `other_cores` of the machine's `cores`;
+    `quiet_basis`: its throughput stands on the steps measured while the machine was quiet."""
 
     run: RunEntry
     other_cores: float
     cores: int
+    quiet_basis: bool = False
 
 
 class StatusGroup(msgspec.Struct, kw_only=True):
@@ -177,15 +184,23 @@ def scaling_case(group: GroupEntry, doc: RunsJson) -> ScalingCase | None:
         group=group, advice=advice_of(group.advice), run_ids=[m.run_id for m in members],
         judged=_judge(group, eff), exposed_comm_pct=pct,
         exposed_over=pct is not None and pct > THRESHOLDS["exposed_comm_pct"],
-        slower=group.speedup_mean < 1, busy_run_ids=busy,
+        slower=group.speedup_mean < 1, busy_run_ids=busy, plain_ddp=is_plain_ddp(group),
+        quiet_basis=group.throughput_basis == "quiet",
     )  # fmt: skip
+
+
+def is_plain_ddp(entry: RunEntry | GroupEntry) -> bool:
+    """Plain DDP: mode ddp without ZeRO-1 (a record without a strategy is DDP)."""
+    return entry.mode == "ddp" and (entry.strategy or "ddp") == "ddp"
 
 
 def _backends(groups: list[GroupEntry]) -> list[BackendPair]:
     by_key: dict[tuple, dict[str, GroupEntry]] = {}
     for g in groups:
-        if g.mode == "ddp" and g.samples_per_s_mean:
-            by_key.setdefault((*workload_key(g), g.world_size), {})[str(g.backend)] = g
+        if g.mode in PROCESS_GROUP_MODES and g.samples_per_s_mean:
+            # DDP against DDP, FSDP2 against FSDP2
+            key = (*workload_key(g), g.strategy, g.world_size)
+            by_key.setdefault(key, {})[str(g.backend)] = g
     out = []
     for found in by_key.values():
         if {"nccl", "gloo"} <= found.keys():
@@ -205,7 +220,7 @@ def _dp_vs_ddp(runs: list[RunEntry]) -> list[DpDdpPair]:
         for dp in ok
         if dp.mode == "dp"
         for ddp in ok
-        if ddp.mode == "ddp" and all(getattr(dp, k) == getattr(ddp, k) for k in key)
+        if is_plain_ddp(ddp) and all(getattr(dp, k) == getattr(ddp, k) for k in key)
     ]
 
 
@@ -263,7 +278,8 @@ def _no_eval(runs: list[RunEntry]) -> list[NoEval]:
 
 def _busy(runs: list[RunEntry]) -> list[BusyRun]:
     return [
-        BusyRun(run=r, other_cores=r.host_load["other_cpu_cores_mean"], cores=r.host_load["cores"])
+        BusyRun(run=r, other_cores=r.host_load["other_cpu_cores_mean"], cores=r.host_load["cores"],
+                quiet_basis=r.throughput_basis == "quiet")  # fmt: skip
         for r in runs
         if r.host_load and is_busy(r.host_load)
     ]

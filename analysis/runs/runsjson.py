@@ -1,5 +1,5 @@
 """The runs JSON (`dpscope runs --json`, the report's summary.json; docs/reference/schemas.md) read
-back typed: every run and group entry, tune, comm run, projection and "what DDP adds" diff as a
+back typed: every run and group entry, family comparison, tune, comm run, projection and "what DDP adds" diff as a
 Struct, so that whoever shows it reads attributes, never keys.
 
 `read_runs_json` accepts what `compare_runs` returns, an older or hand-built runs JSON (a field
@@ -16,6 +16,7 @@ import msgspec
 
 from analysis.project.view import CommEntry, ProjectionEntry, SkippedInput
 from analysis.runs.entry import RunEntry, is_measured
+from analysis.runs.familyview import FamilyEntry
 from analysis.runs.groups import GroupEntry
 from analysis.runs.opdiff import DdpAdds
 from analysis.runs.tune import TuneEntry
@@ -41,6 +42,7 @@ class RunsJson(msgspec.Struct, kw_only=True):
     runs: list[RunEntry] = []
     groups: list[GroupEntry] = []
     ddp_adds: list[DdpAdds] = []
+    family: list[FamilyEntry] = []  # analysis.runs.family: ZeRO-1 and FSDP2 against DDP
     skipped: list[SkippedInput] = []
     tunes: list[TuneEntry] = []
     comm: list[CommEntry] = []

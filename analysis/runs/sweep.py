@@ -63,7 +63,7 @@ def headline_rows(doc: RunsJson) -> list[HeadlineRow]:
             str(r.group.model),
             str(r.group.scaling),
             str(r.group.backend),
-            MODE_ORDER.get(r.group.mode, 9),
+            MODE_ORDER.get(r.group.strategy or r.group.mode, 9),
             r.group.world_size or 0,
         ),
     )

@@ -11,7 +11,9 @@ import msgspec
 
 from analysis.project.view import Check, Prediction, prediction_at
 from analysis.runs.efficiency import PARTS, largest_part
-from analysis.runs.groups import GroupEntry, workload_key
+from analysis.runs.family import SHARDED
+from analysis.runs.familyview import FamilyEntry, family_of
+from analysis.runs.groups import WORKLOAD_KEY, GroupEntry, workload_key
 from analysis.runs.memory import StaticDelta, static_difference
 from analysis.runs.notes import Advice, advice_of
 from analysis.runs.rules import THRESHOLDS
@@ -37,10 +39,12 @@ class Caveats(msgspec.Struct, kw_only=True):
     """What weakens a workload's verdict: `busy` of `runs` measured on a busy machine, `few`
     runs with fewer than THRESHOLDS["few_measured_steps"] unprofiled steps (`more_steps`: how to
     get more), a superlinear group of 2+ ranks, and the split's parts beyond ±THRESHOLDS
-    ["split_part_max_pts"] (PARTS order)."""
+    ["split_part_max_pts"] (PARTS order); `busy_quiet` when every busy run's figures stand on
+    its quiet steps (analysis.runs.quiet)."""
 
     runs: int
     busy: int
+    busy_quiet: bool = False
     few: int
     more_steps: str
     superlinear: bool
@@ -56,7 +60,10 @@ class VerdictCase(msgspec.Struct, kw_only=True):
     split says what gained (`gain`: the part with the fewest points). `memory` is the static
     difference of its first run from that run's baseline, `memory_shown` when it is not the same.
     `bucket_tip`: gradient-as-bucket-view would save `memory.cause_bytes`; `best_tune`: a tuner's
-    best arm (built-in runs only); `tune_tip`: otherwise, DDP's tuning advice."""
+    best arm (built-in runs only); `tune_tip`: otherwise, DDP's tuning advice. `noisy`: the
+    group's figures are known noise (`noisy_run_ids`), so none is quoted; `on_quiet`: some of its
+    runs were busy and its figures stand on their quiet steps; `rounds`: the rounds its median
+    and 95% interval are over (quoted from 2); `family`: the workload's family comparisons."""
 
     first: GroupEntry
     advice: Advice
@@ -72,12 +79,19 @@ class VerdictCase(msgspec.Struct, kw_only=True):
     bucket_tip: bool = False
     best_tune: TuneArm | None = None
     tune_tip: bool = False
+    noisy: bool = False
+    on_quiet: bool = False
+    rounds: int = 0
+    family: list[FamilyEntry] = []
     caveats: Caveats
 
 
 def _pick(groups: list[GroupEntry]) -> GroupEntry | None:
+    """The DDP/DP group with a speedup and the most ranks (then the fastest), a ZeRO-1/FSDP2
+    group only when there is none (the family line compares those)."""
     cands = [g for g in groups if g.mode != "single" and g.speedup_mean is not None]
-    return max(cands, key=lambda g: (g.world_size or 0, g.speedup_mean), default=None)
+    plain = [g for g in cands if g.strategy not in SHARDED]
+    return max(plain or cands, key=lambda g: (g.world_size or 0, g.speedup_mean), default=None)
 
 
 def _projected(g: GroupEntry, doc: RunsJson) -> Projected | None:
@@ -116,8 +130,10 @@ def _caveats(groups: list[GroupEntry], doc: RunsJson) -> Caveats:
     # A 1-rank group has nothing to scale (its ratio is DDP's own cost and noise): not judged.
     sup = [g for g in groups if (g.world_size or 1) > 1
            and (g.scaling_efficiency_mean or 0) > THRESHOLDS["efficiency_superlinear"]]  # fmt: skip
+    busy = [r for r in members if is_busy(r.host_load)]
     return Caveats(
-        runs=len(members), busy=sum(1 for r in members if is_busy(r.host_load)), few=len(few),
+        runs=len(members), busy=len(busy), few=len(few),
+        busy_quiet=bool(busy) and all(r.throughput_basis == "quiet" for r in busy),
         more_steps=advice_of(few[0].advice).more_steps if few else "",
         superlinear=bool(sup), wild_parts=[p for p in PARTS if p in wild],
     )  # fmt: skip
@@ -130,6 +146,10 @@ def _case(groups: list[GroupEntry], doc: RunsJson) -> VerdictCase:
     if g is None:
         return case
     case.advice = advice_of(g.advice)
+    case.noisy = bool(g.noisy_run_ids)
+    case.on_quiet = bool(g.busy_run_ids) and g.throughput_basis == "quiet"
+    case.rounds = (g.n_rounds or 0) if g.speedup_median is not None else 0
+    case.family = family_of(doc.family, workload_key(g), WORKLOAD_KEY)
     case.efficiency_pct = 100 * (g.scaling_efficiency_mean or 0.0)
     case.lost_pts = 100 - case.efficiency_pct
     parts = g.efficiency_loss_pts
