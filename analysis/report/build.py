@@ -215,18 +215,22 @@ def _files(
     return files, list(columnar)
 
 
+def _labels(shown: dict[str, Any]) -> Labels:
+    """Labels are made once, over every run, from strings clipped for a figure's axis (run ids as
+    in the tables): a figure and a table cannot name a run differently."""
+    runs = shown["runs"] if "runs" in shown else []
+    return unique_labels(
+        _read({"runs": _display(runs, FIGURE_CHARS, _PATH_KEYS | {"run_id"})}).runs
+    )
+
+
 def write_report(data: dict[str, Any], out_dir: Path, *, progress: bool = True) -> ReportFiles:
     """Write index.html, summary.json and the CSV tables for a runs JSON into `out_dir`."""
     out_dir = Path(out_dir)
     full, shown = data, _display(data)
     doc = _read(shown)
     _check_out(out_dir, [Path(r.path) for r in doc.runs if r.path])
-    # Labels are made once, over every run, from strings clipped for a figure's axis (run ids as in
-    # the tables): a figure and a table cannot name a run differently.
-    runs = shown["runs"] if "runs" in shown else []
-    labels = unique_labels(
-        _read({"runs": _display(runs, FIGURE_CHARS, _PATH_KEYS | {"run_id"})}).runs
-    )
+    labels = _labels(shown)
     tables = all_tables(doc, out_dir, labels)
     many = len(doc.measured()) > GROUP_FIGURES_ABOVE
     firsts = first_of_groups(doc) if many else None
