@@ -55,9 +55,11 @@ def _params_text(n: int) -> str:
     return f"{n / 1e9:.2f} B" if n >= 1e9 else f"{n / 1e6:,.0f} M" if n >= 1e6 else f"{n:,}"
 
 
-def _family(key: tuple, data: dict[str, Any]) -> list[dict]:
+def _family(key: tuple, data: dict[str, Any], *, throughput: bool = True) -> list[dict]:
     """The family line of a workload (analysis.runs.family): what each sharded mode saves per
-    rank against DDP and at what throughput, then the largest model each mode fits."""
+    rank against DDP and at what throughput (`throughput=False` when the group's throughput is
+    known noise: the memory counts are exact either way), then the largest model each mode
+    fits."""
     out: list[dict] = []
     for f in (e for e in data.get("family") or [] if workload_key(e) == key):
         clauses = []
@@ -67,7 +69,7 @@ def _family(key: tuple, data: dict[str, Any]) -> list[dict]:
             verb = "saves" if m["saved_bytes"] >= 0 else "costs"
             text = f"{m['label']} {verb} {_mib_text(abs(m['saved_bytes']))} per rank"
             text += f" ({abs(m['saved_pct']):.0f}%)"
-            if m.get("throughput_vs_ddp_pct") is not None:
+            if throughput and m.get("throughput_vs_ddp_pct") is not None:
                 text += f" at {m['throughput_vs_ddp_pct']:.0f}% of DDP's throughput"
             clauses.append(text)
         if not clauses:
@@ -172,7 +174,9 @@ def _paragraph(g: dict[str, Any], data: dict[str, Any], runs: dict) -> list[dict
     head = _seg(f"{_name(g)}, {g.get('world_size')} ranks: ")
     if g.get("noisy_run_ids"):  # its figures are known noise: none of them is quoted
         mem_segs, mem = _memory(g, runs)
-        return [head, _seg(NOT_ENOUGH_QUIET, "#speedup"), _seg(".")] + mem_segs + _try(g, mem, data)
+        family = _family(workload_key(g), data, throughput=False)
+        return [head, _seg(NOT_ENOUGH_QUIET, "#speedup"), _seg("."), *mem_segs, *family,
+                *_try(g, mem, data)]  # fmt: skip
     eff = 100 * (g.get("scaling_efficiency_mean") or 0.0)
     segs = [head, *_figures(g)]
     if g.get("comm_pct_mean") is not None:
