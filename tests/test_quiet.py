@@ -286,3 +286,15 @@ def test_a_noisy_verdict_keeps_the_familys_exact_memory_but_not_its_throughput(t
     assert text.startswith(f"DDP (gloo), 2 ranks: {NOT_ENOUGH_QUIET}.")
     assert "FSDP2 saves 5.00 MiB per rank (38%) (gloo, 2 ranks)." in text
     assert "throughput" not in text
+
+
+@pytest.mark.parametrize("bad", [np.inf, 1e308, np.nan, -1.0])
+def test_a_damaged_step_time_leaves_the_quiet_rule_standing(bad):
+    """A steps.csv time that is infinite, past timedelta's range, missing or negative is read
+    on a clamped clock: the quiet steps are still counted, no exception."""
+    rows = step_rows(10, 0)
+    for r in rows:
+        if r["step"] == 5:
+            r["step_time_s"] = bad
+    q = quiet_summary(frame(rows), cores=2)
+    assert q["quiet_steps"] == 10 and q["busy_steps"] == 0
