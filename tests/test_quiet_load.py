@@ -6,9 +6,14 @@ Robust on a shared 2-core machine: the reference runs (no hog) and the hogged ru
 the other in one test and every assertion is a ratio between them. What the claim needs is that
 nothing but the hog loads the machine meanwhile, and the test measures exactly that: the CPU of
 every process outside this test's own tree (the launcher's runs and the hog are in it) over each
-launch (and, before each pair, over 1.5 s). When other jobs used more than 0.1 of a core per
-core, it tries again (three tries in all); when they always did, there is nothing quiet to
-compare with here, and the test says so and skips (in seconds on a machine busy throughout).
+launch (and, before each pair, over 1.5 s), counting the CPU the hypervisor gave to other
+machines (steal) as theirs. When other jobs used more than 0.1 of a core per core, it tries again
+(three tries in all). A shared host can also slow the whole machine in ways no counter shows
+(another VM's memory traffic, a lower clock): when the hogged run's quiet steps miss the
+reference, the reference is run again, and only a miss beside two references that agree with each
+other (within the same 10%) fails; references that disagree mean the machine's own speed moved
+between the runs, and the test tries again. When no try had a quiet, steady machine, there is
+nothing to compare with here, and the test says so and skips.
 """
 
 from __future__ import annotations
@@ -41,7 +46,8 @@ ATTEMPTS = 3
 
 def _busy_s() -> float:
     t = psutil.cpu_times()
-    return sum(getattr(t, f, 0.0) for f in ("user", "nice", "system", "irq", "softirq"))
+    fields = ("user", "nice", "system", "irq", "softirq", "steal")  # steal: other VMs' share
+    return sum(getattr(t, f, 0.0) for f in fields)
 
 
 def _mine_s(hog: psutil.Process | None) -> float:
@@ -80,32 +86,54 @@ def _pair(tmp: Path) -> tuple[dict, dict, float]:
     return _runs(ref_dir), _runs(hog_dir), max(others, hogged)
 
 
+def _ratios(ref: dict, hog: dict) -> dict[str, float]:
+    """Per mode: the hogged run's quiet-step throughput over the reference's."""
+    return {m: hog[m]["samples_per_s_quiet"] / ref[m]["samples_per_s"] for m in ("single", "ddp")}
+
+
+def _steady(tmp: Path, ref: dict) -> tuple[bool, str]:
+    """Whether a miss is the hog's doing: the reference run again (no hog), and the two
+    references within TOL of each other in every mode; with what was seen."""
+    others = _others(lambda: launch([*RUN.split(), "--runs-dir", str(tmp / "quiet2")], timeout=600))
+    again = _runs(tmp / "quiet2")
+    drift = {m: again[m]["samples_per_s"] / ref[m]["samples_per_s"] for m in ("single", "ddp")}
+    seen = ", ".join(f"{m} {r:.2f}×" for m, r in drift.items())
+    return others <= LIMIT and all(abs(r - 1) <= TOL for r in drift.values()), seen
+
+
+TOL = 0.1  # the quiet steps' throughput within 10% of the runs without the hog
+
+
 @pytest.mark.integration
-@pytest.mark.timeout(900)
+@pytest.mark.timeout(1200)
 def test_quiet_steps_beside_a_bursty_hog_give_the_quiet_runs_throughput(tmp_path):
     seen = []
     for attempt in range(ATTEMPTS):
+        tmp = tmp_path / f"try{attempt}"
         others = _others(lambda: time.sleep(1.5))  # a busy machine now: no pair worth running
         if others <= LIMIT:
-            ref, hog, others = _pair(tmp_path / f"try{attempt}")
-        seen.append(f"{others:.1f}")
-        if others <= LIMIT:
+            ref, hog, others = _pair(tmp)
+        if others > LIMIT:
+            seen.append(f"other jobs used {others:.1f} cores (more than {LIMIT:.1f})")
+            time.sleep(5)
+            continue
+        ratios = _ratios(ref, hog)
+        if all(abs(r - 1) <= TOL for r in ratios.values()):
             break
-        time.sleep(5)
+        steady, drift = _steady(tmp, ref)
+        assert not steady, (
+            f"quiet steps beside the hog at {ratios} × the runs without it, which ran at the same "
+            f"speed twice ({drift})"
+        )
+        seen.append(f"the runs without the hog moved by {drift} between two launches")
     else:
-        pytest.skip(f"other jobs used {' and '.join(seen)} cores beside this test's runs (more "
-                    f"than {LIMIT:.1f}): no quiet machine to compare with here")  # fmt: skip
+        pytest.skip(f"no quiet, steady machine to compare with here: {'; '.join(seen)}")
     for mode in ("single", "ddp"):
         quiet, busy = ref[mode], hog[mode]
         assert quiet["throughput_basis"] == "quiet", f"{mode} without the hog: {quiet}"
         assert busy["busy_steps"] >= 5, f"{mode}: the hog's bursts were not seen: {busy}"
         assert busy["quiet_steps"] >= MIN_QUIET_STEPS, f"{mode}: {busy}"
         assert busy["throughput_basis"] == "quiet" and not busy["throughput_noisy"]
-        reference = quiet["samples_per_s"]  # over its quiet steps: all of them, nothing else ran
-        ratio = busy["samples_per_s_quiet"] / reference
-        slowed = busy["samples_per_s_all"] / reference
-        assert 0.9 <= ratio <= 1.1, (
-            f"{mode}: quiet steps beside the hog at {ratio:.2f}× the runs without it"
-        )
+        slowed = busy["samples_per_s_all"] / quiet["samples_per_s"]
         assert slowed < 0.9, f"{mode}: all steps at {slowed:.2f}×: the hog did not slow the run"
         assert busy["samples_per_s"] == busy["samples_per_s_quiet"]  # the headline is the quiet one
