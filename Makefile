@@ -149,7 +149,7 @@ format: setup
 	$(PY) -m ruff format .
 	$(PY) -m ruff check --fix .
 
-# Everything (about 20 minutes on 2 cores); test-fast: the tests that start no process.
+# Everything (18 minutes in CI on 2 cores); test-fast: the tests that start no process.
 test: setup
 	$(PY) -m ruff check .
 	$(PY) -m pytest

@@ -150,6 +150,15 @@ ROUND_COLS = [
 ]
 
 
+# The baseline's noise: per run in the summary's CSV, per group on the speedup table's page.
+NOISE_COL = C(
+    key="baseline_noise_pct",
+    label="Noise",
+    unit="% spread of the single runs",
+    kind="num",
+    digits=1,
+)
+
 SUMMARY_COLS = [
     C(key="run_id", label="Run"),
     C(key="status", label="Status"),
@@ -174,13 +183,7 @@ SUMMARY_COLS = [
     C(key="exposed_comm_pct", label="Exposed comm", unit="% of step", kind="num", digits=1),
     mib(key="peak_memory_bytes", label="Peak memory"),
     num1(key="memory_imbalance_pct", label="Memory imbalance", unit="% more, fullest vs emptiest"),
-    C(
-        key="baseline_noise_pct",
-        label="Noise",
-        unit="% spread of the single runs",
-        kind="num",
-        digits=1,
-    ),  # fmt: skip
+    NOISE_COL,
     C(
         key="profiler_overhead_pct",
         label="Profiler overhead",
@@ -307,15 +310,7 @@ SPEEDUP_COLS = [
         kind="num",
         digits=1,
     ),
-    # The baseline's noise belongs to the group its speedup is over (the summary's CSV keeps it
-    # per run).
-    C(
-        key="baseline_noise_pct",
-        label="Noise",
-        unit="% spread of the single runs",
-        kind="num",
-        digits=1,
-    ),  # fmt: skip
+    NOISE_COL,  # the group its speedup is over
 ]
 ACCURACY_COLS = [
     C(key="model", label="Model"),

@@ -28,7 +28,7 @@ from pathlib import Path
 import psutil
 
 from bench.common import write_json
-from workloads.launch.child import child_env
+from workloads.launch.child import child_env, stop_process
 
 __all__ = ["TICK_S", "hog", "main", "run_beside", "running_hog", "start_hog"]
 
@@ -135,12 +135,7 @@ def running_hog(
     try:
         yield proc
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        stop_process(proc)
 
 
 def run_beside(

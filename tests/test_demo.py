@@ -12,6 +12,8 @@ import pytest
 
 from tests.conftest import REPO
 from tests.test_cli import run_dpscope
+from tests.test_report_browser import Browser, chromium
+from tests.test_report_demo import wide_tables
 
 pytestmark = pytest.mark.integration
 
@@ -39,6 +41,12 @@ def test_the_demo_fills_every_section(tmp_path) -> None:
     assert 'id="family"' in html and ("FSDP2 saves" in html or "FSDP2 costs" in html)
     strategies = {p.get("strategy") for p in summary["projections"]}
     assert "fsdp" in strategies, summary.get("projection_skipped")
+    # With every member and its rounds, each table still fits a 1,400 px page in a real browser.
+    browser = Browser(chromium(), tmp_path / "profile")
+    try:
+        assert not wide_tables(tmp_path / "rep" / "index.html", browser)
+    finally:
+        browser.close()
 
 
 def test_make_demo_is_dpscope_demo_with_the_make_variables() -> None:

@@ -164,7 +164,10 @@ def test_report_compares_the_family_and_projects_it(
     html = index.read_text(encoding="utf-8")
     verdict = html[html.index('id="verdict"') : html.index('id="summary"')]
     assert "ZeRO-1 saves" in verdict and "FSDP2 saves" in verdict
-    assert "of DDP&#39;s throughput" in verdict and "Largest model that fits" in verdict
+    assert "Largest model that fits" in verdict
+    # The throughput share only where the group's throughput is not known noise (a busy machine)
+    (ddp,) = [g for g in summary["groups"] if g["strategy"] == "ddp" and g["world_size"] == 2]
+    assert ("of DDP&#39;s throughput" in verdict) == (not ddp["noisy_run_ids"]), verdict
     for csv_name in ("family.csv", "capacity.csv", "collective_phases.csv"):
         assert (index.parent / csv_name).read_text().count("\n") >= 3
     assert 'id="family"' in html and 'id="collective-phases"' in html

@@ -17,7 +17,7 @@ import psutil
 import pytest
 
 from analysis.report.verdict import NOT_ENOUGH_QUIET, verdict
-from analysis.runs.compare import compare_runs
+from analysis.runs.compare import WORKLOAD_KEY, compare_runs
 from profiler.runfolder.hostload import QUIET_OTHER_CORES_FRAC, STEP_LOAD_WINDOW_S, StepLoadMeter
 from profiler.runfolder.layout import STEPS_COLUMNS, write_run_json, write_steps_csv
 from profiler.runfolder.quiet import MIN_QUIET_STEPS, cores_in_use, quiet_summary, run_headline
@@ -269,3 +269,32 @@ def test_the_step_meter_counts_a_child_started_in_the_window_as_the_runs_own():
         child.stdout.close()
     assert used > 0.05, "the child got almost no CPU: the check below would prove nothing"
     assert meter.own.total_s - own0 >= used - 0.02  # all of it, from 0 (10 ms ticks)
+
+
+def test_a_noisy_verdict_keeps_the_familys_exact_memory_but_not_its_throughput(tmp_path):
+    """The memory a sharded mode saves is counted, not timed: the family line stays in a verdict
+    whose throughput is noise, without its "% of DDP's throughput"."""
+    write_run(tmp_path / "runs" / "single", "single", 1, 10, 10)
+    write_run(tmp_path / "runs" / "ddp", "ddp", 2, 4, 10)
+    data = compare_runs([tmp_path / "runs"], progress=False, traces=False)
+    (g,) = [g for g in data["groups"] if g["mode"] == "ddp"]
+    member = {"label": "FSDP2", "saved_bytes": 5 * 2**20, "saved_pct": 38.0,
+              "throughput_vs_ddp_pct": 51.0}  # fmt: skip
+    data["family"] = [{**{k: g[k] for k in WORKLOAD_KEY}, "backend": "gloo", "world_size": 2,
+                       "members": [member], "capacity": [], "budget_bytes": None}]  # fmt: skip
+    text = "".join(s["text"] for s in verdict(data)[0]["segments"])
+    assert text.startswith(f"DDP (gloo), 2 ranks: {NOT_ENOUGH_QUIET}.")
+    assert "FSDP2 saves 5.00 MiB per rank (38%) (gloo, 2 ranks)." in text
+    assert "throughput" not in text
+
+
+@pytest.mark.parametrize("bad", [np.inf, 1e308, np.nan, -1.0])
+def test_a_damaged_step_time_leaves_the_quiet_rule_standing(bad):
+    """A steps.csv time that is infinite, past timedelta's range, missing or negative is read
+    on a clamped clock: the quiet steps are still counted, no exception."""
+    rows = step_rows(10, 0)
+    for r in rows:
+        if r["step"] == 5:
+            r["step_time_s"] = bad
+    q = quiet_summary(frame(rows), cores=2)
+    assert q["quiet_steps"] == 10 and q["busy_steps"] == 0

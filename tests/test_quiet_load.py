@@ -6,9 +6,15 @@ Robust on a shared 2-core machine: the reference runs (no hog) and the hogged ru
 the other in one test and every assertion is a ratio between them. What the claim needs is that
 nothing but the hog loads the machine meanwhile, and the test measures exactly that: the CPU of
 every process outside this test's own tree (the launcher's runs and the hog are in it) over each
-launch (and, before each pair, over 1.5 s). When other jobs used more than 0.1 of a core per
-core, it tries again (three tries in all); when they always did, there is nothing quiet to
-compare with here, and the test says so and skips (in seconds on a machine busy throughout).
+launch (and, before each pair, over 1.5 s), counting the CPU the hypervisor gave to other
+machines (steal) as theirs. When other jobs used more than 0.1 of a core per core, it tries again
+(three tries in all). A shared host also slows the whole machine in ways no counter shows
+(another VM's memory traffic, a lower clock: tens of percent between two launches here), so each
+try brackets the hogged run with a run without the hog before and after it, and the hogged
+run's quiet steps must come within 10% of one of them. A miss fails when the two references
+agree with each other (within the same 10%); references that disagree mean the machine's own
+speed moved between the launches, and the test tries again. When no try had a quiet, steady
+machine, there is nothing to compare with here, and the test says so and skips.
 """
 
 from __future__ import annotations
@@ -41,7 +47,8 @@ ATTEMPTS = 3
 
 def _busy_s() -> float:
     t = psutil.cpu_times()
-    return sum(getattr(t, f, 0.0) for f in ("user", "nice", "system", "irq", "softirq"))
+    fields = ("user", "nice", "system", "irq", "softirq", "steal")  # steal: other VMs' share
+    return sum(getattr(t, f, 0.0) for f in fields)
 
 
 def _mine_s(hog: psutil.Process | None) -> float:
@@ -68,44 +75,68 @@ def _runs(runs_dir: Path) -> dict[str, dict]:
     return {r["mode"]: r for r in data["runs"] if r["status"] == "ok"}
 
 
-def _pair(tmp: Path) -> tuple[dict, dict, float]:
-    """The runs without the hog, then beside it, and the most CPU other jobs used in either."""
-    ref_dir, hog_dir = tmp / "quiet", tmp / "hog"
-    others = _others(lambda: launch([*RUN.split(), "--runs-dir", str(ref_dir)], timeout=600))
+def _launch(runs_dir: Path, hog: psutil.Process | None = None) -> float:
+    """One launch of RUN; the cores other jobs used meanwhile."""
+    return _others(lambda: launch([*RUN.split(), "--runs-dir", str(runs_dir)], timeout=600), hog)
+
+
+def _bracket(tmp: Path) -> tuple[list[dict], dict, float]:
+    """The runs without the hog, beside it, and without it again (machine speed drifts by tens
+    of percent between launches on a shared host: the hogged run is compared with its
+    neighbours), and the most CPU other jobs used in any of them."""
+    before = _launch(tmp / "quiet")
     with running_hog(CORES, duty=DUTY, period_s=PERIOD_S, deadline_s=600) as proc:
-        hogged = _others(
-            lambda: launch([*RUN.split(), "--runs-dir", str(hog_dir)], timeout=600),
-            psutil.Process(proc.pid),
-        )
-    return _runs(ref_dir), _runs(hog_dir), max(others, hogged)
+        hogged = _launch(tmp / "hog", psutil.Process(proc.pid))
+    after = _launch(tmp / "quiet2")
+    refs = [_runs(tmp / "quiet"), _runs(tmp / "quiet2")]
+    return refs, _runs(tmp / "hog"), max(before, hogged, after)
+
+
+TOL = 0.1  # the quiet steps' throughput within 10% of a run without the hog
+MODES = ("single", "ddp")
+
+
+def _near(refs: list[dict], hog: dict, mode: str) -> dict | None:
+    """The reference run the hogged run's quiet-step throughput is within TOL of, if any."""
+    for ref in refs:
+        if abs(hog[mode]["samples_per_s_quiet"] / ref[mode]["samples_per_s"] - 1) <= TOL:
+            return ref
+    return None
+
+
+def _speeds(refs: list[dict], hog: dict, mode: str) -> str:
+    per = "/".join(f"{r[mode]['samples_per_s']:.0f}" for r in refs)
+    return f"{mode}: quiet steps {hog[mode]['samples_per_s_quiet']:.0f} samples/s, without the hog {per}"
 
 
 @pytest.mark.integration
-@pytest.mark.timeout(900)
+@pytest.mark.timeout(1500)
 def test_quiet_steps_beside_a_bursty_hog_give_the_quiet_runs_throughput(tmp_path):
     seen = []
     for attempt in range(ATTEMPTS):
-        others = _others(lambda: time.sleep(1.5))  # a busy machine now: no pair worth running
+        tmp = tmp_path / f"try{attempt}"
+        others = _others(lambda: time.sleep(1.5))  # a busy machine now: no bracket worth running
         if others <= LIMIT:
-            ref, hog, others = _pair(tmp_path / f"try{attempt}")
-        seen.append(f"{others:.1f}")
-        if others <= LIMIT:
+            refs, hog, others = _bracket(tmp)
+        if others > LIMIT:
+            seen.append(f"other jobs used {others:.1f} cores (more than {LIMIT:.1f})")
+            time.sleep(5)
+            continue
+        missed = [m for m in MODES if _near(refs, hog, m) is None]
+        if not missed:
             break
-        time.sleep(5)
+        steady = [m for m in missed if _near(refs[:1], refs[1], m) is not None]
+        assert not steady, "; ".join(_speeds(refs, hog, m) for m in steady)  # a real miss
+        seen.append("the runs without the hog moved between launches: " + "; ".join(
+            _speeds(refs, hog, m) for m in missed))  # fmt: skip
     else:
-        pytest.skip(f"other jobs used {' and '.join(seen)} cores beside this test's runs (more "
-                    f"than {LIMIT:.1f}): no quiet machine to compare with here")  # fmt: skip
-    for mode in ("single", "ddp"):
-        quiet, busy = ref[mode], hog[mode]
+        pytest.skip(f"no quiet, steady machine to compare with here: {' | '.join(seen)}")
+    for mode in MODES:
+        quiet, busy = _near(refs, hog, mode)[mode], hog[mode]
         assert quiet["throughput_basis"] == "quiet", f"{mode} without the hog: {quiet}"
         assert busy["busy_steps"] >= 5, f"{mode}: the hog's bursts were not seen: {busy}"
         assert busy["quiet_steps"] >= MIN_QUIET_STEPS, f"{mode}: {busy}"
         assert busy["throughput_basis"] == "quiet" and not busy["throughput_noisy"]
-        reference = quiet["samples_per_s"]  # over its quiet steps: all of them, nothing else ran
-        ratio = busy["samples_per_s_quiet"] / reference
-        slowed = busy["samples_per_s_all"] / reference
-        assert 0.9 <= ratio <= 1.1, (
-            f"{mode}: quiet steps beside the hog at {ratio:.2f}× the runs without it"
-        )
+        slowed = busy["samples_per_s_all"] / quiet["samples_per_s"]
         assert slowed < 0.9, f"{mode}: all steps at {slowed:.2f}×: the hog did not slow the run"
         assert busy["samples_per_s"] == busy["samples_per_s_quiet"]  # the headline is the quiet one

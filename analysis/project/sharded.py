@@ -19,7 +19,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from analysis.project.bands import comm_model, comm_models, compute_spread
+from analysis.project.bands import band_ends, comm_model, comm_models, compute_spread
+from analysis.project.checks import check_entry
 from analysis.project.comm import load_comm_run
 from analysis.project.model import INTER_NODE_ALPHA_US, parse_inter_node
 from analysis.project.projection import project
@@ -108,15 +109,7 @@ def _band(inp: ShardedInputs, n: int, kw: dict, ends: dict) -> dict:
         comm = [p["exposed_comm_s"] for p, _ in preds]
         sources.append({"term": "exposed_comm_s", "low": min(comm), "high": max(comm),
                         "unit": "s", "source": ends["words"]["comm"]})  # fmt: skip
-    return {
-        "step_time_s_low": min(steps),
-        "step_time_s_high": max(steps),
-        "speedup_low": min(speedups),
-        "speedup_high": max(speedups),
-        "scaling_efficiency_low": min(speedups) / n,
-        "scaling_efficiency_high": max(speedups) / n,
-        "band_sources": sources,
-    }
+    return band_ends(steps, speedups, n, sources)
 
 
 def _check(inp: ShardedInputs, target: ShardedInputs, kw: dict, base: dict, ends: dict) -> dict:
@@ -126,22 +119,9 @@ def _check(inp: ShardedInputs, target: ShardedInputs, kw: dict, base: dict, ends
     p = _predict(inp, n, kw)
     band = _band(inp, n, kw, ends)
     lo, hi = band["step_time_s_low"], band["step_time_s_high"]
-    sps = target.global_batch / target.step_time_s
-    return {
-        "run_id": target.run_id,
-        "ranks": n,
-        "measured_step_time_s": target.step_time_s,
-        "predicted_step_time_s": p["step_time_s"],
-        "predicted_step_time_s_low": lo,
-        "predicted_step_time_s_high": hi,
-        "in_band": bool(lo <= target.step_time_s <= hi),
-        "error_pct": 100 * (p["step_time_s"] - target.step_time_s) / target.step_time_s,
-        "predicted_exposed_comm_s": p["exposed_comm_s"],
-        "traced_exposed_comm_s": sum(target.traced_exposed_s.values()) or None,
-        "measured_samples_per_s": sps,
-        "measured_scaling_efficiency": sps / base["samples_per_s"] / n,
-        "note": None,
-    }
+    traced = sum(target.traced_exposed_s.values()) or None
+    return check_entry(target.run_id, n, target.step_time_s, target.global_batch, p, (lo, hi),
+                       traced, base)  # fmt: skip
 
 
 def project_sharded(run_dir: Path, comm_dir: Path, ranks: list[int], *, gpus_per_node: int = 8,

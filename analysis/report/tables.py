@@ -61,17 +61,25 @@ class Table:
     csv_only: frozenset[str] = frozenset()  # keys written to the CSV but not shown on the page
     # keys shown only when the rows differ in them (the platform of a one-OS report says nothing)
     only_if_varied: frozenset[str] = frozenset()
+    # key -> the key that stands for it: hidden when every row holds the other (the mean ± std
+    # of a group's speedup where its median [95% CI] over the rounds is shown)
+    unless_shown: dict[str, str] = field(default_factory=dict)
 
     @property
     def visible_columns(self) -> list[Column]:
         """Columns to show: a numeric column empty in every row (e.g. CUDA memory on CPU) is hidden,
-        and so are the `csv_only` ones and the `only_if_varied` ones with one value in every row."""
+        and so are the `csv_only` ones, the `only_if_varied` ones with one value in every row and
+        the `unless_shown` ones whose stand-in every row holds."""
         return [
             c
             for c in self.columns
             if c.key not in self.csv_only
             and (not c.numeric or any(not missing(r.get(c.key)) for r in self.rows))
             and (c.key not in self.only_if_varied or len({r.get(c.key) for r in self.rows}) > 1)
+            and not (
+                c.key in self.unless_shown
+                and all(not missing(r.get(self.unless_shown[c.key])) for r in self.rows)
+            )
         ]
 
     def frame(self) -> pd.DataFrame:
@@ -178,6 +186,14 @@ _HEADLINE_GROUP_KEYS = (
 )
 
 
+# The median [95% CI] over the rounds is the group's figure (issue 33); the mean ± std over its
+# runs shows only where a group has no median, and stays in the CSV.
+ROUND_STAND_INS = {
+    "speedup_mean": "speedup_median",
+    "scaling_efficiency_mean": "scaling_efficiency_median",
+}
+
+
 def all_tables(doc: RunsJson, out_dir: Path, labels: Labels) -> dict[str, Table]:
     """Every report table keyed by id (`labels`: run_id -> the report's one label of each run);
     CSV names are the ones the report promises."""
@@ -209,7 +225,13 @@ def all_tables(doc: RunsJson, out_dir: Path, labels: Labels) -> dict[str, Table]
             id="stragglers", columns=STRAGGLER_COLS, rows=strag, csv="stragglers.csv"
         ),
         "memory": Table(id="memory", columns=MEMORY_COLS, rows=memory_rows(doc), csv="memory.csv"),
-        "speedup": Table(id="speedup", columns=SPEEDUP_COLS, rows=groups, csv="speedup.csv"),
+        "speedup": Table(
+            id="speedup",
+            columns=SPEEDUP_COLS,
+            rows=groups,
+            csv="speedup.csv",
+            unless_shown=ROUND_STAND_INS,
+        ),
         "accuracy": Table(id="accuracy", columns=ACCURACY_COLS, rows=groups, csv="accuracy.csv"),
         "environment": Table(
             id="environment", columns=ENV_COLS, rows=env_rows(doc), csv="environment.csv"
@@ -221,5 +243,6 @@ def all_tables(doc: RunsJson, out_dir: Path, labels: Labels) -> dict[str, Table]
             rows=headline_table_rows(doc),
             csv="headline.csv",
             only_if_varied=frozenset({"os"}),
+            unless_shown=ROUND_STAND_INS,
         ),
     }

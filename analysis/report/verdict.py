@@ -53,9 +53,11 @@ def _params_text(n: int) -> str:
     return f"{n / 1e9:.2f} B" if n >= 1e9 else f"{n / 1e6:,.0f} M" if n >= 1e6 else f"{n:,}"
 
 
-def _family(family: list[FamilyEntry]) -> list[dict]:
+def _family(family: list[FamilyEntry], *, throughput: bool = True) -> list[dict]:
     """The family line of a workload (analysis.runs.family): what each sharded mode saves per
-    rank against DDP and at what throughput, then the largest model each mode fits."""
+    rank against DDP and at what throughput (`throughput=False` when the group's throughput is
+    known noise: the memory counts are exact either way), then the largest model each mode
+    fits."""
     out: list[dict] = []
     for f in family:
         clauses = []
@@ -63,7 +65,7 @@ def _family(family: list[FamilyEntry]) -> list[dict]:
             verb = "saves" if m.saved_bytes >= 0 else "costs"
             text = f"{m.label} {verb} {_mib_text(abs(m.saved_bytes))} per rank"
             text += f" ({abs(m.saved_pct or 0.0):.0f}%)"
-            if m.throughput_vs_ddp_pct is not None:
+            if throughput and m.throughput_vs_ddp_pct is not None:
                 text += f" at {m.throughput_vs_ddp_pct:.0f}% of DDP's throughput"
             clauses.append(text)
         if not clauses:
@@ -155,7 +157,8 @@ def _figures(case: VerdictCase, g: GroupEntry) -> list[dict]:
 def _paragraph(case: VerdictCase, g: GroupEntry) -> list[dict]:
     head = _seg(f"{_name(g)}, {g.world_size} ranks: ")
     if case.noisy:  # its figures are known noise: none of them is quoted
-        return [head, _seg(NOT_ENOUGH_QUIET, "#speedup"), _seg("."), *_memory(case), *_try(case)]
+        return [head, _seg(NOT_ENOUGH_QUIET, "#speedup"), _seg("."), *_memory(case),
+                *_family(case.family, throughput=False), *_try(case)]  # fmt: skip
     segs = [head, *_figures(case, g)]
     if g.comm_pct_mean is not None:
         segs += [_seg(" Communication "), _seg(f"{g.comm_pct_mean:.0f}% of the step", "#communication")]  # fmt: skip

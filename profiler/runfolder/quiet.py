@@ -75,6 +75,10 @@ def frame_samples_per_s(steps: pd.DataFrame, mask: np.ndarray) -> float | None:
     return samples / busiest if busiest > 0 else None
 
 
+MAX_STEP_END_S = 1e9
+"""The latest step end the quiet rule's clock holds (31 years; pandas' timedelta ends at 292)."""
+
+
 def _step_loads(steps: pd.DataFrame) -> pd.Series:
     """Each row's step load: the largest `other_cpu_cores` of every measurement that covers its
     step: the step's own (the most any row of it recorded) and that of each later step whose
@@ -85,7 +89,12 @@ def _step_loads(steps: pd.DataFrame) -> pd.Series:
     if LOAD_COLUMN not in steps.columns:
         return pd.Series(np.nan, index=steps.index)
     by_step = steps.groupby("step").agg(load=(LOAD_COLUMN, "max"), time=("step_time_s", "max"))
-    ends = by_step["time"].cumsum().to_numpy()
+    # A time that is missing, negative or past any real run (a damaged steps.csv) must not break
+    # the clock the window runs on: read as 0, or as MAX_STEP_END_S at most (timedelta's range).
+    times = by_step["time"].to_numpy(dtype=float)
+    times = np.clip(np.nan_to_num(times, nan=0.0, posinf=MAX_STEP_END_S, neginf=0.0), 0, None)
+    with np.errstate(over="ignore"):
+        ends = np.minimum(np.cumsum(np.minimum(times, MAX_STEP_END_S)), MAX_STEP_END_S)
     # Backwards in time, a rolling max over one window: at step k, the steps ending in
     # [end_k, end_k + window), i.e. k and the later ones whose windows reach back into it.
     back = pd.Series(by_step["load"].to_numpy()[::-1], index=pd.to_timedelta(-ends[::-1], unit="s"))

@@ -28,13 +28,21 @@ import ctypes
 import os
 import signal
 import site
+import subprocess
 import sys
 from collections.abc import Mapping
 from pathlib import Path
 
 from profiler.runfolder.hostload import RUN_ROOT_ENV
 
-__all__ = ["PACKAGE_ROOT", "child_env", "die_with_parent", "set_subreaper", "user_path"]
+__all__ = [
+    "PACKAGE_ROOT",
+    "child_env",
+    "die_with_parent",
+    "set_subreaper",
+    "stop_process",
+    "user_path",
+]
 
 _PR_SET_PDEATHSIG = 1
 _PR_SET_CHILD_SUBREAPER = 36
@@ -101,3 +109,16 @@ def user_path(path: str | os.PathLike[str]) -> Path:
     Symlinks are kept as given (only `.` and `..` are folded), so messages show the user's names.
     """
     return Path(os.path.abspath(path))
+
+
+def stop_process(proc: subprocess.Popen, timeout_s: float = 10.0) -> None:
+    """Stop a child started with Popen: SIGTERM, then SIGKILL if it is still there after
+    `timeout_s`; reaped either way (no zombie left behind)."""
+    if proc.poll() is not None:
+        return
+    proc.terminate()
+    try:
+        proc.wait(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
