@@ -128,7 +128,9 @@ def benchmarks_md(bench_dir: Path = BENCH_DIR) -> str:
         " ≥ 0.99); `plain_loop_ratio` = `--no-profile` ÷ the plain loop (goal ≥ 0.98).",
         "- **hta** (`make bench-analysis`): dpscope against HTA 0.5.0 on the same 8 ranks of the"
         " 47 MB df_index_resolver trace, in one run, interleaved; `speedup_vs_hta` = HTA's median"
-        " analysis time ÷ dpscope's with every trace decoded (goal ≥ 10), `rss_*_ratio_vs_hta` ="
+        " analysis time ÷ dpscope's with every trace decoded (goal ≥ 10), `cpu_ratio_vs_hta` ="
+        " HTA's median CPU seconds (user + system, the job and all its workers) ÷ dpscope's,"
+        " `rss_*_ratio_vs_hta` ="
         " dpscope's peak RSS ÷ HTA's (goal ≤ 0.5); `dpscope_cached` is a second report of the same"
         " traces with `--cache`.",
         "- **analysis** (`make bench-analysis`): a real trace copied to 8 … 1,024 ranks, analysed"

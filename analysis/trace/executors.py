@@ -9,16 +9,21 @@ the rest is analysed, with `"worker_died": true` on that line (the result is the
 Pool workers start from a fresh server process (forkserver; spawn where there is none), never
 forked from the caller: a caller that has torch, Dask or a notebook's threads loaded can hold
 objects a forked child crashes on (seen: a segfault in the child's garbage collector after torch
-and a Dask cluster had run in the parent).
+and a Dask cluster had run in the parent). Nor do they re-run the caller's script, as forkserver
+and spawn children otherwise do to find its functions: a user's script without an
+`if __name__ == "__main__":` guard would run again, training and all, in every worker; the
+function they run lives here.
 """
 
 from __future__ import annotations
 
 import multiprocessing
 import signal
+import sys
 from collections.abc import Generator, Iterator
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -98,6 +103,24 @@ def _context(start_method: str | None) -> multiprocessing.context.BaseContext:
     return ctx
 
 
+@contextmanager
+def _main_script_hidden() -> Iterator[None]:
+    """While workers start: the caller's `__main__` shows neither a file nor a module spec, so a
+    worker has no script to re-run (module docstring); both are back before anything else runs."""
+    main = sys.modules.get("__main__")
+    if main is None:
+        yield
+        return
+    saved = {k: main.__dict__[k] for k in ("__file__", "__spec__") if k in main.__dict__}
+    main.__dict__.pop("__file__", None)
+    main.__spec__ = None
+    try:
+        yield
+    finally:
+        main.__dict__.pop("__spec__", None)
+        main.__dict__.update(saved)
+
+
 def _pool_pass(
     files: list[Path], workers: int, ex: Executor
 ) -> Generator[tuple[Path, Outcome], None, tuple[list[Path], list[Path]]]:
@@ -108,9 +131,10 @@ def _pool_pass(
     with ProcessPoolExecutor(workers, mp_context=ctx, initializer=_ignore_sigint) as pool:
         flight: dict = {}
         while todo or flight:
-            while todo and len(flight) <= workers:
-                f = todo.pop()
-                flight[pool.submit(summarize_one, f, cache)] = f
+            with _main_script_hidden():  # a submit may start a worker; nothing yields inside
+                while todo and len(flight) <= workers:
+                    f = todo.pop()
+                    flight[pool.submit(summarize_one, f, cache)] = f
             done, _ = wait(flight, return_when=FIRST_COMPLETED)
             for fut in done:
                 try:
