@@ -16,7 +16,7 @@ from msgspec import UNSET, UnsetType
 
 from profiler.runfolder.schema import Env, HostLoad
 
-__all__ = ["collect_env"]
+__all__ = ["collect_env", "device_memory_bytes"]
 
 
 def _cpu_model() -> str:
@@ -38,12 +38,31 @@ def _nccl_version() -> str | None:
     return ".".join(str(p) for p in version) if isinstance(version, tuple) else str(version)
 
 
+def device_memory_bytes(device_type: str | None = None) -> int | None:
+    """Total memory of one compute device, bytes: the first GPU's (torch's total_memory) for
+    `cuda`, the host's RAM (psutil) for `cpu`; `None` (the default) asks for CUDA when torch
+    sees a GPU. run.json `env.device_memory_bytes`: the per-rank memory budget's default."""
+    if device_type is None:
+        device_type = "cuda" if torch.cuda.is_available() else "cpu"
+    if device_type == "cuda":
+        if not torch.cuda.is_available():
+            return None
+        return int(torch.cuda.get_device_properties(0).total_memory)
+    import psutil
+
+    return int(psutil.virtual_memory().total)
+
+
 def collect_env(
-    *, threads_per_rank: int | None, host_load: HostLoad | None | UnsetType = UNSET
+    *,
+    threads_per_rank: int | None,
+    device_type: str | None = None,
+    host_load: HostLoad | None | UnsetType = UNSET,
 ) -> Env:
     """The run record's `env` (docs/reference/run-folder.md): software versions and the machine
-    (`threads_per_rank` None for a skipped run, which has no layout); `host_load` only where the
-    writer measured it (absent from a record written before the steps ran)."""
+    (`threads_per_rank` None for a skipped run, which has no layout; `device_type` the run's
+    devices, cpu | cuda, for `device_memory_bytes`); `host_load` only where the writer measured
+    it (absent from a record written before the steps ran)."""
     gpus = (
         [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
         if torch.cuda.is_available()
@@ -61,6 +80,7 @@ def collect_env(
         cpu_model=_cpu_model(),
         cpu_cores=os.cpu_count(),
         threads_per_rank=None if threads_per_rank is None else int(threads_per_rank),
+        device_memory_bytes=device_memory_bytes(device_type),
         hostname=socket.gethostname(),
         host_load=host_load,
     )

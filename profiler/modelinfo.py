@@ -1,5 +1,6 @@
 """What run.json says about the model trained, read from the module after training: its class and
-parameter count, DDP's bucket layout, and gradient and buffer bytes (docs/reference/run-folder.md).
+parameter count, DDP's bucket layout, FSDP2's parameter groups, and gradient and buffer bytes
+(docs/reference/run-folder.md).
 
 Shared by every run-record writer (workloads.train.finish, profiler.recorder), so a script run
 and a built-in run describe their model with the same numbers.
@@ -12,9 +13,10 @@ from typing import Any
 
 from torch import nn
 
+from profiler.memory_sharded import fsdp_info
 from profiler.runfolder.schema import DdpMetrics
 
-__all__ = ["ddp_info", "model_metrics", "model_summary", "unwrap"]
+__all__ = ["class_name", "ddp_info", "model_metrics", "model_summary", "unwrap"]
 
 
 def unwrap(model: nn.Module) -> nn.Module:
@@ -22,6 +24,15 @@ def unwrap(model: nn.Module) -> nn.Module:
     while isinstance(model, nn.DataParallel | nn.parallel.DistributedDataParallel):
         model = model.module
     return model
+
+
+def class_name(module: nn.Module) -> str:
+    """The module's class name; a fully_shard-ed module's own class (FSDP2 makes `FSDP<Class>`, a
+    subclass of FSDPModule and of the class)."""
+    cls = type(module)
+    if cls.__name__.startswith("FSDP") and len(cls.__bases__) == 2:
+        return cls.__bases__[1].__name__
+    return cls.__name__
 
 
 def buffer_bytes_by_dtype(module: nn.Module) -> dict[str, int]:
@@ -53,11 +64,12 @@ def ddp_info(model: nn.Module) -> DdpMetrics | None:
 
 def model_metrics(model: nn.Module, *, inner: nn.Module | None = None) -> dict[str, Any]:
     """The run record's metrics read from the model after training, by Metrics field: DDP's
-    buckets, gradient and buffer bytes (of `inner`, the trained module without its wrappers;
+    buckets, FSDP2's parameter groups, gradient and buffer bytes (of `inner`, the trained module without its wrappers;
     default `unwrap(model)`)."""
     inner = unwrap(model) if inner is None else inner
     return {
         "ddp": ddp_info(model),
+        "fsdp": fsdp_info(inner),
         # Per-parameter gradient bytes in model.parameters() order: what DDP's reducer buckets
         # (analysis project computes a single-device run's buckets from it).
         "param_grad_bytes": [
@@ -72,6 +84,6 @@ def model_summary(model: nn.Module) -> dict:
     """run.json `config.model` (the unwrapped module's class name) and `config.param_count`."""
     inner = unwrap(model)
     return {
-        "model": type(inner).__name__,
+        "model": class_name(inner),
         "param_count": sum(p.numel() for p in inner.parameters()),
     }

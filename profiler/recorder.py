@@ -45,6 +45,7 @@ from torch.optim.optimizer import register_optimizer_step_pre_hook
 
 from profiler.callbacks import Callbacks, Event, StepState
 from profiler.environment import collect_env
+from profiler.memory_sharded import is_fsdp, sharding_seen
 from profiler.modelinfo import model_metrics, model_summary
 from profiler.recorderrules import (
     AT_EXIT_WARNING,
@@ -58,7 +59,13 @@ from profiler.recorderrules import (
 from profiler.recording import Recording, recording
 from profiler.runfolder.layout import create_run_folder, utc_now
 from profiler.runfolder.parts import assemble, wait_for_parts, write_part
-from profiler.runfolder.schema import BreakdownEntry, ErrorInfo, MemoryEntry, RankPart
+from profiler.runfolder.schema import (
+    PROCESS_GROUP_MODES,
+    BreakdownEntry,
+    ErrorInfo,
+    MemoryEntry,
+    RankPart,
+)
 from profiler.session import ProfileConfig
 
 __all__ = ["OWN_PROFILER_WARNING", "Recording", "RecorderError", "RunRecorder", "recording"]
@@ -298,6 +305,8 @@ class RunRecorder:
         if self.mode:
             return self.mode
         model = self.state.model
+        if is_fsdp(model):  # fully_shard seen on the model: FSDP2, whatever the world size
+            return "fsdp"
         if isinstance(model, nn.parallel.DistributedDataParallel) or (pg and world > 1):
             return "ddp"
         return "dp" if isinstance(model, nn.DataParallel) else "single"
@@ -337,6 +346,7 @@ class RunRecorder:
             if session
             else [],
             warnings=self.warnings,
+            **sharding_seen(model, self.state.optimizer),
             wall_time_s=time.perf_counter() - self._start,
             env=collect_env(
                 threads_per_rank=torch.get_num_threads(), host_load=rec.host.result if rec else None
@@ -361,7 +371,7 @@ class RunRecorder:
         part = self.part()
         write_part(self.run_dir, part)
         if self.assemble and part.rank == 0:
-            n = part.world_size if part.mode == "ddp" else 1
+            n = part.world_size if part.mode in PROCESS_GROUP_MODES else 1
             assemble(
                 self.run_dir,
                 wait_for_parts(self.run_dir, n, timeout_s=PARTS_TIMEOUT_S),

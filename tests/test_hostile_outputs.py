@@ -13,6 +13,7 @@ import re
 import shutil
 from pathlib import Path
 
+import psutil
 import pytest
 
 from analysis.cli.main import main as analysis_main
@@ -256,7 +257,16 @@ def test_real_sigint_gives_one_line_and_keeps_the_previous_report(tmp_path, sing
         cwd=tmp_path,
         env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])},
     )
-    time.sleep(3)  # inside the imports or the analysis: either way one line
+    # Once it has done a second of CPU work (inside the imports or the analysis: either way
+    # one line), polled with a bound rather than a fixed sleep a loaded machine would outrun.
+    child, deadline = psutil.Process(proc.pid), time.monotonic() + 60
+    while proc.poll() is None and time.monotonic() < deadline:
+        try:
+            if sum(child.cpu_times()[:2]) >= 1.0:
+                break
+        except psutil.Error:
+            break
+        time.sleep(0.02)
     proc.send_signal(signal.SIGINT)
     err = proc.communicate(timeout=120)[1]
     if proc.returncode == 0:  # it finished first on a fast machine: a new report, whole

@@ -62,7 +62,7 @@ def test_the_launcher_ends_what_the_job_left_running(tmp_path):
     pid = int((tmp_path / "leftover.pid").read_text())
     assert f"left 1 process(es) running after it exited: pid {pid} (" in proc.stderr
     assert "time.sleep(600)" in proc.stderr
-    assert _poll(lambda: not psutil.pid_exists(pid), timeout=10)
+    assert _poll(lambda: not psutil.pid_exists(pid), timeout=60)
     run = read_run(tmp_path / "runs" / "left")
     assert run["status"] == "ok"
     assert any(f"pid {pid}" in w for w in run["warnings"])

@@ -273,8 +273,9 @@ def test_cell_over_the_field_limit_is_invalid_naming_file_and_row(tmp_path, ddp_
 
 
 def test_million_row_steps_csv_is_decoded_once_with_bounded_memory(tmp_path, ddp_mlp_run):
-    """1,000,000 rows (~130 MB): the columnar reader's peak RSS stays within a few times the
-    file's size (the dict-per-row reader took 2.4 GB); measured in a fresh process."""
+    """1,000,000 rows (~130 MB): what the columnar reader adds to the peak RSS of the same
+    fresh process reading the run's own few-row steps.csv stays within a few times the file's
+    size (the dict-per-row reader took 2.4 GB); a difference within one machine, not a budget."""
     header, row = (ddp_mlp_run / "steps.csv").read_text().splitlines()[:2]
     rest = row.split(",", 3)[3]
     path = tmp_path / "steps.csv"
@@ -288,11 +289,14 @@ def test_million_row_steps_csv_is_decoded_once_with_bounded_memory(tmp_path, ddp
         "hwm = next(l for l in open('/proc/self/status') if l.startswith('VmHWM'))\n"
         "print(len(f), int(hwm.split()[1]) * 1024)\n"
     )
-    proc = cli("-c", code, str(path))
-    assert proc.returncode == 0, proc.stderr
-    rows, rss = map(int, proc.stdout.split())
-    assert rows == 1_000_000
-    assert rss < 1.0e9, f"peak RSS {rss / 1e6:.0f} MB for a {path.stat().st_size / 1e6:.0f} MB file"
+    peaks = {}
+    for name, csv_path in (("small", ddp_mlp_run / "steps.csv"), ("big", path)):
+        proc = cli("-c", code, str(csv_path))
+        assert proc.returncode == 0, proc.stderr
+        peaks[name] = tuple(map(int, proc.stdout.split()))
+    assert peaks["big"][0] == 1_000_000
+    extra, size = peaks["big"][1] - peaks["small"][1], path.stat().st_size
+    assert extra < 5 * size, f"{extra / 1e6:.0f} MB more RSS for a {size / 1e6:.0f} MB file"
 
 
 def test_size_limit_refuses_before_reading(tmp_path, ddp_mlp_run, monkeypatch):

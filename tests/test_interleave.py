@@ -35,3 +35,18 @@ def test_make_profile_all_with_several_seeds_runs_the_modes_in_turn(tmp_path):
     assert [(r.config.mode, r.config.seed) for r in ok] == [
         ("single", 0), ("ddp", 0), ("single", 1), ("ddp", 1),
     ]  # fmt: skip
+
+
+@pytest.mark.integration  # make -n: prints the commands, runs none
+def test_make_profile_all_passes_repeat_and_its_budget():
+    args = [
+        "make",
+        "-n",
+        "--no-print-directory",
+        "profile-all",
+        "REPEAT=auto",
+        "REPEAT_BUDGET_S=90",
+    ]
+    out = run_in_repo(args, timeout=60).stdout
+    assert "--mode all" in out and "--repeat auto --repeat-budget-s 90" in out
+    assert "--repeat 1 " in run_in_repo(["make", "-n", "profile-all"], timeout=60).stdout

@@ -18,6 +18,7 @@ from profiler.runfolder.schema import (
     Env,
     ErrorInfo,
     Eval,
+    FsdpConfig,
     Metrics,
     Resume,
     RunRecord,
@@ -32,7 +33,23 @@ from workloads.train.context import first_bucket_bytes
 if TYPE_CHECKING:  # the type only: the launcher and rank 0 pass what they measured
     from workloads.train.workload import WorkloadFacts
 
-__all__ = ["run_config", "run_record"]
+__all__ = ["device_type", "fsdp_config", "run_config", "run_record"]
+
+
+def device_type(plan: Plan) -> str | None:
+    """The run's devices for `env.device_memory_bytes`: cuda or cpu, None where a skipped run's
+    plan decided none."""
+    return None if plan.devices is None else ("cuda" if plan.use_cuda else "cpu")
+
+
+def fsdp_config(cfg: TrainConfig) -> FsdpConfig | None:
+    """The run record's `config.fsdp` (null outside --mode fsdp): the wrap rule (`default`, or
+    the --fsdp-wrap classes as given) and reshard_after_forward."""
+    if cfg.mode != "fsdp":
+        return None
+    return FsdpConfig(
+        wrap=cfg.fsdp_wrap or "default", reshard_after_forward=cfg.reshard_after_forward
+    )
 
 
 def run_record(
@@ -118,6 +135,11 @@ def run_config(cfg: TrainConfig, plan: Plan, *, workload: WorkloadFacts | None =
             find_unused_parameters=cfg.find_unused_parameters,
             comm_hook=cfg.comm_hook,
         ),
+        zero=cfg.zero,
+        fsdp=fsdp_config(cfg),
         profile=ProfileConfig(**cfg.profile_kwargs()).settings(),
         sweep_id=cfg.sweep_id or None,
+        # `--repeat` rounds (workloads.launch.rounds): the set and this run's round in it
+        repeat_id=cfg.repeat_id or None,
+        repeat_round=cfg.repeat_round if cfg.repeat_id else None,
     )

@@ -27,6 +27,7 @@ from profiler.runfolder.layout import (
     write_steps_csv,
 )
 from profiler.runfolder.schema import (
+    PROCESS_GROUP_MODES,
     Config,
     ErrorInfo,
     Eval,
@@ -133,7 +134,7 @@ def recorded_config(
         backend=first.backend,
         world_size=first.world_size,
         nnodes=1,
-        nproc_per_node=len(parts) if first.mode == "ddp" else 1,
+        nproc_per_node=len(parts) if first.mode in PROCESS_GROUP_MODES else 1,
         devices=[d for p in parts for d in p.devices],
         model=first.model,
         param_count=first.param_count,
@@ -147,6 +148,8 @@ def recorded_config(
         warmup_steps=warmup_steps,
         profile=profile,
         workload=first.workload,
+        zero=first.zero,
+        fsdp=first.fsdp_config,
     )
 
 
@@ -176,6 +179,7 @@ def _metrics(
         memory_after_first_step=[m for p in parts for m in p.memory_after_first_step],
         memory_breakdown=[m for p in parts for m in p.memory_breakdown],
         ddp=first.ddp,
+        fsdp=first.fsdp,
         param_grad_bytes=first.param_grad_bytes,
         buffer_bytes_by_dtype=first.buffer_bytes_by_dtype,
         profile=_profile(parts),

@@ -46,16 +46,22 @@ __all__ = [
     "FINITE_MAX",
     "Flag",
     "FlightRecorderView",
+    "FsdpConfig",
+    "FsdpGroup",
+    "FsdpMetrics",
     "HostLoad",
     "IdlePenalty",
     "LeftOut",
     "MAX_ENTRIES",
     "MAX_RANKS",
+    "MODES",
     "MemoryEntry",
     "Metrics",
+    "Mode",
     "ModelFacts",
     "PathText",
     "Pct",
+    "PROCESS_GROUP_MODES",
     "PerRank",
     "ProfileExport",
     "ProfileSettings",
@@ -93,6 +99,11 @@ MAX_ENTRIES = 2 * MAX_RANKS
 Bytes = Annotated[int, msgspec.Meta(ge=0, le=2**63 - 1)]
 Status = Literal["running", "ok", "failed", "skipped", "interrupted"]
 STATUSES = get_args(Status)
+# The data-parallel family: one device, nn.DataParallel, DDP (with ZeRO-1 as config.zero) and
+# FSDP2 (fully_shard). The modes whose ranks are processes of one process group:
+Mode = Literal["single", "dp", "ddp", "fsdp"]
+MODES = get_args(Mode)
+PROCESS_GROUP_MODES = ("ddp", "fsdp")
 
 
 class Schema(msgspec.Struct, kw_only=True):
@@ -273,6 +284,20 @@ class DdpConfig(Schema, kw_only=True):
     """`--comm-hook`: none, fp16, bf16, powersgd."""
 
 
+class FsdpConfig(Schema, kw_only=True):
+    """run.json `config.fsdp` (fsdp runs, else null): how the model was sharded."""
+
+    # `default` (each element of the model's top-level ModuleList/Sequential containers), or the
+    # --fsdp-wrap classes as given (MODULE:CLASS), or `seen` for a --script run.
+    wrap: str | None = None
+    """`default` (each element of the model's top-level ModuleList/Sequential containers, then
+    the root), the `--fsdp-wrap` classes as given (MODULE:CLASS), or `seen` for a `--script`
+    run (the script called fully_shard itself)."""
+    reshard_after_forward: bool | None = None
+    """`--fsdp-reshard-after-forward` (a script run: what its fully_shard calls used; null when
+    it cannot be told)."""
+
+
 class ProfileSettings(Schema, kw_only=True):
     """run.json `config.profile`: the profiler schedule and options (profiler.session.ProfileConfig)."""
 
@@ -303,8 +328,8 @@ class Config(Schema, kw_only=True):
     `devices`, `global_batch` and `per_device_batch` are null, and `world_size` /
     `nproc_per_node` too when the request did not fix them."""
 
-    mode: Literal["single", "dp", "ddp"]
-    """`--mode`."""
+    mode: Mode
+    """`--mode`: single, dp, ddp (ZeRO-1 is `ddp` with `zero` 1) or fsdp."""
     backend: str | None = None
     """nccl, gloo, or none (single and dp)."""
     # Null only on a skipped run whose layout could not be decided (checked in read_record).
@@ -378,10 +403,21 @@ class Config(Schema, kw_only=True):
     """c10d or file."""
     ddp: DdpConfig | None = None
     """The DDP settings (DdpConfig)."""
+    # ZeRO stage of a DDP run's optimizer (1: ZeroRedundancyOptimizer); absent before it existed.
+    zero: Annotated[int, msgspec.Meta(ge=0, le=1)] | None = None
+    """`--zero`: 1 when a DDP run's optimizer is ZeroRedundancyOptimizer (ZeRO-1; a script run:
+    one it saw), else 0; absent in older runs."""
+    fsdp: FsdpConfig | None = None
+    """How an fsdp run sharded the model (FsdpConfig); null in other modes."""
     profile: ProfileSettings | None = None
     """The profiler settings (ProfileSettings)."""
     sweep_id: str | None = None
     """The `make profile-sweep` run this run belongs to, or null (older folders lack it)."""
+    # `--repeat` rounds: the set of rounds (one id) and this run's round in it, from 0
+    repeat_id: str | None = None
+    """`--repeat`: the id of the set of rounds this run is one of (null outside rounds)."""
+    repeat_round: Count | None = None
+    """`--repeat`: this run's round in that set, from 0 (null outside rounds)."""
     # A `--script` / RunRecorder run: what it ran (the same-workload key, docs/reference/metrics.md).
     workload: str | None = None
     """A script or RunRecorder run's same-workload key: `script:<sha256[:16]> ARGS...` or
@@ -443,6 +479,10 @@ class Env(Schema, kw_only=True):
     """Logical cores."""
     threads_per_rank: Annotated[int, msgspec.Meta(ge=1)] | None = None
     """torch threads per rank (null on a skipped run)."""
+    # Total memory of one device (the first GPU, or the host's RAM for CPU runs), bytes.
+    device_memory_bytes: Bytes | None = None
+    """Total memory of one device: the first GPU's for a CUDA run, the host's RAM for a CPU run,
+    bytes (the per-rank memory budget's default; null on a skipped run; newer runs)."""
     hostname: str | None = None
     """The host's name."""
     host_load: HostLoad | None = None
@@ -519,6 +559,9 @@ class BreakdownEntry(Schema, kw_only=True):
     `--gradient-as-bucket-view`), bytes."""
     static_total_bytes: int | None = None
     """The sum of the above, bytes."""
+    fsdp_unsharded_peak_bytes: int | None = None
+    """FSDP2: the most bytes of gathered (unsharded) parameters alive at once during the counted
+    step, bytes, not part of `static_total_bytes`; null outside FSDP2 (newer runs)."""
     counted_at_step: int | None = None
     """The step it was counted on: the second optimizer step the process runs (the first when
     it runs one)."""
@@ -535,6 +578,31 @@ class DdpMetrics(Schema, kw_only=True):
     """Gradient bytes of all trainable parameters."""
     param_count: Count | None = None
     """Trainable parameters."""
+
+
+class FsdpGroup(Schema, kw_only=True):
+    """A `metrics.fsdp.groups[]` entry: the parameters one fully_shard call owns (one all-gather
+    in forward, one reduce-scatter in backward)."""
+
+    module: str
+    """The module's qualified name (`""` = the root)."""
+    params: Count = 0
+    """Parameter tensors."""
+    numel: Count = 0
+    """Elements, unpadded (the model's own)."""
+    unsharded_bytes: Bytes = 0
+    """World size × padded shard: the all-gather's output, bytes."""
+    shard_bytes: Bytes = 0
+    """One rank's padded shard (what each rank keeps), bytes."""
+
+
+class FsdpMetrics(Schema, kw_only=True):
+    """run.json `metrics.fsdp` (fsdp runs, else null): the sharding as fully_shard made it."""
+
+    world_size: Annotated[int, msgspec.Meta(ge=1)] | None = None
+    """The ranks the parameters are sharded over."""
+    groups: Annotated[list[FsdpGroup], msgspec.Meta(max_length=1_000_000)] = []
+    """One per fully_shard call, the root last (FsdpGroup)."""
 
 
 class ProfileExport(Schema, kw_only=True):
@@ -585,6 +653,8 @@ class Metrics(Schema, kw_only=True):
     a rank that never reached its counted step."""
     ddp: DdpMetrics | None = None
     """DDP's bucket layout (DdpMetrics), null outside DDP."""
+    fsdp: FsdpMetrics | None = None
+    """FSDP2's parameter groups (FsdpMetrics), null outside FSDP2 (newer runs)."""
     param_grad_bytes: Annotated[list[Bytes], msgspec.Meta(max_length=10_000_000)] | None = None
     """Gradient bytes of each trainable parameter in `model.parameters()` order, every mode;
     `analysis project` builds a single-device run's DDP buckets from it (newer runs)."""
@@ -741,6 +811,11 @@ class StepRow(Schema, kw_only=True):
     cuda_allocated_bytes: Count | None = None
     """`torch.cuda.memory_allocated` on the rank's first GPU at the step's end, bytes (empty on
     CPU)."""
+    # cores' worth of CPU other processes used during the step (rank 0's rows; newer runs)
+    other_cpu_cores: Annotated[float, msgspec.Meta(ge=0, le=FINITE_MAX)] | None = None
+    """Cores' worth of CPU that processes other than the run's own used during the step, as
+    env.host_load's `other_cpu_cores_mean` over one step (rank 0's rows; empty on other ranks
+    and in older runs)."""
 
 
 # The columns every steps.csv must have (StepRow's required fields); the others may be empty.
@@ -766,8 +841,8 @@ class RankPart(Schema, kw_only=True):
     """The world size it saw (DP: its devices)."""
     env_world_size: Positive = 1
     """`WORLD_SIZE` of its environment (what was launched)."""
-    mode: Literal["single", "dp", "ddp"]
-    """The mode it detected."""
+    mode: Mode
+    """The mode it detected (fsdp: fully_shard seen on the model)."""
     backend: str
     """Its process group's backend, or none."""
     pg_seen: bool
@@ -796,12 +871,18 @@ class RankPart(Schema, kw_only=True):
     """Its traces, relative to the run folder."""
     warnings: list[str] = []
     """Its warnings (e.g. the script ran its own profiler)."""
+    zero: Annotated[int, msgspec.Meta(ge=0, le=1)] | None = None
+    """1 when its optimizer was a ZeroRedundancyOptimizer, else 0 (`config.zero`)."""
+    fsdp_config: FsdpConfig | None = None
+    """fully_shard seen on its model: `{wrap: "seen", reshard_after_forward}` (`config.fsdp`)."""
     wall_time_s: Seconds | None = None
     """Seconds from the recorder's creation to its end, s."""
     env: Env = msgspec.field(default_factory=Env)
     """Its env (with host_load on rank 0)."""
     ddp: DdpMetrics | None = None
     """DDP's bucket layout, with a model given."""
+    fsdp: FsdpMetrics | None = None
+    """FSDP2's parameter groups, with a model given (`metrics.fsdp`)."""
     param_grad_bytes: list[Bytes] = []
     """As `metrics.param_grad_bytes`, with a model given."""
     buffer_bytes_by_dtype: dict[str, Bytes] = {}

@@ -30,7 +30,7 @@ from profiler.runfolder.lease import Lease
 from profiler.runfolder.schema import Config, Eval, Metrics, RunRecord
 from profiler.runfolder.versions import RUN_JSON_SCHEMA_VERSION
 from profiler.session import ProfileConfig
-from workloads.config import TrainConfig, config_from_namespace
+from workloads.config import PROCESS_GROUP_MODES, TrainConfig, config_from_namespace
 from workloads.launch.bootstrap import SETTINGS_ENV
 from workloads.launch.child import child_env, user_path
 from workloads.launch.flightrec import flight_recorder_env
@@ -56,10 +56,14 @@ HINTS = {
     "backend": "the script passes its backend to init_process_group",
     "init_method": "the script passes its own to init_process_group",
     "nnodes": "--script runs on one node (torchrun --standalone)",
+    "zero": "the script builds its own optimizer; dpscope records a ZeroRedundancyOptimizer it "
+    "sees (config.zero)",
+    "fsdp_wrap": "the script calls fully_shard itself; dpscope records the sharding it sees",
+    "fsdp_reshard_after_forward": "the script passes its own to fully_shard",
 }
 SCRIPT_STALL_S = 24 * 3600.0
-"""A single-process script writes no heartbeat: the watchdog only ends it after a day. A DDP
-script's ranks beat (workloads.launch.flightrec): --collective-timeout + WATCHDOG_GRACE_S."""
+"""A single-process script writes no heartbeat: the watchdog only ends it after a day. A DDP or
+FSDP script's ranks beat (workloads.launch.flightrec): --collective-timeout + WATCHDOG_GRACE_S."""
 _UNSET = object()
 
 
@@ -130,10 +134,10 @@ def _check(args: argparse.Namespace) -> Path:
         raise ScriptError(
             f"--script {args.script}: no such file; pass the path of your training script"
         )
-    if args.mode not in ("single", "ddp"):
+    if args.mode not in ("single", "ddp", "fsdp"):
         raise ScriptError(
-            f"--script runs with --mode single or ddp, not {args.mode}; a script that builds "
-            "nn.DataParallel itself is recorded as dp under --mode single"
+            f"--script runs with --mode single, ddp or fsdp, not {args.mode}; a script that "
+            "builds nn.DataParallel itself is recorded as dp under --mode single"
         )
     if args.nproc is not None and args.nproc < 1:
         raise ScriptError(f"--nproc must be >= 1; got {args.nproc}")
@@ -161,7 +165,7 @@ def _env(cfg: TrainConfig, run_dir: Path, args: argparse.Namespace, nproc: int) 
         "collective_timeout": cfg.collective_timeout,
     }
     env = child_env(PYTHONUNBUFFERED="1", **{SETTINGS_ENV: json.dumps(settings)})
-    if args.mode == "ddp":  # the script picks its backend: NCCL's own dump is asked for too
+    if args.mode in PROCESS_GROUP_MODES:  # the script picks its backend: NCCL's dump too
         env = {**flight_recorder_env(run_dir / "logs", nccl=True), **env}
     env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // nproc)))
     env.setdefault("KINETO_LOG_LEVEL", "5")
@@ -172,7 +176,7 @@ def _running_record(cfg: TrainConfig, mode: str, nproc: int, extra: dict[str, An
     """The launcher's `running` run record of a script run."""
     config = Config.written(
         mode=mode,
-        world_size=nproc if mode == "ddp" else 1,
+        world_size=nproc if mode in PROCESS_GROUP_MODES else 1,
         profile=ProfileConfig(**cfg.profile_kwargs()).settings(),
         warmup_steps=cfg.warmup_steps,
         **extra,
@@ -199,7 +203,7 @@ def run_script(args: argparse.Namespace, script_args: list[str]) -> int:
     args.runs_dir = str(user_path(args.runs_dir))
     cfg = config_from_namespace(args, mode="single", backend="auto", init_method="")
     mode = args.mode
-    nproc = (args.nproc or 2) if mode == "ddp" else 1
+    nproc = (args.nproc or 2) if mode in PROCESS_GROUP_MODES else 1
     sha = hashlib.sha256(script.read_bytes()).hexdigest()
     args.workload_name = workload_name(sha, script_args, args.workload)
     stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%S")
@@ -216,7 +220,11 @@ def run_script(args: argparse.Namespace, script_args: list[str]) -> int:
         env=_env(cfg, run_dir, args, nproc),
         log_path=launcher_log,
         logs=run_dir / "logs",
-        stall_s=cfg.collective_timeout + WATCHDOG_GRACE_S if mode == "ddp" else SCRIPT_STALL_S,
+        stall_s=(
+            cfg.collective_timeout + WATCHDOG_GRACE_S
+            if mode in PROCESS_GROUP_MODES
+            else SCRIPT_STALL_S
+        ),
     )
     lease.stop()
     final = end_script_run(

@@ -32,7 +32,7 @@ from profiler.runfolder.schema import (
 from profiler.runfolder.stepmetrics import step_metrics
 from workloads.config import TrainConfig
 from workloads.launch import faults
-from workloads.runrecord import run_record
+from workloads.runrecord import device_type, run_record
 from workloads.train.context import RunContext, unwrap_model
 from workloads.train.losses import best_epoch
 from workloads.train.workload import WorkloadFacts
@@ -125,7 +125,11 @@ def finish(
         cfg,
         ctx.plan,
         status="ok",
-        env=collect_env(threads_per_rank=threads, host_load=inst.recording.host.result),
+        env=collect_env(
+            threads_per_rank=threads,
+            device_type=device_type(ctx.plan),
+            host_load=inst.recording.host.result,
+        ),
         created_at=_created_at(run_dir),
         metrics=metrics,
         evals=Eval(

@@ -89,7 +89,9 @@ def build_instruments(
         warmup_steps=cfg.warmup_steps,
         planned_steps=planned - first_step,
     )
-    final = [SaveFinal(run_dir / "final.pt")] if cfg.save_final and ctx.is_main else []
+    # FSDP's full state dict is a collective: every rank takes part, rank 0 writes.
+    saves = ctx.is_main or ctx.mode == "fsdp"
+    final = [SaveFinal(run_dir / "final.pt", ctx)] if cfg.save_final and saves else []
     callbacks = Callbacks(
         [
             *rec.callbacks(),
