@@ -264,7 +264,7 @@ def test_sigterm_to_the_launcher_stops_every_process(runs_dir):
 
     assert [p for p in alive if running(p)] == []
     rec = read_run(run_dir)
-    assert rec.status == "failed" and rec.error.kind == "interrupted"
+    assert rec["status"] == "failed" and rec["error"]["kind"] == "interrupted"
     assert "SIGTERM" in rec["error"]["message"]
 
 
