@@ -41,13 +41,13 @@ RUN_FLAGS = --model $(MODEL) --dataset $(DATASET) --epochs $(EPOCHS) --max-steps
             --batch-size $(BATCH) --runs-dir "$(RUNS)" $(PROFILE_FLAGS)
 
 .PHONY: help setup profile-single profile-dp profile-ddp profile-all profile-script report demo tensorboard \
-        bench-analysis hta-orphans-reference gpu-check test test-fast docs lint format clean
+        bench-analysis hta-orphans-reference gpu-check test test-fast test-load golden docs lint format clean
 
 help:
 	@echo "dpscope targets: setup profile-single profile-dp profile-ddp profile-all profile-script profile-sweep"
 	@echo "                 report demo tensorboard tune-ddp bench-comm bench-projection"
 	@echo "                 bench bench-overhead bench-analysis bench-report hta-orphans-reference gpu-check"
-	@echo "                 test test-fast docs lint format clean"
+	@echo "                 test test-fast test-load golden docs lint format clean"
 	@echo "every target and variable: docs/reference/make.md; the dpscope command: docs/reference/cli.md"
 
 # Re-install only when requirements.txt or pyproject.toml changed (the stamp is newer otherwise):
@@ -130,6 +130,12 @@ test: setup
 
 test-fast: setup
 	$(PY) -m pytest -q -m "not integration"
+
+# The committed golden run set (tests/data/golden/: single, 2-rank DDP, comm and failed runs made
+# by the real launcher with tiny settings) that the analysis and report tests read. Re-run it
+# after a change of the run-folder format (tests/test_golden.py says when) and commit the folder.
+golden: setup
+	$(PY) -m bench.golden
 
 # docs/reference/cli.md from the argparse parsers, docs/benchmarks.md from reports/bench/*.json.
 docs: setup
