@@ -123,13 +123,20 @@ format: setup
 	$(PY) -m ruff format .
 	$(PY) -m ruff check --fix .
 
-# Everything (about 20 minutes on 2 cores); test-fast: the tests that start no process.
+# Everything (README: its measured time); test-fast: the tests that start no process.
 test: setup
 	$(PY) -m ruff check .
 	$(PY) -m pytest
 
 test-fast: setup
 	$(PY) -m pytest -q -m "not integration"
+
+# The whole suite beside a busy process on every core (bench/cpuhog.py: bounded, self-stopping):
+# every test that waits polls with a generous bound, so a loaded machine is slower, never red.
+LOAD_PROCS ?=
+test-load: setup
+	$(PY) -m bench.cpuhog $(if $(strip $(LOAD_PROCS)),--procs $(LOAD_PROCS)) --seconds 7200 \
+	    -- $(PY) -m pytest
 
 # The committed golden run set (tests/data/golden/: single, 2-rank DDP, comm and failed runs made
 # by the real launcher with tiny settings) that the analysis and report tests read. Re-run it

@@ -99,10 +99,10 @@ GOLDEN_RUNS: dict[str, GoldenRun] = {
 
 def make_run(
     run: GoldenRun, runs_dir: Path, *, extra: tuple[str, ...] = (), timeout: float = 600
-) -> Path:
-    """Make `run` with the real launcher into `runs_dir` (with `extra` launcher arguments);
-    return its folder. Raises GoldenRunError with the output when it ends with another exit
-    code."""
+) -> subprocess.CompletedProcess:
+    """Make `run` with the real launcher into `runs_dir / run.name` (with `extra` launcher
+    arguments); return the finished process (text output). Raises GoldenRunError with the
+    output when it ends with another exit code."""
     cmd = [sys.executable, "-m", run.module, *run.args, *extra]
     cmd += ["--run-id", run.name, "--runs-dir", str(runs_dir)]
     env = dict(os.environ, PYTHONUNBUFFERED="1", **run.env)
@@ -117,7 +117,7 @@ def make_run(
         raise GoldenRunError(
             f"golden run {run.name}: exit code {proc.returncode}, expected {run.exit_code}:\n{tail}"
         )
-    return runs_dir / run.name
+    return proc
 
 
 def machine_paths(runs_dir: Path) -> list[tuple[str, str]]:
@@ -161,7 +161,8 @@ def make_quiet(run: GoldenRun, runs_dir: Path, tries: int) -> Path:
     """make_run, again (up to `tries` times in all) while the busy-machine rule calls the run
     busy: the committed numbers should be a quiet machine's. The last try is kept either way."""
     for attempt in range(1, tries + 1):
-        folder = make_run(run, runs_dir)
+        make_run(run, runs_dir)
+        folder = runs_dir / run.name
         busy = busy_cores(folder)
         if busy is None:
             return folder

@@ -18,7 +18,7 @@ import shutil
 import socket
 import subprocess
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import nullcontext
 from pathlib import Path
 from unittest.mock import patch
@@ -195,21 +195,30 @@ def failed_run(tmp_path_factory) -> Path:
 FRESH_EXTRA = {"single-mlp": ("--checkpoint",), "ddp-gloo-mlp": ("--checkpoint",)}
 
 
-@pytest.fixture(scope="session")
-def fresh_golden(tmp_path_factory) -> Callable[[str], Path]:
-    """`fresh_golden(name)`: golden run `name` made now by the real launcher (as `make golden`
-    makes it, plus FRESH_EXTRA), once per session. The golden schema test compares each with
-    its committed folder; tests of what training or bench-comm writes read these."""
-    runs = tmp_path_factory.mktemp("fresh")
-    made: dict[str, Path] = {}
+class FreshRuns:
+    """`fresh(name)`: golden run `name` made now by the real launcher, as `make golden` makes it
+    (plus FRESH_EXTRA), into one folder, once per session; `fresh.output(name)`: its stdout."""
 
-    def fresh(name: str) -> Path:
-        if name not in made:
+    def __init__(self, runs: Path) -> None:
+        self.runs, self._out = runs, {}
+
+    def __call__(self, name: str) -> Path:
+        if name not in self._out:
             run = golden.GOLDEN_RUNS[name]
-            made[name] = golden.make_run(run, runs, extra=FRESH_EXTRA.get(name, ()))
-        return made[name]
+            proc = golden.make_run(run, self.runs, extra=FRESH_EXTRA.get(name, ()))
+            self._out[name] = proc.stdout
+        return self.runs / name
 
-    return fresh
+    def output(self, name: str) -> str:
+        self(name)
+        return self._out[name]
+
+
+@pytest.fixture(scope="session")
+def fresh_golden(tmp_path_factory) -> FreshRuns:
+    """Golden runs made now (FreshRuns): the golden schema test compares each with its committed
+    folder, and the tests of what training and bench-comm write read them."""
+    return FreshRuns(tmp_path_factory.mktemp("fresh"))
 
 
 def no_torch_env(tmp_path: Path) -> dict[str, str]:

@@ -163,20 +163,16 @@ def test_make_passes_runs_with_a_space_as_one_folder(tmp_path):
 # --- real runs -------------------------------------------------------------------------------
 
 
-def test_a_crashing_rank_marks_the_run_failed(runs_dir, monkeypatch):
-    monkeypatch.setenv("DPSCOPE_FAIL_RANK", "1")
-    monkeypatch.setenv("DPSCOPE_FAIL_STEP", "2")
-    ddp = "--mode ddp --nproc 2 --backend gloo --run-id crash".split()
-    proc = launch([*ddp, "--runs-dir", str(runs_dir), *FAST], check=False)
-    assert proc.returncode == 1
-    run = read_run(runs_dir / "crash")
+def test_a_crashing_rank_marks_the_run_failed(fresh_golden):
+    """The golden failed run made now: DDP, rank 1 raises at step 2 (DPSCOPE_FAIL_RANK)."""
+    run = read_run(fresh_golden("failed-ddp-mlp"))  # the launcher exited with 1 (make_run)
     assert run["status"] == "failed"
     err = run["error"]
     assert (err["rank"], err["exit_code"]) == (1, 1)
     assert "rank 1 failed" in err["message"] and "injected failure on rank 1" in err["message"]
     assert any("RuntimeError: injected failure" in line for line in err["log_tail"])
     assert run["config"]["world_size"] == 2  # the launcher's record survives the crash
-    assert "status: failed" in proc.stdout
+    assert "status: failed" in fresh_golden.output("failed-ddp-mlp")
 
 
 def test_two_nodes_on_loopback(runs_dir):
@@ -225,6 +221,10 @@ def _mode_all(runs_dir, nproc: int) -> tuple[subprocess.CompletedProcess, dict, 
         for r in (read_run(d) for d in runs_dir.iterdir())
     }
     assert set(runs) == set(ALL)
+    # Made in ALL's order: each seed of `make profile-all` runs single, then DP, then DDP
+    # (test_interleave: the seeds in turn), so drift hits every mode alike.
+    made = sorted(runs, key=lambda k: (runs[k]["created_at"], ALL.index(k)))
+    assert made == list(ALL), made
     return proc, runs, tuple(runs[k]["status"] for k in ALL)
 
 

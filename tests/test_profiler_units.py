@@ -7,6 +7,7 @@ checks our bookkeeping (one host sync per step, one entry per device, UUID match
 
 from __future__ import annotations
 
+import gc
 import gzip
 import json
 import re
@@ -164,18 +165,26 @@ def test_memory_cpu_real_rss():
     first = tracker.step_sample()
     assert first["rss_bytes"] > 0 and first["cuda_allocated_bytes"] is None
     tracker.mark_first_step()
-    # The RSS right before the block, not the first sample's: the process may have returned
-    # memory to the OS in between (a previous test's garbage), so the peak can sit below the
-    # first sample + 64 MiB while still having seen the whole block.
-    baseline = psutil.Process().memory_info().rss
-    block = bytearray(64 * 1024 * 1024)  # touch 64 MiB so the peak must rise
-    block[::4096] = b"x" * len(block[::4096])
-    # The daemon sampler alone must see the block. On a loaded machine its 10 ms wake-up can
-    # be late, so wait for it (bounded) instead of sleeping a fixed time.
-    deadline = time.monotonic() + 10.0
-    while tracker._peak_rss < baseline + 60 * 1024 * 1024 and time.monotonic() < deadline:
-        time.sleep(0.01)
-    del block
+    # Nothing may return memory to the OS while the block is measured: a collection of an
+    # earlier test's garbage in between would lower the RSS the block is added to. So collect
+    # first and hold the collector (the RSS right before the block is the baseline, not the
+    # first sample's: the process may have returned memory to the OS since).
+    gc.collect()
+    gc.disable()
+    try:
+        baseline = psutil.Process().memory_info().rss
+        block = bytearray(64 * 1024 * 1024)  # touch 64 MiB so the peak must rise
+        block[::4096] = b"x" * len(block[::4096])
+        with_block = psutil.Process().memory_info().rss
+        assert with_block >= baseline + 60 * 1024 * 1024, "the block did not raise the RSS"
+        # The daemon sampler alone must see the block. On a loaded machine its 10 ms wake-up
+        # can be late, so wait for it (bounded, generously) instead of sleeping a fixed time.
+        deadline = time.monotonic() + 60.0
+        while tracker._peak_rss < baseline + 60 * 1024 * 1024 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        del block
+    finally:
+        gc.enable()
     tracker.stop()
     (entry,) = tracker.summary()
     (early,) = tracker.summary_after_first_step()
