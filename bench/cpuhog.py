@@ -21,11 +21,11 @@ import sys
 import time
 
 from profiler.runfolder.errors import OneLineParser
+from workloads.launch.child import child_env
 
 __all__ = ["main", "spin", "start_hogs", "stop_hogs"]
 
 CHECK_S = 0.1  # how often a hog looks at its deadline and its parent
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # bench/ importable from it
 
 
 def spin(deadline: float, parent: int, duty: float, period_s: float) -> None:
@@ -52,8 +52,7 @@ def start_hogs(
     """Start `procs` hog processes that stop by themselves after `seconds` (or with this one)."""
     argv = [sys.executable, "-m", "bench.cpuhog", "--hog", str(os.getpid())]
     argv += ["--seconds", str(seconds), "--duty", str(duty), "--period-s", str(period_s)]
-    path = os.pathsep.join(p for p in (ROOT, os.environ.get("PYTHONPATH", "")) if p)
-    env = dict(os.environ, PYTHONPATH=path)
+    env = child_env()  # bench/ importable from any folder
     return [subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL) for _ in range(procs)]
 
 

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import shutil
 import subprocess
 import sys
@@ -34,6 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from profiler.runfolder.hostload import is_busy
+from workloads.launch.child import PACKAGE_ROOT, child_env
 
 __all__ = [
     "GOLDEN",
@@ -47,8 +47,7 @@ __all__ = [
     "scrub",
 ]
 
-REPO = Path(__file__).resolve().parents[1]
-GOLDEN = REPO / "tests" / "data" / "golden"
+GOLDEN = PACKAGE_ROOT / "tests" / "data" / "golden"
 
 # The tiny profiled workload of both training runs (launcher arguments). On CPU even where a GPU
 # exists, so the set is the same on every machine.
@@ -105,13 +104,11 @@ def make_run(
     output when it ends with another exit code."""
     cmd = [sys.executable, "-m", run.module, *run.args, *extra]
     cmd += ["--run-id", run.name, "--runs-dir", str(runs_dir)]
-    env = dict(os.environ, PYTHONUNBUFFERED="1", **run.env)
+    env = child_env(PYTHONUNBUFFERED="1", **run.env)
     for hook in ("DPSCOPE_FAIL_RANK", "DPSCOPE_FAIL_STEP"):  # only the failed run's own hooks
         if hook not in run.env:
             env.pop(hook, None)
-    proc = subprocess.run(
-        cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout, check=False
-    )
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
     if proc.returncode != run.exit_code:
         tail = (proc.stdout + proc.stderr)[-3000:]
         raise GoldenRunError(
@@ -127,7 +124,7 @@ def machine_paths(runs_dir: Path) -> list[tuple[str, str]]:
         str(runs_dir): "runs",
         sys.executable: "python",
         str(Path(sys.executable).resolve()): "python",
-        str(REPO): "dpscope",
+        str(PACKAGE_ROOT): "dpscope",
         sys.prefix: "python",
         sys.base_prefix: "python",
         str(Path.home()): "home",

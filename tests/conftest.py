@@ -11,6 +11,7 @@ with that message, so `make test-fast` (the unmarked tests) stays a fast, proces
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import platform
@@ -18,8 +19,8 @@ import shutil
 import socket
 import subprocess
 import sys
-from collections.abc import Iterator
-from contextlib import nullcontext
+from collections.abc import Callable, Iterator
+from contextlib import nullcontext, redirect_stderr, redirect_stdout
 from pathlib import Path
 from unittest.mock import patch
 
@@ -109,6 +110,22 @@ def run_in_repo(
 ) -> subprocess.CompletedProcess:
     """Run `cmd` from the repo root with text output captured; return the finished process."""
     return subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout)
+
+
+def in_process(
+    main: Callable[[list[str]], int | None], argv: list[str]
+) -> subprocess.CompletedProcess:
+    """A command's `main(argv)` run in this process, as `python -m ...` would run it but without
+    an interpreter and its imports: its exit code (argparse's SystemExit too) and what it printed
+    to stdout and stderr, in the shape subprocess.run returns."""
+    out, err = io.StringIO(), io.StringIO()
+    with redirect_stdout(out), redirect_stderr(err):
+        try:
+            code = main(argv)
+        except SystemExit as exit_:
+            code = exit_.code
+    code = 0 if code is None else code if isinstance(code, int) else 1
+    return subprocess.CompletedProcess(argv, code, out.getvalue(), err.getvalue())
 
 
 def launch(
