@@ -50,9 +50,11 @@ __all__ = [
 GOLDEN = PACKAGE_ROOT / "tests" / "data" / "golden"
 
 # The tiny profiled workload of both training runs (launcher arguments). On CPU even where a GPU
-# exists, so the set is the same on every machine.
+# exists, and one thread per rank whatever the core count, so the set is the same on every
+# machine (and a single-device run is not slowed 30-fold by a neighbour on a 2-core machine).
 TINY = (
-    "--model mlp --dataset synthetic --max-steps 8 --batch-size 64 --epochs 1 --seed 0 --device cpu"
+    "--model mlp --dataset synthetic --max-steps 8 --batch-size 64 --epochs 1 --seed 0 "
+    "--device cpu --threads 1"
 ).split()
 DDP = "--mode ddp --nproc 2 --backend gloo".split()
 COMM = "--backend gloo --nproc 2 --iters 3 --warmup 1 --gap-iters 2".split() + [
