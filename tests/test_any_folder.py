@@ -1,6 +1,7 @@
 """Issue 21 item 1: dpscope's commands work from any folder. Run from a temp folder outside the
-repository with only PYTHONPATH pointing at it (as a pip or notebook user would), the launcher,
-the sweep and bench-comm write exactly where a relative path asks, and nothing into the repo.
+repository with only PYTHONPATH pointing at it (as a pip or notebook user would), `dpscope
+profile` and the launcher write exactly where a relative path asks, and nothing into the repo
+(the sweep: tests/test_sweep.py; bench-comm: tests/test_project_runs.py, from such folders too).
 Real launcher, real torchrun (gloo) on CPU, tiny sizes."""
 
 from __future__ import annotations
@@ -55,16 +56,19 @@ def elsewhere(tmp_path: Path) -> Path:
 
 
 @pytest.mark.parametrize(
-    ("rid", "mode"),
+    ("rid", "command"),
     [
-        ("af-single", ["--mode", "single"]),
-        ("af-ddp", "--mode ddp --backend gloo --nproc 2".split()),
+        # `dpscope profile` (the launcher inside the dpscope command) and the launcher itself
+        ("af-single", "workloads.tools.cli profile --mode single".split()),
+        ("af-ddp", "workloads.launch --mode ddp --backend gloo --nproc 2".split()),
     ],
 )
 @pytest.mark.integration
-def test_the_launcher_writes_an_ok_run_folder_where_a_relative_runs_dir_says(elsewhere, rid, mode):
-    proc = _from(elsewhere, "workloads.launch", *mode, "--runs-dir", "runs_x", "--run-id", rid,
-                 *TINY.split())  # fmt: skip
+def test_the_launcher_writes_an_ok_run_folder_where_a_relative_runs_dir_says(
+    elsewhere, rid, command
+):
+    module, *mode = command
+    proc = _from(elsewhere, module, *mode, "--runs-dir", "runs_x", "--run-id", rid, *TINY.split())
     assert proc.returncode == 0, proc.stdout + proc.stderr
     run_dir = elsewhere / "runs_x" / rid
     run = read_run(run_dir)
@@ -79,29 +83,6 @@ def test_the_launcher_writes_an_ok_run_folder_where_a_relative_runs_dir_says(els
     assert f"run folder: {run_dir}  status: ok" in proc.stdout
     assert sorted(p.name for p in elsewhere.iterdir()) == ["runs_x"]
     _nothing_in_repo("runs_x", rid)
-
-
-@pytest.mark.integration
-def test_sweep_from_another_folder_writes_its_runs_there(elsewhere):
-    args = ["--modes", "single", "--nprocs", "1", "--sweep", "afsweep", "--runs-dir", "out/sw"]
-    proc = _from(elsewhere, "workloads.tools.sweep", *args, *TINY.split(), timeout=300)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    runs = elsewhere / "out" / "sw"
-    assert read_run(runs / "afsweep-single-n1-s0")["status"] == "ok"
-    assert (runs / ".afsweep.log").is_file()
-    _nothing_in_repo("afsweep-single-n1-s0", ".afsweep.log")
-
-
-@pytest.mark.integration
-def test_bench_comm_from_another_folder_writes_its_run_there(elsewhere):
-    args = "--backend gloo --nproc 2 --sizes 1024 --iters 2 --warmup 1 --collectives all_reduce"
-    proc = _from(elsewhere, "workloads.comm.bench", *args.split(), "--runs-dir", "c",
-                 "--run-id", "af-comm")  # fmt: skip
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    run = read_run(elsewhere / "c" / "af-comm")
-    assert run["status"] == "ok" and run["metrics"]["checks"] == {"all_reduce": "ok"}
-    assert (elsewhere / "c" / "af-comm" / "comm.csv").is_file()
-    _nothing_in_repo("af-comm")
 
 
 def test_user_paths_are_resolved_against_the_users_folder_once(elsewhere, monkeypatch):

@@ -32,33 +32,37 @@ def test_combinations_include_ddp_at_world_one_and_one_single_per_seed():
 
 
 @pytest.mark.integration
-def test_sweep_runs_skips_and_resumes(tmp_path, capsys):
+def test_sweep_runs_skips_and_resumes(tmp_path, capsys, monkeypatch):
+    """From a folder outside the repository with a relative RUNS (as a user runs it): the runs
+    land there, every launcher child started in that folder, nothing written into the repo."""
+    monkeypatch.chdir(tmp_path)
     args = ["--nprocs", "1", "--modes", "single ddp", "--backends", "gloo nccl", "--sweep", "t"]
-    code, _ = _sweep(args, tmp_path, capsys)
+    code, _ = _sweep(args, "out/sw", capsys)
     assert code == 0
-    status = {p.name: read_run(p)["status"] for p in tmp_path.iterdir() if p.is_dir()}
+    runs = tmp_path / "out" / "sw"
+    assert (runs / ".t.log").is_file()
+    assert not [p for p in REPO.rglob("t-single-n1-s0") if ".git" not in p.parts]
+    status = {p.name: read_run(p)["status"] for p in runs.iterdir() if p.is_dir()}
     assert status == {
         "t-single-n1-s0": "ok",
         "t-ddp-gloo-n1-s0": "ok",
         "t-ddp-nccl-n1-s0": "skipped",
     }
     for name in status:
-        assert read_run(tmp_path / name)["config"]["sweep_id"] == "t"
-    assert (
-        "--backend nccl needs CUDA" in read_run(tmp_path / "t-ddp-nccl-n1-s0")["error"]["message"]
-    )
+        assert read_run(runs / name)["config"]["sweep_id"] == "t"
+    assert "--backend nccl needs CUDA" in read_run(runs / "t-ddp-nccl-n1-s0")["error"]["message"]
 
     # An interrupted sweep: one run left `failed`. The re-run keeps the ok one untouched, moves
     # the failed attempt aside (not deleted) and runs it again.
-    ok_record = (tmp_path / "t-ddp-gloo-n1-s0" / "run.json").read_text()
-    failed = tmp_path / "t-single-n1-s0" / "run.json"
+    ok_record = (runs / "t-ddp-gloo-n1-s0" / "run.json").read_text()
+    failed = runs / "t-single-n1-s0" / "run.json"
     failed.write_text(json.dumps({**json.loads(failed.read_text()), "status": "failed"}))
-    code, out = _sweep(args, tmp_path, capsys)
+    code, out = _sweep(args, runs, capsys)
     assert code == 0
     assert "1 done earlier" in out
-    assert (tmp_path / "t-ddp-gloo-n1-s0" / "run.json").read_text() == ok_record
-    assert read_run(tmp_path / "t-single-n1-s0")["status"] == "ok"
-    (moved,) = (tmp_path / ".replaced").iterdir()
+    assert (runs / "t-ddp-gloo-n1-s0" / "run.json").read_text() == ok_record
+    assert read_run(runs / "t-single-n1-s0")["status"] == "ok"
+    (moved,) = (runs / ".replaced").iterdir()
     assert moved.name.startswith("t-single-n1-s0-") and read_run(moved)["status"] == "failed"
 
 
