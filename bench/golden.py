@@ -29,6 +29,7 @@ import subprocess
 import sys
 import tempfile
 from collections.abc import Mapping
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -44,6 +45,7 @@ __all__ = [
     "machine_paths",
     "main",
     "make_run",
+    "make_runs",
     "scrub",
 ]
 
@@ -117,6 +119,20 @@ def make_run(
             f"golden run {run.name}: exit code {proc.returncode}, expected {run.exit_code}:\n{tail}"
         )
     return proc
+
+
+def make_runs(
+    runs: dict[str, tuple[str, ...]], runs_dir: Path, *, timeout: float = 600
+) -> dict[str, subprocess.CompletedProcess]:
+    """make_run for every {name: extra arguments} at once (their start-up mostly waits on one
+    core, so two cores finish them sooner together); {name: finished process}. The first
+    GoldenRunError is raised once all have ended."""
+    with ThreadPoolExecutor(max_workers=len(runs) or 1) as pool:
+        futures = {
+            name: pool.submit(make_run, GOLDEN_RUNS[name], runs_dir, extra=extra, timeout=timeout)
+            for name, extra in runs.items()
+        }
+    return {name: future.result() for name, future in futures.items()}
 
 
 def machine_paths(runs_dir: Path) -> list[tuple[str, str]]:
