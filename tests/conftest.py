@@ -141,6 +141,16 @@ def launch(
     return proc
 
 
+def in_repo(*names: str) -> list[Path]:
+    """Files or folders of these names anywhere in the repository, outside .git and .venv (a
+    walk that skips those trees: in CI the venv is a folder of the clone)."""
+    found = []
+    for folder, dirs, files in os.walk(REPO):
+        dirs[:] = [d for d in dirs if d not in (".git", ".venv")]
+        found += [Path(folder) / n for n in (*dirs, *files) if n in names]
+    return found
+
+
 def free_port() -> int:
     """A loopback TCP port free right now."""
     with socket.socket() as s:

@@ -12,11 +12,12 @@ import json
 import os
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO, read_run
+from tests.conftest import REPO, in_repo, read_run
 from workloads.launch import launcher
 from workloads.launch.child import PACKAGE_ROOT, child_env, user_path
 
@@ -41,9 +42,8 @@ def _from(
 
 def _nothing_in_repo(*names: str) -> None:
     """No file or folder of these names appeared anywhere in the repository."""
-    for name in names:
-        found = [p for p in REPO.rglob(name) if ".git" not in p.parts]
-        assert not found, f"written into the repository: {found}"
+    found = in_repo(*names)
+    assert not found, f"written into the repository: {found}"
 
 
 @pytest.fixture
@@ -55,25 +55,42 @@ def elsewhere(tmp_path: Path) -> Path:
     return folder
 
 
-@pytest.mark.parametrize(
-    ("rid", "command"),
-    [
-        # `dpscope profile` (the launcher inside the dpscope command) and the launcher itself
-        ("af-single", "workloads.tools.cli profile --mode single".split()),
-        ("af-ddp", "workloads.launch --mode ddp --backend gloo --nproc 2".split()),
-    ],
-)
+# `dpscope profile` (the launcher inside the dpscope command) and the launcher itself.
+COMMANDS = {
+    "af-single": "workloads.tools.cli profile --mode single".split(),
+    "af-ddp": "workloads.launch --mode ddp --backend gloo --nproc 2".split(),
+}
+
+
+@pytest.fixture(scope="module")
+def from_elsewhere(tmp_path_factory) -> dict[str, tuple[Path, subprocess.CompletedProcess]]:
+    """Each of COMMANDS run from its own folder outside the repository (a space in its name),
+    both at once: {run id: (that folder, the finished process)}."""
+    folders = {}
+    for rid in COMMANDS:
+        folders[rid] = tmp_path_factory.mktemp(rid) / "user folder"
+        folders[rid].mkdir()
+        assert not folders[rid].resolve().is_relative_to(REPO.resolve())
+
+    def run(rid: str) -> subprocess.CompletedProcess:
+        module, *mode = COMMANDS[rid]
+        args = [*mode, "--runs-dir", "runs_x", "--run-id", rid, *TINY.split()]
+        return _from(folders[rid], module, *args)
+
+    with ThreadPoolExecutor(max_workers=len(COMMANDS)) as pool:
+        futures = {rid: pool.submit(run, rid) for rid in COMMANDS}
+    return {rid: (folders[rid], future.result()) for rid, future in futures.items()}
+
+
+@pytest.mark.parametrize("rid", list(COMMANDS))
 @pytest.mark.integration
-def test_the_launcher_writes_an_ok_run_folder_where_a_relative_runs_dir_says(
-    elsewhere, rid, command
-):
-    module, *mode = command
-    proc = _from(elsewhere, module, *mode, "--runs-dir", "runs_x", "--run-id", rid, *TINY.split())
+def test_the_launcher_writes_an_ok_run_folder_where_a_relative_runs_dir_says(from_elsewhere, rid):
+    elsewhere, proc = from_elsewhere[rid]
     assert proc.returncode == 0, proc.stdout + proc.stderr
     run_dir = elsewhere / "runs_x" / rid
     run = read_run(run_dir)
     assert run["status"] == "ok", run["error"]
-    assert run["config"]["world_size"] == (2 if "ddp" in mode else 1)
+    assert run["config"]["world_size"] == (2 if "ddp" in COMMANDS[rid] else 1)
     with open(run_dir / "steps.csv", newline="") as f:
         ranks = {row["rank"] for row in csv.DictReader(f)}
     assert len(ranks) == run["config"]["world_size"]  # every rank wrote its steps there

@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from tests.conftest import REPO, read_run
+from tests.conftest import REPO, in_repo, read_run
 from workloads.tools import sweep
 
 FAST = "--model mlp --dataset synthetic --max-steps 4 --batch-size 32 --no-profile --device cpu"
@@ -41,7 +41,7 @@ def test_sweep_runs_skips_and_resumes(tmp_path, capsys, monkeypatch):
     assert code == 0
     runs = tmp_path / "out" / "sw"
     assert (runs / ".t.log").is_file()
-    assert not [p for p in REPO.rglob("t-single-n1-s0") if ".git" not in p.parts]
+    assert not in_repo("t-single-n1-s0", ".t.log")
     status = {p.name: read_run(p)["status"] for p in runs.iterdir() if p.is_dir()}
     assert status == {
         "t-single-n1-s0": "ok",
