@@ -103,7 +103,7 @@ tensorboard: setup
 
 bench-analysis: setup
 	$(PY) -m pip install -q -r requirements-bench.txt
-	$(PY) -m bench.analysis
+	$(PY) -m bench.analysis $(if $(filter %.json,$(BENCH_OUT)),,$(if $(BENCH_OUT),--json $(BENCH_OUT)))
 	$(PY) -m bench.scaling $(if $(BENCH_OUT),--json $(BENCH_OUT))
 
 hta-orphans-reference: setup

@@ -7,6 +7,8 @@ The Python API (analysis/api.py; docs/reference/api.md):
 - `load_runs(*paths) -> DataFrame`: one row per run, the report's run table, units in the names;
 - `collectives(*paths) -> DataFrame`: one row per (run, collective);
 - `build_report(*paths, out=...) -> Path`: the HTML report; returns index.html.
+- `load_steps / load_collectives / load_ops / load_memory(folder) -> DataFrame`: the Parquet
+  tables of a report folder or of `dpscope traces DIR --parquet DIR`.
 
 Bad input raises `InputError` (or `ReportError` from build_report), both `UserError`s whose
 message is one line naming the path and the fix. Definitions of every number:
@@ -18,7 +20,11 @@ from analysis.api import (
     build_report,
     collectives,
     compare_runs,
+    load_collectives,
+    load_memory,
+    load_ops,
     load_runs,
+    load_steps,
 )
 from profiler.runfolder.errors import InputError, UserError
 
@@ -40,5 +46,9 @@ __all__ = [
     "build_report",
     "collectives",
     "compare_runs",
+    "load_collectives",
+    "load_memory",
+    "load_ops",
     "load_runs",
+    "load_steps",
 ]

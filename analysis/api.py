@@ -5,6 +5,7 @@
     comm = dp.collectives("runs")               # one row per (run, collective)
     traces = dp.analyze_traces("runs/<id>/traces")
     page = dp.build_report("runs", out="reports")
+    steps = dp.load_steps("reports")            # Parquet tables of a report (or --parquet) folder
 
 Every function takes run folders or folders of run folders (as `dpscope runs`), is silent unless
 `progress=True`, and raises `analysis.InputError` (one line naming the path and the fix) for
@@ -26,7 +27,11 @@ __all__ = [
     "build_report",
     "collectives",
     "compare_runs",
+    "load_collectives",
+    "load_memory",
+    "load_ops",
     "load_runs",
+    "load_steps",
 ]
 
 PathLike = str | Path
@@ -45,23 +50,81 @@ def _paths(paths: tuple[PathLike, ...]) -> list[Path]:
 
 
 def analyze_traces(
-    trace_dir: PathLike, *, workers: int | None = None, progress: bool = False
+    trace_dir: PathLike,
+    *,
+    workers: int | None = None,
+    progress: bool = False,
+    executor: str = "process",
+    scheduler: str | None = None,
+    scheduler_file: PathLike | None = None,
+    cache: bool | None = None,
+    clock_align: str = "auto",
 ) -> dict[str, Any]:
     """The traces JSON (`dpscope traces DIR --json`) of one folder of per-rank Kineto traces:
-    per-rank compute/communication/overlap, per-collective bandwidth, stragglers, warnings and
-    the files skipped with their reason. Fields: docs/reference/schemas.md."""
+    per-rank compute/communication/overlap, clock offsets, per-collective bandwidth,
+    stragglers, warnings and the files skipped with their reason. Fields:
+    docs/reference/schemas.md. `clock_align`: off | auto | force (`--clock-align`). `executor="dask"`
+    runs the per-rank reductions on a Dask cluster (a LocalCluster without `scheduler` or
+    `scheduler_file`); `cache=True` keeps each rank's summary beside its trace
+    (None: DPSCOPE_TRACE_CACHE decides)."""
+    from analysis.trace.cache import cache_enabled
+    from analysis.trace.executors import Executor
     from analysis.trace.folder import analyze_trace_dir
 
-    return analyze_trace_dir(Path(trace_dir), workers=workers, progress=progress)
+    ex = Executor(
+        kind=executor,
+        scheduler=scheduler,
+        scheduler_file=Path(scheduler_file) if scheduler_file is not None else None,
+        cache=cache_enabled(cache),
+    )
+    return analyze_trace_dir(
+        Path(trace_dir), workers=workers, progress=progress, executor=ex, clock_align=clock_align
+    )
 
 
-def compare_runs(*paths: PathLike, traces: bool = True, progress: bool = False) -> dict[str, Any]:
+def load_steps(path: PathLike) -> pd.DataFrame:
+    """One row per (run, rank, analysed step) from `steps.parquet` in `path` (a report folder
+    or a `dpscope traces --parquet` folder) or that file: step, compute, comm, exposed comm,
+    overlap, busy, idle and data-wait time, µs."""
+    from analysis.parquet import load_table
+
+    return load_table(Path(path), "steps")
+
+
+def load_collectives(path: PathLike) -> pd.DataFrame:
+    """One row per collective call per rank from `collectives.parquet`: start/end on the job's
+    common clock, latency, device, transfer and sync time (µs), bytes, group size."""
+    from analysis.parquet import load_table
+
+    return load_table(Path(path), "collectives")
+
+
+def load_ops(path: PathLike) -> pd.DataFrame:
+    """One row per (run, rank, operator) from `ops.parquet`: calls, self and total µs per step,
+    % of the step."""
+    from analysis.parquet import load_table
+
+    return load_table(Path(path), "ops")
+
+
+def load_memory(path: PathLike) -> pd.DataFrame:
+    """The allocated-bytes timeline per (run, rank, device) from `memory.parquet` (t_us,
+    allocated_bytes)."""
+    from analysis.parquet import load_table
+
+    return load_table(Path(path), "memory")
+
+
+def compare_runs(
+    *paths: PathLike, traces: bool = True, progress: bool = False, clock_align: str = "auto"
+) -> dict[str, Any]:
     """The runs JSON (`dpscope runs ... --json`): every run with its throughput, speedup,
     efficiency, phases, memory and accuracy, groups of seeds, tune folders, and the folders
-    skipped or invalid with their reason. `traces=False` skips the trace analysis."""
+    skipped or invalid with their reason. `traces=False` skips the trace analysis;
+    `clock_align` is analyze_traces'."""
     from analysis.runs.compare import compare_runs as compare
 
-    return compare(_paths(paths), progress=progress, traces=traces)
+    return compare(_paths(paths), progress=progress, traces=traces, clock_align=clock_align)
 
 
 def load_runs(*paths: PathLike, traces: bool = True, progress: bool = False) -> pd.DataFrame:
@@ -101,10 +164,13 @@ def collectives(*paths: PathLike, progress: bool = False) -> pd.DataFrame:
     return frame if len(frame) else pd.DataFrame(columns=[c.key for c in COLLECTIVE_COLS])
 
 
-def build_report(*paths: PathLike, out: PathLike = "reports", progress: bool = False) -> Path:
+def build_report(
+    *paths: PathLike, out: PathLike = "reports", progress: bool = False, clock_align: str = "auto"
+) -> Path:
     """Write the HTML report (index.html, summary.json, the CSV tables) into `out` from the run
-    folders in `paths`; return the path of index.html. Raises ReportError (an InputError's
-    sibling: one line) for a missing folder or an output that would overwrite an input."""
+    folders in `paths` (trace clocks aligned per `clock_align`); return the path of index.html.
+    Raises ReportError (an InputError's sibling: one line) for a missing folder or an output
+    that would overwrite an input."""
     from analysis.report.build import build_report as build
 
-    return build(_paths(paths), Path(out), progress=progress).index_html
+    return build(_paths(paths), Path(out), progress=progress, clock_align=clock_align).index_html

@@ -44,6 +44,9 @@ class Column:
     std_key: str | None = None  # kind "pm": the row key holding the standard deviation
     scale: float = 1.0  # kinds "num"/"pm": shown value = stored value × scale (ratio → %)
     wrap: bool = False  # long free text (reasons, links) may wrap; ids and numbers never do
+    # The row key of a text that replaces the number when present (the runs JSON decides it:
+    # a profiler overhead within noise shows as "within noise (±N%)"); the raw value stays.
+    text_key: str | None = None
 
     def __post_init__(self) -> None:
         kinds = {"text", "num", "int", "bytes", "frac_pct", "pm", "links"}
@@ -69,6 +72,8 @@ def missing(v: Any) -> bool:
 
 def fmt(value: Any, col: Column, row: dict[str, Any] | None = None) -> str:
     """Display text for one cell (units are in the header); missing values show as an em dash."""
+    if col.text_key and isinstance(text := (row or {}).get(col.text_key), str) and text:
+        return clip(text, CELL_CHARS)
     if missing(value):
         return "—"
     if col.kind == "bytes":
@@ -124,7 +129,21 @@ SUMMARY_COLS = [
     C(key="exposed_comm_pct", label="Exposed comm", unit="% of step", kind="num", digits=1),
     mib(key="peak_memory_bytes", label="Peak memory"),
     num1(key="memory_imbalance_pct", label="Memory imbalance", unit="% more, fullest vs emptiest"),
-    num1(key="profiler_overhead_pct", label="Profiler overhead", unit="% per traced step"),
+    C(
+        key="baseline_noise_pct",
+        label="Noise",
+        unit="% spread of the single runs",
+        kind="num",
+        digits=1,
+    ),  # fmt: skip
+    C(
+        key="profiler_overhead_pct",
+        label="Profiler overhead",
+        unit="% per traced step",
+        kind="num",
+        digits=1,
+        text_key="profiler_overhead_note",
+    ),  # fmt: skip
     C(key="top1_pct", label="Top-1", unit="%", kind="num"),
     C(key="os", label="Platform"),
     C(key="label", label="Label"),
@@ -180,6 +199,8 @@ STRAGGLER_COLS = [
     ms_of_us(key="start_skew_us_mean", label="Collective start skew, mean", unit="ms"),
     ms_of_us(key="start_skew_us_max", label="Collective start skew, max", unit="ms"),
     C(key="straggler_score", label="Straggler score", unit="ratio", kind="num"),
+    C(key="clock_offset_us", label="Clock offset vs rank 0", unit="µs", kind="num", digits=1),
+    C(key="clock_offset_uncertainty_us", label="± (offset)", unit="µs", kind="num", digits=1),
     C(key="spread_pct", label="Step-time spread over ranks", unit="%", kind="num", digits=1),
 ]
 MEMORY_COLS = [

@@ -1,11 +1,14 @@
-"""`make bench-analysis`: dpscope vs HTA on the same 8-rank trace set, in one run.
+"""`make bench-analysis`: dpscope vs HTA 0.5.0 on the same 8-rank trace set, side by side in one run.
 
 The set is the real df_index_resolver trace (216k events, 54 MB of JSON) copied to 8 ranks with
-`distributedInfo` rewritten, in a temp folder. Each tool runs in its own fresh subprocess (import
+`distributedInfo` rewritten, in a temp folder. Each arm runs in its own fresh subprocess (import
 cost excluded from the timed part, reported separately) doing the same job: load every rank,
-temporal breakdown, comm/comp overlap. Peak memory is sampled with psutil over the subprocess and
-all its children (HTA and dpscope both fork workers): the sum over the tree and the largest
-process. Prints both tools' numbers and the ratios; target: >= 5x faster, <= 1/2 the peak memory.
+temporal breakdown, comm/comp overlap. The arms run interleaved, `--repeats` rounds (>= 3), and
+the medians are compared: dpscope (no cache: every trace decoded), HTA, and dpscope again with
+its trace cache warm (a second report of the same traces, on its own copy of the set). Peak
+memory is sampled with psutil over each job's process tree (both tools fork workers): the sum of
+each process's peak, and the largest process. Targets: >= 10x HTA's speed (uncached) at <= 1/2
+its peak memory. Results: reports/bench/hta.json (docs/benchmarks.md).
 """
 
 from __future__ import annotations
@@ -13,43 +16,63 @@ from __future__ import annotations
 import argparse
 import gzip
 import json
+import os
 import re
-import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import psutil
 
-from bench.common import TEST_DATA
-from workloads.launch.child import child_env
+from analysis.trace.cache import CACHE_ENV
+from bench.common import TEST_DATA, bench_out, interleaved, median, run_tree, write_json
 
 __all__ = ["main"]
 
 SOURCE = TEST_DATA / "hta" / "df_index_resolver" / "df_index_resolver.json.gz"
 
-# Each job prints one JSON line {"seconds": ...}: wall time of the analysis itself.
-DPSCOPE_JOB = """
-import json, sys, time
-from analysis.trace.folder import analyze_trace_dir
-t = time.perf_counter()
-r = analyze_trace_dir(sys.argv[1], progress=False)
-print(json.dumps({"seconds": time.perf_counter() - t, "ranks": len(r["ranks"]),
-                  "overlap_pct": [x["overlap_pct"] for x in r["ranks"]]}))
+# Each job prints one JSON line {"seconds": ...}: wall time of the analysis itself. argv: the
+# trace folder, then optionally the executor (process | dask) and the worker count.
+# `cpu_s`: CPU seconds (user + system) of the job and its reaped workers during the analysis
+# (Linux/macOS; None elsewhere): less sensitive than wall time to other jobs on a busy host.
+CPU = """
+def cpu():
+    try:
+        import resource
+    except ImportError:
+        return None
+    return sum(x.ru_utime + x.ru_stime for x in (resource.getrusage(resource.RUSAGE_SELF),
+                                                 resource.getrusage(resource.RUSAGE_CHILDREN)))
 """
-HTA_JOB = """
+DPSCOPE_JOB = (
+    CPU
+    + """
+import json, sys, time
+from analysis.trace.executors import Executor
+from analysis.trace.folder import analyze_trace_dir
+kind = sys.argv[2] if len(sys.argv) > 2 else "process"
+workers = int(sys.argv[3]) if len(sys.argv) > 3 else None
+t, c = time.perf_counter(), cpu()
+r = analyze_trace_dir(sys.argv[1], progress=False, workers=workers, executor=Executor(kind=kind))
+print(json.dumps({"seconds": time.perf_counter() - t, "cpu_s": c and cpu() - c,
+                  "ranks": len(r["ranks"]), "overlap_pct": [x["overlap_pct"] for x in r["ranks"]]}))
+"""
+)
+HTA_JOB = (
+    CPU
+    + """
 import json, logging, sys, time, warnings
 warnings.filterwarnings("ignore")
 logging.disable(logging.WARNING)
 from hta.trace_analysis import TraceAnalysis
-t = time.perf_counter()
+t, c = time.perf_counter(), cpu()
 a = TraceAnalysis(trace_dir=sys.argv[1])
 a.get_temporal_breakdown(visualize=False)
 o = a.get_comm_comp_overlap(visualize=False)
-print(json.dumps({"seconds": time.perf_counter() - t, "ranks": len(o),
+print(json.dumps({"seconds": time.perf_counter() - t, "cpu_s": c and cpu() - c, "ranks": len(o),
                   "overlap_pct": o["comp_comm_overlap_pctg"].tolist()}))
 """
+)
 
 
 def build_trace_set(out: Path, ranks: int, source: Path = SOURCE) -> None:
@@ -64,36 +87,69 @@ def build_trace_set(out: Path, ranks: int, source: Path = SOURCE) -> None:
         (out / f"rank{r}.pt.trace.json.gz").write_bytes(gzip.compress(data, compresslevel=1))
 
 
-def run_job(code: str, trace_dir: Path) -> dict:
-    """Run `code` in a fresh interpreter; sample the RSS of it and its children every 20 ms."""
-    start = time.perf_counter()
-    proc = subprocess.Popen(
-        [sys.executable, "-c", code, str(trace_dir)],
-        env=child_env(),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-    )
-    root = psutil.Process(proc.pid)
-    peak_sum = peak_one = 0
-    while proc.poll() is None:
-        try:  # RSS only: reading PSS (smaps) every 20 ms would slow both tools down
-            rss = [p.memory_info().rss for p in (root, *root.children(recursive=True))]
-        except psutil.Error:  # a worker exited between listing and reading
-            rss = []
-        peak_sum, peak_one = max(peak_sum, sum(rss)), max(peak_one, max(rss, default=0))
-        time.sleep(0.02)
-    out, err = proc.communicate()
-    wall = time.perf_counter() - start
-    if proc.returncode != 0:
-        raise SystemExit(f"error: benchmark job failed ({proc.returncode}):\n{err[-2000:]}")
-    result = json.loads(out.strip().splitlines()[-1])
-    return {
-        **result,
-        "wall_s": wall,
-        "peak_tree_mb": peak_sum / 1e6,
-        "peak_proc_mb": peak_one / 1e6,
+def run_job(code: str, trace_dir: Path, env: dict | None = None) -> dict:
+    """Run `code` on `trace_dir` in a fresh interpreter; its result line plus wall time and RSS."""
+    res = run_tree(["-c", code, str(trace_dir)], env=env)
+    return {**json.loads(res.pop("stdout").strip().splitlines()[-1]), **res}
+
+
+def _summary(results: dict[str, list[dict]]) -> dict:
+    """Medians per arm, and the ratios the targets are about."""
+    arms = {
+        name: {
+            "analysis_s": median(rs, "seconds"),
+            "analysis_cpu_s": median(rs, "cpu_s"),
+            "process_s": median(rs, "wall_s"),
+            "rss_sum_of_peaks_mb": median(rs, "rss_sum_of_peaks_mb"),
+            "rss_largest_process_mb": median(
+                [{"v": max(r["rss_root_peak_mb"], r["rss_worker_peak_mb"])} for r in rs], "v"
+            ),
+            "repeats_analysis_s": [r["seconds"] for r in rs],
+        }
+        for name, rs in results.items()
     }
+    ours, hta, warm = arms["dpscope"], arms["hta"], arms["dpscope_cached"]
+    return {
+        "arms": arms,
+        "speedup_vs_hta": hta["analysis_s"] / ours["analysis_s"],
+        "speedup_cached_vs_hta": hta["analysis_s"] / warm["analysis_s"],
+        "cpu_ratio_vs_hta": (
+            hta["analysis_cpu_s"] / ours["analysis_cpu_s"] if ours["analysis_cpu_s"] else None
+        ),
+        "rss_sum_ratio_vs_hta": ours["rss_sum_of_peaks_mb"] / hta["rss_sum_of_peaks_mb"],
+        "rss_largest_ratio_vs_hta": ours["rss_largest_process_mb"] / hta["rss_largest_process_mb"],
+        "overlap_pct_rank0": {
+            "dpscope": results["dpscope"][0]["overlap_pct"][0],
+            "hta": results["hta"][0]["overlap_pct"][0],
+        },
+        "goals": {"speedup_vs_hta_min": 10, "rss_ratio_vs_hta_max": 0.5},
+    }
+
+
+def _print(out: dict, ranks: int, repeats: int) -> None:
+    print(
+        f"\n{ranks} ranks x {SOURCE.name}, {psutil.cpu_count()} cores, load {os.getloadavg()[0]:.1f};"
+        f" medians of {repeats} interleaved repeats; memory = peak RSS over the job's process tree"
+    )
+    print(
+        f"{'':16}{'analysis s':>11}{'CPU s':>8}{'process s':>11}{'RSS sum MB':>12}{'largest MB':>12}"
+    )
+    for name, r in out["arms"].items():
+        cpu = f"{r['analysis_cpu_s']:8.2f}" if r["analysis_cpu_s"] is not None else f"{'—':>8}"
+        print(
+            f"{name:16}{r['analysis_s']:11.2f}{cpu}{r['process_s']:11.2f}"
+            f"{r['rss_sum_of_peaks_mb']:12.0f}{r['rss_largest_process_mb']:12.0f}"
+        )
+    cpu = out["cpu_ratio_vs_hta"]
+    print(f"\nspeed-up: {out['speedup_vs_hta']:.1f}x HTA (target >= 10x); cached:"
+          f" {out['speedup_cached_vs_hta']:.1f}x; CPU time: HTA uses"
+          f" {f'{cpu:.1f}x' if cpu else '—'} dpscope's")  # fmt: skip
+    print(
+        f"peak memory vs HTA (target <= 0.5): sum {out['rss_sum_ratio_vs_hta']:.2f},"
+        f" largest process {out['rss_largest_ratio_vs_hta']:.2f}"
+    )
+    o = out["overlap_pct_rank0"]
+    print(f"overlap % rank 0: dpscope {o['dpscope']:.2f}, HTA {o['hta']:.2f}")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -101,7 +157,11 @@ def main(argv: list[str] | None = None) -> int:
         prog="python -m bench.analysis", description=__doc__.splitlines()[0]
     )
     p.add_argument("--ranks", type=int, default=8, help="copies of the trace (default 8)")
+    p.add_argument("--repeats", type=int, default=3, help="interleaved rounds (>= 3)")
+    p.add_argument("--json", default=None, help="output (default reports/bench/hta.json)")
     args = p.parse_args(argv)
+    if args.repeats < 3:
+        p.error(f"--repeats must be >= 3 (medians of at least 3), got {args.repeats}")
     try:
         import hta  # noqa: F401  (installed by `make bench-analysis` from requirements-bench.txt)
     except ImportError:
@@ -110,33 +170,27 @@ def main(argv: list[str] | None = None) -> int:
             file=sys.stderr,
         )
         return 2
+    path = bench_out("hta", args.json)
     with tempfile.TemporaryDirectory(prefix="dpscope-bench-") as tmp:
-        trace_dir = Path(tmp)
+        cold, warm = Path(tmp, "cold"), Path(tmp, "warm")
         print(f"building {args.ranks} ranks from {SOURCE.name} ...", flush=True)
-        build_trace_set(trace_dir, args.ranks)
-        print("dpscope ...", flush=True)
-        ours = run_job(DPSCOPE_JOB, trace_dir)
-        print("HTA ...", flush=True)
-        theirs = run_job(HTA_JOB, trace_dir)
-    print(
-        f"\n{args.ranks} ranks x {SOURCE.name}, {psutil.cpu_count()} cores; memory = peak RSS"
-        " over the job's process tree (sum) and of its largest process"
-    )
-    print(f"{'':10}{'analysis s':>11}{'process s':>11}{'RSS sum MB':>12}{'largest MB':>12}")
-    for name, r in (("dpscope", ours), ("HTA 0.5.0", theirs)):
-        print(
-            f"{name:10}{r['seconds']:11.2f}{r['wall_s']:11.2f}{r['peak_tree_mb']:12.0f}"
-            f"{r['peak_proc_mb']:12.0f}"
+        for d in (cold, warm):
+            d.mkdir()
+            build_trace_set(d, args.ranks)
+        cached = {CACHE_ENV: "1"}
+        run_job(DPSCOPE_JOB, warm, cached)  # fills the cache: a first report
+        results = interleaved(
+            {
+                "dpscope": lambda: run_job(DPSCOPE_JOB, cold, {CACHE_ENV: "0"}),
+                "hta": lambda: run_job(HTA_JOB, cold),
+                "dpscope_cached": lambda: run_job(DPSCOPE_JOB, warm, cached),
+            },
+            args.repeats,
         )
-    speed = theirs["seconds"] / ours["seconds"]
-    print(f"\nspeed-up: {speed:.1f}x HTA (target >= 5x)")
-    print(
-        f"peak memory vs HTA (target <= 0.5): sum {ours['peak_tree_mb'] / theirs['peak_tree_mb']:.2f},"
-        f" largest process {ours['peak_proc_mb'] / theirs['peak_proc_mb']:.2f}"
-    )
-    print(
-        f"overlap % rank 0: dpscope {ours['overlap_pct'][0]:.2f}, HTA {theirs['overlap_pct'][0]:.2f}"
-    )
+    out = {"ranks": args.ranks, "source": SOURCE.name, "repeats": args.repeats, **_summary(results)}
+    write_json(path, out)
+    _print(out, args.ranks, args.repeats)
+    print(f"wrote {path}")
     return 0
 
 

@@ -94,8 +94,10 @@ def run_tree(args: list[str], *, env: dict | None = None, timeout: float = 1800)
     """Run `python ARGS` in this folder (stdout comes back under `stdout`); sample RSS of it and all its children every 20 ms.
 
     Returns `wall_s`, `stdout`, `rss_sum_of_peaks_mb` (each process's own peak RSS, summed over
-    every process seen in the tree: what the job needs if all peaks coincide) and
-    `rss_peak_of_sum_mb` (the largest sampled sum over the processes alive at one moment).
+    every process seen in the tree: what the job needs if all peaks coincide),
+    `rss_peak_of_sum_mb` (the largest sampled sum over the processes alive at one moment),
+    `rss_root_peak_mb` (the process started) and `rss_worker_peak_mb` (the largest peak of any
+    process below it: a worker's; 0 when it started none).
     """
     start = time.perf_counter()
     proc = subprocess.Popen(
@@ -132,9 +134,12 @@ def run_tree(args: list[str], *, env: dict | None = None, timeout: float = 1800)
         raise SystemExit(
             f"error: bench job failed ({proc.returncode}): {' '.join(args)}\n{err[-2000:]}"
         )
+    children = [v for pid, v in peaks.items() if pid != proc.pid]
     return {
         "wall_s": wall,
         "stdout": out,
         "rss_sum_of_peaks_mb": sum(peaks.values()) / 1e6,
         "rss_peak_of_sum_mb": peak_sum / 1e6,
+        "rss_root_peak_mb": peaks.get(proc.pid, 0) / 1e6,
+        "rss_worker_peak_mb": max(children, default=0) / 1e6,
     }

@@ -2,7 +2,11 @@
 launch events of the first N GPU events of one rank, so those kernels become orphans (their
 correlation id matches no runtime launch), as when GPU work was queued before the profiler went
 active. Used by the test that compares dpscope with HTA 0.5.0 on the edited pair, and by
-`make hta-orphans-reference`, which re-runs HTA on it (bench-only: needs HTA)."""
+`make hta-orphans-reference`, which re-runs HTA on it (bench-only: needs HTA).
+
+The single-step variant (`single_step=True`) also drops each rank's last ProfilerStep event
+(#552), leaving one step name across the pair: HTA then applies no kernel filter at all (every
+kernel kept, the orphans included), which is the case its reference `SINGLE_REFERENCE` pins."""
 
 from __future__ import annotations
 
@@ -15,20 +19,31 @@ from pathlib import Path
 
 from bench.common import TEST_DATA
 
-__all__ = ["EDITS", "REFERENCE", "SOURCE", "edit_trace", "main", "write_edited_pair"]
+__all__ = [
+    "EDITS",
+    "REFERENCE",
+    "SINGLE_REFERENCE",
+    "SOURCE",
+    "edit_trace",
+    "main",
+    "write_edited_pair",
+]
 
 # rank file (under tests/data/hta/trace_filter) -> N: different counts per rank, both taking in
 # NCCL kernels (the 56th GPU event of rank 0 and the 68th and 199th of rank 1 are SendRecv).
 EDITS = {"sampled_rank-0.json.gz": 60, "sampled_rank-1.json.gz": 200}
 SOURCE = TEST_DATA / "hta" / "trace_filter"
 REFERENCE = TEST_DATA / "hta_orphans" / "hta_0.5.0.json"
+SINGLE_REFERENCE = TEST_DATA / "hta_orphans" / "hta_0.5.0_single_step.json"
+LAST_STEP = "ProfilerStep#552"  # the pair's second (last) step
 _GPU_CATS = {"kernel", "gpu_memcpy", "gpu_memset"}
 _RUNTIME_CATS = {"cuda_runtime", "cuda_driver"}
 
 
-def edit_trace(trace: dict, n: int) -> dict:
+def edit_trace(trace: dict, n: int, *, single_step: bool = False) -> dict:
     """`trace` without the runtime events that launched its first `n` GPU events (by start,
-    then correlation id); every other event is kept as it is."""
+    then correlation id), and with `single_step` without its last ProfilerStep event; every
+    other event is kept as it is."""
     events = trace["traceEvents"]
     gpu = sorted(
         (e for e in events if e.get("cat") in _GPU_CATS),
@@ -39,18 +54,20 @@ def edit_trace(trace: dict, n: int) -> dict:
         e
         for e in events
         if not (e.get("cat") in _RUNTIME_CATS and e.get("args", {}).get("correlation") in gone)
+        and not (single_step and e.get("name") == LAST_STEP)
     ]
     return {**trace, "traceEvents": kept}
 
 
-def write_edited_pair(src: Path, out: Path) -> list[Path]:
+def write_edited_pair(src: Path, out: Path, *, single_step: bool = False) -> list[Path]:
     """The edited copies of `src`'s rank files (EDITS) written into `out`."""
     out.mkdir(parents=True, exist_ok=True)
     paths = []
     for name, n in EDITS.items():
         trace = json.loads(gzip.decompress((src / name).read_bytes()))
+        edited = edit_trace(trace, n, single_step=single_step)
         path = out / name
-        path.write_bytes(gzip.compress(json.dumps(edit_trace(trace, n)).encode(), mtime=0))
+        path.write_bytes(gzip.compress(json.dumps(edited).encode(), mtime=0))
         paths.append(path)
     return paths
 
@@ -75,22 +92,29 @@ def main(argv: list[str] | None = None) -> None:
     """Re-run HTA on the edited pair and write its figures to the reference file."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, default=REFERENCE, help="reference JSON to write")
+    parser.add_argument(
+        "--single-out",
+        type=Path,
+        default=SINGLE_REFERENCE,
+        help="reference JSON of the single-step variant",
+    )
     args = parser.parse_args(argv)
-
-    with tempfile.TemporaryDirectory() as tmp:
-        write_edited_pair(SOURCE, Path(tmp))
-        figures = _hta_figures(Path(tmp))
-    record = {
-        "produced_by": "python -m bench.orphan_edit (make hta-orphans-reference)",
-        "hta_version": version("HolisticTraceAnalysis"),
-        "pandas_version": version("pandas"),
-        "source": "tests/data/hta/trace_filter",
-        "edits": EDITS,
-        **figures,
-    }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(record, indent=1) + "\n")
-    print(f"wrote {args.out}")
+    for single, out in ((False, args.out), (True, args.single_out)):
+        with tempfile.TemporaryDirectory() as tmp:
+            write_edited_pair(SOURCE, Path(tmp), single_step=single)
+            figures = _hta_figures(Path(tmp))
+        record = {
+            "produced_by": "python -m bench.orphan_edit (make hta-orphans-reference)",
+            "hta_version": version("HolisticTraceAnalysis"),
+            "pandas_version": version("pandas"),
+            "source": "tests/data/hta/trace_filter",
+            "edits": EDITS,
+            **({"dropped_step": LAST_STEP} if single else {}),
+            **figures,
+        }
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(record, indent=1) + "\n")
+        print(f"wrote {out}")
 
 
 if __name__ == "__main__":

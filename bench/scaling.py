@@ -1,19 +1,24 @@
-"""`make bench-analysis` (rank scaling): `python -m analysis traces` over 8, 64 and 256 ranks.
+"""`make bench-analysis` (rank scaling): the trace analysis over 8 to 1,024 ranks, serial, with the
+local process pool (the default) and on a Dask LocalCluster (`--executor dask`).
 
-Each set is one real trace from the reference traces in tests/data, copied once per rank with that copy's
-rank (and the world size) rewritten in `distributedInfo`, so the analysis sees a real N-rank job.
-The sizes run interleaved, `--repeats` times (>= 3), each in a fresh process. Per run: wall time
-of the whole process and peak RSS summed over every process of its tree (the CLI and its load
-workers), sampled with psutil. Medians and ratios to the smallest size go to analysis.json.
+Each set is one real trace from the reference traces in tests/data, copied once per rank with that
+copy's rank (and the world size) rewritten in `distributedInfo`, so the analysis sees a real
+N-rank job. Every (size, executor) pair runs interleaved, `--repeats` times (>= 3), each in a
+fresh process. Per run: wall time of the whole process, the analysis' own time, and peak RSS:
+summed over every process of its tree, of the process started (the client, which merges), and
+of the largest process below it (a worker). Medians and ratios to the smallest size go to
+analysis.json.
 
-Goals: time per rank flat within 20 % across the sizes; summed peak RSS under 1 GB at 256 ranks
-and flat in the rank count.
+Goals: time per rank flat within 20 % across the sizes (process pool); summed peak RSS under
+1 GB at 256 ranks and flat in the rank count; a worker's peak RSS flat in the rank count (it
+holds one trace at a time).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import platform
 import sys
 import tempfile
@@ -41,53 +46,72 @@ def _sizes(text: str) -> list[int]:
     return sizes
 
 
-def _job(trace_dir: Path) -> dict:
+EXECUTORS = {"serial": ("process", "1"), "process": ("process", "0"), "dask": ("dask", "0")}
+
+
+def _job(trace_dir: Path, arm: str) -> dict:
     """analyze_trace_dir in a fresh interpreter: process wall time, the analysis' own time
     (interpreter start-up excluded, so per-rank time is comparable across sizes) and RSS."""
-    res = run_tree(["-c", DPSCOPE_JOB, str(trace_dir)])
+    kind, workers = EXECUTORS[arm]
+    argv = ["-c", DPSCOPE_JOB, str(trace_dir), kind, *([workers] if workers != "0" else [])]
+    res = run_tree(argv, env={"DPSCOPE_TRACE_CACHE": "0"})
     res["analysis_s"] = json.loads(res.pop("stdout").strip().splitlines()[-1])["seconds"]
     return res
 
 
-def _rows(results: dict[str, list[dict]], sizes: list[int]) -> dict[str, dict]:
-    """Medians per rank count, and ratios to the smallest count."""
+def _rows(results: dict[str, list[dict]], sizes: list[int], arms: list[str]) -> dict[str, dict]:
+    """Medians per (rank count, executor), and ratios to the smallest count."""
     rows = {}
     for n in sizes:
-        rs = results[str(n)]
-        rows[str(n)] = {
-            "ranks": n,
-            "wall_s": median(rs, "wall_s"),
-            "analysis_s": median(rs, "analysis_s"),
-            "analysis_s_per_rank": median(rs, "analysis_s") / n,
-            "rss_sum_of_peaks_mb": median(rs, "rss_sum_of_peaks_mb"),
-            "rss_peak_of_sum_mb": median(rs, "rss_peak_of_sum_mb"),
-            "repeats_wall_s": [r["wall_s"] for r in rs],
-        }
-    base = rows[str(sizes[0])]
-    for row in rows.values():
-        row["per_rank_time_ratio"] = row["analysis_s_per_rank"] / base["analysis_s_per_rank"]
-        row["rss_ratio"] = row["rss_sum_of_peaks_mb"] / base["rss_sum_of_peaks_mb"]
+        for arm in arms:
+            rs = results[f"{n}/{arm}"]
+            rows[f"{n}/{arm}"] = {
+                "ranks": n,
+                "executor": arm,
+                "wall_s": median(rs, "wall_s"),
+                "analysis_s": median(rs, "analysis_s"),
+                "analysis_s_per_rank": median(rs, "analysis_s") / n,
+                "rss_sum_of_peaks_mb": median(rs, "rss_sum_of_peaks_mb"),
+                "rss_peak_of_sum_mb": median(rs, "rss_peak_of_sum_mb"),
+                "rss_client_peak_mb": median(rs, "rss_root_peak_mb"),
+                "rss_worker_peak_mb": median(rs, "rss_worker_peak_mb"),
+                "repeats_wall_s": [r["wall_s"] for r in rs],
+            }
+    for arm in arms:
+        base = rows[f"{sizes[0]}/{arm}"]
+        for n in sizes:
+            row = rows[f"{n}/{arm}"]
+            row["per_rank_time_ratio"] = row["analysis_s_per_rank"] / base["analysis_s_per_rank"]
+            row["rss_ratio"] = row["rss_sum_of_peaks_mb"] / base["rss_sum_of_peaks_mb"]
     return rows
 
 
 def _print(rows: dict[str, dict], args: argparse.Namespace) -> None:
     print(f"\n{args.source.name} copied to N ranks; {args.repeats} interleaved repeats, medians;"
-          f" {psutil.cpu_count()} cores; RSS summed over every process of the job")  # fmt: skip
-    print(
-        f"{'ranks':>6}{'wall s':>9}{'analysis s':>12}{'s/rank':>9}{'×base':>7}{'RSS sum MB':>12}{'×base':>7}"
-    )
+          f" {psutil.cpu_count()} cores, load {os.getloadavg()[0]:.1f}; RSS in MB")  # fmt: skip
+    print(f"{'ranks':>6} {'executor':<8}{'wall s':>8}{'analysis s':>11}{'s/rank':>8}{'×base':>6}"
+          f"{'sum':>7}{'client':>8}{'worker':>8}")  # fmt: skip
     for r in rows.values():
         print(
-            f"{r['ranks']:>6}{r['wall_s']:>9.2f}{r['analysis_s']:>12.2f}{r['analysis_s_per_rank']:>9.3f}"
-            f"{r['per_rank_time_ratio']:>7.2f}{r['rss_sum_of_peaks_mb']:>12.0f}{r['rss_ratio']:>7.2f}"
+            f"{r['ranks']:>6} {r['executor']:<8}{r['wall_s']:>8.2f}{r['analysis_s']:>11.2f}"
+            f"{r['analysis_s_per_rank']:>8.3f}{r['per_rank_time_ratio']:>6.2f}"
+            f"{r['rss_sum_of_peaks_mb']:>7.0f}{r['rss_client_peak_mb']:>8.0f}"
+            f"{r['rss_worker_peak_mb']:>8.0f}"
         )
-    print("goals: s/rank ×base within 0.8-1.2; RSS sum < 1000 MB at 256 ranks and flat")
+    print("goals: s/rank ×base within 0.8-1.2; RSS sum < 1000 MB at 256 ranks; worker RSS flat")
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.scaling", description=__doc__.splitlines()[0])
     p.add_argument("--source", type=Path, default=DEFAULT_SOURCE, help="the trace to copy")
-    p.add_argument("--sizes", type=_sizes, default=[8, 64, 256], help="rank counts (8,64,256)")
+    p.add_argument(
+        "--sizes", type=_sizes, default=[8, 64, 256, 1024], help="rank counts (8,64,256,1024)"
+    )
+    p.add_argument(
+        "--executors",
+        default="serial,process,dask",
+        help="arms: serial (--workers 1), process (the local pool), dask (a LocalCluster)",
+    )
     p.add_argument("--repeats", type=int, default=3, help="rounds over the sizes (>= 3)")
     p.add_argument("--json", default=None, help="output (default reports/bench/analysis.json)")
     args = p.parse_args(argv)
@@ -95,6 +119,9 @@ def main(argv: list[str] | None = None) -> int:
         p.error(f"--repeats must be >= 3 (medians of at least 3), got {args.repeats}")
     if not args.source.is_file():
         p.error(f"--source {args.source}: no such trace file; pass one from the reference traces")
+    arms = [a for a in args.executors.split(",") if a]
+    if not arms or set(arms) - set(EXECUTORS):
+        p.error(f"--executors: pick from {', '.join(EXECUTORS)}, got {args.executors!r}")
     path = bench_out("analysis", args.json)
     with tempfile.TemporaryDirectory(prefix="dpscope-scaling-") as tmp:
         dirs = {}
@@ -104,10 +131,10 @@ def main(argv: list[str] | None = None) -> int:
             print(f"building {n} ranks from {args.source.name} ...", flush=True)
             build_trace_set(dirs[n], n, args.source)
         results = interleaved(
-            {str(n): lambda d=dirs[n]: _job(d) for n in args.sizes},
+            {f"{n}/{a}": lambda d=dirs[n], a=a: _job(d, a) for n in args.sizes for a in arms},
             args.repeats,
         )
-    rows = _rows(results, args.sizes)
+    rows = _rows(results, args.sizes, arms)
     out = {
         "source": args.source.name,
         "repeats": args.repeats,
@@ -117,7 +144,11 @@ def main(argv: list[str] | None = None) -> int:
             "os": platform.system(),
         },  # fmt: skip
         "sizes": rows,
-        "goals": {"per_rank_time_ratio_within": 0.20, "rss_sum_mb_max_at_256": 1000},
+        "goals": {
+            "per_rank_time_ratio_within": 0.20,
+            "rss_sum_mb_max_at_256": 1000,
+            "worker_rss": "flat in the rank count",
+        },
     }
     write_json(path, out)
     _print(rows, args)

@@ -26,11 +26,19 @@ unedited training script gets the standard run folder (docs/guides/own-script.md
   else `single` (a process group of several ranks around a plain module also records `ddp`).
 - A script that starts its own `torch.profiler` keeps it: dpscope's session stops and run.json's
   `warnings` say so.
+- **`max_steps`** (`--max-steps N`): the post-hook of the N-th step raises `MaxStepsReached`
+  (a BaseException, so the script's `except Exception` lets it through) out of the script's
+  `optimizer.step()`; every rank stops at the same step, after its collectives.
+- `guard` (a context manager factory) wraps the hooks' own bookkeeping: the bootstrap holds
+  SIGINT/SIGTERM there, so a signal never cuts a step's record in half.
 """
 
 from __future__ import annotations
 
 import functools
+import time
+from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
 
 import torch
 from torch import nn
@@ -42,15 +50,42 @@ from torch.optim.optimizer import (
 
 from profiler.recorder import RunRecorder, first_tensor
 
-__all__ = ["AutoSteps"]
+__all__ = ["AutoSteps", "HookedRecorder", "MaxStepsReached"]
+
+
+class MaxStepsReached(BaseException):
+    """The run reached `--max-steps`: raised out of the script's N-th `optimizer.step()`."""
+
+
+class HookedRecorder(RunRecorder):
+    """The RunRecorder of a `--script` rank: its part adds how the script ended (`ending`, set
+    by the bootstrap before `close`) and the profiler's exports (`profile_exports`)."""
+
+    def __init__(self, *args: object, **kwargs: object) -> None:
+        super().__init__(*args, **kwargs)  # type: ignore[arg-type]
+        self.ending: dict = {}
+
+    def part(self) -> dict:
+        exports = self.rec.profiler.exports if self.rec is not None else []
+        return {**super().part(), "profile_exports": exports, **self.ending}
 
 
 class AutoSteps:
     """Global hooks that mark steps and phases on `recorder` (see the module docstring)."""
 
-    def __init__(self, recorder: RunRecorder, *, samples_per_step: int | None = None) -> None:
+    def __init__(
+        self,
+        recorder: RunRecorder,
+        *,
+        samples_per_step: int | None = None,
+        max_steps: int = 0,
+        guard: Callable[[], AbstractContextManager[None]] = nullcontext,
+    ) -> None:
         self.rec = recorder
         self.samples_per_step = samples_per_step
+        self.max_steps = max_steps
+        self.guard = guard
+        self.setup_s = 0.0  # dpscope's set-up inside the step now running (charged at its end)
         self.depth = 0
         self.outermost: nn.Module | None = None  # the training forward now running
         self.optimizer: torch.optim.Optimizer | None = None
@@ -86,7 +121,7 @@ class AutoSteps:
         self.outermost = module
         if not rec.in_step:
             rec.input_device = rec.input_device or _device(first_tensor(args))
-            rec.begin_step()
+            self._begin_step()
         rec.open_phase("forward")
 
     def _post_forward(self, module: nn.Module, args: tuple, kwargs: dict, output: object) -> None:
@@ -106,15 +141,42 @@ class AutoSteps:
         if optimizer is not self.optimizer:
             return
         if not self.rec.in_step:  # a step with no training forward seen (a functional model)
-            self.rec.begin_step()
+            self._begin_step()
         self.rec.open_phase("optimizer")
 
     def _post_step(self, optimizer: torch.optim.Optimizer, args: tuple, kwargs: dict) -> None:
         if optimizer is not self.optimizer or not self.rec.in_step:
             return
-        self.rec.end_step(self.samples_per_step)
-        self.rec.begin_step()  # the next step's data phase starts now
-        self.rec.open_phase("data")
+        with self.guard():
+            self.rec.end_step(self.samples_per_step)
+            if self.max_steps and len(self.rec.micro_batches) >= self.max_steps:
+                self._charge_tail()
+                raise MaxStepsReached(self.max_steps)
+            self.rec.begin_step()
+            self._charge_tail()
+            if self.rec.rec is not None:
+                self.rec.rec.recorder.timer.start_step()  # the next step starts now
+            self.rec.open_phase("data")
+
+    def _begin_step(self) -> None:
+        """A step begun by a hook (the first, or one after the script's own pause): dpscope's
+        set-up there (its instruments, at the first step) runs inside the script's iteration,
+        so it is charged to that step (`_charge_tail`)."""
+        start = time.perf_counter()
+        self.rec.begin_step()
+        self.setup_s = time.perf_counter() - start
+
+    def _charge_tail(self) -> None:
+        """dpscope's own work after a step's clock stopped (memory sampling, the next step's
+        set-up; the profiler's work is already in `profiler_s`) runs inside the script's
+        `optimizer.step()`: it is added to that step's `step_time_s`, in no phase."""
+        recording = self.rec.rec
+        if recording is None or not recording.recorder.rows or recording.recorder.ended_at is None:
+            return
+        row = recording.recorder.rows[-1]
+        tail = time.perf_counter() - recording.recorder.ended_at - (row.get("profiler_s") or 0.0)
+        row["step_time_s"] += max(0.0, tail) + self.setup_s
+        self.setup_s = 0.0
 
 
 def _has_parameters(module: nn.Module) -> bool:

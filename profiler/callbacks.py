@@ -28,7 +28,8 @@ This module imports torch only: a loop that is not dpscope's can use every callb
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator
+import time
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import AbstractContextManager, ExitStack, contextmanager, nullcontext
 from dataclasses import dataclass, field
 from typing import Any
@@ -149,8 +150,8 @@ class StepRecorder(Callback):
     this rank's rows.
 
     At `step_end` it stops the clock, reads the loss once and appends a row with every column of
-    STEPS_COLUMNS; the later callbacks fill their own in the same dict (`profiled` is 0 until
-    ProfilerStep sets it, `rss_bytes` and `cuda_allocated_bytes` None until MemorySampler does).
+    STEPS_COLUMNS; the later callbacks fill their own in the same dict (`profiled` and
+    `profiler_s` are 0 until ProfilerStep sets them, `rss_bytes` and `cuda_allocated_bytes` None until MemorySampler does).
     `warmup` is 1 for the run's first `warmup_steps` steps.
     """
 
@@ -159,6 +160,8 @@ class StepRecorder(Callback):
         self.warmup_steps = warmup_steps
         self.rows: list[dict[str, Any]] = []
         """This rank's rows; a checkpoint may take (and clear) them."""
+        self.ended_at: float | None = None
+        """time.perf_counter() when the last step's clock stopped."""
 
     def step_start(self, state: StepState) -> None:
         self.timer.start_step()
@@ -168,6 +171,7 @@ class StepRecorder(Callback):
 
     def step_end(self, state: StepState) -> None:
         times = self.timer.end_step()  # first: what follows stays outside step_time_s
+        self.ended_at = time.perf_counter()
         state.loss_value = None if state.loss is None else float(state.loss.item())
         state.row = dict.fromkeys(STEPS_COLUMNS)
         state.row.update(
@@ -176,6 +180,7 @@ class StepRecorder(Callback):
             step=state.step,
             warmup=int(state.step < self.warmup_steps),
             profiled=0,
+            profiler_s=0.0,
             **times,
             samples=state.samples,
             loss=state.loss_value,
@@ -204,24 +209,54 @@ class ProfilerStep(Callback):
     resumed run continues its schedule), stepped at every `step_end`, stopped at `run_end`.
 
     Sets the row's `profiled` (1 when the step was traced, warm-up or active) and keeps the
-    steps the profiler recorded in `active_steps` (profiler_overhead_pct)."""
+    steps the profiler recorded in `active_steps` (profiler_overhead_pct).
+
+    The profiler's own work at a step's end (preparing, starting or stopping its trace, and
+    exporting it at the end of an active window) happens inside the step from the training
+    script's point of view (in `optimizer.step()` under `--script`), so its seconds are the
+    row's `profiler_s` and are added to its `step_time_s` (in no phase): a step's time matches
+    a timer around the script's iteration. `exports` lists each call that wrote a trace,
+    `{step, export_s}`; the export of a cycle cut short by the end of the run (at `run_end`)
+    has `step` None: it falls in no step."""
 
     def __init__(self, session: ProfilerSession) -> None:
         self.session = session
         self.active_steps: list[int] = []
+        self.exports: list[dict[str, Any]] = []
 
     def run_start(self, state: StepState) -> None:
         self.session.start(step=state.step)
+
+    def _timed(self, call: Callable[[], None], step: int | None) -> float:
+        """Seconds `call` took; an export when it wrote a trace."""
+        written = len(self.session.trace_files())
+        start = time.perf_counter()
+        call()
+        spent = time.perf_counter() - start
+        if len(self.session.trace_files()) > written:
+            self.exports.append({"step": step, "export_s": spent})
+        return spent
 
     def step_end(self, state: StepState) -> None:
         phase = self.session.phase()  # of this step, asked before step() moves the schedule on
         if phase == "active":
             self.active_steps.append(state.step)
         state.row["profiled"] = int(phase != "none")
-        self.session.step()
+        if not self.session.running:
+            state.row["profiler_s"] = 0.0
+            return
+        spent = self._timed(self.session.step, state.step)
+        state.row["profiler_s"] = spent
+        state.row["step_time_s"] += spent
 
     def run_end(self, state: StepState) -> None:
-        self.session.stop()
+        if self.session.running:
+            self._timed(self.session.stop, None)
+
+    @property
+    def export_s(self) -> float:
+        """Seconds spent exporting traces, in steps or not."""
+        return sum(e["export_s"] for e in self.exports)
 
 
 class MemorySampler(Callback):

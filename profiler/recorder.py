@@ -17,16 +17,24 @@ writes steps.csv and run.json; the `--script` launcher passes False and assemble
 
 The zero-code bootstrap (profiler.autohooks) drives a RunRecorder from torch's global hooks
 through `begin_step` / `open_phase` / `end_step`; `step` and `phase` are built on the same calls.
+
+The contract, each breach one clear error: the run id is a folder name (profiler.runfolder's
+rule, also for DPSCOPE_RUN_ID) and, for the recorder that assembles, a folder no other run holds
+(claimed at construction, so two recorders never share one); one open recorder per process
+(torch.profiler allows one session: a second recorder, or one inside dpscope's own loop, is
+refused instead of crashing Kineto); `samples` a positive integer; no step inside a step and
+none after `close()`. A recorder never closed is closed at interpreter exit (atexit), writing
+what it has.
 """
 
 from __future__ import annotations
 
+import atexit
 import os
 import time
 from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
-from dataclasses import dataclass, replace
-from datetime import UTC, datetime
+from dataclasses import replace
 from pathlib import Path
 
 import torch
@@ -34,25 +42,24 @@ import torch.distributed as dist
 from torch import nn
 from torch.optim.optimizer import register_optimizer_step_pre_hook
 
-from profiler.callbacks import (
-    Callbacks,
-    HostLoadSampler,
-    MemorySampler,
-    ProfilerStep,
-    StaticMemoryCount,
-    StepRecorder,
-    StepState,
-)
+from profiler.callbacks import Callbacks, StepState
 from profiler.environment import collect_env
-from profiler.memory import MemoryTracker
-from profiler.memory_breakdown import StaticMemory
 from profiler.modelinfo import model_metrics, model_summary
-from profiler.runfolder.layout import utc_now
+from profiler.recorderrules import (
+    AT_EXIT_WARNING,
+    RUN_ID_FLAG,
+    RecorderError,
+    check_samples,
+    claim_process,
+    release_process,
+    resolve_run_id,
+)
+from profiler.recording import Recording, recording
+from profiler.runfolder.layout import create_run_folder, utc_now
 from profiler.runfolder.parts import assemble, wait_for_parts, write_part
-from profiler.session import ProfileConfig, ProfilerSession
-from profiler.timers import StepTimer
+from profiler.session import ProfileConfig
 
-__all__ = ["OWN_PROFILER_WARNING", "Recording", "RunRecorder", "recording"]
+__all__ = ["OWN_PROFILER_WARNING", "Recording", "RecorderError", "RunRecorder", "recording"]
 
 OWN_PROFILER_WARNING = (
     "the script runs its own torch.profiler: dpscope recorded step timings and memory only, "
@@ -60,52 +67,6 @@ OWN_PROFILER_WARNING = (
 )
 PARTS_TIMEOUT_S = 120.0
 """How long rank 0 of an in-process recorder waits for the other ranks' parts."""
-
-
-@dataclass(kw_only=True)
-class Recording:
-    """The instruments every recorded loop runs first, in this order (docs/callbacks.md)."""
-
-    recorder: StepRecorder
-    static: StaticMemoryCount
-    profiler: ProfilerStep
-    memory: MemorySampler
-    host: HostLoadSampler  # env.host_load, rank 0 only
-
-    def callbacks(self) -> list:
-        return [self.recorder, self.static, self.profiler, self.memory, self.host]
-
-
-def recording(
-    *,
-    rank: int,
-    devices: list[torch.device],
-    profile: ProfileConfig,
-    trace_dir: Path,
-    worker_name: str,
-    warmup_steps: int,
-    planned_steps: int,
-) -> Recording:
-    """The step recorder, static memory count, profiler session, memory sampler and (rank 0)
-    host-load sampler of one rank (dpscope's loop, workloads.train.instruments, and RunRecorder
-    build them here)."""
-    device = devices[0]
-    return Recording(
-        recorder=StepRecorder(StepTimer(device=device), warmup_steps=warmup_steps),
-        static=StaticMemoryCount(
-            StaticMemory(rank=rank, devices=devices, planned_steps=max(1, planned_steps))
-        ),
-        profiler=ProfilerStep(
-            ProfilerSession(
-                profile,
-                trace_dir=trace_dir,
-                worker_name=worker_name,
-                use_cuda=device.type == "cuda",
-            )
-        ),
-        memory=MemorySampler(MemoryTracker(rank=rank, devices=devices)),
-        host=HostLoadSampler(warmup_steps=warmup_steps, enabled=rank == 0),
-    )
 
 
 def _devices(model: nn.Module | None, seen: torch.device | None) -> list[torch.device]:
@@ -141,9 +102,16 @@ class RunRecorder:
     ) -> None:
         if warmup_steps < 0:
             raise ValueError(f"warmup_steps must be >= 0; got {warmup_steps}")
-        run_id = run_id or os.environ.get("DPSCOPE_RUN_ID") or _default_run_id()
+        run_id = resolve_run_id(run_id)
         self.run_dir = Path(runs_dir) / run_id
         self.run_id = run_id
+        claim_process(self)
+        if assemble and int(os.environ.get("RANK", "0")) == 0:  # the one writer of run.json
+            try:
+                create_run_folder(runs_dir, run_id, flag=RUN_ID_FLAG, writer="recorder")
+            except BaseException:
+                release_process(self)
+                raise
         self.profile = profile or ProfileConfig()
         self.warmup_steps = warmup_steps
         self.workload = workload
@@ -165,6 +133,7 @@ class RunRecorder:
         self._created_at = utc_now()
         self._closed = False
         self._hooks = []
+        atexit.register(self._close_at_exit)
         if model is not None:
             self._hooks.append(model.register_forward_pre_hook(self._count_samples))
         if optimizer is None:  # the static breakdown needs it: the first one that steps
@@ -227,6 +196,11 @@ class RunRecorder:
     # -- the step, from hooks or from `step` ---------------------------------------------------
     def begin_step(self) -> None:
         """A step starts (its time counts from here)."""
+        if self._closed:
+            raise RecorderError(
+                f"a step after close() of the recorder for {self.run_dir}: record every step "
+                "before closing it (a closed recorder has written its part)"
+            )
         if self.rec is None:
             self._begin()
         self.state.step = len(self.micro_batches)
@@ -260,7 +234,7 @@ class RunRecorder:
         """The step's optimizer step is done: close it and append its row."""
         self.close_phase()
         self._fire_once("after_backward")
-        self.state.samples = self.samples if samples is None else int(samples)
+        self.state.samples = self.samples if samples is None else check_samples(samples)
         self.micro_batches.append(self.micro)
         self.in_step = False
         self.callbacks.fire("step_end", self.state)
@@ -273,6 +247,13 @@ class RunRecorder:
     @contextmanager
     def step(self, samples: int | None = None) -> Iterator[None]:
         """One optimizer step; `samples` this rank's samples in it (see the class docstring)."""
+        if self.in_step:
+            raise RecorderError(
+                f"rec.step() inside rec.step() (step {self.state.step} is still open): steps do "
+                "not nest; end one `with rec.step():` block before starting the next"
+            )
+        if samples is not None:
+            check_samples(samples)  # before the step starts: a bad value leaves no open step
         self.begin_step()
         try:
             yield
@@ -295,6 +276,11 @@ class RunRecorder:
             self.close_phase()
 
     # -- the end -------------------------------------------------------------------------------
+    def _close_at_exit(self) -> None:
+        if AT_EXIT_WARNING not in self.warnings:
+            self.warnings.append(AT_EXIT_WARNING)
+        self.close()
+
     def __enter__(self) -> RunRecorder:
         return self
 
@@ -353,6 +339,8 @@ class RunRecorder:
         if self._closed:
             return {}
         self._closed = True
+        atexit.unregister(self._close_at_exit)
+        release_process(self)
         for h in self._hooks:
             h.remove()
         if self.in_step:
@@ -388,7 +376,3 @@ def first_tensor(obj: object) -> torch.Tensor | None:
             if (found := first_tensor(item)) is not None:
                 return found
     return None
-
-
-def _default_run_id() -> str:
-    return "recorder-" + datetime.now(UTC).strftime("%Y%m%dT%H%M%S")

@@ -7,11 +7,21 @@ profiler plugin needs to find the file and to take the worker from it. torch add
 `distributedInfo` (backend, rank, world_size) to the trace when a process group is initialised.
 
 With `enabled=False` every method is a no-op, so `--no-profile` runs measure the profiler's
-overhead against otherwise identical runs.
+overhead against otherwise identical runs. The multi-host test hook DPSCOPE_CLOCK_SHIFT
+(profiler.clockshift) is read once, here, and applied to each trace before it gets its name.
+
+A trace is exported under a name no reader lists (`.<name>.partial`) and renamed to its real
+name only once complete, so a full disk never leaves a truncated `.pt.trace.json.gz` behind: the
+partial file is removed and the export fails with one DiskError line naming the trace.
+
+torch.profiler (Kineto) allows one session per process: a second one crashes the process. So
+one ProfilerSession runs at a time per process (`start` of another raises ProfilerBusy), and
+`active()` says which, so a RunRecorder can refuse to start inside dpscope's own loop.
 """
 
 from __future__ import annotations
 
+import os
 import time
 import warnings
 from collections.abc import Callable
@@ -21,9 +31,22 @@ from types import TracebackType
 
 from torch.profiler import ProfilerAction, ProfilerActivity, profile, schedule
 
+from profiler.clockshift import apply_clock_shift, clock_shift_us
+from profiler.runfolder.errors import disk_writes
 from profiler.runfolder.layout import TRACE_GLOB, TRACE_NAME, trace_name
 
-__all__ = ["TRACE_GLOB", "TRACE_NAME", "ProfileConfig", "ProfilerSession"]
+__all__ = ["TRACE_GLOB", "TRACE_NAME", "ProfileConfig", "ProfilerBusy", "ProfilerSession", "active"]
+
+_ACTIVE: list[ProfilerSession] = []  # the one running session of this process (at most one)
+
+
+class ProfilerBusy(RuntimeError):
+    """A second profiler session in a process that already runs one."""
+
+
+def active() -> ProfilerSession | None:
+    """The ProfilerSession running in this process, if any."""
+    return _ACTIVE[0] if _ACTIVE else None
 
 
 @dataclass(kw_only=True)
@@ -103,12 +126,23 @@ class ProfilerSession:
         self._prof: profile | None = None
         self._running = False
         self._steps = 0  # prof.step() calls since start(): the schedule's step number
+        self._rank = int(os.environ.get("RANK", "0") or 0)
+        self._clock_shift_us = clock_shift_us(self._rank)  # the test hook, read once
 
     def _on_trace_ready(self, prof: profile) -> None:
         # What torch's tensorboard_trace_handler does, with the name taken from our template so
         # the session knows the file it wrote without looking at the folder.
         path = self.trace_dir / trace_name(self.worker_name, time.time_ns())
-        prof.export_chrome_trace(str(path))  # gzipped because the name ends in .gz
+        partial = path.with_name(f".{path.name}.partial.gz")  # no reader lists it (module doc)
+        try:
+            with disk_writes(path):
+                prof.export_chrome_trace(str(partial))  # gzipped because the name ends in .gz
+                if self._clock_shift_us is not None:
+                    apply_clock_shift(partial, self._clock_shift_us, self._rank)
+                os.replace(partial, path)
+        except BaseException:
+            partial.unlink(missing_ok=True)
+            raise
         self._written.append(path)
 
     def start(self, *, step: int = 0) -> None:
@@ -117,6 +151,11 @@ class ProfilerSession:
         the run's global steps). Idempotent."""
         if not self.cfg.enabled or self._running:
             return
+        if (other := active()) is not None:
+            raise ProfilerBusy(
+                f"a dpscope profiler session ({other.worker_name}, traces in {other.trace_dir}) "
+                "is already running in this process; torch.profiler allows one per process"
+            )
         activities = [ProfilerActivity.CPU]
         if self.use_cuda:
             activities.append(ProfilerActivity.CUDA)
@@ -139,6 +178,12 @@ class ProfilerSession:
         self._prof.start()
         self._steps = 0
         self._running = True
+        _ACTIVE.append(self)
+
+    @property
+    def running(self) -> bool:
+        """Whether the session is between `start()` and `stop()` (False when disabled)."""
+        return self._running
 
     def phase(self) -> str:
         """The schedule's phase (`none` | `warmup` | `active`) of the step now running, i.e. the
@@ -157,6 +202,8 @@ class ProfilerSession:
         if self._running:
             assert self._prof is not None
             self._running = False
+            if self in _ACTIVE:
+                _ACTIVE.remove(self)
             self._prof.stop()
 
     def __enter__(self) -> ProfilerSession:

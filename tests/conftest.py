@@ -129,10 +129,11 @@ def in_process(
 
 
 def launch(
-    args: list[str], *, timeout: float = 240, check: bool = True
+    args: list[str], *, timeout: float = 240, check: bool = True, env: dict | None = None
 ) -> subprocess.CompletedProcess:
-    """Run `python -m workloads.launch ARGS` from the repo root; return the finished process."""
-    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    """Run `python -m workloads.launch ARGS` from the repo root (`env`: extra variables, e.g. a
+    test hook); return the finished process."""
+    env = dict(os.environ, PYTHONUNBUFFERED="1", **(env or {}))
     proc = run_in_repo([sys.executable, "-m", "workloads.launch", *args], timeout=timeout, env=env)
     if check and proc.returncode != 0:
         raise AssertionError(

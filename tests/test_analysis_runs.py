@@ -9,7 +9,7 @@ import shutil
 import pytest
 
 from analysis.runs.compare import compare_runs
-from analysis.runs.entry import memory_peaks
+from analysis.runs.fields import memory_peaks
 from analysis.trace.folder import analyze_trace_dir
 from tests.conftest import read_run
 

@@ -17,7 +17,17 @@ import analysis as dp
 from analysis.cli.main import main as analysis_main
 from tests.conftest import REPO, in_process, no_torch_env, read_run
 
-FUNCTIONS = ("analyze_traces", "build_report", "collectives", "compare_runs", "load_runs")
+FUNCTIONS = (
+    "analyze_traces",
+    "build_report",
+    "collectives",
+    "compare_runs",
+    "load_collectives",
+    "load_memory",
+    "load_ops",
+    "load_runs",
+    "load_steps",
+)
 
 
 def test_the_api_is_exported_typed_and_documented() -> None:

@@ -19,7 +19,8 @@ from workloads.tools.cli import COMMANDS, command_parser
 from workloads.tools.cli import main as dpscope
 
 ISSUE_COMMANDS = (
-    "profile sweep tune bench-comm report runs traces merge ops diff project tensorboard demo"
+    "profile sweep tune bench-comm report runs traces merge ops diff flightrec project tensorboard"
+    " demo"
 ).split()
 
 
@@ -113,7 +114,7 @@ def test_bad_input_of_each_analysis_command_is_one_prefixed_line(
         (["demo", "--bogus", "1"], "unknown option(s) --bogus 1"),
         (["sweep", "--modes", "single", "--bogus"], "unknown option(s) --bogus"),
         (["tune", "--trials", "0"], "TRIALS (--trials) must be >= 1"),
-        (["bench-comm", "--sizes", "2"], "--sizes must be >= 4 bytes"),
+        (["bench-comm", "--sizes", "2"], "--sizes must be a byte count from 4"),
     ],
 )
 def test_an_unknown_option_or_bad_value_is_one_line_before_anything_starts(

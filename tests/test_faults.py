@@ -172,8 +172,8 @@ def failed_runs(fault_runs) -> dict[str, tuple[int, float]]:
 def test_a_hung_rank_is_named_within_bounded_time(runs_dir):
     hooks = {"DPSCOPE_HANG_RANK": "1", "DPSCOPE_HANG_STEP": "3"}
     args = [*DDP, *CPU, "--runs-dir", str(runs_dir), "--no-profile", "--run-id", "fault-hang"]
-    args += ["--max-steps", "8", "--collective-timeout", "20"]
-    # Alone, so that the bound measures this launcher, not its neighbours; generous (the 20 s
+    args += ["--max-steps", "8", "--collective-timeout", "8"]
+    # Alone, so that the bound measures this launcher, not its neighbours; generous (the 8 s
     # collective timeout plus start-up and the launcher's grace), so a loaded machine passes.
     code, seconds = _run_together({"fault-hang": (hooks, args)}, timeout=180)["fault-hang"]
     assert code == 1 and seconds < 180
@@ -187,6 +187,26 @@ def test_a_hung_rank_is_named_within_bounded_time(runs_dir):
     assert "rank 1 stopped progressing at step 3" in err["message"]
     beat = json.loads((runs_dir / "fault-hang" / "logs" / "rank0.heartbeat.json").read_text())
     assert beat["collective_started"]["seq"] == beat["collective_finished"]["seq"] + 1
+    # The flight recorder names the collective by its sequence number: rank 0 entered the
+    # gradient all_reduce after rank 1's last one, and waited in it for the timeout.
+    fr = err["flight_recorder"]
+    logs = runs_dir / "fault-hang" / "logs"
+    last = {
+        r: max(
+            e["collective_seq_id"]
+            for e in json.loads((logs / f"rank{r}.flightrec.json").read_text())["trace"]["entries"]
+        )
+        for r in (0, 1)
+    }
+    assert (fr["collective"], fr["seq"], fr["entered"], fr["never_entered"]) == (
+        "all_reduce",
+        last[0],
+        [0],
+        [1],
+    )
+    assert last[1] == last[0] - 1 and 7 <= fr["waited_s"]["0"] < 60
+    assert err["message"].startswith(f"rank 1 never entered all_reduce #{last[0]} (rank 0 waited ")
+    assert "; its last phase: forward, step 3 — " in err["message"]
 
 
 def test_the_watchdog_ends_a_hang_outside_any_collective(runs_dir, failed_runs):

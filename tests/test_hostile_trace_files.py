@@ -102,10 +102,31 @@ def test_decompression_bomb_is_refused_with_bounded_memory(case, tmp_path, refer
     out = _run_child(tmp_path, 32 << 20)
     error = out[0].get("error") or ""
     assert "rank0.pt.trace.json.gz" in error and (
-        "DPSCOPE_MAX_TRACE_BYTES" in error or "no JSON" in error
+        "DPSCOPE_MAX_TRACE_BYTES" in error
+        or "DPSCOPE_MAX_TRACE_RATIO" in error
+        or "no JSON" in error
     )
     extra_mb = out[1]["rss_mb"] - reference_mb
     assert extra_mb < inflated_mb / 2, (out[1]["rss_mb"], reference_mb, inflated_mb)
+
+
+@pytest.mark.integration
+def test_a_1mb_gzip_that_inflates_to_1gib_fails_before_inflating_it(tmp_path):
+    """With the default caps (2 GiB of JSON) a 1 MB gzip inflating to 1 GiB was inflated and
+    parsed: 61 s and 2.2 GB. The ratio cap, checked while streaming, stops it after
+    RATIO_FLOOR_BYTES plus one step of output, in memory of that order."""
+    from analysis.trace.inflate import INFLATE_STEP_BYTES, RATIO_FLOOR_BYTES
+
+    member = gzip.compress(b'{"traceEvents": [' + b" " * ((1 << 20) - 20) + b"]}", 9, mtime=0)
+    path = tmp_path / "rank0.pt.trace.json.gz"
+    path.write_bytes(member * 1024)  # 1024 gzip members of 1 MiB each: 1 GiB inflated
+    assert path.stat().st_size < 2 << 20
+    out = _run_child(tmp_path, None)
+    error = out[0]["error"]
+    assert "inflates to more than 200x its compressed size" in error, error
+    inflated = int(error.split("bomb: ")[1].split(" bytes")[0].replace(",", ""))
+    assert inflated <= RATIO_FLOOR_BYTES + INFLATE_STEP_BYTES + (1 << 20)  # never 1 GiB
+    assert out[1]["rss_mb"] < 250  # the interpreter and numpy/msgspec, plus that much
 
 
 def test_the_size_cap_applies_to_plain_json_too(tmp_path, ddp_traces):  # noqa: F811

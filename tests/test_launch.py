@@ -94,7 +94,7 @@ def test_dp_gpu_count_reaches_train(monkeypatch, tmp_path, args, gpus):
         (["--mode", "ddp", "--nproc", "2", "--batch-size", "33"], "not divisible by 2"),
         (["--mode", "all", "--run-id", "x"], "--mode all makes four"),
         (["--mode", "ddp", "--nnodes", "2"], "--rdzv-endpoint"),
-        (["--lr", "-1"], "--lr must be >= 0"),
+        (["--lr", "-1"], "--lr must be a finite number in [0,"),
         (["--mode", "ddp", "--nproc", "0"], "--nproc must be >= 1; got 0"),  # make NPROC=0
         (["--mode", "all", "--nproc", "0"], "--nproc must be >= 1; got 0"),
         (["--profile-active", "0"], "--profile-active must be >= 1; got 0"),  # PROF_ACTIVE=0

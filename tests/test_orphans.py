@@ -1,4 +1,5 @@
-"""The orphan-kernel rule (docs/reference/metrics.md §3) against HTA 0.5.0's own outputs on a real trace.
+"""The orphan-kernel rule (docs/reference/metrics.md §3) against HTA 0.5.0's own outputs on a real trace,
+where HTA applies it (two or more ProfilerStep names) and where it does not (one).
 
 HTA's pair tests/data/hta/trace_filter is edited by bench/orphan_edit.py: the runtime launches of
 the first 60 GPU events of rank 0 and of the first 200 of rank 1 are removed (NCCL kernels among
@@ -20,7 +21,7 @@ import pytest
 from analysis.runs.compare import compare_runs
 from analysis.trace.classify import COMPUTE, kernel_class
 from analysis.trace.folder import analyze_trace_dir
-from bench.orphan_edit import EDITS, REFERENCE, SOURCE, write_edited_pair
+from bench.orphan_edit import EDITS, REFERENCE, SINGLE_REFERENCE, SOURCE, write_edited_pair
 from tests.conftest import DATA
 
 _GPU_CATS = {"kernel", "gpu_memcpy", "gpu_memset"}
@@ -64,6 +65,55 @@ def test_orphan_figures_equal_hta_on_the_edited_trace(pair):
         assert round(r["overlap_pct"], 2) == overlap[row["rank"]]
         # The per-step split leaves them out too: the one analysed step launched every kept kernel.
         assert r["per_step"][0]["compute_us"] == row["compute_time(us)"]
+
+
+@pytest.fixture(scope="module")
+def single_step(tmp_path_factory) -> dict:
+    """dpscope on the edited pair without its last ProfilerStep: one step name in the folder."""
+    out = tmp_path_factory.mktemp("orphans-single")
+    write_edited_pair(SOURCE, out, single_step=True)
+    return analyze_trace_dir(out, workers=1, progress=False)
+
+
+def test_a_single_step_trace_keeps_every_kernel_as_hta_does(single_step):
+    """HTA filters orphans (and drops the last step) only where the traces hold two or more
+    ProfilerStep names; with one it keeps every kernel. Wave 3 dropped the orphans of a
+    single-step trace anyway, moving compute and idle off HTA's by points."""
+    ref = json.loads(SINGLE_REFERENCE.read_text())
+    overlap = {o["rank"]: o["comp_comm_overlap_pctg"] for o in ref["comm_comp_overlap"]}
+    ranks = {r["rank"]: r for r in single_step["ranks"]}
+    for row in ref["temporal_breakdown"]:
+        r = ranks[row["rank"]]
+        hta = r["hta"]
+        assert hta["kernel_time_us"] == row["kernel_time(us)"]
+        assert hta["idle_us"] == row["idle_time(us)"]
+        assert hta["compute_pct"] * row["kernel_time(us)"] / 100 == pytest.approx(
+            row["compute_time(us)"]
+        )
+        assert round(hta["idle_pct"], 2) == row["idle_time_pctg"]
+        assert round(hta["compute_pct"], 2) == row["compute_time_pctg"]
+        assert round(r["overlap_pct"], 2) == overlap[row["rank"]]
+        assert r["steps"] == 1 and r["per_step"][0]["compute_us"] == row["compute_time(us)"]
+    for r, name in zip(single_step["ranks"], EDITS, strict=True):  # counted, and kept
+        assert r["orphan_kernels"] == EDITS[name]
+        (line,) = [w for w in single_step["warnings"] if name in w and "no launch" in w]
+        assert "kept in the step split and the HTA figures" in line
+
+
+def test_a_single_step_rank_among_two_step_ranks_is_named(tmp_path):
+    """HTA decides over every rank's step names together; a rank dpscope analysed alone as
+    single-step, in a folder holding two names, is named (HTA would drop its only step)."""
+    write_edited_pair(SOURCE, tmp_path)
+    single = tmp_path / "single"
+    write_edited_pair(SOURCE, single, single_step=True)
+    name = "sampled_rank-1.json.gz"
+    (single / name).replace(tmp_path / name)
+    shutil.rmtree(single)
+    result = analyze_trace_dir(tmp_path, workers=1, progress=False)
+    (line,) = [w for w in result["warnings"] if "HTA would filter this rank too" in w]
+    assert (
+        line.startswith(str(tmp_path / name)) and "1 ProfilerStep(s) here but 2 step names" in line
+    )
 
 
 def test_orphans_counted_per_rank_with_one_warning(pair):

@@ -50,7 +50,10 @@ def test_metadata() -> None:
 
 @pytest.mark.parametrize(
     ("requirements", "groups"),
-    [("requirements.txt", ("dependencies", "dev")), ("requirements-bench.txt", ("bench",))],
+    [
+        ("requirements.txt", ("dependencies", "dev", "dask")),
+        ("requirements-bench.txt", ("bench",)),
+    ],
 )
 def test_every_pin_is_declared_and_within_its_range(requirements: str, groups) -> None:
     """make setup installs the pins, pip install the ranges: each pin must satisfy its range."""

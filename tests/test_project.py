@@ -286,7 +286,7 @@ def test_replay_of_an_exact_ddp_run_is_exact(tmp_path):
         "step_time_us_mean": 1.5 * sum(ddp_phases.values()) * 1e6,
     }
     trace = {"ranks": [traced, traced]}
-    out = project(ddp, comm, [1, 2, 4], trace=trace)
+    out = project(ddp, comm, [1, 2, 4], traces=trace)
     assert out["replay"]["error_pct"] == pytest.approx(0.0, abs=1e-6)
     by_n = {p["ranks"]: p for p in out["predictions"]}
     assert by_n[1]["comm_s"] == 0 and by_n[1]["scaling_efficiency"] == pytest.approx(1.0)

@@ -44,7 +44,8 @@ def _sweep_rows() -> list[dict]:
 def test_idle_penalty_interpolates_in_gap_and_size():
     table = idle_table(_sweep_rows(), {}, {})["all_reduce"]
     assert table == {"gap_ms": [0.0, 2.0, 10.0], "bytes": [65536.0, 1048576.0],
-                     "us": [[0.0, 0.0], [100.0, 200.0], [500.0, 1000.0]]}  # fmt: skip
+                     "us": [[0.0, 0.0], [100.0, 200.0], [500.0, 1000.0]],
+                     "baseline": "gap 0", "timing": "slowest rank"}  # fmt: skip
     model = {"idle_penalty": table}
     assert idle_penalty_us(model, 65536, 6.0) == pytest.approx(300.0)  # halfway from 2 to 10
     assert idle_penalty_us(model, 262144, 2.0) == pytest.approx(150.0)  # halfway in log size

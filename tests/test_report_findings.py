@@ -5,7 +5,7 @@ real runs is in test_report.py."""
 from __future__ import annotations
 
 from analysis.report.findings import THRESHOLDS, findings
-from analysis.runs.entry import memory_peaks
+from analysis.runs.fields import memory_peaks
 
 GIB = 2**30
 

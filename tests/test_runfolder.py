@@ -69,7 +69,8 @@ def _steps_frame(profiled: list[int]) -> pd.DataFrame:
                 dict(
                     rank=rank, epoch=0, step=step, warmup=int(step < 2), profiled=prof,
                     step_time_s=t, data_s=0.1 * t, forward_s=0.3 * t, backward_s=0.5 * t,
-                    optimizer_s=0.1 * t, samples=10, loss=1.0, rss_bytes=1, cuda_allocated_bytes=0,
+                    optimizer_s=0.1 * t, profiler_s=0.0, samples=10, loss=1.0, rss_bytes=1,
+                    cuda_allocated_bytes=0,
                 )
             )  # fmt: skip
     return pd.DataFrame(rows, columns=STEPS_COLUMNS)

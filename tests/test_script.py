@@ -4,56 +4,27 @@ RunRecorder driven in-process by hand (docs/guides/own-script.md)."""
 
 from __future__ import annotations
 
-import csv
 import json
-import os
-import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
+from analysis.report.scaling import group_labels, scaling_frame
+from analysis.report.verdict import verdict
 from analysis.runs.compare import compare_runs
-from tests.conftest import REPO, read_run
+from tests.conftest import read_run
+from tests.script_common import ok, profile, steps, user_folder
 from workloads.launch import launcher
 
 pytestmark = pytest.mark.integration  # every test here starts the launcher or a script
 
-SCRIPTS = REPO / "tests" / "scripts"
-
-
-def _profile(folder: Path, *args: str, timeout: float = 300) -> subprocess.CompletedProcess:
-    """`python -m workloads.launch ARGS` in the user's folder, only PYTHONPATH naming dpscope."""
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    env.update(PYTHONPATH=str(REPO), PYTHONUNBUFFERED="1")
-    return subprocess.run(
-        [sys.executable, "-m", "workloads.launch", "--runs-dir", "runs", *args],
-        cwd=folder,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-    )
-
-
-def _ok(proc: subprocess.CompletedProcess) -> None:
-    assert proc.returncode == 0, f"launcher failed\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
-
-
-def _steps(run_dir: Path) -> list[dict]:
-    with open(run_dir / "steps.csv", newline="") as f:
-        return list(csv.DictReader(f))
+_profile, _ok, _steps = profile, ok, steps
 
 
 @pytest.fixture(scope="module")
 def user(tmp_path_factory) -> Path:
     """The user's folder, outside the repository, holding their scripts."""
-    folder = tmp_path_factory.mktemp("user project")
-    assert not folder.resolve().is_relative_to(REPO.resolve())
-    for script in SCRIPTS.glob("*.py"):
-        shutil.copy(script, folder / script.name)
-    return folder
+    return user_folder(tmp_path_factory.mktemp("user project"))
 
 
 @pytest.fixture(scope="module")
@@ -118,6 +89,20 @@ def test_single_and_ddp_runs_of_one_script_pair_up_with_collectives_in_the_trace
     assert ddp["top1_pct"] is None and ddp["test_loss"] is None  # accuracy unknown: absent
 
 
+def test_script_runs_get_advice_they_can_act_on_and_captions_naming_the_script(cnn_runs):
+    """The verdict tells a script that builds its own DDP the line of code to change, with the
+    bucket count of its run, never a make target; captions name the script and its arguments."""
+    data = compare_runs([cnn_runs / "cnn-single", cnn_runs / "cnn-ddp"], progress=False)
+    (para,) = verdict(data)
+    text = "".join(s["text"] for s in para["segments"])
+    assert "DDP(model, bucket_cap_mb=...)" in text and "1 gradient bucket(s) per step" in text
+    assert "DDP(model, gradient_as_bucket_view=True)" in text  # DDP's bucket copy, in memory
+    assert "make " not in text and "--gradient" not in text
+    assert para["workload"].startswith("cnn_trainer.py --steps 8 --batch 8 (cpu, ")
+    assert set(scaling_frame(data)["panel"]) == {"cnn_trainer.py --steps 8 --batch 8"}
+    assert "None" not in " ".join(group_labels(data).values())
+
+
 def test_a_transformer_with_dict_batches_adamw_and_clipping(user):
     _ok(_profile(user, "--script", "tiny_transformer.py", "--run-id", "tf", "--no-profile",
                  "--", "5"))  # fmt: skip
@@ -167,15 +152,24 @@ def test_a_script_that_never_steps_is_ok_with_a_warning(user):
 
 
 def test_a_script_that_ignores_world_size_is_recorded_as_what_it_was(user):
-    proc = _profile(
-        user, "--script", "no_group.py", "--mode", "ddp", "--run-id", "nogroup", "--no-profile"
-    )
+    proc = _profile(user, "--script", "no_group.py", "--mode", "ddp", "--run-id", "nogroup")
     _ok(proc)
-    rec = read_run(user / "runs" / "nogroup")
+    run_dir = user / "runs" / "nogroup"
+    rec = read_run(run_dir)
     assert (rec["config"]["mode"], rec["config"]["world_size"]) == ("single", 1)
-    assert {r["rank"] for r in _steps(user / "runs" / "nogroup")} == {"0"}
+    assert {r["rank"] for r in _steps(run_dir)} == {"0"}
     assert any("none joined a process group" in w for w in rec["warnings"])
     assert "none joined a process group" in proc.stdout
+    # Rank 1's trace stays on disk, left out of the run with the reason, never called foreign.
+    assert [t.split(".")[0] for t in rec["traces"]] == ["traces/rank0"]
+    (left,) = rec["traces_left_out"]
+    assert left["file"].startswith("traces/rank1.") and (run_dir / left["file"]).is_file()
+    assert "never joined a process group" in left["reason"]
+    (entry,) = compare_runs([run_dir], progress=False)["runs"]
+    assert [r["rank"] for r in entry["trace"]["ranks"]] == [0]  # rank 1's is not analysed
+    said = " ".join(entry["warnings"])
+    assert "left out of this run by its record (rank 1 never joined" in said
+    assert "another run" not in said
 
 
 def test_a_script_with_its_own_profiler_keeps_it(user):
@@ -193,6 +187,14 @@ def test_a_script_with_its_own_profiler_keeps_it(user):
         (["--script", "cnn_trainer.py", "--model", "mlp"], "--model picks dpscope's built-in"),
         (["--script", "cnn_trainer.py", "--dataset=cifar10"], "--dataset picks dpscope's"),
         (["--script", "cnn_trainer.py", "--mode", "dp"], "--mode single or ddp, not dp"),
+        # Options of dpscope's built-in training do nothing to a script: refused, one line each.
+        (["--script", "cnn_trainer.py", "--epochs", "3"], "--epochs does nothing with --script"),
+        (["--script", "cnn_trainer.py", "--batch-size=32"], "--batch-size does nothing with"),
+        (["--script", "cnn_trainer.py", "--threads", "1"], "--threads does nothing with"),
+        (["--script", "cnn_trainer.py", "--epoch", "3"], "--epoch does nothing with --script"),
+        (["--script", "cnn_trainer.py", "--no-checkpoint"], "--no-checkpoint does nothing"),
+        (["--script", "cnn_trainer.py", "--backend", "gloo"], "the script passes its backend"),
+        (["--script", "cnn_trainer.py", "--max-steps", "2"], "--warmup-steps (2) leaves no"),
     ],
 )
 def test_bad_script_arguments_get_one_line_and_nothing_written(
@@ -243,7 +245,7 @@ def test_run_recorder_in_process_writes_the_standard_run_folder(tmp_path):
 def test_run_recorder_phase_outside_a_step_names_the_fix(tmp_path):
     from profiler import RunRecorder
 
-    rec = RunRecorder(runs_dir=tmp_path, run_id="bad")
-    with pytest.raises(ValueError, match="inside `with rec.step"):
-        with rec.phase("forward"):
-            pass
+    with RunRecorder(runs_dir=tmp_path, run_id="bad") as rec:  # closed: one open per process
+        with pytest.raises(ValueError, match="inside `with rec.step"):
+            with rec.phase("forward"):
+                pass

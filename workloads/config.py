@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import math
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
 from profiler.runfolder.errors import OneLineParser  # re-exported: the launcher and train use it,
+from profiler.runfolder.layout import validate_run_id
 from profiler.session import ProfileConfig
 from workloads.spec import (
     BUILTIN_DATASETS,
@@ -38,6 +40,16 @@ __all__ = [
 
 MODES = ("single", "dp", "ddp")
 COMM_HOOKS = ("none", "fp16", "bf16", "powersgd")
+EVAL_BATCH = 256
+"""Samples per evaluation batch (each rank's shard of the test split is read in these)."""
+# Finite ranges of the float options: (flag field, low, high, low inclusive); nan/inf never pass.
+_FLOAT_RANGES = (
+    ("lr", 0.0, 1e6, True),
+    ("momentum", 0.0, 1e6, True),
+    ("weight_decay", 0.0, 1e6, True),
+    ("bucket_cap_mb", 0.0, 1 << 20, False),  # MiB: (0, 1 TiB]
+    ("collective_timeout", 0.0, 7 * 24 * 3600.0, False),  # s: (0, one week]
+)
 
 
 def _opt(default: Any, help: str, choices: tuple | None = None) -> Any:  # noqa: A002
@@ -126,6 +138,11 @@ class TrainConfig:
         "also save checkpoint.pt every N optimizer steps (0 = off); a restarted job resumes there",
     )
     save_final: bool = _opt(False, "save final.pt (the model's state_dict) at the end of the run")
+    eval_batches: int = _opt(
+        50,
+        f"evaluation covers at most this many batches of {EVAL_BATCH} test samples per epoch "
+        "(the first ones of the test split, split over the ranks; 0 = the whole test split)",
+    )
     stop_on_nonfinite: bool = _opt(
         True, "stop the run (error.kind diverged) when a step's loss is NaN or infinite"
     )
@@ -170,16 +187,11 @@ class TrainConfig:
             "warmup_steps",
             "checkpoint_every",
             "dp_gpus",
-            "lr",
-            "momentum",
-            "weight_decay",
+            "eval_batches",
         ):
             if getattr(self, name) < 0:
                 raise ValueError(f"--{_flag(name)} must be >= 0; got {getattr(self, name)}")
-        if self.collective_timeout <= 0:
-            raise ValueError(f"--collective-timeout must be > 0 s; got {self.collective_timeout}")
-        if self.bucket_cap_mb <= 0:
-            raise ValueError(f"--bucket-cap-mb must be > 0; got {self.bucket_cap_mb}")
+        self._check_floats()
         if self.max_steps and self.warmup_steps >= self.max_steps:
             raise ValueError(
                 f"--warmup-steps ({self.warmup_steps}) leaves no measured step of --max-steps "
@@ -190,10 +202,20 @@ class TrainConfig:
                 f"--init-method must start with file://, tcp:// or env://; got {self.init_method!r}"
             )
         ProfileConfig(**self.profile_kwargs())  # bad schedules fail here, before any folder exists
-        if "/" in self.run_id or "\\" in self.run_id:
-            raise ValueError(
-                f"--run-id is a folder name, not a path; got {self.run_id!r} (use --runs-dir)"
-            )
+        if self.run_id:
+            validate_run_id(self.run_id)  # the same rule for every writer (profiler.runfolder)
+
+    def _check_floats(self) -> None:
+        """Each float option finite and in its range (_FLOAT_RANGES), named by its flag."""
+        for name, low, high, inclusive in _FLOAT_RANGES:
+            value = getattr(self, name)
+            above = value >= low if inclusive else value > low
+            if not (math.isfinite(value) and above and value <= high):
+                bracket = "[" if inclusive else "("
+                raise ValueError(
+                    f"--{_flag(name)} must be a finite number in {bracket}{low:g}, {high:g}]; "
+                    f"got {value}"
+                )
 
     def model_spec(self) -> Spec:
         return parse_spec("--model", self.model, BUILTIN_MODELS, torchvision=True)

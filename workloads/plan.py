@@ -24,6 +24,8 @@ __all__ = [
     "Environment",
     "Plan",
     "batch_split",
+    "check_machine",
+    "check_threads",
     "cpu_cores",
     "plan",
     "resolve_backend",
@@ -169,15 +171,38 @@ def _check(cfg: TrainConfig, env: Environment, backend: str, count: int, flag: s
     return None
 
 
+def check_threads(threads: int, env: Environment, flag: str = "--threads") -> None:
+    """ValueError when `threads` per process is above the cores this process may run on (torch
+    creates that many OpenMP threads; 100000 of them crash the process)."""
+    if threads > env.cpu_cores:
+        raise ValueError(
+            f"{flag} {threads} is above the {env.cpu_cores} CPU core(s) this process may use; "
+            f"pass at most {env.cpu_cores} (0 = cores ÷ processes per node)"
+        )
+
+
+def check_machine(cfg: TrainConfig, env: Environment) -> None:
+    """--threads and --num-workers bounded by this machine's cores (ValueError naming the flag);
+    torch's DataLoader itself suggests at most one worker per core."""
+    check_threads(cfg.threads, env)
+    if cfg.num_workers > env.cpu_cores:
+        raise ValueError(
+            f"--num-workers {cfg.num_workers} is above the {env.cpu_cores} CPU core(s) this "
+            f"process may use; pass at most {env.cpu_cores} DataLoader workers per rank"
+        )
+
+
 def plan(cfg: TrainConfig, env: Environment, *, nproc: int | None = None, nnodes: int = 1) -> Plan:
     """Lay out `cfg` on `env`: `nproc` processes per node for DDP (default: one per GPU, 2 on
     CPU), DP's GPUs (`nproc`, else `cfg.dp_gpus`, else every visible GPU), one device otherwise.
 
-    Raises ValueError only for a request that is wrong anywhere (fewer than one process); what
-    this machine or this batch cannot do is returned as `reason`.
+    Raises ValueError for a request that is wrong in every mode (fewer than one process, more
+    threads or DataLoader workers per rank than the machine has cores: `check_machine`); what
+    this machine or this batch cannot do in this mode is returned as `reason`.
     """
     if nproc is not None and nproc < 1:
         raise ValueError(f"--nproc must be >= 1; got {nproc}")
+    check_machine(cfg, env)
     use_cuda = cfg.device != "cpu" and env.cuda
     gpus = env.gpus if use_cuda else 0
     flag = "--nproc" if nproc else "--dp-gpus"

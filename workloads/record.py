@@ -88,6 +88,7 @@ def config_record(cfg: TrainConfig, plan: Plan, *, workload: WorkloadFacts | Non
         "num_workers": cfg.num_workers,
         "pin_memory": cfg.pin_memory,
         "warmup_steps": cfg.warmup_steps,
+        "eval_batches": cfg.eval_batches,
         "rendezvous": cfg.rendezvous,
         "ddp": {
             "bucket_cap_mb": cfg.bucket_cap_mb,

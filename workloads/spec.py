@@ -10,10 +10,14 @@ A spec is one of:
 
 Keyword arguments are `k=v` entries separated by commas; each value becomes an int, a float, a
 bool (`true`/`false`) or else stays a string, e.g. `n_layer=2,n_embd=64,bias=false,act=gelu`.
+Numbers are written with the ASCII digits 0-9 (`1e-3`, `-2`, `.5`) and are finite: a value
+Python would also read as a number some other way (`١٢`, full-width digits, `1_000`, `nan`,
+`inf`) is one SpecError line, never a silent 12 or a NaN.
 """
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass
 from typing import Literal
@@ -81,14 +85,31 @@ def parse_spec(
     return Spec(text=text, kind="import", module=module, name=name)
 
 
-def _value(text: str) -> int | float | bool | str:
+_INT = re.compile(r"[+-]?[0-9]+", re.ASCII)
+_FLOAT = re.compile(r"[+-]?(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][+-]?[0-9]+)?", re.ASCII)
+
+
+def _python_number(text: str) -> bool:
+    try:
+        float(text)  # int() reads no form float() does not (digits of any script, `_`)
+    except ValueError:
+        return False
+    return True
+
+
+def _value(flag: str, key: str, text: str) -> int | float | bool | str:
+    """One value of `k=v` (see the module docstring)."""
     if text.lower() in ("true", "false"):
         return text.lower() == "true"
-    for kind in (int, float):
-        try:
-            return kind(text)
-        except ValueError:
-            pass
+    if _INT.fullmatch(text):
+        return int(text)
+    if _FLOAT.fullmatch(text) and math.isfinite(number := float(text)):
+        return number
+    if _python_number(text):
+        raise SpecError(
+            f"{flag} {key}={text!r} is not a finite number written with the ASCII digits 0-9 "
+            "(no other scripts' digits, no `_`, no nan/inf); write it like 12, -3 or 1e-3"
+        )
     return text
 
 
@@ -104,7 +125,7 @@ def parse_kwargs(flag: str, text: str) -> dict[str, int | float | bool | str]:
             )
         if key in kwargs:
             raise SpecError(f"{flag} gives {key} twice; keep one {key}=...")
-        kwargs[key] = _value(value)
+        kwargs[key] = _value(flag, key, value)
     return kwargs
 
 

@@ -1,5 +1,5 @@
-"""`python -m analysis traces DIR`, `runs RUNS_DIR...`, `ops RUN`, `diff RUN_A RUN_B`: tables
-and JSON.
+"""`python -m analysis traces DIR`, `runs RUNS_DIR...`, `ops RUN`, `diff RUN_A RUN_B`,
+`flightrec RUN`: tables and JSON.
 
 `traces DIR --shard K/N --json PART` and `merge PART... --json OUT` split the traces analysis
 over many jobs (analysis/trace/shard.py).
@@ -14,7 +14,9 @@ import argparse
 from pathlib import Path
 from typing import Any
 
+from analysis.cli import flightrec as frcli  # `flightrec`
 from analysis.cli import ops as opscli  # `ops` and `diff`
+from analysis.cli import traces as tracescli  # `traces` and `merge`
 from analysis.cli.project import add_parser, print_projection
 from analysis.cli.project import run as run_projection
 from analysis.cli.table import say, table
@@ -30,8 +32,7 @@ from analysis.columns import (
 from analysis.jsonsafe import clip, finite_json
 from analysis.outputs import check_json_out
 from analysis.runs.compare import compare_runs, find_run_dirs
-from analysis.trace.folder import analyze_trace_dir, find_trace_files
-from analysis.trace.shard import analyze_shard, merge_parts, parse_shard
+from analysis.trace.clocks import add_clock_align
 from profiler.runfolder.atomic import write_json_atomic
 from profiler.runfolder.errors import InputError, OneLineParser, run_command
 from profiler.runfolder.layout import STEP_PHASES
@@ -99,7 +100,9 @@ def print_runs(result: dict) -> None:
     say(table(rows, CLI_RUN_COLS))
     for run in result["runs"]:
         if run["error"]:
-            say(f"  {clip(run['run_id'])}: {run['status']}: {clip(run['error'].get('message'))}")
+            kind = run["error"].get("kind")
+            status = f"{run['status']} ({str(kind).replace('_', ' ')})" if kind else run["status"]
+            say(f"  {clip(run['run_id'])}: {status}: {clip(run['error'].get('message'))}")
         for warning in run["warnings"]:
             say(f"  warning: {clip(warning)}")
     for warning in result.get("warnings", []):
@@ -121,55 +124,24 @@ def print_runs(result: dict) -> None:
 def build_parser(prog: str = "python -m analysis") -> argparse.ArgumentParser:
     p = OneLineParser(prog=prog, description=__doc__.splitlines()[0])
     sub = p.add_subparsers(dest="command", required=True)
-    t = sub.add_parser("traces", help="analyse one folder of per-rank Kineto traces")
-    t.add_argument("trace_dir", type=Path)
-    t.add_argument("--workers", type=int, default=None, help="load processes (default: cores)")
-    t.add_argument(
-        "--shard",
-        default=None,
-        metavar="K/N",
-        help="reduce only shard K of N (files by sorted path, i mod N) into a part for `merge`",
-    )
-    m = sub.add_parser("merge", help="merge the parts of `traces DIR --shard K/N` into one JSON")
-    m.add_argument("parts", type=Path, nargs="+", metavar="PART")
     r = sub.add_parser("runs", help="compare run folders (speedup, memory, accuracy, comm)")
     r.add_argument("runs_dirs", type=Path, nargs="+", metavar="RUNS_DIR")
     r.add_argument("--no-traces", action="store_true", help="skip trace analysis")
-    for s in (t, r, m, *opscli.add_parsers(sub), add_parser(sub)):
+    traces_parsers = tracescli.add_parsers(sub)
+    for s in (*traces_parsers, r):
+        add_clock_align(s)
+    for s in (*traces_parsers, r, *opscli.add_parsers(sub), add_parser(sub), frcli.add_parser(sub)):
         s.add_argument("--json", type=Path, default=None, metavar="OUT", help="write JSON here")
         s.add_argument("--no-progress", action="store_true", help="no progress bar")
     return p
 
 
-def _shard(args: argparse.Namespace, progress: bool) -> int:
-    """`traces DIR --shard K/N --json PART`: write shard K's part; no tables (a part is half-done)."""
-    parse_shard(args.shard)  # a bad K/N is one line before any file is read
-    if args.json is None:
-        raise InputError(
-            "--shard", "needs --json PART to write the part to", "add --json part-K.json"
-        )
-    part = analyze_shard(args.trace_dir, args.shard, workers=args.workers, progress=progress)
-    _write_json(part, args.json)
-    say(
-        f"shard {part['shard']}/{part['shards']}: {len(part['shard_files'])} of "
-        f"{len(part['files'])} files, {len(part['summaries'])} reduced, "
-        f"{len(part['skipped'])} skipped; wrote {args.json}"
-    )
-    for s in part["skipped"]:
-        say(f"  skipped {s['file']}: {s['reason']}")
-    return 0
-
-
 def _check_out(args: argparse.Namespace) -> None:
     """Refuse a bad --json before any work: empty, a folder, an input or inside an input."""
-    if args.json is None:
+    if args.command in ("traces", "merge"):
+        tracescli.check_outputs(args)
+    elif args.json is None:
         return
-    if args.command == "traces":
-        files = find_trace_files(args.trace_dir)
-        folders = [args.trace_dir] if args.trace_dir.is_dir() else []
-        check_json_out(args.json, files, folders)
-    elif args.command == "merge":  # never over one of the parts being merged
-        check_json_out(args.json, args.parts)
     else:  # runs, ops, diff, project: never inside one of the run folders read
         names = ("runs_dirs", "run", "run_a", "run_b", "comm", "measured", "batch_runs")
         inputs = [p for n in names for p in _as_list(getattr(args, n, None))]
@@ -193,21 +165,28 @@ def _run(args: argparse.Namespace) -> int:
     progress = not args.no_progress
     _check_out(args)
     if args.command == "traces" and args.shard is not None:
-        return _shard(args, progress)
+        return tracescli.run_shard(args, progress, _write_json)
     if args.command == "project":
         result, show = run_projection(args), print_projection
+    elif args.command == "flightrec":
+        result, show = frcli.run_flightrec(args.run), frcli.print_flightrec
     elif args.command == "traces":
-        result = analyze_trace_dir(args.trace_dir, workers=args.workers, progress=progress)
-        show = print_traces
+        result, show = tracescli.run_traces(args, progress), print_traces
     elif args.command == "merge":
-        result = merge_parts(args.parts)
-        show = print_traces
+        result, show = tracescli.run_merge(args), print_traces
     elif args.command == "runs":
-        result = compare_runs(args.runs_dirs, progress=progress, traces=not args.no_traces)
+        result = compare_runs(
+            args.runs_dirs,
+            progress=progress,
+            traces=not args.no_traces,
+            clock_align=args.clock_align,
+        )
         show = print_runs
     else:
         result, show = opscli.run(args)
     _write_json(result, args.json)  # before the tables: a closed pipe must not lose it
+    if args.command in ("traces", "merge"):
+        tracescli.write_parquet(result, args.parquet)
     show(result)
     if args.json is not None:
         say(f"wrote {args.json}")

@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from analysis.trace.clocks import add_clock_align
 from profiler.runfolder.errors import OneLineParser, run_command
 
 __all__ = ["build_parser", "main"]
@@ -26,6 +27,7 @@ def build_parser(prog: str = "python -m analysis.report") -> argparse.ArgumentPa
     )
     parser.add_argument("--out", type=Path, default=Path("reports"), help="report folder")
     parser.add_argument("--no-progress", action="store_true", help="hide progress bars")
+    add_clock_align(parser)
     return parser
 
 
@@ -36,7 +38,9 @@ def main(argv: list[str] | None = None, *, prog: str = "python -m analysis.repor
         # Loaded here (matplotlib takes seconds), so that a Ctrl-C meanwhile is one line too.
         from analysis.report.build import build_report
 
-        files = build_report(args.runs, args.out, progress=not args.no_progress)
+        files = build_report(
+            args.runs, args.out, progress=not args.no_progress, clock_align=args.clock_align
+        )
         print(f"report: {files.index_html}")
         print(f"open:   {files.index_html.resolve().as_uri()}")
         return 0

@@ -40,6 +40,8 @@ __all__ = [
     "idle_table",
     "is_comm_run",
     "load_comm_run",
+    "nondecreasing",
+    "quantile_times",
     "ring_steps",
 ]
 
@@ -95,35 +97,70 @@ def idle_penalty_us(model: dict, nbytes: float, gap_ms: float) -> float:
 
 
 def idle_table(items: object, gaps: dict[str, float], means: dict) -> dict[str, dict]:
-    """{collective: {gap_ms, bytes, us}} for idle_penalty_us, from run.json
-    `metrics.idle_penalty` (the gap sweep: rows of collective, bytes, gap_ms and both means) on
-    the gaps × sizes every one of them has; gap 0 reads as no penalty where the sweep lacks it.
-    A comm run from before the sweep, timed after one `config.gap_ms` per collective with
-    back-to-back means (`means`), gives gaps 0 and that one. Damaged rows are left out."""
+    """{collective: {gap_ms, bytes, us, baseline, timing}} for idle_penalty_us, from run.json
+    `metrics.idle_penalty` (the gap sweep: rows of collective, bytes, gap_ms and the means) on
+    the gaps × sizes every one of them has. The first call's time is the last-arriving rank's
+    (`time_us_mean_last_arrival`, `timing` "last arrival": the rank the others waited for, whose
+    time holds no arrival skew, as the projection's traced comm is that rank's) where the sweep
+    recorded it, else the slowest rank's (`time_us_mean`, "slowest rank"). A comm run from before the sweep, timed after one
+    `config.gap_ms` per collective with back-to-back means (`means`), gives that one gap.
+    Damaged rows are left out.
+
+    The penalty of gap g at size s is what the gap adds to the first call after the barrier:
+    max(0, mean(s, g) − mean(s, 0)), `baseline` "gap 0" (the back-to-back mean where the sweep has
+    no gap 0: `baseline` "back-to-back"). So p(s, 0) = 0 exactly: a bucket queued behind the one
+    before it (no gap) pays nothing, and the barrier's own arrival skew, in every first call of
+    the sweep, is not charged as idle time. Then per size the penalties are made non-decreasing in
+    the gap (isotonic regression, `nondecreasing`): a longer idle period cannot wake the transport
+    faster, and a single noisy cell (5 calls) no longer sets the penalty of every gap near it."""
     cols = ["collective", "bytes", "gap_ms", "time_us_mean", "time_us_mean_back_to_back"]
+    last = "time_us_mean_last_arrival"
     rows = [m for m in items if isinstance(m, dict)] if isinstance(items, list) else []
-    frame = pd.DataFrame(rows, columns=cols)
-    for c in cols[1:]:
+    frame = pd.DataFrame(rows, columns=[*cols, last])
+    for c in [*cols[1:], last]:
         frame[c] = pd.to_numeric(frame[c], errors="coerce")
     frame = frame[frame["collective"].map(lambda c: isinstance(c, str)).astype(bool)]
-    frame = frame[(frame["bytes"] > 0) & (frame["gap_ms"] >= 0)].dropna()
+    frame = frame[(frame["bytes"] > 0) & (frame["gap_ms"] >= 0)].dropna(subset=cols)
+    frame = frame[np.isfinite(frame[cols[3:]]).all(axis=1)]
     if frame.empty:  # a comm run from before the sweep: its one gap per collective, if any
-        frame = _legacy_rows(gaps, means)
+        frame = _legacy_rows(gaps, means).assign(**{last: np.nan})
     out = {}
     for name, g in frame.groupby("collective"):
-        pen = (g["time_us_mean"] - g["time_us_mean_back_to_back"]).clip(lower=0.0)
-        grid = pen.groupby([g["gap_ms"], g["bytes"]]).mean().unstack("bytes").dropna(axis=1)
+        # the last rank to arrive holds no arrival skew: its times where the sweep has them
+        timing = last if bool(np.isfinite(g[last]).all() & (g[last] > 0).all()) else cols[3]
+        first = g.groupby(["gap_ms", "bytes"])[timing].mean().unstack("bytes").dropna(axis=1)
+        if first.empty:
+            continue
+        swept0 = 0.0 in first.index
+        hot = g.groupby("bytes")["time_us_mean_back_to_back"].mean()
+        base = first.loc[0.0] if swept0 else hot.reindex(first.columns)
+        grid = (first - base).clip(lower=0.0).dropna(axis=1)
         if grid.empty:
             continue
-        if 0.0 not in grid.index:
+        if not swept0:
             grid.loc[0.0] = 0.0
         grid = grid.sort_index()
+        us = np.column_stack([nondecreasing(grid[c].to_numpy(dtype=float)) for c in grid.columns])
         out[str(name)] = {
             "gap_ms": [float(v) for v in grid.index],
             "bytes": [float(v) for v in grid.columns],
-            "us": grid.to_numpy(dtype=float).tolist(),
+            "us": us.tolist(),
+            "baseline": "gap 0" if swept0 else "back-to-back",
+            "timing": "last arrival" if timing == last else "slowest rank",
         }
     return out
+
+
+def nondecreasing(y: np.ndarray) -> np.ndarray:
+    """The least-squares non-decreasing fit to `y` (pool-adjacent-violators, equal weights):
+    each run of values that decreases is replaced by its mean, e.g. [0, 3, 1, 5] -> [0, 2, 2, 5]."""
+    blocks: list[list[float]] = []  # [mean, count]
+    for v in np.asarray(y, dtype=float).tolist():
+        blocks.append([v, 1.0])
+        while len(blocks) > 1 and blocks[-2][0] > blocks[-1][0]:
+            (m2, c2), (m1, c1) = blocks.pop(), blocks.pop()
+            blocks.append([(m1 * c1 + m2 * c2) / (c1 + c2), c1 + c2])
+    return np.repeat([b[0] for b in blocks], [int(b[1]) for b in blocks])
 
 
 def _legacy_rows(gaps: dict[str, float], means: dict) -> pd.DataFrame:
@@ -141,28 +178,41 @@ def _legacy_rows(gaps: dict[str, float], means: dict) -> pd.DataFrame:
 
 def host_contention(value: object) -> dict:
     """run.json `metrics.host_contention` as {device, ranks, slowdown, ...}: `slowdown[i]` the
-    compute slowdown at `ranks[i]` busy ranks on one host (workloads.comm.host); {} when absent
-    or damaged (a GPU comm run has a note and no slowdown)."""
+    compute slowdown at `ranks[i]` busy ranks on one host (workloads.comm.host), and its range over
+    the measurement's rounds `slowdown_min`, `slowdown_max` when recorded and consistent; {} when
+    absent or damaged (a GPU comm run has a note and no slowdown)."""
     if not isinstance(value, dict):
         return {}
     ranks, slow = value.get("ranks"), value.get("slowdown")
-    try:
-        ok = len(ranks) == len(slow) > 0 and ranks[0] == 1
-        ok = ok and all(int(k) == k >= 1 for k in ranks) and all(0 < float(v) < 1e3 for v in slow)
-    except (TypeError, ValueError):
-        ok = False
+    ok = _slowdowns(ranks, slow) and all(int(k) == k >= 1 for k in ranks) and ranks[0] == 1
     out = {k: value[k] for k in ("device", "note", "kernel", "time_ms_alone") if k in value}
     if ok:
         out |= {"ranks": [int(k) for k in ranks], "slowdown": [float(v) for v in slow]}
+        lo, hi = value.get("slowdown_min"), value.get("slowdown_max")
+        if _slowdowns(ranks, lo) and _slowdowns(ranks, hi):
+            lo, hi = [float(v) for v in lo], [float(v) for v in hi]
+            if all(a <= m <= b for a, m, b in zip(lo, out["slowdown"], hi, strict=True)):
+                out |= {"slowdown_min": lo, "slowdown_max": hi}
     return out
 
 
-def contention_factor(host: dict, ranks_per_node: int) -> float:
-    """Compute slowdown at `ranks_per_node` co-located ranks: the measured one, linear between
-    the measured counts, flat past the largest; 1 when nothing was measured (GPU) or at 1."""
+def _slowdowns(ranks: object, slow: object) -> bool:
+    """True when `slow` is a list of plausible slowdowns, one per entry of `ranks`."""
+    try:
+        return len(ranks) == len(slow) > 0 and all(0 < float(v) < 1e3 for v in slow)
+    except (TypeError, ValueError):
+        return False
+
+
+def contention_factor(host: dict, ranks_per_node: int, which: str = "slowdown") -> float:
+    """Compute slowdown at `ranks_per_node` co-located ranks: the measured one (`which`:
+    `slowdown`, or the range's `slowdown_min` / `slowdown_max`, the median where the comm run has
+    no range), linear between the measured counts, flat past the largest; 1 when nothing was
+    measured (GPU) or at 1."""
     if not host.get("slowdown") or ranks_per_node <= 1:
         return 1.0
-    return float(np.interp(ranks_per_node, host["ranks"], host["slowdown"]))
+    values = host.get(which) or host["slowdown"]
+    return float(np.interp(ranks_per_node, host["ranks"], values))
 
 
 def is_comm_run(run_dir: Path) -> bool:
@@ -173,7 +223,8 @@ def is_comm_run(run_dir: Path) -> bool:
 
 def load_comm_run(run_dir: Path) -> dict:
     """{run_id, path, backend, world_size, status, rows (list of comm.csv dicts), models, skipped,
-    means, gap_ms, host_contention, idle (idle_table)}.
+    means, gap_ms, host_contention, idle (idle_table), last_arrival ({mean, p5, p95}: quantile_times
+    of the last-arriving rank's back-to-back times, `time_us_<stat>_last_arrival`)}.
 
     Raises InputError (one line) when the folder is not a finished comm run.
     """
@@ -184,6 +235,7 @@ def load_comm_run(run_dir: Path) -> dict:
     rec, raw = read_comm_record(run_json)  # one line (InputError) when missing or invalid
     # comm.csv through its typed reader: its rows must be at run.json's world size.
     rows = read_comm_csv(run_dir / COMM_CSV, world_size=rec.config.world_size)
+    _check_times(run_dir / COMM_CSV, rows)
     metrics = rec.metrics
     # The sweep's tables are checked row by row by their own readers (damaged rows left out).
     raw_metrics = raw.get("metrics") if isinstance(raw.get("metrics"), dict) else {}
@@ -204,7 +256,53 @@ def load_comm_run(run_dir: Path) -> dict:
         "host_load": msgspec.to_builtins(rec.env.host_load) if rec.env.host_load else None,
     }
     out["idle"] = idle_table(raw_metrics.get("idle_penalty"), out["gap_ms"], out["means"])
+    items = raw_metrics.get("time_us_mean")
+    out["last_arrival"] = {
+        stat: quantile_times(items, f"time_us_{stat}_last_arrival", rows)
+        for stat in ("mean", "p5", "p95")
+    }
     return out
+
+
+def quantile_times(items: object, key: str, rows: pd.DataFrame) -> dict[str, dict[str, list]]:
+    """{collective: {bytes, time_us}} of run.json `metrics.time_us_mean` items' `key` (e.g.
+    `time_us_p5_last_arrival`: the 5th percentile of the last-arriving rank's times over the
+    iterations), at the sizes comm.csv has;
+    a collective with a size missing, non-finite or not positive is left out (comm runs from
+    before the field have none: {})."""
+    rows_ = [m for m in items if isinstance(m, dict)] if isinstance(items, list) else []
+    frame = pd.DataFrame(rows_, columns=["collective", "bytes", key])
+    frame["bytes"] = pd.to_numeric(frame["bytes"], errors="coerce")
+    frame[key] = pd.to_numeric(frame[key], errors="coerce")
+    frame = frame[frame["collective"].map(lambda c: isinstance(c, str)).astype(bool)]
+    out = {}
+    for name, want in rows.groupby("collective")["bytes"]:
+        g = frame[frame["collective"] == name].drop_duplicates("bytes").set_index("bytes")[key]
+        t = g.reindex(sorted(want)).to_numpy(dtype=float)
+        if t.size and bool((np.isfinite(t) & (t > 0)).all()):
+            out[str(name)] = {"bytes": [float(b) for b in sorted(want)], "time_us": t.tolist()}
+    return out
+
+
+TIME_US_RANGE = (1e-3, 86400e6)
+"""The collective times (µs) a comm run may hold: 1 ns to 1 day. Outside it (0, a subnormal, an
+overflow) the record is damaged, and the α–β fit over it would be meaningless."""
+
+
+def _check_times(path: Path, rows: pd.DataFrame) -> None:
+    """One line (InputError) when a comm.csv time is not a real collective time."""
+    lo, hi = TIME_US_RANGE
+    for col in ("time_us_median", "time_us_p95"):
+        t = rows[col].to_numpy(dtype=float)
+        bad = ~((t >= lo) & (t <= hi))
+        if bad.any():
+            i = int(np.flatnonzero(bad)[0])
+            raise InputError(
+                path,
+                f"cannot project: {col} {t[i]:.3g} µs of {rows['collective'].iloc[i]} at "
+                f"{int(rows['bytes'].iloc[i])} B is not a real collective time (1 ns to 1 day)",
+                "re-run make bench-comm",
+            )
 
 
 def _means(items: object, rows: pd.DataFrame) -> dict[str, dict[str, list]]:

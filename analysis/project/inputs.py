@@ -1,6 +1,11 @@
 """A training run's projection inputs (`analysis project`): its unprofiled step phases, DDP
 buckets, buffer broadcasts and, for a DDP run, the exposed communication its traces measured (taken
-out of backward, so compute is compute). Definitions: docs/reference/metrics.md §10."""
+out of backward, so compute is compute), and its traced per-bucket calls for the self-replay.
+Definitions: docs/reference/metrics.md §10.
+
+A run whose measured times cannot describe a step (non-finite, negative, or a step under
+MIN_STEP_S, such as the subnormal 1e-320 s of a damaged steps.csv) is refused with one line
+("cannot project"), never projected into infinities."""
 
 from __future__ import annotations
 
@@ -11,7 +16,7 @@ import pandas as pd
 
 from analysis.project.comm import is_comm_run
 from analysis.project.model import FIRST_BUCKET_BYTES, ProjectionInputs, ddp_buckets
-from analysis.trace.folder import analyze_trace_dir
+from analysis.project.traced import bucket_calls, exposed_share, read_rank_rows
 from profiler.runfolder.errors import InputError, safe_text
 from profiler.runfolder.layout import RUN_JSON, STEP_PHASES, STEPS_CSV, throughput_steps
 from profiler.runfolder.records import read_record
@@ -19,11 +24,18 @@ from profiler.runfolder.schema import Config, Metrics, ProfileConfig, RunRecord
 from profiler.runfolder.steps import read_steps_frame
 
 __all__ = [
+    "MAX_STEP_S",
+    "MIN_STEP_S",
     "ProjectionInputs",
     "load_training",
     "measured_steps",
     "unprofiled_steps",
 ]
+
+MIN_STEP_S, MAX_STEP_S = 1e-6, 86400.0
+"""The mean step the projection accepts: from 1 µs to 1 day. No training step is shorter or
+longer, so one outside (0, a subnormal 1e-320 s, or 1e308 s whose mean overflows) is a damaged
+record, not a measurement."""
 
 
 def _profiled_from_schedule(steps: pd.Series, profile: ProfileConfig | None) -> pd.Series:
@@ -81,7 +93,28 @@ def _measured_body(run_dir: Path, config: Config) -> tuple[pd.DataFrame, str | N
             "has no measured step (every step was a warm-up step)",
             "re-run with more --max-steps than --warmup-steps",
         )
+    _check_times(run_dir / STEPS_CSV, body)
     return body, fallback
+
+
+def _check_times(path: Path, body: pd.DataFrame) -> None:
+    """One line (InputError) unless the measured rows describe a real step: finite,
+    non-negative times and a mean step and phases from MIN_STEP_S to MAX_STEP_S."""
+    cols = ["step_time_s", *(f"{p}_s" for p in STEP_PHASES)]
+    values = body[cols].to_numpy(dtype=float)
+    with np.errstate(over="ignore"):  # an overflowing mean is what this check is for
+        means = values.mean(axis=0)
+    ok = (np.isfinite(values) & (values >= 0)).all(axis=0) & (means <= MAX_STEP_S)
+    bad = [c for c, good in zip(cols, ok, strict=True) if not good]
+    step = float(means[0])
+    if bad or not step >= MIN_STEP_S:
+        what = (f"a non-finite, negative or over-a-day {', '.join(bad)}" if bad
+                else f"a mean step of {step:.3g} s (under {MIN_STEP_S:g} s)")  # fmt: skip
+        raise InputError(
+            path,
+            f"cannot project: its measured steps have {what}, not a real step time",
+            "re-run the training; the projection needs real step times",
+        )
 
 
 def _buckets(run_json: Path, config: Config, metrics: Metrics) -> tuple[list[int], str]:
@@ -167,24 +200,28 @@ def _buffer_groups(metrics: Metrics) -> list[int]:
 
 def _subtract_traced_comm(run: ProjectionInputs, run_dir: Path, trace: dict | None) -> None:
     """A DDP run's backward includes waiting for its all-reduces; take out the exposed part the
-    traces measured, so compute is compute (the replay then re-adds the *modelled* exposure)."""
+    traces measured for the rank that arrives last (analysis.project.traced: the others' extra
+    wait is rank skew, which stays in compute as the step's own straggler time), so
+    compute is what sets the step (the replay then re-adds the *modelled* exposure). Without a
+    given traces JSON the traces are read here, and their per-bucket calls kept for the
+    self-replay (`traced_calls`)."""
     try:
-        trace = trace or analyze_trace_dir(run_dir / "traces", progress=False)
+        ranks = trace["ranks"] if trace is not None else read_rank_rows(run_dir / "traces")
     except InputError as err:
         run.warnings.append(f"{err} — backward taken as all compute")
         return
-    # Profiled steps run slower than the unprofiled ones used here, so the traced exposed comm is
-    # taken as a share of the traced step and scaled to the measured step (as the report does).
-    shares = [
-        r["exposed_comm_us"] / r["step_time_us_mean"]
-        for r in trace["ranks"]
-        if r.get("exposed_comm_us") is not None and r.get("step_time_us_mean")
-    ]
-    if not shares:
+    if trace is None:
+        run.traced_calls = bucket_calls(ranks, len(run.buckets_bytes))
+    share = (run.traced_calls or {}).get("exposed_share")
+    share = exposed_share(ranks) if share is None else share
+    if share is None:
         run.warnings.append("traces have no comm — backward taken as all compute")
         return
-    run.traced_exposed_comm_s = float(np.mean(shares)) * run.step_time_s
-    run.step_samples_s = run.step_samples_s * (1 - float(np.mean(shares)))
+    # Profiled steps run slower than the unprofiled ones used here, so the traced exposed comm is
+    # taken as a share of the traced step and scaled to the measured step (as the report does).
+    run.exposed_share = share
+    run.traced_exposed_comm_s = share * run.step_time_s
+    run.step_samples_s = run.step_samples_s * (1 - share)
     bwd = run.phases_s["backward"]
     run.backward_compute_s = max(0.1 * bwd, bwd - run.traced_exposed_comm_s)
     if run.backward_compute_s == 0.1 * bwd:

@@ -55,7 +55,7 @@ class ProjectionInputs:
     step_time_s: float
     """Mean step time over those steps of every rank."""
     phases_s: dict[str, float]
-    """Mean of each of PHASES over those steps."""
+    """Mean of each of STEP_PHASES over those steps."""
     other_s: float
     """step − Σ phases (≥ 0): the loop's remainder."""
     step_samples_s: np.ndarray
@@ -66,6 +66,14 @@ class ProjectionInputs:
     backward_compute_s: float
     """backward_s, minus a DDP run's traced exposed communication."""
     traced_exposed_comm_s: float | None = None
+    """A DDP run's traced exposed share × its measured step (analysis.project.traced)."""
+    exposed_share: float | None = None
+    """That share: the last-arriving rank's exposed comm ÷ the traced step."""
+    traced_calls: dict | None = None
+    """The traces' per-bucket calls (analysis.project.traced.bucket_calls, traced µs)."""
+    ddp1: ProjectionInputs | None = None
+    """For a single-device run: a 1-rank DDP run of its workload, whose compute (DDP's own
+    per-step cost included) the projection takes at n ≥ 2 (`--workload-runs`)."""
     compute_s: float = 0.0
     """step − backward + backward compute."""
     warnings: list[str] = field(default_factory=list)
@@ -174,9 +182,9 @@ def assumptions(
     ]
     if idle:
         out.append(
-            "each bucket and buffer broadcast pays the comm run's idle penalty (mean after a gap "
-            "− back-to-back) at the compute gap before it, interpolated in gap and size, once "
-            "per call whatever n"
+            "each bucket and buffer broadcast pays the comm run's idle penalty (call after a gap − "
+            "after none) at the compute gap before it, interpolated in gap and size, once per "
+            "call whatever n"
         )
     return [a for a in out if a]
 
@@ -191,19 +199,23 @@ def straggler_s(run: ProjectionInputs, n: int) -> float:
 
 
 def compute_phases(
-    run: ProjectionInputs, batch: float, batch_runs: dict[int, ProjectionInputs]
+    run: ProjectionInputs, batch: float, batch_runs: dict[int, ProjectionInputs], n: int = 1
 ) -> tuple[dict, str]:
-    """Per-step compute phases at per-device `batch`: a measured run at that batch, else linear."""
+    """Per-step compute phases at per-device `batch`: a measured run at that batch, else linear
+    in the batch; at n ≥ 2 from `run.ddp1` when it has one (DDP's own per-step cost: its hooks,
+    the copies into and out of the buckets, which a single-device run does not pay)."""
     other = batch_runs.get(int(batch)) if float(batch).is_integer() else None
     if other is not None and int(batch) != run.per_device_batch:
         ph = dict(other.phases_s, backward=other.backward_compute_s, other=other.other_s)
         return ph, f"measured ({other.run_id})"
-    k = batch / run.per_device_batch
+    src = run.ddp1 if run.ddp1 is not None and n > 1 else run
+    k = batch / src.per_device_batch
     ph = {
-        "data": run.phases_s["data"] * k,
-        "forward": run.phases_s["forward"] * k,
-        "backward": run.backward_compute_s * k,
-        "optimizer": run.phases_s["optimizer"],
-        "other": run.other_s,
+        "data": src.phases_s["data"] * k,
+        "forward": src.phases_s["forward"] * k,
+        "backward": src.backward_compute_s * k,
+        "optimizer": src.phases_s["optimizer"],
+        "other": src.other_s,
     }
-    return ph, "measured" if k == 1 else "linear in batch"
+    how = "measured" if k == 1 else "linear in batch"
+    return ph, how if src is run else f"{how}, DDP at 1 rank ({src.run_id})"

@@ -21,20 +21,20 @@ Model (docs/reference/metrics.md, "Scaling projection"), per projected world siz
   RUN's per-step compute minus the same at RUN's own n (zero for the replay).
 - step = compute + straggler wait + exposed communication (still running when backward ends, plus
   the buffer broadcast).
+- band: the same projection with every measured spread at its low and at its high end
+  (analysis.project.bands); `replay_traced`: a DDP RUN at its own n with its own traced per-bucket
+  times instead of the comm model (analysis.project.traced), which checks the arithmetic alone.
 """
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
-import pandas as pd
-
-from analysis.project.comm import (
-    contention_factor,
-    fit_alpha_beta,
-    load_comm_run,
-    with_measured_curve,
-)
+from analysis.project.bands import band_fields, comm_model, comm_models, compute_spread
+from analysis.project.checks import check as _check
+from analysis.project.checks import replay_traced as _replay_traced
+from analysis.project.comm import contention_factor, load_comm_run
 from analysis.project.inputs import load_training, unprofiled_steps
 from analysis.project.model import (
     INTER_NODE_ALPHA_US,
@@ -42,7 +42,7 @@ from analysis.project.model import (
     assumptions,
     parse_inter_node,
 )
-from analysis.project.step import predict_step
+from analysis.project.step import Knobs, predict_step
 from profiler.runfolder.errors import InputError
 from profiler.runfolder.hostload import is_busy
 from profiler.runfolder.versions import PROJECTION_JSON_SCHEMA_VERSION
@@ -61,36 +61,38 @@ def project(
     backend: str | None = None,
     measured: list[Path] = (),
     batch_runs: list[Path] = (),
-    traces: bool = True,
+    workload_runs: list[Path] = (),
+    traces: bool | dict = True,
     wire_bytes_factor: float | None = None,
-    trace: dict | None = None,
     bandwidth: str = "measured",
 ) -> dict:
-    """The projection JSON for RUN at each n in `ranks` (see the module docstring).
-
+    """The projection JSON for RUN at each n in `ranks` (see the module docstring):
     `wire_bytes_factor` overrides the bytes on the wire per gradient byte (default: 0.5 when RUN
     used the fp16/bf16 comm hook, else 1), e.g. 0.5 to ask what the fp16 hook would give.
     `bandwidth`: `measured` = α from the fit, bus bandwidth per message size from the benchmark
-    (analysis.project.comm.with_measured_curve); `fit` = the single fitted (α, B) pair."""
+    (analysis.project.comm.with_measured_curve); `fit` = the single fitted (α, B) pair.
+    `workload_runs`: other runs of RUN's workload (model, dataset, per-device batch): those of
+    its mode and world size (other seeds) widen the compute band; a 1-rank DDP run, for a
+    single-device RUN, gives the compute at n ≥ 2 (`ProjectionInputs.ddp1`). `traces`: read a
+    DDP RUN's traces (True), not (False), or a dict: an already computed traces JSON of RUN (its
+    exposed share; no self-replay then). InputError (one line) for bad input, and for a run
+    whose numbers give no finite projection ("cannot project")."""
     inter_gbps = _check_args(ranks, gpus_per_node, inter_node)
-    run = load_training(run_dir, traces=traces, trace=trace)
+    given = traces if isinstance(traces, dict) else None
+    run = load_training(run_dir, traces=bool(traces), trace=given)
     comm = load_comm_run(comm_dir)
     asked = backend or (run.backend if run.mode == "ddp" else comm["backend"])
-    _check_comm(comm, comm_dir, asked, bandwidth)
-    model = _comm_model(comm, "all_reduce", bandwidth)
-    bcast = _comm_model(comm, "broadcast", bandwidth) if "broadcast" in comm["models"] else None
+    model, bcast = _comm_models(comm, comm_dir, asked, bandwidth)
     scaling = scaling or run.scaling
     wire = wire_bytes_factor or (0.5 if run.comm_hook in ("fp16", "bf16") else 1.0)
-    warnings = _warnings(run, comm, model, bcast, wire, bandwidth, ranks, gpus_per_node)
-    others = (load_training(d, traces=traces) for d in batch_runs)
+    others = (load_training(d, traces=bool(traces)) for d in batch_runs)
     by_batch = {other.per_device_batch: other for other in others}
     kw = dict(scaling=scaling, comm_model=model, gpn=gpus_per_node, inter_gbps=inter_gbps)
     kw.update(batch_runs=by_batch, wire=wire, bcast=bcast, host=comm["host_contention"])
-    base, preds = _predictions(run, ranks, kw)
-    checks = [_check(run, load_training(d, traces=False), kw, base) for d in measured]
-    idle = "idle_penalty" in model
-    host = _host_words(comm, ranks, gpus_per_node, run)
-    return {
+    seeds = _workload_runs(run, workload_runs, bool(traces))
+    ends = _band_ends(run, comm, kw, bandwidth, seeds)
+    base, preds = _predictions(run, ranks, kw, ends)
+    out = {
         "schema_version": PROJECTION_JSON_SCHEMA_VERSION,
         "run_id": run.run_id,
         "run_path": run.path,
@@ -99,14 +101,94 @@ def project(
         "scaling": scaling,
         "ranks": list(ranks),
         "inputs": _inputs_json(run, comm, kw, bandwidth),
-        "assumptions": assumptions(
-            scaling, run, gpus_per_node, inter_gbps, by_batch, bandwidth, idle=idle, host=host
-        ),
-        "replay": _check(run, run, kw, base),
-        "measured": checks,
+        "assumptions": _assumptions(run, comm, ranks, kw, bandwidth),
+        "replay": _check(run, run, kw, base, ends),
+        "replay_traced": _replay_traced(run, kw),
+        "measured": [_check(run, load_training(d, traces=False), kw, base, ends) for d in measured],
         "predictions": preds,
-        "warnings": warnings,
+        "warnings": _warnings(run, comm, model, bcast, wire, bandwidth, ranks, gpus_per_node),
     }
+    _check_finite(out, run_dir)
+    return out
+
+
+def _comm_models(comm: dict, comm_dir: Path, asked: str | None, bandwidth: str) -> tuple:
+    """(all_reduce model, broadcast model or None) once the comm run can model `asked`."""
+    _check_comm(comm, comm_dir, asked, bandwidth)
+    model = comm_model(comm, "all_reduce", bandwidth)
+    bcast = comm_model(comm, "broadcast", bandwidth) if "broadcast" in comm["models"] else None
+    return model, bcast
+
+
+def _assumptions(run: ProjectionInputs, comm: dict, ranks: list[int], kw: dict,
+                 bandwidth: str) -> list[str]:  # fmt: skip
+    """The projection's assumptions in words (analysis.project.model.assumptions)."""
+    host = _host_words(comm, ranks, kw["gpn"], run)
+    idle = "idle_penalty" in kw["comm_model"]
+    return assumptions(kw["scaling"], run, kw["gpn"], kw["inter_gbps"], kw["batch_runs"],
+                       bandwidth, idle=idle, host=host)  # fmt: skip
+
+
+def _workload_runs(run: ProjectionInputs, paths: list[Path], traces: bool) -> list:
+    """`--workload-runs`: the seed runs (RUN's mode and world size); a 1-rank DDP run of a
+    single-device RUN becomes `run.ddp1`. One line for a run of another workload or kind."""
+    seeds = []
+    for path in paths:
+        other = load_training(path, traces=traces)
+        diff = [k for k in ("model", "dataset", "per_device_batch", "scaling")
+                if getattr(other, k) != getattr(run, k)]  # fmt: skip
+        same = other.mode == run.mode and other.world_size == run.world_size
+        ddp1 = run.mode == "single" and other.mode == "ddp" and other.world_size == 1
+        if diff or not (same or ddp1) or (ddp1 and run.ddp1 is not None):
+            why = f"differs from RUN in {', '.join(diff)}" if diff else "is not a seed run of RUN"
+            raise InputError(
+                "--workload-runs",
+                f"{path} {why}" + (" (a second 1-rank DDP run)" if ddp1 and not diff else ""),
+                "pass runs of RUN's workload: same mode and world size, or one 1-rank DDP run",
+            )
+        if same:
+            seeds.append(other)
+        else:
+            run.ddp1 = other
+    return seeds
+
+
+def _band_ends(run: ProjectionInputs, comm: dict, kw: dict, bandwidth: str,
+               seeds: list[ProjectionInputs]) -> dict:  # fmt: skip
+    """The knobs of predict_step at the band's low and high end, and their sources in words
+    (analysis.project.bands)."""
+    lo_c, hi_c, c_words = compute_spread(run, seeds)
+    lo_m, hi_m, m_words = comm_models(comm, "all_reduce", bandwidth, kw["comm_model"])
+    lo_b, hi_b = kw["bcast"], kw["bcast"]
+    if kw["bcast"] is not None:
+        lo_b, hi_b, _ = comm_models(comm, "broadcast", bandwidth, kw["bcast"])
+    idle = "idle_penalty" in kw["comm_model"]
+    words = {
+        "compute": c_words,
+        "comm": m_words + ("; idle penalty from 0 (hidden by rank skew) to the sweep's" if idle
+                           else ""),
+        "contention": "the comm run's host-contention range over its rounds (min–max)",
+    }  # fmt: skip
+    low = {"knobs": Knobs(lo_c, "slowdown_min", 0.0), "comm_model": lo_m, "bcast": lo_b}
+    high = {"knobs": Knobs(hi_c, "slowdown_max", 1.0), "comm_model": hi_m, "bcast": hi_b}
+    return {"low": low, "high": high, "words": words}
+
+
+def _check_finite(out: dict, run_dir: Path) -> None:
+    """One line unless every predicted and checked number is finite (a degenerate input, e.g. a
+    comm run or step times that give a zero or infinite step, cannot be projected)."""
+    rows = [*out["predictions"], out["replay"], *out["measured"]]
+    if out["replay_traced"]:
+        rows.append(out["replay_traced"])
+    for row in rows:
+        bad = [k for k, v in row.items() if isinstance(v, float) and not math.isfinite(v)]
+        if bad or not all(r["step_time_s"] > 0 for r in out["predictions"]):
+            raise InputError(
+                run_dir,
+                f"cannot project: its inputs give a non-finite or zero {', '.join(bad) or 'step'}"
+                f" at n={row['ranks']}",
+                "check the run's steps.csv and the comm run's times",
+            )
 
 
 def _check_args(ranks: list[int], gpus_per_node: int, inter_node: str) -> float:
@@ -118,14 +200,18 @@ def _check_args(ranks: list[int], gpus_per_node: int, inter_node: str) -> float:
     return parse_inter_node(inter_node)
 
 
-def _predictions(run: ProjectionInputs, ranks: list[int], kw: dict) -> tuple[dict, list[dict]]:
-    """The one-rank projection (the speedup's base) and the projection at each n in `ranks`."""
+def _predictions(
+    run: ProjectionInputs, ranks: list[int], kw: dict, ends: dict
+) -> tuple[dict, list[dict]]:
+    """The one-rank projection (the speedup's base) and the projection at each n in `ranks`,
+    each with its band (analysis.project.bands.band_fields)."""
     base = predict_step(run, 1, **kw)
     preds = []
     for n in ranks:
         p = predict_step(run, n, **kw)
         p["speedup"] = p["samples_per_s"] / base["samples_per_s"]
         p["scaling_efficiency"] = p["speedup"] / n
+        p.update(band_fields(run, n, kw, ends))
         preds.append(p)
     return base, preds
 
@@ -205,7 +291,10 @@ def _inputs_json(run: ProjectionInputs, comm: dict, kw: dict, bandwidth: str) ->
         "phases_s": run.phases_s,
         "other_s": run.other_s,
         "backward_compute_s": run.backward_compute_s,
+        "compute_s": run.compute_s,
         "traced_exposed_comm_s": run.traced_exposed_comm_s,
+        "traced_exposed_share": run.exposed_share,
+        "ddp1_run_id": run.ddp1.run_id if run.ddp1 is not None else None,
         "buckets_bytes": run.buckets_bytes,
         "buffer_broadcasts_bytes": run.buffer_groups_bytes,
         "bucket_source": run.bucket_source,
@@ -223,39 +312,6 @@ def _inputs_json(run: ProjectionInputs, comm: dict, kw: dict, bandwidth: str) ->
     }
 
 
-def _comm_model(comm: dict, name: str, bandwidth: str) -> dict:
-    """The α–β model of `name` from the comm run (docs/reference/metrics.md §10), with the comm run's
-    `idle_penalty` table (analysis.project.comm.idle_table) when it has one. With `measured`
-    bandwidth, the per-size curve of the benchmark's mean times (a mean step is what is projected:
-    heavy-tailed collective times make the median too low), or of its medians for comm runs
-    without means. A comm run from before the gap sweep, timed after one gap with back-to-back
-    means: α, B and the curve from those back-to-back means."""
-    model = _bandwidth_model(comm, name, bandwidth)
-    if name in comm["idle"]:
-        model["idle_penalty"] = comm["idle"][name]
-    return model
-
-
-def _bandwidth_model(comm: dict, name: str, bandwidth: str) -> dict:
-    n0 = comm["models"][name]["world_size"]
-    model = dict(comm["models"][name], time_statistic="median")
-    means = comm["means"].get(name)
-    if means is None or len(means["bytes"]) < 2:
-        if bandwidth == "fit":
-            return model
-        rows = pd.DataFrame(comm["rows"])
-        rows = rows[rows["collective"] == name]
-        return with_measured_curve(model, rows["bytes"], rows["time_us_median"])
-    hot = means.get("time_us_mean_back_to_back")
-    if hot is None:  # back-to-back timing: the means as they are
-        if bandwidth == "fit":
-            return model
-        curve = with_measured_curve(model, means["bytes"], means["time_us_mean"])
-        return dict(curve, time_statistic="mean")
-    model = dict(fit_alpha_beta(name, n0, means["bytes"], hot), time_statistic="mean")
-    return model if bandwidth == "fit" else with_measured_curve(model, means["bytes"], hot)
-
-
 def _host_words(comm: dict, ranks: list[int], gpn: int, run: ProjectionInputs) -> str:
     """The contention assumption with its measured values (analysis.project.step)."""
     host = comm["host_contention"]
@@ -271,29 +327,3 @@ def _host_words(comm: dict, ranks: list[int], gpn: int, run: ProjectionInputs) -
         f"co-located ranks slow each other's compute, measured by the comm run: {vals} ranks "
         f"per node{far}; compute scaled by c(n) ÷ c(RUN's ranks per node)"
     )
-
-
-def _check(run: ProjectionInputs, target: ProjectionInputs, kw: dict, base: dict) -> dict:
-    """Projection of `run` at `target`'s world size vs `target`'s measured unprofiled step time;
-    `measured_scaling_efficiency` divides by the same projected n = 1 throughput as predictions."""
-    n = target.world_size
-    measured_sps = target.global_batch / target.step_time_s
-    p = predict_step(run, n, **kw)
-    err = 100 * (p["step_time_s"] - target.step_time_s) / target.step_time_s
-    note = None
-    if target is run and n == 1:
-        note = (
-            "single-device run: no communication to model, so the replay is exact by construction"
-        )
-    if abs(p["per_device_batch"] - target.per_device_batch) > 1e-9:
-        note = f"per-device batch differs ({p['per_device_batch']:g} vs {target.per_device_batch})"
-    return {
-        "run_id": target.run_id,
-        "ranks": n,
-        "measured_step_time_s": target.step_time_s,
-        "predicted_step_time_s": p["step_time_s"],
-        "error_pct": err,
-        "measured_samples_per_s": measured_sps,
-        "measured_scaling_efficiency": measured_sps / base["samples_per_s"] / n,
-        "note": note,
-    }

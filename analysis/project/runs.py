@@ -2,10 +2,13 @@
 and one scaling projection per (comm run, workload) for the report's Projection section.
 
 For each ok comm run and each workload (model, dataset, scaling, amp) with an ok training run, the
-source is a DDP run on the comm run's backend when there is one (so its replay error is
-measured), else a single-device run; the other DDP runs of that workload on that backend are the
-measured points. World sizes: powers of 2 up to 1,024 plus every measured n, with the defaults of
-`analysis project` (8 ranks per node, 100 Gb/s between nodes).
+source is the workload's first run when that is a single-device run, else its first DDP run on
+the comm run's backend; the other DDP runs of that workload on that backend are the measured
+points, and every DDP run is replayed from itself. The source's other runs at its per-device batch
+are its workload runs: those of its mode and world size (other seeds) widen the compute band, and
+a single-device source takes its compute at n ≥ 2 from the first 1-rank DDP run. World sizes:
+powers of 2 up to 1,024 plus every measured n, with the defaults of `analysis project` (8 ranks
+per node, 100 Gb/s between nodes).
 """
 
 from __future__ import annotations
@@ -24,6 +27,18 @@ FINDING_RANKS = 64
 
 def _workload(run: dict) -> tuple:
     return run["model"], run["dataset"], run["scaling"], run["amp"]
+
+
+def _workload_runs(source: dict, group: list[dict]) -> list[Path]:
+    """The source's seed runs (its mode, world size and per-device batch) and, for a
+    single-device source, the first 1-rank DDP run at its batch (DDP's own per-step cost)."""
+    same = [r for r in group if r is not source and r.get("per_device_batch") == source.get(
+        "per_device_batch")]  # fmt: skip
+    seeds = [r for r in same if (r["mode"], r["world_size"]) == (source["mode"],
+                                                                  source["world_size"])]  # fmt: skip
+    ddp1 = [r for r in same if r["mode"] == "ddp" and r["world_size"] == 1]
+    extra = ddp1[:1] if source["mode"] == "single" else []
+    return [Path(r["path"]) for r in seeds + extra]
 
 
 def _fp16_share(run_dir: Path, comm_dir: Path, result: dict) -> float | None:
@@ -62,7 +77,13 @@ def comm_and_projections(comm_dirs: list[Path], runs: list[dict]) -> dict:
             ranks = sorted(set(REPORT_RANKS) | {int(r["world_size"] or 1) for r in ddp})
             measured = [Path(r["path"]) for r in ddp if r is not source]
             try:
-                result = project(Path(source["path"]), Path(c["path"]), ranks, measured=measured)
+                result = project(
+                    Path(source["path"]),
+                    Path(c["path"]),
+                    ranks,
+                    measured=measured,
+                    workload_runs=_workload_runs(source, group),
+                )
                 result["fp16_exposed_comm_pct"] = _fp16_share(
                     Path(source["path"]), Path(c["path"]), result
                 )
@@ -77,17 +98,20 @@ def comm_and_projections(comm_dirs: list[Path], runs: list[dict]) -> dict:
             result["replays"] = []
             for r in ddp:
                 try:
+                    # its traces read again (when the runs JSON read them at all): the
+                    # self-replay needs their per-bucket calls, which the traces JSON lacks
                     own = project(
                         Path(r["path"]),
                         Path(c["path"]),
                         [r["world_size"]],
-                        trace=r.get("trace"),
                         traces=r.get("trace") is not None,
                     )
                 except (InputError, ValueError, KeyError, TypeError) as err:
                     skipped.append({"path": r["path"], "reason": str(err)})
                     continue
-                result["replays"].append({**own["replay"], "warnings": own["warnings"]})
+                result["replays"].append(
+                    {**own["replay"], "traced": own["replay_traced"], "warnings": own["warnings"]}
+                )
             result["comm_path"] = c["path"]
             projections.append(result)
     return {"comm": comm, "projections": projections, "projection_skipped": skipped}

@@ -16,6 +16,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -27,7 +28,7 @@ from analysis.project.model import (
     straggler_s,
 )
 
-__all__ = ["bucket_timeline", "predict_step"]
+__all__ = ["POINT", "Knobs", "bucket_timeline", "contention_ratio", "predict_step"]
 
 
 def bucket_timeline(
@@ -36,17 +37,20 @@ def bucket_timeline(
     *,
     lead_s: float = 0.0,
     penalty: Callable[[int, float], float] | None = None,
+    lanes: int = 1,
 ) -> list[tuple[float, float, float]]:
     """(start, gap, duration) of each bucket's all-reduce, seconds after backward starts: bucket
-    k starts at max(ready_k, end of k−1); its gap = start − end of the call before it (the first
-    one's: −`lead_s`); duration = comm_s[k] + penalty(k, gap)."""
-    out, free = [], -lead_s
+    k starts at max(ready_k, the time one of `lanes` is free: with 1, the end of k−1); its gap =
+    start − when that lane's call before it ended (the first one's: −`lead_s`); duration =
+    comm_s[k] + penalty(k, gap)."""
+    out, free = [], [-lead_s] * max(1, lanes)
     for k, (ready, dur) in enumerate(zip(ready_s, comm_s, strict=True)):
-        start = max(ready, free)
-        gap = start - free
+        lane = int(np.argmin(free))
+        start = max(ready, free[lane])
+        gap = start - free[lane]
         dur += penalty(k, gap) if penalty else 0.0
         out.append((start, gap, dur))
-        free = start + dur
+        free[lane] = start + dur
     return out
 
 
@@ -57,43 +61,105 @@ def _calls_s(sizes: list[float], n: int, gpn: int, model: dict, inter_gbps: floa
     return [hierarchical_us(b, n, gpn, model, inter_gbps) / 1e6 for b in sizes]
 
 
-def _penalty(model: dict, sizes: list[float]) -> Callable[[int, float], float]:
-    return lambda k, gap_s: idle_penalty_us(model, sizes[k], 1e3 * gap_s) / 1e6
+def _penalty(model: dict, sizes: list[float], scale: float = 1.0) -> Callable[[int, float], float]:
+    """Bucket k's idle penalty (s) at its gap (s): the comm model's, × `scale`."""
+    return lambda k, gap_s: scale * idle_penalty_us(model, sizes[k], 1e3 * gap_s) / 1e6
 
 
-def contention_ratio(run: ProjectionInputs, n: int, gpn: int, host: dict) -> float:
+def contention_ratio(
+    run: ProjectionInputs, n: int, gpn: int, host: dict, which: str = "slowdown"
+) -> float:
     """c(ranks per node at n) ÷ c(ranks per node of the run): the run's compute already carries
-    the contention of its own co-located ranks."""
-    return contention_factor(host, min(n, gpn)) / contention_factor(host, min(run.world_size, gpn))
+    the contention of its own co-located ranks (1 exactly at the run's own ranks per node).
+    `which`: the median slowdown, or the comm run's `slowdown_min` / `slowdown_max`."""
+    at, own = min(n, gpn), min(run.world_size, gpn)
+    if at == own:
+        return 1.0
+    return contention_factor(host, at, which) / contention_factor(host, own, which)
+
+
+def _broadcasts(groups: list[int], after_s: float, n: int, kw: dict, penalty_scale: float,
+                traced: list[float] | None) -> tuple[float, float]:  # fmt: skip
+    """(seconds, idle-penalty seconds) of the buffer broadcasts that open forward: the first
+    after `after_s` of compute since the last bucket, the others back-to-back; `traced`: the
+    run's own traced broadcast times instead of the comm model."""
+    if traced is not None:
+        return float(sum(traced)), 0.0
+    bcast = kw["bcast"]
+    calls = _calls_s(groups, n, kw["gpn"], bcast, kw["inter_gbps"])
+    gaps_ms = [1e3 * after_s] + [0.0] * (len(groups) - 1)
+    pens = [penalty_scale * idle_penalty_us(bcast, b, g) / 1e6
+            for b, g in zip(groups, gaps_ms, strict=True)]  # fmt: skip
+    return sum(calls) + sum(pens), sum(pens)
+
+
+@dataclass(frozen=True)
+class Knobs:
+    """Where predict_step takes its measured inputs (analysis.project.bands: the band's ends)."""
+
+    compute_scale: float = 1.0
+    """Every compute phase × this."""
+    contention: str = "slowdown"
+    """The contention factor: the median `slowdown`, or `slowdown_min` / `slowdown_max`."""
+    penalty_scale: float = 1.0
+    """Every idle penalty × this."""
+
+
+POINT = Knobs()
+
+
+def _gradient_timeline(sizes: list[float], backward: float, lead: float, n: int, model: tuple,
+                       traced: dict | None) -> tuple[list, list[float], float]:  # fmt: skip
+    """(bucket_timeline, the buckets' comm seconds, the backward compute before the comm): ready
+    times in proportion to the bytes and the comm model's calls with their idle penalties
+    (`model` = (comm model, gpn, inter-node Gb/s, penalty scale)), or the traced ones."""
+    total = sum(sizes)
+    ready = list(np.cumsum(sizes) / total * backward) if total else []
+    if traced is not None:
+        pre = backward
+        if traced.get("ready_s") is not None:
+            ready, pre = list(traced["ready_s"]), backward - traced["finalize_s"]
+        comm = list(traced["bucket_s"])
+        lanes = traced.get("lanes", 1)
+        return bucket_timeline(ready, comm, lead_s=lead, lanes=lanes), comm, pre
+    comm_model, gpn, inter_gbps, penalty_scale = model
+    comm = _calls_s(sizes, n, gpn, comm_model, inter_gbps)
+    pen = _penalty(comm_model, sizes, penalty_scale) if n > 1 else None
+    return bucket_timeline(ready, comm, lead_s=lead, penalty=pen), comm, backward
 
 
 def predict_step(run: ProjectionInputs, n: int, *, scaling: str, comm_model: dict, gpn: int,
                  inter_gbps: float, batch_runs: dict, wire: float, bcast: dict | None,
-                 host: dict) -> dict:  # fmt: skip
-    """The projected step of `run` at `n` ranks (the module docstring), seconds per step."""
+                 host: dict, knobs: Knobs = POINT, traced: dict | None = None) -> dict:  # fmt: skip
+    """The projected step of `run` at `n` ranks (the module docstring), seconds per step, with
+    its inputs where `knobs` says. `traced` ({bucket_s, broadcast_s}, the run's own traced calls
+    at its own n; with `ready_s` and `finalize_s`, when each bucket started and the backward
+    compute after the last one; `lanes`, how many ran at once): those times instead of the comm
+    model's, no idle penalty on top, and the exposure counted from the end of the backward
+    compute before the finalize."""
+    penalty_scale = knobs.penalty_scale
     batch = run.global_batch / n if scaling == "strong" else run.per_device_batch
-    ph, source = compute_phases(run, batch, batch_runs)
-    ratio = contention_ratio(run, n, gpn, host)
-    ph = {k: v * ratio for k, v in ph.items()}
+    ph, source = compute_phases(run, batch, batch_runs, n)
+    ratio = contention_ratio(run, n, gpn, host, knobs.contention)
+    ph = {k: v * ratio * knobs.compute_scale for k, v in ph.items()}
     compute = sum(ph.values())
     sizes = [b * wire for b in run.buckets_bytes]
-    total = sum(sizes)
-    ready = list(np.cumsum(sizes) / total * ph["backward"]) if total else []
-    groups = run.buffer_groups_bytes if bcast else []
+    groups = run.buffer_groups_bytes if bcast or traced else []
     lead = ph["forward"] if groups else compute - ph["backward"]
     multi = n > 1
-    comm = _calls_s(sizes, n, gpn, comm_model, inter_gbps)
-    line = bucket_timeline(ready, comm, lead_s=lead, penalty=_penalty(comm_model, sizes) if multi else None)  # fmt: skip
-    end = line[-1][0] + line[-1][2] if line else 0.0
-    exposed = max(0.0, end - ph["backward"]) if multi else 0.0
+    line, comm, pre = _gradient_timeline(
+        sizes, ph["backward"], lead, n, (comm_model, gpn, inter_gbps, penalty_scale), traced
+    )
+    end = max((start + dur for start, _, dur in line), default=0.0)
+    exposed = max(0.0, end - pre) if multi else 0.0
     idle = sum(d for _, _, d in line) - sum(comm)
     broadcast = 0.0
     if groups and multi:  # the first after the compute since the last bucket, then back-to-back
-        calls = _calls_s(groups, n, gpn, bcast, inter_gbps)
-        gaps_ms = [1e3 * (compute - ph["forward"] - ph["backward"])] + [0.0] * (len(groups) - 1)
-        pens = [idle_penalty_us(bcast, b, g) / 1e6 for b, g in zip(groups, gaps_ms, strict=True)]
-        broadcast = sum(calls) + sum(pens)
-        idle += sum(pens)
+        kw = {"bcast": bcast, "gpn": gpn, "inter_gbps": inter_gbps}
+        after = compute - ph["forward"] - ph["backward"]
+        broadcast, pens = _broadcasts(groups, after, n, kw, penalty_scale,
+                                      traced["broadcast_s"] if traced else None)  # fmt: skip
+        idle += pens
     # the slowest rank's compute, scaled like the compute it stretches
     wait = straggler_s(run, n) * compute / run.compute_s if multi else 0.0
     step = compute + wait + exposed + broadcast

@@ -1,4 +1,5 @@
-"""Build the report folder: index.html (self-contained), summary.json and the CSV tables.
+"""Build the report folder: index.html (self-contained), summary.json, the CSV tables and the
+Parquet tables (analysis/parquet.py: steps, collectives, ops, memory).
 
 `build_report` runs `compare_runs` over the given folders; `write_report` turns its runs JSON into
 files. All HTML goes through Jinja2 with autoescape on, so every string from a trace or run.json
@@ -21,6 +22,7 @@ from tqdm import tqdm
 
 from analysis.jsonsafe import DISPLAY_CHARS, clip
 from analysis.outputs import check_report_out
+from analysis.parquet import run_tables, table_bytes
 from analysis.report import figures, memory_section
 from analysis.report.findings import THRESHOLDS, findings
 from analysis.report.loss import loss_context
@@ -40,7 +42,7 @@ from analysis.report.scaling import (
 from analysis.report.tables import Table, all_tables, fmt, unique_labels
 from analysis.report.tune import tune_sections
 from analysis.report.verdict import verdict
-from analysis.runs.compare import WORKLOAD_KEY, compare_runs
+from analysis.runs.compare import WORKLOAD_KEY, compare_runs, is_measured
 from profiler.runfolder.errors import InputError
 
 __all__ = ["ReportError", "ReportFiles", "build_report", "write_report"]
@@ -55,6 +57,7 @@ class ReportFiles:
     index_html: Path
     summary_json: Path
     csvs: list[Path] = field(default_factory=list)
+    parquet: list[Path] = field(default_factory=list)  # steps/collectives/ops/memory tables
 
 
 # Keys whose strings are file paths (links must stay whole); every other string from a record is
@@ -87,7 +90,7 @@ def _json_safe(obj: Any) -> Any:
 
 def runs_frame(data: dict[str, Any], labels: dict[str, str]) -> pd.DataFrame:
     """One row per ok run with the fields the figures need, plus its label and a series name."""
-    runs = [r for r in data.get("runs", []) if r.get("status") == "ok"]
+    runs = [r for r in data.get("runs", []) if is_measured(r)]
     keys = [
         "run_id",
         *WORKLOAD_KEY,
@@ -215,7 +218,7 @@ def write_report(data: dict[str, Any], out_dir: Path, *, progress: bool = True) 
     # the tables): a figure and a table cannot name a run differently.
     labels = unique_labels(_display(data.get("runs", []), FIGURE_CHARS, _PATH_KEYS | {"run_id"}))
     tables = all_tables(data, out_dir, labels)
-    many = sum(r.get("status") == "ok" for r in data.get("runs", [])) > GROUP_FIGURES_ABOVE
+    many = sum(is_measured(r) for r in data.get("runs", [])) > GROUP_FIGURES_ABOVE
     memory = memory_section.context(data, labels, first_of_groups(data) if many else None)
     tables["memory_breakdown"] = memory["table"]
     found = findings(data) + memory["findings"]
@@ -254,23 +257,36 @@ def write_report(data: dict[str, Any], out_dir: Path, *, progress: bool = True) 
         )
     )
     # Everything is rendered before the first write, so a failure above leaves the folder as it was.
-    files = {t.csv: t.frame().to_csv(index=False) for t in tables.values() if t.csv}
+    files: dict[str, str | bytes] = {
+        t.csv: t.frame().to_csv(index=False) for t in tables.values() if t.csv
+    }
+    runs = [(r["run_id"], r.get("trace")) for r in full.get("runs", []) if r.get("run_id")]
+    columnar = {f"{n}.parquet": table_bytes(t) for n, t in run_tables(runs).items()}
+    files.update(columnar)
     files["summary.json"] = json.dumps(summary, indent=2, allow_nan=False) + "\n"
     files["index.html"] = html
     replace_folder(files, out_dir)
     index = out_dir / "index.html"
     csvs = [out_dir / t.csv for t in tables.values() if t.csv]
-    return ReportFiles(index_html=index, summary_json=out_dir / "summary.json", csvs=csvs)
+    return ReportFiles(
+        index_html=index,
+        summary_json=out_dir / "summary.json",
+        csvs=csvs,
+        parquet=[out_dir / n for n in columnar],
+    )
 
 
-def build_report(paths: Sequence[Path], out_dir: Path, *, progress: bool = True) -> ReportFiles:
-    """Analyse the run folders under `paths` with `compare_runs` and write the report."""
+def build_report(
+    paths: Sequence[Path], out_dir: Path, *, progress: bool = True, clock_align: str = "auto"
+) -> ReportFiles:
+    """Analyse the run folders under `paths` with `compare_runs` (trace clocks aligned per
+    `clock_align`) and write the report."""
     for p in paths:
         if not Path(p).is_dir():
             raise ReportError(f"{p} is not a folder; pass RUNS folders made by `make profile-all`")
     _check_out(Path(out_dir), [Path(p) for p in paths])  # before any work
     try:
-        data = compare_runs([Path(p) for p in paths], progress=progress)
+        data = compare_runs([Path(p) for p in paths], progress=progress, clock_align=clock_align)
     except InputError as exc:
         raise ReportError(str(exc)) from exc
     return write_report(data, out_dir, progress=progress)

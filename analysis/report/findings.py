@@ -10,7 +10,7 @@ import statistics
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from analysis.runs.compare import WORKLOAD_KEY
+from analysis.runs.compare import WORKLOAD_KEY, is_measured
 from profiler.runfolder.hostload import BUSY_OTHER_CORES_FRAC, is_busy
 
 __all__ = ["Finding", "THRESHOLDS", "findings", "is_busy"]
@@ -109,9 +109,11 @@ def scaling_findings(
         pct = statistics.fmean(exposed)
         word = "allreduce" if group.get("mode") == "ddp" else "communication"
         text += f" {pct:.0f}% of step time is exposed {word}"
+        try_ = (group.get("advice") or {}).get(
+            "exposed", "try larger buckets, no_sync gradient accumulation or a faster backend"
+        )
         text += (
-            f" (above the {t['exposed_comm_pct']:.0f}% threshold: try larger buckets, no_sync "
-            "gradient accumulation or a faster backend)."
+            f" (above the {t['exposed_comm_pct']:.0f}% threshold: {try_})."
             if pct > t["exposed_comm_pct"]
             else f" (within the {t['exposed_comm_pct']:.0f}% threshold)."
         )
@@ -278,7 +280,7 @@ def _backends(groups: list[dict[str, Any]]) -> list[Finding]:
 
 def _dp_vs_ddp(runs: list[dict[str, Any]]) -> list[Finding]:
     out = []
-    ok = [r for r in runs if r.get("status") == "ok" and r.get("samples_per_s")]
+    ok = [r for r in runs if is_measured(r) and r.get("samples_per_s")]
     for dp in (r for r in ok if r.get("mode") == "dp"):
         for ddp in (r for r in ok if r.get("mode") == "ddp"):
             same = all(dp.get(k) == ddp.get(k) for k in (*WORKLOAD_KEY, "world_size", "seed"))
@@ -317,7 +319,7 @@ def _failures(data: dict[str, Any]) -> list[Finding]:
             Finding(rule="run_status", severity=severity, text=f"{n} {status}: {why}", run_ids=ids)
         )
     for r in data.get("runs", []):
-        if r.get("status") == "ok" and r.get("warnings"):
+        if is_measured(r) and r.get("warnings"):
             text = f"Run {r['run_id']}: " + "; ".join(r["warnings"])
             out.append(
                 Finding(rule="run_warnings", severity="warn", text=text, run_ids=[r["run_id"]])
@@ -338,7 +340,7 @@ def _failures(data: dict[str, Any]) -> list[Finding]:
 def findings(data: dict[str, Any]) -> list[Finding]:
     """All findings for the runs JSON, most important first: scaling, backends, memory, accuracy,
     then runs that produced no numbers."""
-    runs = {r["run_id"]: r for r in data.get("runs", []) if r.get("status") == "ok"}
+    runs = {r["run_id"]: r for r in data.get("runs", []) if is_measured(r)}
     groups = data.get("groups", [])
     # Name the model / OS in each sentence only when the report mixes several.
     multi = tuple(k for k in ("model", "os") if len({g.get(k) for g in groups}) > 1)

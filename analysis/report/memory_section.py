@@ -19,7 +19,7 @@ from analysis.columns import C, mib
 from analysis.report.figures import MIB, png_uri, theme
 from analysis.report.findings import Finding, run_name
 from analysis.report.tables import Table
-from analysis.runs.compare import workload_key
+from analysis.runs.compare import is_measured, workload_key
 from analysis.trace.memory import downsample
 
 __all__ = ["BREAKDOWN_COLS", "context", "floor_bytes", "memory_findings"]
@@ -55,7 +55,7 @@ BREAKDOWN_COLS = [
 
 
 def _ok(run: dict[str, Any]) -> bool:
-    return run.get("status") == "ok"
+    return is_measured(run)
 
 
 def floor_bytes(entry: dict[str, Any], mode: str | None) -> int | None:
@@ -240,7 +240,8 @@ def _vs_single(run: dict[str, Any], single: dict[str, Any]) -> Finding | None:
         "parameters_bytes": "parameters",
         "gradients_bytes": "gradients",
     }[cause]
-    hint = "; --gradient-as-bucket-view removes it" if cause == "ddp_buckets_bytes" else ""
+    fix = (run.get("advice") or {}).get("bucket_view", "--gradient-as-bucket-view")
+    hint = f"; {fix} removes it" if cause == "ddp_buckets_bytes" else ""
     text = (
         f"{name} holds {_mib(abs(diff))} ({abs(diff) / grads:.1f}× gradients) "
         f"{'more' if diff > 0 else 'less'} static memory per rank than Single: {because} "

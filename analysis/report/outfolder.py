@@ -80,7 +80,7 @@ def _swap(out_dir: Path, stage: Path, backup: Path, moves: list[str], texts: dic
             signal.pthread_sigmask(signal.SIG_SETMASK, old)
 
 
-def replace_folder(files: dict[str, str], out_dir: Path) -> None:
+def replace_folder(files: dict[str, str | bytes], out_dir: Path) -> None:
     """Put `files` into `out_dir` as one unit, leaving every other file there alone (the
     folder's README, a `bench/` subfolder, the user's notes).
 
@@ -101,7 +101,9 @@ def replace_folder(files: dict[str, str], out_dir: Path) -> None:
         stage = Path(tempfile.mkdtemp(prefix=".report-new-", dir=out_dir))
         backup = Path(tempfile.mkdtemp(prefix=".report-old-", dir=out_dir))
         # A path from a non-UTF-8 file name cannot be UTF-8: it is written with U+FFFD instead.
-        blobs = {n: t.encode("utf-8", "replace") for n, t in files.items()}
+        blobs = {
+            n: t if isinstance(t, bytes) else t.encode("utf-8", "replace") for n, t in files.items()
+        }
         hashes = {n: hashlib.sha256(b).hexdigest() for n, b in blobs.items()}
         texts = {**blobs, MANIFEST: (json.dumps({"files": hashes}, indent=1) + "\n").encode()}
         for name in names:

@@ -13,6 +13,8 @@ from typing import Any
 
 import pandas as pd
 
+from analysis.runs.entry import is_measured
+
 __all__ = [
     "GROUP_FIGURES_ABOVE",
     "MAX_CHIPS",
@@ -54,7 +56,10 @@ def group_label(group: dict[str, Any], *, show: tuple[str, ...] = ("workload", "
 
 def workload_name(run: dict[str, Any]) -> str:
     """`model(args)/dataset(args)`, plus the loss when it is not cross_entropy: every part of the
-    same-workload key that names the problem (e.g. `gpt(n_layer=1)/tokens`)."""
+    same-workload key that names the problem (e.g. `gpt(n_layer=1)/tokens`); a script run's
+    caption (its file and arguments, analysis.runs.notes.workload_label)."""
+    if run.get("script") and run.get("workload_label"):
+        return str(run["workload_label"])
     model, dataset = str(run.get("model")), str(run.get("dataset"))
     if run.get("model_args"):
         model += f"({run['model_args']})"
@@ -76,7 +81,7 @@ def group_labels(data: dict[str, Any]) -> dict[str, str]:
     """run_id -> its group's label, naming the workload and platform only when the report holds
     several: figure labels are drawn as glyph paths, so every character costs page weight."""
     groups = data.get("groups", [])
-    workload = ("model", "model_args", "dataset", "dataset_args", "loss")
+    workload = ("workload", "model", "model_args", "dataset", "dataset_args", "loss")
     candidates = (("workload", workload), ("os", ("os",)), *((k, (k,)) for k in _VARIANT))
     show = tuple(
         part
@@ -189,7 +194,8 @@ def scaling_frame(data: dict[str, Any]) -> pd.DataFrame:
             "os": r.get("os"),
             "scaling": r.get("scaling"),
             **{k: r.get(k) for k in ("fixed_batch", "amp", "device_type")},
-            "panel": f"{r.get('model')}/{r.get('dataset')} · {r.get('scaling')} scaling",
+            "panel": r.get("workload_label")
+            or f"{r.get('model')}/{r.get('dataset')} · {r.get('scaling')} scaling",
             "samples_per_s": r.get("samples_per_s"),
             "speedup": r.get("speedup"),
             "efficiency_pct": (
@@ -204,7 +210,7 @@ def scaling_frame(data: dict[str, Any]) -> pd.DataFrame:
             ),
         }
         for r in data.get("runs", [])
-        if r.get("status") == "ok"
+        if is_measured(r)
     ]
     cols = ["world_size", "mode", "backend", "os", "scaling", "fixed_batch", "amp", "device_type",
             "panel", "samples_per_s", "speedup", "efficiency_pct", "peak_memory_mib"]  # fmt: skip

@@ -31,6 +31,7 @@ from analysis.columns import (
     missing,
 )
 from analysis.report.scaling import headline_rows
+from analysis.runs.entry import is_measured
 
 __all__ = ["Column", "Table", "all_tables", "fmt", "run_label", "run_reason", "unique_labels"]
 
@@ -112,7 +113,7 @@ def unique_labels(runs: list[dict[str, Any]]) -> dict[str, str]:
 
 
 def _ok(run: dict[str, Any]) -> bool:
-    return run.get("status") == "ok"
+    return is_measured(run)
 
 
 def _trace_ranks(run: dict[str, Any]) -> dict[int, dict[str, Any]]:
@@ -133,7 +134,7 @@ def _link(path: Path, out_dir: Path) -> dict[str, str]:
 def summary_rows(data: dict[str, Any], labels: dict[str, str]) -> list[dict[str, Any]]:
     rows = [
         {
-            **{c.key: r.get(c.key) for c in SUMMARY_COLS},
+            **{k: r.get(k) for c in SUMMARY_COLS for k in (c.key, c.text_key) if k},
             "label": labels.get(r["run_id"], ""),
             # ok runs can still miss numbers (a cut-off trace): say which and why.
             "reason": run_reason(r) or "; ".join(r.get("warnings") or []),

@@ -12,10 +12,12 @@ from __future__ import annotations
 
 from typing import Any
 
+from analysis.project.bands import band_text
 from analysis.report.findings import NAMES, THRESHOLDS, is_busy
 from analysis.report.loss import PART_NAMES, largest_part
 from analysis.report.memory_section import static_difference
-from analysis.runs.compare import workload_key
+from analysis.report.projection import efficiency_text, predictions
+from analysis.runs.compare import is_measured, workload_key
 
 __all__ = ["VERDICT_RANKS", "verdict"]
 
@@ -60,7 +62,7 @@ def _projection(g: dict[str, Any], data: dict[str, Any], runs: dict) -> list[dic
         replays = [r for r in p.get("replays") or [] if r.get("run_id") in mine]
         if not replays and (base is None or workload_key(base) != key):
             continue
-        at = next((x for x in p["predictions"] if x["ranks"] == VERDICT_RANKS), None)
+        at = next((x for x in predictions(p) if x["ranks"] == VERDICT_RANKS), None)
         if at is None:
             continue
         inputs = p.get("inputs") or {}
@@ -69,25 +71,30 @@ def _projection(g: dict[str, Any], data: dict[str, Any], runs: dict) -> list[dic
         gbps = inputs.get("inter_node_gbps") if across else None
         out = [_seg(f" Projected at {VERDICT_RANKS} ranks" + (f" over {gbps:g} Gb/s"
                     if gbps else "") + ": "),
-               _seg(f"{at['speedup']:.1f}× ({100 * at['scaling_efficiency']:.0f}%)", "#projection")]  # fmt: skip
-        if replays:
+               _seg(f"{band_text(at['speedup'], at['speedup_low'], at['speedup_high'], '{:.1f}', '×')}"
+                    f" ({efficiency_text(at)})", "#projection")]  # fmt: skip
+        if replays and isinstance(replays[0].get("error_pct"), int | float):
             out.append(_seg(f" (replay error {replays[0]['error_pct']:+.0f}%)", "#projection"))
         return [*out, _seg(".")]
     return []
 
 
 def _try(g: dict[str, Any], mem: dict | None, data: dict[str, Any]) -> list[dict]:
+    """What to try, in the form the group's runs can use (the runs JSON's `advice`: a script
+    run gets the line of code to add, never a make target that cannot run its script)."""
     tips: list[list[dict]] = []
+    advice = g.get("advice") or {}
     if mem and mem["cause"] == "ddp_buckets_bytes" and mem["diff_bytes"] > 0:
-        tips.append([_seg("--gradient-as-bucket-view", code=True),
+        tips.append([_seg(advice.get("bucket_view", "--gradient-as-bucket-view"), code=True),
                      _seg(f" (−{mem['cause_bytes'] / MIB:.2f} MiB)", "#memory")])  # fmt: skip
     best = next((t.get("best") for t in data.get("tunes") or [] if t.get("best")), None)
-    if best and best.get("speedup_vs_baseline"):
+    if best and best.get("speedup_vs_baseline") and not g.get("script"):
         sig = "significant" if best.get("significant") else "not significant"
         tips.append([_seg(str(best.get("name")), code=True),
                      _seg(f" (tune-ddp: {best['speedup_vs_baseline']:.2f}×, {sig})", "#tuning")])  # fmt: skip
     elif g.get("mode") == "ddp":
-        tips.append([_seg("make tune-ddp", code=True), _seg(" (bucket sizes, no_sync)")])
+        tips.append([_seg(advice.get("tune", "make tune-ddp"), code=True),
+                     _seg(advice.get("tune_note", " (bucket sizes, no_sync)"))])  # fmt: skip
     if not tips:
         return []
     out = [_seg(" Try: ")]
@@ -134,8 +141,9 @@ def _caveats(groups: list[dict[str, Any]], runs: dict[str, dict]) -> list[str]:
                    f"during {len(busy)} of {len(members)} runs (re-measure on an idle machine)")  # fmt: skip
     few = [r for r in members if (r.get("measured_steps") or 0) < THRESHOLDS["few_measured_steps"]]
     if few:
+        how = (few[0].get("advice") or {}).get("more_steps", "raise --max-steps")
         out.append(f"few steps: {len(few)} runs measured fewer than "
-                   f"{THRESHOLDS['few_measured_steps']} unprofiled steps (raise --max-steps)")  # fmt: skip
+                   f"{THRESHOLDS['few_measured_steps']} unprofiled steps ({how})")  # fmt: skip
     out += _unstable_split(groups)
     # A 1-rank group has nothing to scale (its ratio is DDP's own cost and noise): not judged.
     sup = [g for g in groups if (g.get("world_size") or 1) > 1
@@ -158,21 +166,30 @@ def _unstable_split(groups: list[dict[str, Any]]) -> list[str]:
             "compares ran under different conditions (a busy machine, a cold start); re-measure"]  # fmt: skip
 
 
+def _workload_name(g: dict[str, Any]) -> str:
+    """The workload a paragraph is about: its caption (runs JSON `workload_label`), then the
+    rest of the same-workload key that tells it apart (batch, device type, OS)."""
+    label = g.get("workload_label") or f"{g.get('model')}/{g.get('dataset')}"
+    batch = [] if g.get("script") else [f"batch {g.get('fixed_batch')}"]
+    return f"{label} ({', '.join([*batch, str(g.get('device_type')), str(g.get('os'))])})"
+
+
 def verdict(data: dict[str, Any]) -> list[dict[str, Any]]:
     """One entry per same-workload group: {workload, segments, caveats}; a workload with no
     parallel group gets a segment saying what to run."""
-    runs = {r["run_id"]: r for r in data.get("runs", []) if r.get("status") == "ok"}
+    runs = {r["run_id"]: r for r in data.get("runs", []) if is_measured(r)}
     by_workload: dict[tuple, list[dict]] = {}
     for g in data.get("groups", []):
         by_workload.setdefault(workload_key(g), []).append(g)
     out = []
-    for key, groups in by_workload.items():
-        name = f"{key[0]}/{key[1]} ({key[2]} scaling, batch {key[3]}, {key[5]}, {key[6]})"
+    for groups in by_workload.values():
         g = _pick(groups)
+        pair = (groups[0].get("advice") or {}).get("pair", "run `make profile-all`")
         segs = (
             _paragraph(g, data, runs)
             if g
-            else [_seg("No parallel run with a single-device baseline: run `make profile-all`.")]
+            else [_seg(f"No parallel run with a single-device baseline: {pair}.")]
         )
+        name = _workload_name(groups[0])
         out.append({"workload": name, "segments": segs, "caveats": _caveats(groups, runs)})
     return out

@@ -21,7 +21,8 @@ from analysis.jsonsafe import finite_json
 from analysis.project.comm import is_comm_run
 from analysis.project.runs import comm_and_projections
 from analysis.runs.efficiency import attach_efficiency_loss
-from analysis.runs.entry import RunEntry, attach_trace, load_run, mean_std
+from analysis.runs.entry import RunEntry, attach_trace, is_measured, load_run, mean_std
+from analysis.trace.clocks import check_clock_align
 from analysis.runs.opdiff import ddp_adds
 from profiler.runfolder.records import InvalidRecord
 from analysis.runs.tune import is_tune_dir, load_tunes
@@ -31,6 +32,7 @@ __all__ = [
     "WORKLOAD_KEY",
     "compare_runs",
     "find_run_dirs",
+    "is_measured",
     "workload_key",
 ]
 
@@ -114,22 +116,50 @@ def _workload(run: RunEntry) -> tuple:
     return tuple(getattr(run, k) for k in WORKLOAD_KEY)
 
 
+def _mean_baseline(same: list[RunEntry]) -> tuple[float, RunEntry]:
+    """(mean samples/s of the single runs `same`, the one closest to that mean)."""
+    mean = statistics.fmean(s.samples_per_s or 0.0 for s in same)
+    return mean, min(same, key=lambda s: (abs((s.samples_per_s or 0.0) - mean), s.run_id))
+
+
 def _link_baselines(runs: list[RunEntry]) -> None:
-    """Fill baseline_run_id, speedup and scaling_efficiency of every ok run."""
-    singles = [r for r in runs if r.mode == "single" and r.status == "ok" and r.samples_per_s]
+    """Fill the baseline fields, speedup and scaling_efficiency of every measured run
+    (docs/reference/metrics.md §7, "Baselines"):
+
+    - a run with a seed and a single run of the same workload and seed: that run
+      (`baseline_kind` `same_seed`);
+    - otherwise (no seed, as a script run has, or no single run with its seed): the mean
+      throughput of the workload's single runs (`group_mean`); `baseline_run_id` names the one
+      closest to that mean (the run memory, operators and the efficiency split compare with);
+    - a single run: speedup 1 by definition (`self`): the spread of the single runs is the
+      noise, not a speedup.
+
+    `baseline_samples_per_s` is what the speedup divides by, `baseline_run_ids` the single runs
+    it comes from, and `baseline_noise_pct` their throughput's spread, (max − min) ÷ mean × 100
+    (None with one single run): a speedup closer to 1 than that is noise."""
+    singles = [r for r in runs if r.mode == "single" and is_measured(r) and r.samples_per_s]
     for run in runs:
-        if run.status != "ok" or not run.samples_per_s:
+        if not is_measured(run) or not run.samples_per_s:
             continue
         # The baseline must have run the same problem on the same kind of machine for the ratio
         # to mean "what parallelism bought".
         same = [s for s in singles if _workload(s) == _workload(run)]
-        seeded = [s for s in same if s.seed == run.seed]
-        base = (seeded or same or [None])[0]
-        if base is None:
+        if not same:
             continue
-        run.baseline_run_id = base.run_id
-        run.speedup = run.samples_per_s / base.samples_per_s
-        run.scaling_efficiency = run.speedup / run.num_devices
+        seeded = [s for s in same if run.seed is not None and s.seed == run.seed]
+        if run.mode == "single":
+            kind, base, value = "self", run, run.samples_per_s
+        elif seeded:
+            kind, base, value = "same_seed", seeded[0], seeded[0].samples_per_s or 0.0
+        else:
+            kind, (value, base) = "group_mean", _mean_baseline(same)
+        run.baseline_kind, run.baseline_run_id = kind, base.run_id
+        run.baseline_run_ids = [s.run_id for s in same] if kind != "same_seed" else [base.run_id]
+        run.baseline_samples_per_s = value
+        run.baseline_noise_pct = spread(s.samples_per_s for s in same)["samples_per_s_spread_pct"]
+        run.speedup = run.samples_per_s / value if value else None
+        if run.speedup is not None and run.num_devices:
+            run.scaling_efficiency = run.speedup / run.num_devices
 
 
 def spread(values: Iterable[float | None]) -> dict[str, float | None]:
@@ -137,17 +167,22 @@ def spread(values: Iterable[float | None]) -> dict[str, float | None]:
     (None with fewer than two runs)."""
     xs = [v for v in values if v is not None]
     if not xs:
-        return {"samples_per_s_min": None, "samples_per_s_max": None, "samples_per_s_spread_pct": None}
+        return {
+            "samples_per_s_min": None,
+            "samples_per_s_max": None,
+            "samples_per_s_spread_pct": None,
+        }
     spread = 100 * (max(xs) - min(xs)) / statistics.fmean(xs) if len(xs) > 1 else None
     return {"samples_per_s_min": min(xs), "samples_per_s_max": max(xs),
             "samples_per_s_spread_pct": spread}  # fmt: skip
 
 
 def _groups(runs: list[RunEntry]) -> list[dict]:
-    """Mean ± sample std (n−1) over the seeds of each configuration; only ok runs count."""
+    """Mean ± sample std (n−1) over the seeds of each configuration; only measured runs (ok or
+    interrupted, is_measured) count."""
     buckets: dict[tuple, list[RunEntry]] = {}
     for run in runs:
-        if run.status == "ok":
+        if is_measured(run):
             buckets.setdefault(tuple(getattr(run, k) for k in GROUP_KEY), []).append(run)
     groups = []
     for key, members in buckets.items():
@@ -155,6 +190,11 @@ def _groups(runs: list[RunEntry]) -> list[dict]:
         group["n_seeds"] = len({m.seed for m in members})
         group["n_runs"] = len(members)
         group["run_ids"] = [m.run_id for m in members]
+        # What the group's runs share: their caption, script, advice and baseline's noise.
+        first = members[0]
+        group["workload_label"], group["script"] = first.workload_label, first.script
+        group["advice"] = first.advice
+        group["baseline_noise_pct"] = first.baseline_noise_pct
         for stat in GROUP_STATS:
             group[f"{stat}_mean"], group[f"{stat}_std"] = mean_std(
                 getattr(m, stat) for m in members
@@ -191,12 +231,16 @@ def _unique_id(entry: RunEntry, run_dir: Path, taken: set[str]) -> None:
     )
 
 
-def compare_runs(paths: Sequence[Path], *, progress: bool = True, traces: bool = True) -> dict:
+def compare_runs(
+    paths: Sequence[Path], *, progress: bool = True, traces: bool = True, clock_align: str = "auto"
+) -> dict:
     """The runs JSON (schema_version 2) for run folders or folders of run folders in `paths`.
 
-    `traces=False` skips trace analysis (trace fields stay null). Raises InputError only when
-    no run could be read at all; unreadable folders are listed under `skipped`.
+    `traces=False` skips trace analysis (trace fields stay null); `clock_align` is the traces
+    analysis' (analysis/trace/clocks.py). Raises InputError only when no run could be read at
+    all; unreadable folders are listed under `skipped`.
     """
+    check_clock_align(clock_align)
     run_dirs, skipped = find_run_dirs(paths)
     comm_dirs = [d for d in run_dirs if is_comm_run(d)]  # `make bench-comm`: not a training run
     run_dirs = [d for d in run_dirs if d not in comm_dirs]
@@ -208,8 +252,9 @@ def compare_runs(paths: Sequence[Path], *, progress: bool = True, traces: bool =
     for run_dir in bar:
         try:
             entry = load_run(run_dir)
-            if traces and entry.status == "ok":
-                attach_trace(entry, run_dir, progress=False)  # one bar, over the runs
+            if traces and is_measured(entry):
+                # one bar, over the runs
+                attach_trace(entry, run_dir, progress=False, clock_align=clock_align)
         except InvalidRecord as err:
             invalid.append({"path": str(run_dir), **err.to_dict()})
             continue

@@ -28,7 +28,7 @@ from __future__ import annotations
 import statistics
 from collections.abc import Callable
 
-from analysis.runs.entry import RunEntry
+from analysis.runs.entry import RunEntry, is_measured
 
 __all__ = ["PARTS", "attach_efficiency_loss", "efficiency_loss_pts"]
 
@@ -115,7 +115,7 @@ def attach_efficiency_loss(runs: list[RunEntry], groups: list[dict], key: Worklo
     DDP group: the mean of its runs' parts, the residual made so the parts sum exactly to
     100 × (1 − the group's mean efficiency). `key(run)` is the same-workload key."""
     by_id = {r.run_id: r for r in runs}
-    ok = [r for r in runs if r.status == "ok"]
+    ok = [r for r in runs if is_measured(r)]
     ddp1s = [r for r in ok if r.mode == "ddp" and r.world_size == 1]
     for run in ok:
         run.efficiency_loss_pts = None

@@ -8,29 +8,47 @@ whoever asks.
 
 from __future__ import annotations
 
-import math
 import os
 import statistics
-from profiler.runfolder.layout import STEP_PHASES
-from collections.abc import Iterable
-from pathlib import Path
+from pathlib import Path, PurePath
 from typing import Any
 
 import msgspec
 import pandas as pd
 
-from profiler.runfolder.errors import InputError
 from analysis.errors import unexpected
-from profiler.runfolder.schema import Config, EvalEntry, Metrics, StepTime
-from profiler.runfolder.records import InvalidRecord, read_record
-from profiler.runfolder.steps import read_steps_frame
+from analysis.runs.fields import (
+    args_text,
+    device_type,
+    fixed_batch,
+    mean_std,
+    memory_peaks,
+    num_devices,
+)
+from analysis.runs.notes import advice, overhead_note, workload_label
 from analysis.trace.consistency import run_trace_warnings
 from analysis.trace.folder import analyze_trace_dir
 from analysis.trace.memory import breakdown_entries, fill_dynamic
-from profiler.runfolder.errors import safe_text
-from profiler.runfolder.layout import throughput_steps
+from profiler.runfolder.errors import InputError, safe_text
+from profiler.runfolder.layout import STEP_PHASES, throughput_steps
+from profiler.runfolder.records import InvalidRecord, read_record
+from profiler.runfolder.schema import EvalEntry, Metrics, RunRecord, StepTime
+from profiler.runfolder.steps import read_steps_frame
+from profiler.runfolder.lease import killed_error
 
-__all__ = ["RunEntry", "args_text", "attach_trace", "load_run", "mean_std"]
+__all__ = [
+    "MEASURED",
+    "RunEntry",
+    "args_text",
+    "attach_trace",
+    "is_measured",
+    "load_run",
+    "mean_std",
+    "phases_summary",
+]
+
+MEASURED = ("ok", "interrupted")
+"""Statuses whose numbers count: a run stopped by a signal keeps what it measured."""
 
 # The config/env fields copied verbatim into each run entry.
 CONFIG_FIELDS = (
@@ -86,64 +104,6 @@ def phases_summary(steps: pd.DataFrame) -> tuple[dict | None, list[dict], str | 
     return overall, rows, warning
 
 
-def memory_peaks(entries: list[dict]) -> dict:
-    """Peak memory and imbalance over the run's memory entries (one per rank/device).
-
-    Uses `peak_allocated_bytes` (CUDA) when every entry has it, else `peak_rss_bytes` (CPU runs).
-    `memory_imbalance_pct` (the one imbalance definition) = (max / min − 1) × 100: how much more
-    the fullest device holds than the emptiest. `memory_imbalance_max_over_mean` = max / mean is
-    an extra column only.
-    """
-    out = {
-        "memory_metric": None,
-        "peak_memory_bytes": None,
-        "memory_imbalance_pct": None,
-        "memory_imbalance_max_over_mean": None,
-    }
-    for field in ("peak_allocated_bytes", "peak_rss_bytes"):
-        values = [e.get(field) for e in entries]
-        if values and all(isinstance(v, int | float) for v in values):
-            hi, lo, mean = max(values), min(values), statistics.fmean(values)
-            out.update(
-                memory_metric=field,
-                peak_memory_bytes=int(hi),
-                memory_imbalance_pct=(hi / lo - 1) * 100 if lo > 0 else None,
-                memory_imbalance_max_over_mean=hi / mean if mean > 0 else None,
-            )
-            break
-    return out
-
-
-def _fixed_batch(config: Config) -> int | None:
-    """The batch the scaling mode holds fixed; None for a script run, whose `workload` (script
-    and arguments) already says what problem it ran, whatever batch split the script chose."""
-    if config.workload is not None:
-        return None
-    return config.global_batch if config.scaling == "strong" else config.per_device_batch
-
-
-def args_text(args: dict[str, Any] | None) -> str:
-    """Factory keyword arguments as one comparable string, `k=v` sorted by key ("" for none):
-    the form the same-workload key and the report's tables use."""
-    text = {True: "true", False: "false"}
-    return ",".join(
-        f"{k}={text[v] if isinstance(v, bool) else v}" for k, v in sorted((args or {}).items())
-    )
-
-
-def _device_type(config: Config) -> str | None:
-    """`cpu`, `cuda`, ... from the run's first device (`cuda:1` -> `cuda`); None when unknown."""
-    return config.devices[0].split(":", 1)[0] if config.devices else None
-
-
-def _num_devices(config: Config) -> int | None:
-    """Devices a run spreads over: DDP ranks, DP's GPUs, 1 for single (efficiency's divisor);
-    None for a skipped run whose layout was never decided."""
-    if config.mode == "dp" and config.devices:
-        return len(set(config.devices))
-    return config.world_size
-
-
 class RunEntry(msgspec.Struct, kw_only=True):
     """One run entry of the runs JSON (docs/reference/metrics.md "runs JSON"; definitions §7), in its
     field order. `load_run` fills what one folder says; `attach_trace` the trace fields;
@@ -167,6 +127,10 @@ class RunEntry(msgspec.Struct, kw_only=True):
     devices: list[str]
     sweep_id: str | None
     workload: str | None  # a script run's problem (its hash and arguments, or --workload)
+    script: str | None = None  # a script run's file name
+    workload_label: str = ""  # analysis.runs.notes.workload_label: the caption
+    stop_reason: str | None = None  # run.json stop_reason (--max-steps)
+    advice: dict[str, str] = {}  # analysis.runs.notes.advice
     os: str | None
     platform: str | None
     hostname: str | None
@@ -192,10 +156,21 @@ class RunEntry(msgspec.Struct, kw_only=True):
     step_time_s_p95: float | None
     wall_time_s: float | None
     profiler_overhead_pct: float | None
+    # metrics.profiler_overhead_noise_pct and, from both, analysis.runs.notes.overhead_note
+    profiler_overhead_noise_pct: float | None = None
+    profiler_overhead_within_noise: bool | None = None
+    profiler_overhead_note: str | None = None
+    profile_export_s: float | None = None  # the slowest rank's trace export (metrics.profile)
     # The fewest measured (unprofiled) steps of any rank: what throughput was averaged over.
     measured_steps: int | None = None
     epoch_time_s: float | None  # wall time of each epoch's loop as run, mean over epochs
     baseline_run_id: str | None = None
+    # analysis.runs.compare: same_seed | group_mean | self, the single runs behind it, the
+    # throughput the speedup divides by and those runs' spread (the noise of a speedup)
+    baseline_kind: str | None = None
+    baseline_run_ids: list[str] = []
+    baseline_samples_per_s: float | None = None
+    baseline_noise_pct: float | None = None
     speedup: float | None = None
     scaling_efficiency: float | None = None
     phases_s: dict[str, float] | None = None
@@ -217,9 +192,16 @@ class RunEntry(msgspec.Struct, kw_only=True):
     perplexity: float | None  # sequence outputs: exp(mean token cross-entropy)
     eval_note: str | None  # run.json eval.note: why the run has no eval
     trace_files: list[str]
+    traces_left_out: list[dict[str, str]] = []  # run.json traces_left_out: {file, reason}
     logs: list[str]
     trace: dict[str, Any] | None = None  # the traces JSON of traces/
     warnings: list[str]
+
+
+def is_measured(run: RunEntry | dict[str, Any]) -> bool:
+    """Whether a run's numbers count (MEASURED): ok, or interrupted with what it had."""
+    status = run.get("status") if isinstance(run, dict) else run.status
+    return status in MEASURED
 
 
 def _measured_steps(metrics: Metrics) -> int | None:
@@ -230,12 +212,15 @@ def _measured_steps(metrics: Metrics) -> int | None:
 def load_run(run_dir: Path) -> RunEntry:
     """One run entry of the runs JSON, without the cross-run fields (baseline, speedup, ...).
 
-    run.json and steps.csv are validated first (analysis/runs/records.py). Raises InputError when
+    run.json and steps.csv are validated first (profiler/runfolder/records.py). Raises InputError when
     run.json is missing or unreadable and InvalidRecord when either file breaks the run-folder
     contract; a missing steps.csv (or a bad one in a run that did not finish ok) or bad traces
     only add a line to the entry's `warnings`.
     """
     rec, raw = read_record(run_dir / "run.json")
+    status, error = rec.status, raw.get("error")
+    if status == "running" and (killed := killed_error(run_dir)):  # its launcher is gone
+        status, error = "failed", killed
     config, env, metrics = rec.config, rec.env, rec.metrics
     step_time = metrics.step_time_s or StepTime()
     best = rec.eval.best or EvalEntry()
@@ -243,22 +228,24 @@ def load_run(run_dir: Path) -> RunEntry:
     entry = RunEntry(
         run_id=safe_text(rec.run_id or run_dir.name),  # a non-UTF-8 folder name: U+FFFD
         path=str(run_dir),
-        status=rec.status,
-        error=raw.get("error"),
+        status=status,
+        error=error,
         **{k: getattr(config, k) for k in CONFIG_FIELDS},
         **{k: getattr(env, k) for k in ENV_FIELDS},
         model_args=args_text(config.model_args),
         dataset_args=args_text(config.dataset_args),
         loss=config.loss or "cross_entropy",
         parameters=config.model_facts.parameters if config.model_facts else None,
-        fixed_batch=_fixed_batch(config),
-        device_type=_device_type(config),
-        num_devices=_num_devices(config),
+        fixed_batch=fixed_batch(config),
+        device_type=device_type(config),
+        num_devices=num_devices(config),
         samples_per_s=metrics.samples_per_s,
         step_time_s_mean=step_time.mean,
         step_time_s_p95=step_time.p95,
         wall_time_s=metrics.wall_time_s,
         profiler_overhead_pct=metrics.profiler_overhead_pct,
+        profiler_overhead_noise_pct=metrics.profiler_overhead_noise_pct,
+        profile_export_s=max((p.export_s or 0.0 for p in metrics.profile), default=None),
         measured_steps=_measured_steps(metrics),
         host_load=msgspec.to_builtins(env.host_load) if env.host_load else None,
         epoch_time_s=mean_std(metrics.epoch_time_s)[0],
@@ -274,9 +261,26 @@ def load_run(run_dir: Path) -> RunEntry:
         logs=sorted(p.relative_to(run_dir).as_posix() for p in run_dir.glob("logs/*.log")),
         warnings=[w for w in rec.warnings if w],  # the writer's own (e.g. no unprofiled step)
     )
+    _words(entry, rec, raw)
     entry.trace_files = _inside_files(run_dir, rec.traces, entry.warnings)
     _read_phases(entry, run_dir / "steps.csv", rec.schema_version)
     return entry
+
+
+def _words(entry: RunEntry, rec: RunRecord, raw: dict) -> None:
+    """The entry's caption, stop reason, overhead note and advice (analysis.runs.notes)."""
+    config = rec.config
+    entry.script = PurePath(config.script).name if config.script else None
+    entry.workload_label = workload_label(config, raw.get("config") or {})
+    entry.stop_reason = safe_text(rec.stop_reason) if rec.stop_reason else None
+    entry.profiler_overhead_within_noise, entry.profiler_overhead_note = overhead_note(
+        entry.profiler_overhead_pct, entry.profiler_overhead_noise_pct
+    )
+    ddp = rec.metrics.ddp
+    entry.advice = advice(script=entry.script, num_buckets=ddp.num_buckets if ddp else None)
+    left = {t.file: t.reason for t in rec.traces_left_out}
+    inside = _inside_files(Path(entry.path), list(left), entry.warnings)
+    entry.traces_left_out = [{"file": f, "reason": safe_text(left[f])} for f in inside]
 
 
 def _inside_files(run_dir: Path, names: list[str], warnings: list[str]) -> list[str]:
@@ -303,7 +307,7 @@ def _read_phases(entry: RunEntry, steps_csv: Path, schema_version: Any) -> None:
     config.world_size); a missing file, or a bad one in a run that did not finish ok, is a
     warning; a bad one in an ok run raises InvalidRecord."""
     if not os.path.lexists(steps_csv):
-        if entry.status == "ok":
+        if is_measured(entry):
             entry.warnings.append(f"{steps_csv}: missing — phases left empty")
         return
     try:
@@ -329,16 +333,22 @@ def _read_phases(entry: RunEntry, steps_csv: Path, schema_version: Any) -> None:
         )
 
 
-def attach_trace(entry: RunEntry, run_dir: Path, *, progress: bool) -> None:
-    """Analyse the run's traces/ folder and copy the run-level trace metrics into `entry`."""
+def attach_trace(
+    entry: RunEntry, run_dir: Path, *, progress: bool, clock_align: str = "auto"
+) -> None:
+    """Analyse the run's traces/ folder (clocks aligned per `clock_align`) and copy the
+    run-level trace metrics into `entry`."""
     trace_dir = run_dir / "traces"
     if os.path.lexists(trace_dir) and not trace_dir.is_dir():
         entry.warnings.append(f"{trace_dir}: not a folder — its traces are not analysed")
         return
     if not trace_dir.is_dir() or not any(trace_dir.iterdir()):
         return
+    left_out = frozenset(run_dir / t["file"] for t in entry.traces_left_out)
     try:
-        trace = analyze_trace_dir(trace_dir, progress=progress)
+        trace = analyze_trace_dir(
+            trace_dir, progress=progress, exclude=left_out, clock_align=clock_align
+        )
     except InputError as err:
         entry.warnings.append(str(err))
         return
@@ -348,7 +358,11 @@ def attach_trace(entry: RunEntry, run_dir: Path, *, progress: bool) -> None:
     entry.trace = trace
     entry.warnings += [f"{s['file']}: {s['reason']}" for s in trace["skipped"]]
     entry.warnings += run_trace_warnings(
-        run_dir, world_size=entry.world_size, listed=entry.trace_files, trace=trace
+        run_dir,
+        world_size=entry.world_size,
+        listed=entry.trace_files,
+        trace=trace,
+        left_out={t["file"]: t["reason"] for t in entry.traces_left_out},
     )
     entry.warnings += [
         f"{r['file']}: dropped {r['dropped_events']} event(s) with impossible times — not analysed"
@@ -372,12 +386,3 @@ def attach_trace(entry: RunEntry, run_dir: Path, *, progress: bool) -> None:
         )
         overlaps = [r["overlap_pct"] for r in ranks if r["overlap_pct"] is not None]
         entry.overlap_pct = statistics.fmean(overlaps) if overlaps else None
-
-
-def mean_std(values: Iterable[Any]) -> tuple[float | None, float | None]:
-    """Mean and sample std (n−1) of the finite numbers in `values`; non-numbers are ignored.
-    (None, None) when there is none; the std is None for a single value."""
-    vals = [float(v) for v in values if isinstance(v, int | float) and math.isfinite(v)]
-    if not vals:
-        return None, None
-    return statistics.fmean(vals), (statistics.stdev(vals) if len(vals) > 1 else None)

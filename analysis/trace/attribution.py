@@ -11,13 +11,19 @@ keeps it, as its device time); and they are counted per rank (`orphan_kernels`,
 `orphan_kernel_us` = the sum of their durations) with one warning.
 A trace that records no runtime launch at all (trimmed or synthetic traces, tb-profiler's test
 traces) has no orphans: each kernel is attributed by its own start, as tb-profiler does.
+
+HTA applies that filter, and its exclusion of the last ProfilerStep, only where the traces hold
+two or more distinct ProfilerStep names (HTA 0.5.0 `Trace._filter_irrelevant_gpu_kernels`); with
+one (a single-step trace) or none it keeps every kernel, orphans included, and only warns. So
+does dpscope (`hta_filtered`): a trace with fewer than two steps keeps every GPU event in its one
+analysed window, and its orphans are counted and kept.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["kernel_steps", "launches"]
+__all__ = ["hta_filtered", "kernel_steps", "launches"]
 
 
 def launches(
@@ -45,14 +51,20 @@ def launches(
     return launch, tids, ~hit
 
 
+def hta_filtered(step_names: int) -> bool:
+    """Whether HTA's kernel filter (orphans out, last step out) applies to traces holding
+    `step_names` distinct ProfilerStep names: two or more (the module docstring)."""
+    return step_names >= 2
+
+
 def kernel_steps(
     launch_us: np.ndarray, orphan: np.ndarray, lo: np.ndarray, hi: np.ndarray, whole: bool
 ) -> tuple[np.ndarray, np.ndarray]:
     """(step index, kept mask) of each kernel over the analysed windows [lo, hi]: the window
-    containing its launch; with `whole` (one window for a trace without ProfilerSteps) every
-    kernel is in it. Orphans are never kept."""
+    containing its launch, orphans never kept. With `whole` (HTA's filter does not apply: fewer
+    than two ProfilerSteps, one window) every kernel is in it, orphans included."""
     if whole:
-        return np.zeros(launch_us.size, dtype=np.int64), ~orphan
+        return np.zeros(launch_us.size, dtype=np.int64), np.ones(launch_us.size, dtype=bool)
     k_step = np.searchsorted(lo, launch_us, side="right") - 1
     valid = (k_step >= 0) & (launch_us <= hi[np.clip(k_step, 0, None)]) & ~orphan
     return k_step, valid

@@ -1,29 +1,37 @@
 """Sort one rank's events into columnar arrays by class: GPU kernels (compute / comm / memory /
 other), runtime launches, CPU ops, collective annotations, ProfilerSteps and data-loading ranges.
 
-Events arrive in chunks (see loader.py); each chunk is bucketed in one Python pass and reduced to
-numpy columns before the next, and everything after is numpy. Kernel names are classified once
-per distinct name, never per row.
+Events arrive in chunks (see loader.py). Each chunk becomes columns at once: one code per event
+from the rank's vocabulary (roles.py: what a (ph, cat, name) is, decided once per distinct key),
+its rebased start and its duration; each class is then a numpy selection in event order, and only
+the few fields a class needs (thread, args) are read from its own events. Nothing per event
+outlives its chunk, and everything after is numpy.
 """
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from operator import attrgetter
 
 import numpy as np
 
 from analysis.trace.attribution import launches
-from analysis.trace.loader import (
-    MAX_SPAN_US,
-    Args,
-    ChunkSplitError,
-    Event,
-    decode_args,
-    decode_correlation,
-)
+from analysis.trace.events import Args, Event
+from analysis.trace.loader import MAX_SPAN_US, ChunkSplitError
 from analysis.trace.memory import MemoryAccumulator, MemoryEvents
+from analysis.trace.roles import (
+    COMM,
+    COMM_KERNEL_RE,
+    COMM_OP_RE,
+    COMPUTE,
+    MEMORY,
+    OTHER,
+    TB_NONE,
+    Role,
+    Vocab,
+    kernel_class,
+)
 from analysis.trace.steps import clean_steps
 from analysis.trace.tbprofiler import NO_ID, TbAccumulator, TbRoles
 
@@ -40,40 +48,12 @@ __all__ = [
     "kernel_class",
 ]
 
-# HTA 0.5.0 uses `^nccl.*Kernel`; we also take RCCL/HCCL and modern `ncclDevKernel_*` names.
-COMM_KERNEL_RE = re.compile(r"^(nccl|rccl|hccl)|nccl(Dev)?Kernel|^hip.*(nccl|rccl)", re.IGNORECASE)
-MEMORY_KERNEL_RE = re.compile(r"^(Memcpy|Memset|dma)")
-# CPU-side collective annotations written by c10d: `nccl:all_reduce`, `gloo:broadcast`, ...
-COMM_OP_RE = re.compile(r"^(nccl|gloo|mpi|ucc|xccl|hccl):")
-COMPUTE, COMM, MEMORY, OTHER = 0, 1, 2, 3
 _OPS, _ISSUE, _OTHER_OP = 0, 1, 2  # op_events roles: computation, issue-only, the rest
 # No profiled event lasts longer than this (one day): a longer `dur` is corrupt, not slow.
 MAX_DUR_US = MAX_SPAN_US
 _INF = float("inf")
-
-_KERNEL_CATS = {"kernel", "Kernel"}
-_MEMORY_CATS = {"gpu_memcpy", "gpu_memset", "Memcpy", "Memset"}
-_SYNC_CATS = {"cuda_sync"}
-_RUNTIME_CATS = {"cuda_runtime", "cuda_driver", "Runtime", "Driver"}
-_OP_CATS = {"cpu_op", "Operator"}
-_ANNOTATION_CATS = {"user_annotation", "python_function", "Python"}
-# Host-side ops that only issue a collective: neither computation nor the collective itself.
-_ISSUE_OPS = ("c10d::", "record_param_comms")
-
-
-def kernel_class(name: str, cat: str) -> int:
-    """COMPUTE, COMM, MEMORY or OTHER for one GPU activity (HTA's rules, see docs/reference/metrics.md)."""
-    if cat in _MEMORY_CATS or MEMORY_KERNEL_RE.match(name) or "Memcpy" in name:
-        return MEMORY
-    if COMM_KERNEL_RE.search(name):
-        return COMM
-    if cat in _SYNC_CATS or "Sync" in name:  # Event/Context Sync: GPU time, not computation
-        return OTHER
-    return COMPUTE
-
-
-def _arr(values) -> np.ndarray:
-    return np.fromiter(values, dtype=np.float64)
+_DUR, _TID, _ARGS = attrgetter("dur"), attrgetter("tid"), attrgetter("args")
+EMPTY_ARGS = Args()
 
 
 @dataclass
@@ -88,51 +68,6 @@ class Ranges:
 
     def __len__(self) -> int:
         return int(self.start.size)
-
-
-class _Columns:
-    """Accumulates one class of events chunk by chunk as compact columns (absolute µs)."""
-
-    def __init__(
-        self, codes: dict, *, names: bool = False, tids: bool = False, args: bool = False
-    ) -> None:
-        # Thread ids become small integer codes (shared by all classes of a rank) and names
-        # share one string per distinct name: no per-event Python objects outlive their chunk,
-        # so freed chunks give their memory back instead of pinning the allocator's arenas.
-        self.codes = codes
-        self.keep = (names, tids, args)
-        self.ts: list[np.ndarray] = []
-        self.dur: list[np.ndarray] = []
-        self.names: list[str] = []
-        self.tids: list[np.ndarray] = []
-        self.args: list[Args] = []
-
-    def add(self, events: list[Event]) -> None:
-        if not events:
-            return
-        self.ts.append(_arr(e.ts for e in events))
-        self.dur.append(_arr(e.dur for e in events))
-        names, tids, args = self.keep
-        if names:
-            self.names += [self.codes.setdefault(("name", e.name), e.name) for e in events]
-        if tids:
-            codes = self.codes
-            self.tids.append(
-                np.fromiter(
-                    (codes.setdefault(e.tid, len(codes)) for e in events), np.int64, len(events)
-                )
-            )
-        if args:
-            self.args += [decode_args(e) for e in events]
-
-    def first(self) -> float:
-        return min((float(t.min()) for t in self.ts), default=np.inf)
-
-    def ranges(self, origin: float) -> Ranges:
-        start = np.concatenate(self.ts) - origin if self.ts else np.empty(0)
-        end = start + (np.concatenate(self.dur) if self.dur else np.empty(0))
-        tids = np.concatenate(self.tids) if self.tids else np.empty(0, np.int64)
-        return Ranges(start, end, self.names, tids, self.args)
 
 
 @dataclass
@@ -162,121 +97,187 @@ class Classified:
     memory: MemoryEvents | None = None  # [memory] events and phase ranges (analysis.trace.memory)
 
 
-def _is_data(name: str) -> bool:
-    return name == "data" or name.startswith(("enumerate(DataLoader)#", "enumerate(DataPipe)#"))
+class _Columns:
+    """One class of events, chunk by chunk, as compact columns (µs relative to the base)."""
+
+    def __init__(self) -> None:
+        self.ts: list[np.ndarray] = []
+        self.dur: list[np.ndarray] = []
+        self.names: list[str] = []
+        self.tids: list[np.ndarray] = []
+        self.args: list[Args | None] = []
+
+    def add(self, c: _Chunk, idx: np.ndarray, *, names=None, tids=None, args=None) -> None:
+        self.ts.append(c.ts[idx])
+        self.dur.append(c.dur[idx])
+        if names is not None:
+            self.names += names
+        if tids is not None:
+            self.tids.append(tids)
+        if args is not None:
+            self.args += args
+
+    def first(self) -> float:
+        return min((float(t.min()) for t in self.ts if t.size), default=np.inf)
+
+    def ranges(self, origin: float) -> Ranges:
+        start = np.concatenate([np.empty(0), *self.ts]) - origin
+        end = start + np.concatenate([np.empty(0), *self.dur])
+        tids = np.concatenate([np.empty(0, np.int64), *self.tids])
+        return Ranges(start, end, self.names, tids, self.args)
+
+
+class _Chunk:
+    """One chunk as columns: each event's vocabulary code, rebased start and duration, and the
+    indices of each class (Role) in event order."""
+
+    def __init__(self, events: list[Event], ts: np.ndarray, vocab: Vocab) -> None:
+        self.events, self.ts, self.vocab = events, ts, vocab
+        self.code = vocab.encode(events)
+        self.dur = np.fromiter(map(_DUR, events), np.float64, len(events))
+        # Impossible times (missing, negative, non-finite, absurdly long) are dropped and
+        # counted, never analysed: one such ProfilerStep would poison every mean.
+        with np.errstate(invalid="ignore"):
+            ok = (self.dur >= 0.0) & (self.dur <= MAX_DUR_US) & (ts > -_INF) & (ts < _INF)
+        self.dropped = int((vocab.table("is_x")[self.code] & ~ok).sum())
+        role = np.where(ok, vocab.table("role")[self.code], Role.NONE)
+        order = np.argsort(role, kind="stable")
+        bounds = np.searchsorted(role[order], np.arange(Role.TB + 2))
+        self.idx = [order[bounds[r] : bounds[r + 1]] for r in range(Role.TB + 1)]
+
+    def __getitem__(self, role: int) -> np.ndarray:
+        return self.idx[role]
+
+    def prop(self, idx: np.ndarray, table: str) -> np.ndarray:
+        """The vocabulary property `table` of the events `idx`."""
+        return self.vocab.table(table)[self.code[idx]]
+
+    def names(self, idx: np.ndarray) -> list[str]:
+        names = self.vocab.names
+        return [names[c] for c in self.code[idx].tolist()]
+
+    def args(self, idx: np.ndarray) -> list[Args | None]:
+        return list(map(_ARGS, map(self.events.__getitem__, idx.tolist())))
+
+    def end(self, idx: np.ndarray) -> np.ndarray:
+        return self.ts[idx] + self.dur[idx]
+
+
+def _ext_id(a: Args | None) -> int:
+    """tb-profiler's external id: 'external id' before 'External id'; NO_ID when absent."""
+    if a is None:
+        return NO_ID
+    ext = a.external_id_lc if a.external_id_lc is not None else a.external_id
+    return NO_ID if ext is None else ext
 
 
 class _Accumulator:
     """Everything `classify` keeps from the events, filled one chunk at a time."""
 
     def __init__(self) -> None:
-        codes: dict = {}
-        self.kernels = _Columns(codes, names=True)
-        self.kernel_cls: list[int] = []
+        # Names are the vocabulary's one string per distinct name and thread ids small integer
+        # codes (shared by all classes of a rank, numbered in first-seen order): no per-event
+        # Python object outlives its chunk, so freed chunks give their memory back.
+        self.vocab = Vocab()
+        self.tid_codes: dict[int | str, int] = {}
+        self.kernels, self.runtime, self.steps = _Columns(), _Columns(), _Columns()
+        self.anchors, self.rpc, self.data = _Columns(), _Columns(), _Columns()
+        self.op_events = _Columns()  # per chunk: ops, issue ops, then the rest
+        self.kernel_cls: list[np.ndarray] = []
         self.kernel_corr: list[np.ndarray] = []
-        self.runtime = _Columns(codes, tids=True)
         self.runtime_corr: list[np.ndarray] = []
-        self.steps = _Columns(codes, names=True, tids=True)  # their thread is the training thread
-        self.anchors = _Columns(codes, names=True, tids=True, args=True)
-        self.rpc = _Columns(codes, tids=True, args=True)
-        self.tb = TbAccumulator()
-        self.data = _Columns(codes)
-        self.op_events = _Columns(codes, names=True, tids=True)  # ops, issue ops, then the rest
         self.op_role: list[np.ndarray] = []
+        self.tb = TbAccumulator()
         self.cpu_lo, self.cpu_hi = np.inf, -np.inf
-        self.class_of: dict[tuple[str, str], int] = {}  # kernel classes, once per distinct name
         self.dropped = 0  # complete events with impossible times (see MAX_DUR_US)
         self.memory = MemoryAccumulator()
 
-    def add(self, events: list[Event]) -> None:
-        self.memory.add(events)
-        b = self._bucket(events)
-        corr, tb_ext = self._kernel_ids(b.kernels)
+    def _tids(self, c: _Chunk, idx: np.ndarray) -> np.ndarray:
+        codes = self.tid_codes
+        tids = list(map(_TID, map(c.events.__getitem__, idx.tolist())))
+        for t in dict.fromkeys(tids):  # new threads numbered in first-seen order
+            if t not in codes:
+                codes[t] = len(codes)
+        return np.fromiter(map(codes.__getitem__, tids), np.int64, idx.size)
+
+    def add(self, events: list[Event], ts: np.ndarray) -> None:
+        c = _Chunk(events, ts, self.vocab)
+        self.dropped += c.dropped
+        self.memory.add_chunk(
+            events, ts, c.dur, c.prop(slice(None), "memory"), c.prop(slice(None), "phase")
+        )
+        self._add_kernels(c)
+        rt = c[Role.RUNTIME]
+        self.runtime.add(c, rt, tids=self._tids(c, rt))
+        # `or -1`: a correlation id of 0 is no id (as for every launch before)
+        corr = ((a.correlation or -1) if a is not None else -1 for a in c.args(rt))
+        self.runtime_corr.append(np.fromiter(corr, np.int64, rt.size))
+        i = c[Role.STEP]
+        self.steps.add(c, i, names=c.names(i), tids=self._tids(c, i))
+        i = c[Role.ANCHOR]
+        args = [a or EMPTY_ARGS for a in c.args(i)]
+        self.anchors.add(c, i, names=c.names(i), tids=self._tids(c, i), args=args)
+        i = c[Role.RPC]
+        self.rpc.add(c, i, tids=self._tids(c, i), args=[a or EMPTY_ARGS for a in c.args(i)])
+        self.data.add(c, c[Role.DATA])
+        self._add_host(c)
+        self._add_ops(c)
+
+    def _add_kernels(self, c: _Chunk) -> None:
+        """Kernel classes (once per distinct name, by the vocabulary), correlation ids (-2 for
+        none), tb-profiler's ids, and the args of comm kernels only (linking and sizes)."""
+        k = c[Role.KERNEL]
+        cls = c.prop(k, "kernel_cls")
+        args = c.args(k)
+        none = (a is None or a.correlation is None for a in args)
+        corr = np.fromiter(
+            (-2 if n else a.correlation for n, a in zip(none, args, strict=True)), np.int64, k.size
+        )
+        comm = (cls == COMM).tolist()
+        keep = [(a or EMPTY_ARGS) if x else None for a, x in zip(args, comm, strict=True)]
+        self.kernels.add(c, k, names=c.names(k), args=keep)
+        self.kernel_cls.append(cls)
         self.kernel_corr.append(corr)
-        self.kernels.add(b.kernels)
-        self.runtime.add(b.runtime)
-        self.runtime_corr.append(
-            np.fromiter((decode_correlation(e) for e in b.runtime), np.int64, len(b.runtime))
-        )
-        self.steps.add(b.steps)
-        self.anchors.add(b.anchors)
-        self.rpc.add(b.rpc)
-        self.tb.add_kernels(b.kernels, tb_ext, [NO_ID if c == -2 else c for c in corr.tolist()])
-        self.tb.add_host([*b.steps, *b.anchors, *b.data, *b.rpc, *b.runtime, *b.tb])
-        self.data.add(b.data)
-        self._add_ops(b)
+        ext = np.fromiter((_ext_id(a) for a in args), np.int64, k.size)
+        tb_corr = np.where(corr == -2, NO_ID, corr)
+        self.tb.add_kernels(c.prop(k, "tb_type"), c.ts[k], c.end(k), ext, tb_corr)
 
-    def _bucket(self, events: list[Event]) -> _Buckets:
-        """One Python pass over a chunk: each complete event into its class's bucket."""
-        b = _Buckets()
-        for e in events:
-            if e.ph != "X":
-                continue
-            # Impossible times (missing, negative, non-finite, absurdly long) are dropped and
-            # counted, never analysed: one such ProfilerStep would poison every mean.
-            if not (0.0 <= e.dur <= MAX_DUR_US and -_INF < e.ts < _INF):
-                self.dropped += 1
-                continue
-            cat = e.cat
-            if cat in _KERNEL_CATS or cat in _MEMORY_CATS or cat in _SYNC_CATS:
-                b.kernels.append(e)
-            elif cat in _RUNTIME_CATS:
-                b.runtime.append(e)
-            elif cat in _OP_CATS or cat in _ANNOTATION_CATS:
-                _bucket_op(b, e, cat)
-            else:
-                b.tb.append(e)  # other categories: only tb-profiler may keep some
-        return b
+    def _add_host(self, c: _Chunk) -> None:
+        """The host-side events tb-profiler may keep, in its order of the classes."""
+        order = (Role.STEP, Role.ANCHOR, Role.DATA, Role.RPC, Role.RUNTIME, Role.TB)
+        idx = np.concatenate([c[r] for r in order])
+        idx = idx[c.prop(idx, "tb_type") != TB_NONE]
+        if idx.size:
+            cols = (c.prop(idx, "tb_type").tolist(), c.names(idx), c.ts[idx].tolist())
+            self.tb.add_host(list(zip(*cols, c.end(idx).tolist(), c.args(idx), strict=True)))
 
-    def _kernel_ids(self, kernels: list[Event]) -> tuple[np.ndarray, list[int]]:
-        """Classify each kernel (once per distinct name) and keep the comm kernels' args;
-        returns (correlation ids, -2 for none; tb-profiler's external ids)."""
-        corr = np.empty(len(kernels), np.int64)
-        tb_ext: list[int] = []
-        for i, e in enumerate(kernels):
-            key = (e.name, e.cat)
-            if key not in self.class_of:
-                self.class_of[key] = kernel_class(*key)
-            cls = self.class_of[key]
-            self.kernel_cls.append(cls)
-            args = decode_args(e)
-            corr[i] = args.correlation if args.correlation is not None else -2
-            ext = args.external_id_lc if args.external_id_lc is not None else args.external_id
-            tb_ext.append(NO_ID if ext is None else ext)  # tb-profiler's order of the two keys
-            # Only comm kernels need their args later (linking, sizes); drop the rest now.
-            self.kernels.args.append(args if cls == COMM else None)
-        return corr, tb_ext
-
-    def _add_ops(self, b: _Buckets) -> None:
+    def _add_ops(self, c: _Chunk) -> None:
         """The per-op table's events with their roles, and the CPU span tb-profiler falls back to."""
-        rest = [*b.anchors, *(e for e in (*b.rpc, *b.data) if e.cat in _OP_CATS)]
-        self.op_events.add([*b.ops, *b.issue, *rest])
-        self.op_role.append(
-            np.repeat(
-                np.array([_OPS, _ISSUE, _OTHER_OP], np.int8),
-                [len(b.ops), len(b.issue), len(rest)],
-            )
+        rpc, data = c[Role.RPC], c[Role.DATA]
+        rest = [c[Role.ANCHOR], rpc[c.prop(rpc, "op_cat")], data[c.prop(data, "op_cat")]]
+        idx = np.concatenate([c[Role.OP], c[Role.ISSUE], *rest])
+        self.op_events.add(c, idx, names=c.names(idx), tids=self._tids(c, idx))
+        sizes = [c[Role.OP].size, c[Role.ISSUE].size, sum(r.size for r in rest)]
+        self.op_role.append(np.repeat(np.array([_OPS, _ISSUE, _OTHER_OP], np.int8), sizes))
+        cpu = np.concatenate(
+            [c[r] for r in (Role.OP, Role.ISSUE, Role.ANCHOR, Role.RPC, Role.STEP)]
         )
-        cpu_like = [
-            e
-            for e in (*b.ops, *b.issue, *b.anchors, *b.rpc, *b.steps)
-            if e.cat not in _ANNOTATION_CATS
-        ]
-        if cpu_like:
-            self.cpu_lo = min(self.cpu_lo, min(e.ts for e in cpu_like))
-            self.cpu_hi = max(self.cpu_hi, max(e.ts + e.dur for e in cpu_like))
+        cpu = cpu[~c.prop(cpu, "annotation")]
+        if cpu.size:
+            self.cpu_lo = min(self.cpu_lo, float(c.ts[cpu].min()))
+            self.cpu_hi = max(self.cpu_hi, float(c.end(cpu).max()))
 
     def finish(self) -> Classified:
         parts = (self.kernels, self.steps, self.anchors, self.rpc, self.op_events, self.data)
         origin = min(min(p.first() for p in parts), self.cpu_lo, self.tb.first)
         origin = 0.0 if not np.isfinite(origin) else float(origin)
         op_events = self.op_events.ranges(origin)
-        role = np.concatenate(self.op_role) if self.op_role else np.empty(0, np.int8)
+        role = np.concatenate([np.empty(0, np.int8), *self.op_role])
         is_op, plain = role == _OPS, role != _OTHER_OP
         k = self.kernels.ranges(origin)
         rt = self.runtime.ranges(origin)
-        corr = np.concatenate(self.runtime_corr) if self.runtime_corr else np.empty(0, np.int64)
-        k_corr = np.concatenate(self.kernel_corr) if self.kernel_corr else np.empty(0, np.int64)
+        corr = np.concatenate([np.empty(0, np.int64), *self.runtime_corr])
+        k_corr = np.concatenate([np.empty(0, np.int64), *self.kernel_corr])
         launch_us, launch_tid, orphan = launches(k.start, k_corr, rt.start, rt.tids, corr)
         steps = _by_start(self.steps.ranges(origin))
         keep, numbers, bad_steps, step_notes = clean_steps(steps.names, steps.start, steps.end)
@@ -287,7 +288,7 @@ class _Accumulator:
         return Classified(
             origin_us=origin,
             kernels=k,
-            kernel_cls=np.asarray(self.kernel_cls, dtype=np.int8),
+            kernel_cls=np.concatenate([np.empty(0, np.int8), *self.kernel_cls]),
             launch_us=launch_us,
             launch_tid=launch_tid,
             orphan=orphan,
@@ -309,42 +310,6 @@ class _Accumulator:
         )
 
 
-@dataclass
-class _Buckets:
-    """One chunk's complete events by class, before they become columns."""
-
-    kernels: list[Event] = field(default_factory=list)
-    runtime: list[Event] = field(default_factory=list)
-    steps: list[Event] = field(default_factory=list)
-    anchors: list[Event] = field(default_factory=list)
-    rpc: list[Event] = field(default_factory=list)
-    ops: list[Event] = field(default_factory=list)
-    issue: list[Event] = field(default_factory=list)
-    data: list[Event] = field(default_factory=list)
-    tb: list[Event] = field(default_factory=list)
-
-
-def _bucket_op(b: _Buckets, e: Event, cat: str) -> None:
-    """A CPU op or annotation: ProfilerStep, collective call, data range, record_param_comms,
-    issue-only op or operator; other user ranges (forward, backward, ...) are not operators."""
-    name = e.name
-    if name.startswith("ProfilerStep#"):
-        b.steps.append(e)
-    elif COMM_OP_RE.match(name):
-        b.anchors.append(e)
-    elif _is_data(name):
-        b.data.append(e)
-    elif name == "record_param_comms":
-        b.rpc.append(e)
-    elif cat not in _OP_CATS:
-        if cat == "Python":  # tb-profiler counts these as CPU ops
-            b.tb.append(e)
-    elif name.startswith(_ISSUE_OPS):
-        b.issue.append(e)
-    else:
-        b.ops.append(e)
-
-
 def _select(r: Ranges, mask: np.ndarray) -> Ranges:
     idx = np.flatnonzero(mask)
     return Ranges(r.start[idx], r.end[idx], [r.names[i] for i in idx], r.tids[idx])
@@ -364,8 +329,8 @@ def classify(passes: Iterator[Iterator[list[Event]]]) -> Classified:
     for chunks in passes:
         acc = _Accumulator()
         try:
-            for events in chunks:
-                acc.add(events)
+            for events, ts in chunks:
+                acc.add(events, ts)
         except ChunkSplitError:
             continue
         return acc.finish()

@@ -13,11 +13,12 @@ from __future__ import annotations
 import math
 import re
 from collections import defaultdict
-from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
 from analysis.trace.classify import COMM, Classified
+from analysis.trace.events import decode_list
 from analysis.trace.intervals import merge, total_us
 from profiler.runfolder.layout import bus_factor  # comm.csv's bus model: one set of factors
 
@@ -144,30 +145,10 @@ def _anchor_sizes(c: Classified) -> tuple[list[int | None], list[int | None]]:
         size = _nbytes_from_counts(r_args, anchors.names[i]) if r_args else None
         if size is None:
             a = anchors.args[i]
-            size = _nbytes_from_dims(a.input_dims, a.input_type)
+            size = _nbytes_from_dims(decode_list(a.input_dims), decode_list(a.input_type))
         nbytes.append(size)
         group.append(r_args.group_size if r_args else None)
     return nbytes, group
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class _Call:
-    """One collective call on one rank (the fields `rank_instances` groups by name)."""
-
-    name: str
-    start_us: float
-    """First comm kernel start, else the call's start (µs rel. to the trace origin)."""
-    latency_us: float
-    """|call ∪ its kernels|."""
-    device_us: float
-    """|∪ kernels|, or the call's own duration when it launched none (gloo/CPU)."""
-    nbytes: int
-    """0 when unknown."""
-    group_size: int
-    """0 when unknown."""
-    starts: np.ndarray
-    ends: np.ndarray
-    """The call's and its kernels' intervals, for the per-name union of latencies."""
 
 
 def _kernel_name(name: str) -> str:
@@ -180,6 +161,8 @@ def rank_instances(c: Classified, lo: float, hi: float) -> dict[str, dict[str, n
     """Collective instances whose call starts in [lo, hi] (µs rel. to origin), grouped by name.
 
     Per instance: `start_us` (first comm kernel start, else the call's start; rel. to origin),
+    `end_us` (last comm kernel end, else the call's end; rel. to origin: when the collective
+    completed on this rank),
     `latency_us` = |call ∪ its kernels|, `device_us` = |∪ kernels| (the call's own duration when it
     launched none, as on gloo/CPU), `bytes` (0 when unknown), `group_size` (0 when unknown),
     all arrays in call order; plus `union_us`, the length of the union of those latencies
@@ -194,89 +177,99 @@ def rank_instances(c: Classified, lo: float, hi: float) -> dict[str, dict[str, n
     by_anchor: dict[int, list[int]] = defaultdict(list)
     for j, anchor in enumerate(link.tolist()):
         by_anchor[anchor].append(int(comm_idx[j]))
-    rows = _anchor_calls(c, lo, hi, by_anchor)
+    calls = _anchor_calls(c, lo, hi, by_anchor)
     # An orphan kernel (attribution.py) never becomes a call: its launch is not in the trace.
-    rows += [
-        _kernel_call(c, k)
-        for k in by_anchor.get(-1, [])
-        if lo <= c.launch_us[k] <= hi and not c.orphan[k]
-    ]
-    rows.sort(key=lambda r: r.start_us)
-    return {name: _instances([r for r in rows if r.name == name]) for name in _names(rows)}
+    own = [k for k in by_anchor.get(-1, []) if lo <= c.launch_us[k] <= hi and not c.orphan[k]]
+    calls = _concat(calls, _kernel_calls(c, np.array(own, dtype=np.int64)))
+    order = np.argsort(calls["start_us"], kind="stable")  # call order: by start
+    names = np.asarray(calls["name"], dtype=object)[order]
+    out = {}
+    for name in dict.fromkeys(names.tolist()):
+        mine = order[names == name]
+        cols = {k: calls[k][mine] for k in _CALL_KEYS}
+        on = np.isin(calls["iv_call"], mine)
+        cols["union_us"] = total_us(merge(calls["iv_start"][on], calls["iv_end"][on]))
+        out[name] = cols
+    return out
 
 
-def _names(rows: list[_Call]) -> list[str]:
-    return list(dict.fromkeys(r.name for r in rows))
+_CALL_KEYS = ("start_us", "end_us", "latency_us", "device_us", "bytes", "group_size")
+
+
+def _concat(a: dict, b: dict) -> dict:
+    """Two call tables as one (b's calls after a's; b's interval call ids shifted)."""
+    n = len(a["name"])
+    out = {k: np.concatenate([a[k], b[k]]) for k in (*_CALL_KEYS, "iv_start", "iv_end")}
+    out["iv_call"] = np.concatenate([a["iv_call"], b["iv_call"] + n])
+    out["name"] = [*a["name"], *b["name"]]
+    return out
 
 
 def _anchor_calls(
     c: Classified, lo: float, hi: float, by_anchor: dict[int, list[int]]
-) -> list[_Call]:
-    """One _Call per collective annotation starting in [lo, hi], with the comm kernels linked
-    to it (`by_anchor`: annotation index -> kernel indices)."""
+) -> dict[str, Any]:
+    """The calls of the collective annotations starting in [lo, hi], with the comm kernels linked
+    to them (`by_anchor`: annotation index -> kernel indices), as columns; `iv_*`: every call's
+    intervals (call and kernels), for the per-name union."""
     nbytes, group = _anchor_sizes(c)
-    a = c.anchors
-    rows: list[_Call] = []
-    for i in range(len(a)):
-        if not lo <= a.start[i] <= hi:
-            continue
-        ks = by_anchor.get(i, [])
-        ks_s, ks_e = c.kernels.start[ks], c.kernels.end[ks]
-        s = np.append(ks_s, a.start[i])
-        e = np.append(ks_e, a.end[i])
-        if len(ks) <= 1:  # the common case, in closed form: |call ∪ kernel|
-            device = float(ks_e.sum() - ks_s.sum()) if ks else a.end[i] - a.start[i]
-            hidden = max(0.0, min(e.min(), e.max()) - max(s.min(), s.max())) if ks else 0.0
-            latency = float((e - s).sum()) - hidden
-        else:
-            latency = total_us(merge(s, e))
-            device = total_us(merge(ks_s, ks_e))
-        for ka in (c.kernels.args[k] for k in ks):  # size from the kernel when the call lacks it
+    a, k = c.anchors, c.kernels
+    idx = np.flatnonzero((lo <= a.start) & (a.start <= hi))
+    ks_of = [by_anchor.get(i, []) for i in idx.tolist()]
+    a_s, a_e = a.start[idx], a.end[idx]
+    start, end = a_s.copy(), a_e.copy()
+    device = a_e - a_s  # launched no kernel: the call's own duration (gloo/CPU)
+    latency = device - 0.0
+    one = np.array([len(x) == 1 for x in ks_of], dtype=bool)
+    k1 = np.array([x[0] for x in ks_of if len(x) == 1], dtype=np.int64)
+    ks, ke = k.start[k1], k.end[k1]  # the common case in closed form: |call ∪ kernel|
+    hidden = np.maximum(0.0, np.minimum(ke, a_e[one]) - np.maximum(ks, a_s[one]))
+    latency[one] = ((ke - ks) + (a_e[one] - a_s[one])) - hidden
+    device[one], start[one], end[one] = ke - ks, ks, ke
+    for j in np.flatnonzero([len(x) > 1 for x in ks_of]).tolist():
+        s_, e_ = k.start[ks_of[j]], k.end[ks_of[j]]
+        latency[j] = total_us(merge(np.append(s_, a_s[j]), np.append(e_, a_e[j])))
+        device[j] = total_us(merge(s_, e_))
+        start[j], end[j] = float(s_.min()), float(e_.max())
+    for i, ks_i in zip(idx.tolist(), ks_of, strict=True):  # size from a kernel the call lacks
+        for ka in (k.args[x] for x in ks_i):
             nbytes[i] = nbytes[i] or _nbytes_from_counts(ka, a.names[i])
             group[i] = group[i] or ka.group_size
-        rows.append(
-            _Call(
-                name=a.names[i],
-                start_us=float(ks_s.min()) if ks else float(a.start[i]),
-                latency_us=latency,
-                device_us=device,
-                nbytes=nbytes[i] or 0,
-                group_size=group[i] or 0,
-                starts=s,
-                ends=e,
-            )
-        )
-    return rows
-
-
-def _kernel_call(c: Classified, k: int) -> _Call:
-    """A comm kernel no annotation claims: a call of its own, named from the kernel."""
-    ks, ke = c.kernels.start[k], c.kernels.end[k]
-    ka = c.kernels.args[k]
-    name = _kernel_name(c.kernels.names[k])
-    return _Call(
-        name=name,
-        start_us=float(ks),
-        latency_us=ke - ks,
-        device_us=ke - ks,
-        nbytes=_nbytes_from_counts(ka, name) or 0,
-        group_size=ka.group_size or 0,
-        starts=np.array([ks]),
-        ends=np.array([ke]),
-    )
-
-
-def _instances(mine: list[_Call]) -> dict[str, np.ndarray]:
-    """The columns `rank_instances` returns for one name's calls (in call order)."""
+    flat = np.array([x for ks_i in ks_of for x in ks_i], dtype=np.int64)
+    per = np.array([len(x) for x in ks_of], dtype=np.int64)
     return {
-        "start_us": np.array([r.start_us for r in mine]),
-        "latency_us": np.array([r.latency_us for r in mine]),
-        "device_us": np.array([r.device_us for r in mine]),
-        "bytes": np.array([r.nbytes for r in mine], dtype=np.int64),
-        "group_size": np.array([r.group_size for r in mine], dtype=np.int64),
-        "union_us": total_us(
-            merge(np.concatenate([r.starts for r in mine]), np.concatenate([r.ends for r in mine]))
+        "name": [a.names[i] for i in idx.tolist()],
+        "start_us": start,
+        "end_us": end,
+        "latency_us": latency,
+        "device_us": device,
+        "bytes": np.array([nbytes[i] or 0 for i in idx.tolist()], dtype=np.int64),
+        "group_size": np.array([group[i] or 0 for i in idx.tolist()], dtype=np.int64),
+        "iv_start": np.concatenate([a_s, k.start[flat]]),
+        "iv_end": np.concatenate([a_e, k.end[flat]]),
+        "iv_call": np.concatenate([np.arange(idx.size), np.repeat(np.arange(idx.size), per)]),
+    }
+
+
+def _kernel_calls(c: Classified, own: np.ndarray) -> dict[str, Any]:
+    """Comm kernels no annotation claims: each a call of its own, named from the kernel."""
+    k = c.kernels
+    ks, ke = k.start[own], k.end[own]
+    names = [_kernel_name(k.names[x]) for x in own.tolist()]
+    args = [k.args[x] for x in own.tolist()]
+    return {
+        "name": names,
+        "start_us": ks,
+        "end_us": ke,
+        "latency_us": ke - ks,
+        "device_us": ke - ks,
+        "bytes": np.array(
+            [_nbytes_from_counts(ka, n) or 0 for ka, n in zip(args, names, strict=True)],
+            dtype=np.int64,
         ),
+        "group_size": np.array([ka.group_size or 0 for ka in args], dtype=np.int64),
+        "iv_start": ks,
+        "iv_end": ke,
+        "iv_call": np.arange(own.size),
     }
 
 

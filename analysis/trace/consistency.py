@@ -6,6 +6,10 @@ one warning naming both sources, never silent and never fatal.
 - run.json `traces` (the files this run wrote) vs the files in traces/ (a trace copied in from
   another run, or one the record lists that is gone);
 - a trace that is a symbolic link resolving outside the run folder (another run's trace).
+
+A trace that run.json `traces_left_out` names is no stranger: its writer left it out of the run
+on purpose (a process of a `--script` run that never joined the process group trained alone).
+It is not analysed, and its one line gives the writer's reason.
 """
 
 from __future__ import annotations
@@ -51,13 +55,25 @@ def _world_warnings(run_json: Path, world_size: int | None, trace: dict) -> list
 
 
 def run_trace_warnings(
-    run_dir: Path, *, world_size: int | None, listed: list[str], trace: dict
+    run_dir: Path,
+    *,
+    world_size: int | None,
+    listed: list[str],
+    trace: dict,
+    left_out: dict[str, str] | None = None,
 ) -> list[str]:
     """Warnings for the traces JSON `trace` of `run_dir`/traces against run.json (`world_size`,
-    `listed` = its `traces` entries, paths relative to the run folder)."""
+    `listed` = its `traces` entries, `left_out` = its `traces_left_out` as {file: reason},
+    paths relative to the run folder)."""
     run_dir = Path(run_dir)
     run_json = run_dir / "run.json"
-    out = _world_warnings(run_json, world_size, trace)
+    out = [
+        f"{run_dir / name}: left out of this run by its record ({reason or 'no reason given'})"
+        " — not analysed"
+        for name, reason in (left_out or {}).items()
+        if (run_dir / name).is_file()
+    ]
+    out += _world_warnings(run_json, world_size, trace)
     files = [r["file"] for r in trace["ranks"]] + [s["file"] for s in trace["skipped"]]
     if listed:
         wanted = set(listed)

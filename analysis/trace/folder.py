@@ -9,16 +9,20 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Iterable
-from concurrent.futures import ProcessPoolExecutor, as_completed
+from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 
 from tqdm import tqdm
 
-from analysis.errors import unexpected
 from analysis.jsonsafe import finite_json
+from analysis.trace.attribution import hta_filtered
+from analysis.trace.cache import cache_enabled
+from analysis.trace.calls import TracesResult, call_table
+from analysis.trace.clocks import align_clocks, check_clock_align
 from analysis.trace.collectives import combine_collectives
-from analysis.trace.rank import RankSummary, summarize_file
+from analysis.trace.executors import Executor, Outcome, process_summaries
+from analysis.trace.rank import RankSummary
 from profiler.runfolder.errors import InputError
 from profiler.runfolder.versions import TRACES_JSON_SCHEMA_VERSION
 
@@ -35,6 +39,7 @@ _RANK_FIELDS = (
     "file",
     "rank_source",
     "kind",
+    "host",
     "steps",
     "dropped_events",
     "orphan_kernels",
@@ -89,39 +94,20 @@ def traces_row(summary: RankSummary) -> dict:
     return {k: getattr(summary, k) for k in _RANK_FIELDS}
 
 
-def _summarize(path: Path) -> tuple[RankSummary | None, str | None]:
-    try:
-        return summarize_file(path), None
-    except InputError as err:
-        return None, f"{err.what} — {err.fix}"
-    except Exception as err:  # noqa: BLE001 — RecursionError, MemoryError, ...: one hostile
-        # file costs one line, never the other ranks.
-        return None, unexpected(err)
+def _summaries(files: list[Path], ex: Executor, progress: bool) -> Iterator[tuple[Path, Outcome]]:
+    """(file, outcome) for every file, in completion order, with a progress bar."""
+    if ex.kind == "dask":
+        from analysis.trace.daskexec import check_executor, dask_summaries
 
-
-def _summaries(files: list[Path], workers: int, progress: bool) -> Iterable[tuple[Path, tuple]]:
-    bar = tqdm(
-        total=len(files),
-        desc="traces",
-        unit="file",
-        disable=not progress or len(files) < 2,
-        leave=False,
-    )
-    with bar:
-        if workers <= 1 or len(files) == 1:
-            for f in files:
-                yield f, _summarize(f)
-                bar.update()
-            return
-        with ProcessPoolExecutor(max_workers=workers) as pool:
-            futures = {pool.submit(_summarize, f): f for f in files}
-            for fut in as_completed(futures):
-                try:
-                    result = fut.result()
-                except Exception as err:  # noqa: BLE001 — a worker killed (e.g. out of memory)
-                    result = (None, unexpected(err))
-                yield futures[fut], result
-                bar.update()
+        check_executor(ex)
+        results = dask_summaries(files, ex)
+    else:
+        results = process_summaries(files, ex)
+    show = progress and len(files) > 1
+    with tqdm(total=len(files), desc="traces", unit="file", disable=not show, leave=False) as bar:
+        for item in results:
+            yield item
+            bar.update()
 
 
 _ATTEMPT_RE = re.compile(r"_attempt(\d+)\.")
@@ -202,35 +188,104 @@ def _mixed_job_warnings(path: Path, ranks: list[RankSummary], worlds: list[int])
     return out
 
 
+def _filter_warnings(ranks: list[RankSummary]) -> list[str]:
+    """HTA decides its kernel filter over every rank's ProfilerStep names together (two or more:
+    filter every rank). dpscope decides per rank (analysis.trace.attribution), so a rank with
+    fewer than two steps in a folder holding two or more names is said: HTA would filter it
+    (orphans and its last step out) where dpscope keeps every kernel of it."""
+    names = {n for r in ranks for n in r.profiler_steps}
+    if not hta_filtered(len(names)):
+        return []
+    return [
+        f"{r.file}: {len(set(r.profiler_steps))} ProfilerStep(s) here but {len(names)} step "
+        "names across the traces: HTA would filter this rank too (orphans and its last step "
+        "out); dpscope analyses it with every kernel (keep one job's traces per folder)"
+        for r in ranks
+        if not hta_filtered(len(set(r.profiler_steps)))
+    ]
+
+
 def reduce_files(
-    files: list[Path], *, workers: int | None = None, progress: bool = True
+    files: list[Path],
+    *,
+    workers: int | None = None,
+    progress: bool = True,
+    executor: Executor | None = None,
 ) -> tuple[list[RankSummary], list[dict]]:
-    """Reduce each file to its rank summary (in worker processes): (summaries, skipped)."""
-    workers = max(1, min(workers or os.cpu_count() or 1, len(files) or 1))
+    """Reduce each file to its rank summary where `executor` says (default: `workers` local
+    processes, one per core): (summaries, skipped)."""
+    ex = executor or Executor()
+    ex = replace(ex, cache=cache_enabled(ex.cache))  # None: DPSCOPE_TRACE_CACHE=1 turns it on
+    if ex.kind == "process":  # one per core unless told, never more than files
+        ex = replace(ex, workers=max(1, min(workers or os.cpu_count() or 1, len(files) or 1)))
     skipped: list[dict] = []
     good: list[RankSummary] = []
-    for f, (summary, error) in _summaries(files, workers, progress):
+    for f, (summary, error, lost) in _summaries(files, ex, progress):
         if error:
-            skipped.append({"file": str(f), "reason": error})
+            skipped.append(
+                {"file": str(f), "reason": error, **({"worker_died": True} if lost else {})}
+            )
         else:
             good.append(summary)
     return good, skipped
 
 
-def analyze_trace_dir(path: Path, *, workers: int | None = None, progress: bool = True) -> dict:
-    """The traces JSON for every trace file in `path` (see docs/reference/metrics.md for each field).
+def analyze_trace_dir(
+    path: Path,
+    *,
+    workers: int | None = None,
+    progress: bool = True,
+    executor: Executor | None = None,
+    exclude: frozenset[Path] = frozenset(),
+    clock_align: str = "auto",
+) -> dict:
+    """The traces JSON for every trace file in `path` but those in `exclude` (traces its run's
+    record leaves out; see docs/reference/metrics.md for each field).
 
     Raises InputError when no file could be analysed; otherwise bad files are listed in
-    `skipped` with a one-line reason and the rest is analysed.
+    `skipped` with a one-line reason and the rest is analysed. `executor`: where the per-rank
+    reductions run (executors.Executor: local processes, or a Dask cluster; the trace cache).
+    `clock_align` (off | auto | force) is analysis/trace/clocks.py's.
     """
-    good, skipped = reduce_files(find_trace_files(path), workers=workers, progress=progress)
-    return combine_summaries(path, good, skipped)
+    check_clock_align(clock_align)  # before any file is read
+    files = [f for f in find_trace_files(path) if f not in exclude]
+    if not files:
+        raise InputError(path, "no trace files of this run", "profile the run again")
+    good, skipped = reduce_files(files, workers=workers, progress=progress, executor=executor)
+    return combine_summaries(path, good, skipped, clock_align=clock_align)
 
 
-def combine_summaries(path: Path | str, good: list[RankSummary], skipped: list[dict]) -> dict:
+def _clock_fields(ranks: list[RankSummary], clock_align: str, warnings: list[str]) -> TracesResult:
+    """Put every rank's instances on one origin (HTA's shift: the earliest event of all ranks
+    is 0, exact integer ns), then estimate and remove the hosts' clock offsets
+    (analysis/trace/clocks.py); returns {rank: its clock fields for `ranks[]`}."""
+    origin = min(r.origin_ns for r in ranks)
+    for r in ranks:
+        shift_us = (r.origin_ns - origin) / 1000  # exact integer ns: no float64 absolute clock
+        for inst in r.instances.values():
+            inst["start_us"] = inst["start_us"] + shift_us
+            if "end_us" in inst:  # absent in parts of older dpscope versions
+                inst["end_us"] = inst["end_us"] + shift_us
+    offsets, shifted, notes = align_clocks(
+        {r.rank: r.instances for r in ranks}, {r.rank: r.host for r in ranks}, clock_align
+    )
+    warnings += notes
+    return {
+        rank: {
+            "clock_offset_us": off.offset_us if off else None,
+            "clock_offset_uncertainty_us": off.uncertainty_us if off else None,
+            "clock_aligned": rank in shifted,
+        }
+        for rank, off in offsets.items()
+    }
+
+
+def combine_summaries(
+    path: Path | str, good: list[RankSummary], skipped: list[dict], *, clock_align: str = "auto"
+) -> TracesResult:
     """The traces JSON from every rank's summary: ranks assigned, clocks aligned, collectives
     matched across ranks. Depends only on the set of summaries, not their order, so a merge of
-    shards gives exactly the unsharded result."""
+    shards gives exactly the unsharded result. The per-call table rides along as `.calls`."""
     skipped = list(skipped)
     warnings: list[str] = []
     ranks = _assign_ranks(_one_attempt(good, skipped), skipped, warnings)
@@ -238,16 +293,24 @@ def combine_summaries(path: Path | str, good: list[RankSummary], skipped: list[d
     if not ranks:
         reasons = "; ".join(f"{Path(s['file']).name}: {s['reason']}" for s in skipped[:3])
         raise InputError(path, f"no usable trace ({reasons})", "fix or re-profile the traces")
-    origin = min(r.origin_ns for r in ranks)  # HTA's alignment: earliest event of all ranks = 0
     for r in ranks:
-        shift_us = (r.origin_ns - origin) / 1000  # exact integer ns: no float64 absolute clock
-        for inst in r.instances.values():
-            inst["start_us"] = inst["start_us"] + shift_us
         warnings += r.warnings
+    clock = _clock_fields(ranks, clock_align, warnings)
     worlds = [r.world_size for r in ranks if r.world_size]
     world_size = max(worlds) if worlds else len(ranks)
     warnings += _mixed_job_warnings(path, ranks, worlds)
-    tables = combine_collectives({r.rank: r.instances for r in ranks}, world_size)
+    warnings += _filter_warnings(ranks)
+    lost = [s["file"] for s in skipped if s.get("worker_died")]
+    if lost:
+        warnings.append(
+            f"{path}: partial result — {len(lost)} file(s) lost with the worker analysing them"
+            f" ({', '.join(lost[:3])}{', ...' if len(lost) > 3 else ''}); the rest is analysed,"
+            " re-run to include them"
+        )
+    per_rank = {r.rank: r.instances for r in ranks}
+    tables = combine_collectives(per_rank, world_size)
+    for row in tables["stragglers"]:  # the offset removed before its skew was computed
+        row.update(clock[row["rank"]])
     means = [r.step_time_us_mean for r in ranks]
     lo, hi = min(means), max(means)
     result = {
@@ -255,7 +318,10 @@ def combine_summaries(path: Path | str, good: list[RankSummary], skipped: list[d
         "trace_dir": str(path),
         "world_size": world_size if worlds else None,
         "kind": "gpu" if any(r.kind == "gpu" for r in ranks) else "cpu",
-        "ranks": [traces_row(r) for r in ranks],
+        "clock_align": clock_align,
+        # Some file's reduction was lost with its worker (the rest is analysed): see `skipped`.
+        "partial": any(s.get("worker_died") for s in skipped),
+        "ranks": [{**traces_row(r), **clock[r.rank]} for r in ranks],
         **tables,
         "step_time_spread": {
             "min_us": lo,
@@ -265,4 +331,6 @@ def combine_summaries(path: Path | str, good: list[RankSummary], skipped: list[d
         "skipped": skipped,
         "warnings": warnings,
     }
-    return finite_json(result, warnings)
+    out = TracesResult(finite_json(result, warnings))
+    out.calls = call_table(per_rank)
+    return out

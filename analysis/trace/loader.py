@@ -2,18 +2,19 @@
 
 The top level is decoded first with `traceEvents` kept raw; the events are then decoded by msgspec
 in ~512 KiB chunks (split between two events) into a Struct of the needed fields (ph, cat, name,
-tid, ts, dur) with `args` kept as raw bytes, decoded later only for the events that need it
-(kernels, runtime launches, collectives). The caller reduces each chunk before the next is decoded,
-so only one chunk of event objects is ever alive. An event of the wrong shape (`"ts": "abc"`,
-`"tid": [1]`, `"dur": null`, not an object at all) fails its chunk's typed decode; only that chunk
-is then decoded event by event, and each such event becomes an `IMPOSSIBLE` placeholder that
-classify drops and counts like an event with impossible times: the rest of the file is analysed. Rank and world size come from `distributedInfo`
-(parsed as JSON, so spacing does not matter), else from the file name (`rank<N>`, `rank-<N>`,
-`worker<N>`)."""
+tid, ts, dur) and of the `args` fields analysis reads (kernels, runtime launches, collectives,
+`[memory]` events), all in one pass over the JSON. The caller reduces each chunk to numpy columns
+before the next is decoded, so only one chunk of event objects is ever alive. An event of the
+wrong shape (`"ts": "abc"`, `"tid": [1]`, `"dur": null`, not an object at all) fails its chunk's
+typed decode; only that chunk is then decoded event by event, and each such event becomes an
+`IMPOSSIBLE` placeholder that classify drops and counts like an event with impossible times: the
+rest of the file is analysed. An `args` value of the wrong type costs only its field group
+(events.py), never the event. Rank and world size come from `distributedInfo` (parsed as
+JSON, so spacing does not matter), else from the file name (`rank<N>`, `rank-<N>`, `worker<N>`).
+Gzip is inflated by analysis.trace.inflate (ISA-L where installed)."""
 
 from __future__ import annotations
 
-import math
 import os
 import re
 import stat
@@ -23,63 +24,24 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import msgspec
+import numpy as np
 
+from analysis.trace.events import Event, decode_events
+from analysis.trace.inflate import inflate_capped
 from analysis.trace.timebase import MAX_SPAN_US, median_base, needs_exact, rebase
 from profiler.runfolder.errors import InputError
 
 __all__ = [
     "CHUNK_BYTES",
     "ChunkSplitError",
-    "Args",
-    "Event",
-    "IMPOSSIBLE",
     "LoadedTrace",
     "MAX_SPAN_US",
     "MAX_TRACE_BYTES",
     "MAX_TRACE_BYTES_ENV",
-    "decode_args",
-    "decode_correlation",
     "load_trace",
     "max_trace_bytes",
     "rank_from_name",
 ]
-
-
-class Event(msgspec.Struct, gc=False):
-    """One trace event; `args` stays raw JSON until `decode_args` is called on it. `ts` is
-    rebased (timebase.py) before any consumer sees the event: µs relative to the trace's base
-    (`LoadedTrace.ts_base_us`), exact to 1 ns; NaN when absent or implausible."""
-
-    ph: str = ""
-    cat: str = ""
-    name: str = ""
-    tid: int | str = 0  # `pid` is never used: not decoding it saves memory
-    # NaN when absent: an event without a time is dropped by classify, never taken as 0.
-    ts: float = math.nan
-    dur: float = math.nan
-    args: msgspec.Raw = msgspec.Raw(b"")
-
-
-class Args(msgspec.Struct, gc=False):
-    """The `args` fields analysis reads (kernels, launches, collectives)."""
-
-    correlation: int | None = None
-    external_id: int | None = msgspec.field(default=None, name="External id")
-    # tb-profiler's own test traces spell it in lower case on kernels.
-    external_id_lc: int | None = msgspec.field(default=None, name="external id")
-    collective: str | None = msgspec.field(default=None, name="Collective name")
-    in_nelems: int | None = msgspec.field(default=None, name="In msg nelems")
-    out_nelems: int | None = msgspec.field(default=None, name="Out msg nelems")
-    dtype: str | None = None
-    group_size: int | None = msgspec.field(default=None, name="Group size")
-    input_dims: list | None = msgspec.field(default=None, name="Input Dims")
-    input_type: list | None = msgspec.field(default=None, name="Input type")
-
-
-class _Correlation(msgspec.Struct, gc=False):
-    """Only the correlation id: runtime launches are the most numerous events with args."""
-
-    correlation: int | None = None
 
 
 class _Trace(msgspec.Struct):
@@ -90,45 +52,17 @@ class _Trace(msgspec.Struct):
     baseTimeNanoseconds: msgspec.Raw = msgspec.Raw(b"")  # noqa: N815
     displayTimeUnit: str | None = None  # noqa: N815
     traceName: str | None = None  # noqa: N815
+    host_name: msgspec.Raw = msgspec.Raw(b"")  # Raw: a bad one costs the host, not the rank
 
 
 _DECODER = msgspec.json.Decoder(_Trace)
-_EVENTS_DECODER = msgspec.json.Decoder(list[Event])
-_EVENT_DECODER = msgspec.json.Decoder(Event)
-_RAW_LIST_DECODER = msgspec.json.Decoder(list[msgspec.Raw])
-# What an event of the wrong shape becomes: a complete event without a time, which classify
-# drops and counts (never analysed, never taken as 0).
-IMPOSSIBLE = Event(ph="X")
 # The trace size cap (JSON bytes after gunzip), stated in docs §1: ~40x the largest reference
 # trace's 54 MB; a 10 GiB bomb of zeros or JSON stops here, not in the decoder.
 MAX_TRACE_BYTES = 2 << 30
 MAX_TRACE_BYTES_ENV = "DPSCOPE_MAX_TRACE_BYTES"
 _EVENT_SPLIT_RE = re.compile(rb"\}\s*,\s*\{")
 CHUNK_BYTES = 512 << 10  # ~2k events: cache-friendly, and freed chunks are reused at once
-_ARGS_DECODER = msgspec.json.Decoder(Args)
-_CORR_DECODER = msgspec.json.Decoder(_Correlation)
-_EMPTY_ARGS = Args()
 _RANK_RE = re.compile(r"(?:rank|worker)[-_]?(\d+)", re.IGNORECASE)
-
-
-def decode_args(event: Event) -> Args:
-    """The event's `args` as `Args` (all None when absent or malformed)."""
-    if not event.args:
-        return _EMPTY_ARGS
-    try:
-        return _ARGS_DECODER.decode(event.args)
-    except msgspec.DecodeError:  # an odd value type in one event must not sink the file
-        return _EMPTY_ARGS
-
-
-def decode_correlation(event: Event) -> int:
-    """The event's `args.correlation`, -1 when absent."""
-    if not event.args:
-        return -1
-    try:
-        return _CORR_DECODER.decode(event.args).correlation or -1
-    except msgspec.DecodeError:
-        return -1
 
 
 def rank_from_name(path: Path) -> int | None:
@@ -139,23 +73,6 @@ def rank_from_name(path: Path) -> int | None:
 
 class ChunkSplitError(Exception):
     """A chunk boundary fell inside an event (never seen in Kineto output): decode in one piece."""
-
-
-def _one_event(raw: msgspec.Raw) -> Event:
-    try:
-        return _EVENT_DECODER.decode(raw)
-    except msgspec.DecodeError:
-        return IMPOSSIBLE
-
-
-def _events(buf: bytes | memoryview) -> list[Event]:
-    """A JSON array of events as `Event`s, an event of the wrong shape as IMPOSSIBLE. The typed
-    decode of the whole array is the fast path; only an array it refuses is decoded per event.
-    Raises msgspec.DecodeError when `buf` is not a JSON array at all."""
-    try:
-        return _EVENTS_DECODER.decode(buf)
-    except msgspec.DecodeError:
-        return [_one_event(e) for e in _RAW_LIST_DECODER.decode(buf)]
 
 
 def _chunks(raw: memoryview, size: int) -> Iterator[bytes]:
@@ -181,6 +98,7 @@ class LoadedTrace:
     backend: str | None
     base_time_ns: int  # baseTimeNanoseconds, 0 when absent or not an integer
     warnings: list[str] = field(default_factory=list)  # header values ignored as impossible
+    host: str | None = None  # Kineto's `host_name`: ranks on one host share one clock
     # Every event's `ts` is relative to this (integer µs): the first chunk's median `ts`.
     ts_base_us: int | None = None
     exact_ts: bool = False  # decode `ts` as Decimal too (timebase.needs_exact)
@@ -189,23 +107,28 @@ class LoadedTrace:
         """The absolute time (ns, exact integer) of `origin_us`, a time relative to the base."""
         return self.base_time_ns + 1000 * (self.ts_base_us or 0) + round(origin_us * 1000)
 
-    def _pass(self, buffers: Iterator[bytes | memoryview], *, split: bool) -> Iterator[list[Event]]:
-        """Decode and rebase each buffer; a chunked pass (`split`) whose piece is not valid JSON
-        raises ChunkSplitError, a whole pass that fails is one InputError naming the file."""
+    def _pass(
+        self, buffers: Iterator[bytes | memoryview], *, split: bool
+    ) -> Iterator[tuple[list[Event], np.ndarray]]:
+        """Decode each buffer: (events, their rebased times); a chunked pass (`split`) whose
+        piece is not valid JSON raises ChunkSplitError, a whole pass that fails is one
+        InputError naming the file."""
         for buf in buffers:
             if split:
                 try:
-                    events = _events(buf)
+                    events = decode_events(buf)
                 except msgspec.DecodeError:  # not valid JSON: the split fell inside a string
                     raise ChunkSplitError from None
             else:
-                events = _decode(_events, self.path, buf)
+                events = _decode(decode_events, self.path, buf)
             if self.ts_base_us is None:
                 self.ts_base_us = median_base([e.ts for e in events])
                 self.exact_ts = needs_exact(events, buf)
-            yield rebase(events, buf, self.ts_base_us, exact=self.exact_ts)
+            yield events, rebase(events, buf, self.ts_base_us, exact=self.exact_ts)
 
-    def event_chunks(self, *, size: int = CHUNK_BYTES) -> Iterator[Iterator[list[Event]]]:
+    def event_chunks(
+        self, *, size: int = CHUNK_BYTES
+    ) -> Iterator[Iterator[tuple[list[Event], np.ndarray]]]:
         """Yields one chunked pass over the events; if a chunk boundary turns out to be invalid,
         yields a second pass decoding everything at once (the consumer restarts on it)."""
         raw = self.raw_events
@@ -281,31 +204,20 @@ def _read_regular(path: Path, limit: int) -> bytes:
             ) from None
 
 
-def _inflate(path: Path, data: bytes, limit: int) -> bytes:
-    """Gunzip `data` with the inflated size capped at `limit`; memory stays within the cap
-    (plus zlib's block buffers) whatever the gzip header or trailer claims."""
+def _inflate(path: Path, data: bytes, limit: int) -> bytes | bytearray:
+    """Gunzip `data` with the inflated size bounded while it streams (analysis.trace.inflate:
+    the size cap and the ratio cap), after a first look that it holds JSON at all."""
     try:
         head = zlib.decompressobj(wbits=31).decompress(data, 1 << 16)
-        if head.lstrip(b" \t\r\n\xef\xbb\xbf")[:1] not in (b"{", b"["):
-            raise InputError(path, "is a gzip that holds no JSON", "pass Kineto traces")
-        parts, rest, total = [], data, 0
-        while rest:  # one pass per gzip member (Kineto writes one)
-            d = zlib.decompressobj(wbits=31)
-            parts.append(d.decompress(rest, limit + 1 - total))
-            total += len(parts[-1])
-            if total > limit or d.unconsumed_tail:
-                raise _refuse_size(path, "inflates to", limit)
-            if not d.eof:
-                raise EOFError
-            rest = d.unused_data
-        return parts[0] if len(parts) == 1 else b"".join(parts)
-    except (EOFError, zlib.error):
-        raise InputError(
-            path, "truncated or corrupt gzip", "the trace was cut off while writing; re-profile"
-        ) from None
+    except zlib.error:
+        head = b"{"  # let inflate_capped name the corruption
+    if head.lstrip(b" \t\r\n\xef\xbb\xbf")[:1] not in (b"{", b"["):
+        raise InputError(path, "is a gzip that holds no JSON", "pass Kineto traces")
+    fix = f"raise it with {MAX_TRACE_BYTES_ENV}=<bytes> if this trace is genuine"
+    return inflate_capped(path, data, limit, fix)
 
 
-def _read_bytes(path: Path) -> bytes:
+def _read_bytes(path: Path) -> bytes | bytearray:
     limit = max_trace_bytes()
     data = _read_regular(path, limit)
     if data[:2] == b"\x1f\x8b":  # gzip magic: trust the content, not the suffix
@@ -368,7 +280,15 @@ def load_trace(path: Path) -> LoadedTrace:
         source = "file name"
     base_ns = _base_ns(trace.baseTimeNanoseconds, path, warnings)
     raw = memoryview(trace.traceEvents).cast("B")
-    return LoadedTrace(path, raw.toreadonly(), rank, world, source, backend, base_ns, warnings)
+    return LoadedTrace(
+        path, raw.toreadonly(), rank, world, source, backend, base_ns, warnings, _host(trace)
+    )
+
+
+def _host(trace: _Trace) -> str | None:
+    """Kineto's `host_name` if it is a string of 1-255 characters, else None (no host)."""
+    value = msgspec.json.decode(trace.host_name) if trace.host_name else None  # valid JSON
+    return value if isinstance(value, str) and 0 < len(value) <= 255 else None
 
 
 def _base_ns(raw: msgspec.Raw, path: Path, warnings: list[str]) -> int:

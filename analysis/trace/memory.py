@@ -28,10 +28,11 @@ from dataclasses import dataclass, field
 import msgspec
 import numpy as np
 
-from analysis.trace.loader import Event
+from analysis.trace.events import Args, Event, parse_args
 
 __all__ = [
     "MAX_MEMORY_BYTES",
+    "MEMORY_NAME",
     "MEMORY_PEAK_PHASES",
     "MemoryAccumulator",
     "MemoryEvents",
@@ -41,30 +42,14 @@ __all__ = [
 ]
 
 MEMORY_PEAK_PHASES = ("forward", "backward", "optimizer")
-_MEMORY_NAME = "[memory]"
+MEMORY_NAME = "[memory]"
 TIMELINE_POINTS = 1500  # per device per rank: enough for a figure, small in the JSON
 # Plausibility bound of a [memory] event: no device holds 1 PiB, and device numbers are small.
 MAX_MEMORY_BYTES = 1 << 50
 _MAX_DEVICE = 1 << 16
 
 
-class _MemArgs(msgspec.Struct, gc=False):
-    total: int | None = msgspec.field(default=None, name="Total Allocated")
-    nbytes: int | None = msgspec.field(default=None, name="Bytes")
-    device_type: int | None = msgspec.field(default=None, name="Device Type")
-    device_id: int | None = msgspec.field(default=None, name="Device Id")
-
-
-_DECODER = msgspec.json.Decoder(_MemArgs)
-_LIST_DECODER = msgspec.json.Decoder(list[_MemArgs])
 _PHASE_SET = frozenset(MEMORY_PEAK_PHASES)
-
-
-def _decode_one(raw: bytes) -> _MemArgs | None:
-    try:
-        return _DECODER.decode(raw)
-    except msgspec.DecodeError:
-        return None
 
 
 def device_name(device_type: int, device_id: int) -> str:
@@ -102,31 +87,53 @@ class MemoryAccumulator:
         self.phases: list[tuple[str, float, float]] = []
 
     def add(self, events: list[Event]) -> None:
-        # Comprehensions and one decoder call per chunk: a third of a trace's events can be
-        # [memory] events, and a Python branch or a decode call per event would show in the time.
-        mem = [e for e in events if e.name == _MEMORY_NAME and e.args]
-        # The CPU-side ranges only: on CUDA traces Kineto repeats each record_function range on
-        # the GPU timeline (`gpu_user_annotation`), at GPU times.
-        self.phases += [
-            (e.name, e.ts, e.ts + e.dur)
+        """Add events whose `ts` is already relative to the rank's base (tests, tools); `args`
+        may be given as raw JSON bytes."""
+        events = [
+            e
+            if not isinstance(e.args, bytes)
+            else msgspec.structs.replace(e, args=parse_args(e.args))
             for e in events
-            if e.name in _PHASE_SET and e.ph == "X" and e.cat == "user_annotation"
         ]
-        if not mem:
-            return
-        try:
-            args = _LIST_DECODER.decode(b"[" + b",".join(e.args for e in mem) + b"]")
-        except msgspec.DecodeError:  # one malformed event: decode one by one, dropping it
-            args = [_decode_one(e.args) for e in mem]
-        ok = [
-            (e.ts, a)
-            for e, a in zip(mem, args, strict=True)
-            if a is not None and a.total is not None and _plausible(e.ts, a)
+        ts = np.fromiter((e.ts for e in events), np.float64, len(events))
+        mem = np.fromiter((e.name == MEMORY_NAME for e in events), bool, len(events))
+        phase = np.fromiter(
+            (e.name in _PHASE_SET and e.ph == "X" and e.cat == "user_annotation" for e in events),
+            bool,
+            len(events),
+        )
+        dur = np.fromiter((e.dur for e in events), np.float64, len(events))
+        self.add_chunk(events, ts, dur, mem, phase)
+
+    def add_chunk(
+        self,
+        events: list[Event],
+        ts: np.ndarray,
+        dur: np.ndarray,
+        memory: np.ndarray,
+        phase: np.ndarray,
+    ) -> None:
+        """One chunk: its rebased times and durations, and which events are `[memory]` events
+        and which phase ranges (the CPU-side ranges only: on CUDA traces Kineto repeats each
+        record_function range on the GPU timeline, `gpu_user_annotation`, at GPU times)."""
+        idx = np.flatnonzero(phase)
+        self.phases += [
+            (events[i].name, t, t + d)
+            for i, t, d in zip(idx.tolist(), ts[idx].tolist(), dur[idx].tolist(), strict=True)
         ]
-        self.dropped += sum(1 for a in args if a is None or a.total is not None) - len(ok)
+        idx = np.flatnonzero(memory)
+        # Comprehensions over the [memory] events only: a third of a trace's events can be
+        # [memory] events, and a Python branch per event of the chunk would show in the time.
+        mem = [
+            (t, a)
+            for i, t in zip(idx.tolist(), ts[idx].tolist(), strict=True)
+            if (a := events[i].args) is not None
+        ]
+        ok = [(t, a) for t, a in mem if a.total_allocated is not None and _plausible(t, a)]
+        self.dropped += sum(1 for _, a in mem if a.total_allocated is not None) - len(ok)
         n = len(ok)
         self.ts.append(np.fromiter((t for t, _ in ok), np.float64, n))
-        self.total.append(np.fromiter((a.total for _, a in ok), np.int64, n))
+        self.total.append(np.fromiter((a.total_allocated for _, a in ok), np.int64, n))
         self.delta.append(np.fromiter((a.nbytes or 0 for _, a in ok), np.int64, n))
         self.dtype.append(np.fromiter((a.device_type or 0 for _, a in ok), np.int64, n))
         ids = (-1 if a.device_id is None else a.device_id for _, a in ok)
@@ -151,12 +158,12 @@ class MemoryAccumulator:
         )
 
 
-def _plausible(ts: float, a: _MemArgs) -> bool:
+def _plausible(ts: float, a: Args) -> bool:
     """A [memory] event within the plausibility bounds (docs §11): a usable time, sizes within
     ±MAX_MEMORY_BYTES, device type and id small non-negative numbers (-1: no id)."""
     return (
         ts == ts  # NaN: no time, or one beyond the trace's one-day span (timebase.py)
-        and -MAX_MEMORY_BYTES <= a.total <= MAX_MEMORY_BYTES
+        and -MAX_MEMORY_BYTES <= a.total_allocated <= MAX_MEMORY_BYTES
         and -MAX_MEMORY_BYTES <= (a.nbytes or 0) <= MAX_MEMORY_BYTES
         and 0 <= (a.device_type or 0) < _MAX_DEVICE
         and -1 <= (-1 if a.device_id is None else a.device_id) < _MAX_DEVICE

@@ -28,22 +28,46 @@ def kernel_key(name: str) -> str:
     return " ".join(out.split()) or name
 
 
+def _parents(s: np.ndarray, e: np.ndarray, t: np.ndarray) -> np.ndarray:
+    """Per op, in the order (thread, start, outer first), the index of its direct parent in that
+    order (-1: none): the last earlier op on its thread still open at its start (end > start).
+    That is exactly the top of the stack a sequential scan keeps (pop while the top ended
+    before this start), partial overlaps included; found for every op at once by binary
+    lifting over a sparse table of running maxima of the ends, a barrier at each thread."""
+    n = s.size
+    # One barrier (end = +inf) before each thread's first op: no parent across threads.
+    first = np.flatnonzero(np.r_[True, t[1:] != t[:-1]]) if n else np.empty(0, np.int64)
+    pos = np.arange(n) + np.searchsorted(first, np.arange(n), side="right")
+    ends = np.full(n + first.size, np.inf)
+    ends[pos] = e
+    tables = [ends]  # tables[k][j] = max(ends[j - 2^k + 1 .. j])
+    while (1 << len(tables)) <= ends.size:
+        prev, k = tables[-1], 1 << (len(tables) - 1)
+        tables.append(np.maximum(prev, np.r_[np.full(k, np.inf), prev[:-k]]))
+    p = pos - 1  # candidate: the element just before
+    for k in range(len(tables) - 1, -1, -1):
+        ok = p - (1 << k) + 1 >= 0
+        skip = ok & (tables[k][np.clip(p, 0, None)] <= s)  # a whole window ended: skip it
+        p = np.where(skip, p - (1 << k), p)
+    is_barrier = np.isinf(ends[np.clip(p, 0, None)]) & (p >= 0)
+    index_of = np.full(ends.size, -1)
+    index_of[pos] = np.arange(n)
+    return np.where((p >= 0) & ~is_barrier, index_of[np.clip(p, 0, None)], -1)
+
+
 def _self_times(start: np.ndarray, end: np.ndarray, tids: np.ndarray) -> np.ndarray:
     """Duration minus the time of direct children (ops nested in it on the same thread)."""
-    out = (end - start).tolist()
-    s, e, t = start.tolist(), end.tolist(), tids.tolist()
-    stack: list[int] = []
-    tid = None
-    for i in np.lexsort((-end, start, tids)).tolist():  # thread, then start, outer first
-        if t[i] != tid:
-            stack, tid = [], t[i]
-        while stack and e[stack[-1]] <= s[i]:
-            stack.pop()
-        if stack:
-            parent = stack[-1]
-            out[parent] -= max(0.0, min(e[i], e[parent]) - s[i])
-        stack.append(i)
-    return np.maximum(np.asarray(out, dtype=np.float64), 0.0)
+    order = np.lexsort((-end, start, tids))  # thread, then start, outer first
+    s, e = start[order], end[order]
+    parent = _parents(s, e, tids[order])
+    out = e - s
+    child = np.flatnonzero(parent >= 0)
+    par = parent[child]
+    cut = np.maximum(0.0, np.minimum(e[child], e[par]) - s[child])
+    np.subtract.at(out, par, cut)  # in scan order, one by one: as a sequential scan subtracts
+    result = np.empty_like(out)
+    result[order] = out
+    return np.maximum(result, 0.0)
 
 
 def _step_index(t: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> np.ndarray:

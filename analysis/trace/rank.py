@@ -14,7 +14,7 @@ from typing import Any
 import msgspec
 import numpy as np
 
-from analysis.trace.attribution import kernel_steps
+from analysis.trace.attribution import hta_filtered, kernel_steps
 from analysis.trace.classify import COMM, COMPUTE, MAX_DUR_US, Classified, Ranges, classify
 from analysis.trace.collectives import rank_instances
 from analysis.trace.intervals import Intervals, clip, intersection_us, merge, total_us, union_us
@@ -42,8 +42,13 @@ def _windows(c: Classified, path: Path, warnings: list[str]) -> tuple[np.ndarray
             " call prof.step() every iteration for per-step numbers"
         )
         return np.array([lo]), np.array([hi]), [None]
-    n = len(c.steps) - 1 if len(c.steps) >= 2 else 1  # HTA drops the last, incomplete step
+    n = len(c.steps) - 1 if _filtered(c) else 1  # HTA drops the last, incomplete step
     return c.steps.start[:n], c.steps.end[:n], c.step_numbers[:n]
+
+
+def _filtered(c: Classified) -> bool:
+    """HTA's kernel filter applies to this trace (two or more ProfilerStep names, attribution)."""
+    return hta_filtered(len(c.steps))
 
 
 def _sel(r: Ranges, mask: np.ndarray) -> Intervals:
@@ -83,7 +88,7 @@ def _training_thread(c: Classified) -> np.ndarray:
 def _step_rows(c: Classified, lo: np.ndarray, hi: np.ndarray, numbers: list) -> list[dict]:
     gpu = len(c.kernels) > 0
     if gpu:  # a kernel belongs to the step whose CPU range launched it (HTA attributes the same)
-        k_step, valid = kernel_steps(c.launch_us, c.orphan, lo, hi, numbers == [None])
+        k_step, valid = kernel_steps(c.launch_us, c.orphan, lo, hi, not _filtered(c))
     else:
         ops = _sel(c.compute_ops, _outside_comm(c) & _training_thread(c))
         comm_all = merge(c.anchors.start, c.anchors.end)
@@ -117,7 +122,7 @@ def _step_rows(c: Classified, lo: np.ndarray, hi: np.ndarray, numbers: list) -> 
 
 def _hta_breakdown(c: Classified, lo: np.ndarray, hi: np.ndarray) -> dict:
     """HTA's temporal breakdown and comm/comp overlap over the kernels the analysed steps launched."""
-    _, mine = kernel_steps(c.launch_us, c.orphan, lo, hi, lo.size == 1 and len(c.steps) == 0)
+    _, mine = kernel_steps(c.launch_us, c.orphan, lo, hi, not _filtered(c))
     allk = merge(*_sel(c.kernels, mine))
     if allk[0].size == 0:
         return {
@@ -159,6 +164,9 @@ class RankSummary(msgspec.Struct, kw_only=True):
     world_size: int | None
     backend: str | None
     kind: str  # "gpu" | "cpu"
+    # The trace's host (Kineto's `host_name`), None when it has none: the clock alignment
+    # gives ranks of one host one offset (analysis/trace/clocks.py).
+    host: str | None = None
     # The rank's first event on its own clock (ns, exact): the alignment origin; instance
     # `start_us` are relative to it.
     origin_ns: int
@@ -187,6 +195,9 @@ class RankSummary(msgspec.Struct, kw_only=True):
     instances: dict[str, dict[str, Any]]
     memory: dict[str, Any]
     ops_self_us_per_step: dict[str, float]
+    # Every ProfilerStep number of the trace (the analysed ones and a dropped last): whether
+    # HTA's filter applies is decided over all ranks' names (folder.combine_summaries).
+    profiler_steps: list[int] = []
 
 
 _STEP_MEANS = ("compute_us", "comm_us", "exposed_comm_us", "data_wait_us", "overlap_us", "idle_us")
@@ -206,10 +217,15 @@ def _check_events(c: Classified, path: Path, warnings: list[str]) -> None:
         )
     if c.orphan.any():
         n = int(c.orphan.sum())
+        fate = (
+            "left out of the step split, the HTA figures and the collective calls, as HTA does"
+            if _filtered(c)
+            else "kept in the step split and the HTA figures, as HTA keeps every kernel of a "
+            "trace with fewer than two ProfilerSteps (never a collective call of their own)"
+        )
         warnings.append(
             f"{path}: {n} GPU event(s) ({_orphan_us(c):.0f} µs) have no launch in the trace (likely"
-            " work queued before the profiler went active) — left out of the step split, the HTA"
-            " figures and the collective calls, as HTA does"
+            f" work queued before the profiler went active) — {fate}"
         )
     if c.step_notes:
         warnings.append(
@@ -242,7 +258,7 @@ def summarize_file(path: Path) -> RankSummary:
     step_time = _mean(per_step, "step_time_us")
     hta = _hta_breakdown(c, lo, hi) if gpu else None
     memory = memory_summary(c.memory, str(loaded.path))
-    ops, timelines = rank_ops(c, lo, hi, numbers == [None], step_time)
+    ops, timelines = rank_ops(c, lo, hi, not _filtered(c), step_time)
     origin_ns = loaded.origin_ns(c.origin_us)
     instances = rank_instances(c, float(lo[0]), float(hi[-1]))  # µs from this rank's origin
     step_total = max(1e-9, sum(r["step_time_us"] for r in per_step))
@@ -252,6 +268,7 @@ def summarize_file(path: Path) -> RankSummary:
         rank_source=loaded.rank_source,
         world_size=loaded.world_size,
         backend=loaded.backend,
+        host=loaded.host,
         kind="gpu" if gpu else "cpu",
         origin_ns=origin_ns,
         steps=len(per_step),
@@ -278,4 +295,5 @@ def summarize_file(path: Path) -> RankSummary:
         instances=instances,
         memory=memory,
         ops_self_us_per_step=timelines,
+        profiler_steps=[int(n) for n in c.step_numbers],
     )

@@ -3,8 +3,9 @@ array, any batch system), then merge.
 
 `python -m analysis traces DIR --shard K/N --json part-K.json` reduces only shard K's files: the
 folder's trace files sorted by path, file i going to shard i mod N. A part holds each of its
-ranks' full summary, including the per-rank collective call arrays (start, latency, device time,
-bytes, group size) that cross-rank matching, stragglers and the step-time spread need, not only
+ranks' full summary, including the per-rank collective call arrays (start, end, latency, device
+time, bytes, group size) that clock alignment, cross-rank matching, stragglers and the step-time
+spread need, not only
 totals. `python -m analysis merge part-*.json --json all.json` checks that the parts belong
 together and runs the same cross-rank step as the unsharded analysis, so its output is exactly the
 unsharded traces JSON (JSON floats round-trip exactly).
@@ -20,16 +21,25 @@ from typing import Annotated, Any, Literal
 import msgspec
 import numpy as np
 
+from analysis.trace.executors import Executor
 from analysis.trace.folder import combine_summaries, find_trace_files, reduce_files
 from analysis.trace.rank import RankSummary
+from analysis.trace.summaryrows import read_rows, summary_from_json, summary_table
 from profiler.runfolder.errors import InputError
 from profiler.runfolder.inputfile import BadJSON, decode_json
 from profiler.runfolder.versions import TRACES_PART_SCHEMA_VERSION
 
-__all__ = ["PART_KIND", "analyze_shard", "merge_parts", "parse_shard"]
+__all__ = [
+    "PART_KIND",
+    "analyze_shard",
+    "merge_parts",
+    "parse_shard",
+    "part_json",
+    "reduce_shard",
+    "write_parquet_part",
+]
 
 PART_KIND = "dpscope traces part"
-_INT_ARRAYS = ("bytes", "group_size")  # every other instance array is float64 µs
 
 
 def parse_shard(text: str) -> tuple[int, int]:
@@ -54,43 +64,31 @@ def _to_json(summary: RankSummary) -> dict:
     return out
 
 
-def _from_json(summary: dict, path: Path) -> RankSummary:
-    """The rank summary of a part's entry, the instance arrays back as numpy; a summary that is
-    not one (a hand-edited or foreign part) is one InputError line naming the part."""
-    try:
-        out = msgspec.convert(summary, RankSummary)
-        out.instances = {
-            name: {
-                k: np.asarray(v, dtype=np.int64 if k in _INT_ARRAYS else np.float64)
-                if isinstance(v, list)
-                else v
-                for k, v in inst.items()
-            }
-            for name, inst in out.instances.items()
-        }
-    except (msgspec.ValidationError, ValueError, TypeError, OverflowError) as err:
-        problem = " ".join(str(err).split())[:200]
-        raise InputError(
-            path, f"holds a broken rank summary ({problem})", "re-run that shard"
-        ) from None
-    for name, inst in out.instances.items():  # one call per index: every array as long
-        sizes = {k: v.shape for k, v in inst.items() if isinstance(v, np.ndarray)}
-        if len(set(sizes.values())) > 1 or any(len(s) != 1 for s in sizes.values()):
-            raise InputError(
-                path, f"holds ragged call arrays for `{name}` ({sizes})", "re-run that shard"
-            )
-    return out
-
-
 def analyze_shard(
     path: Path, shard: str, *, workers: int | None = None, progress: bool = True
 ) -> dict:
     """The part JSON of shard `K/N` of the trace folder `path` (see the module docstring)."""
+    return part_json(*reduce_shard(path, shard, workers=workers, progress=progress))
+
+
+def reduce_shard(
+    path: Path,
+    shard: str,
+    *,
+    workers: int | None = None,
+    progress: bool = True,
+    executor: Executor | None = None,
+) -> tuple[dict, list[RankSummary]]:
+    """Shard `K/N` of the trace folder `path`: (the part's header, its rank summaries)."""
     k, n = parse_shard(shard)
     files = find_trace_files(path)
     mine = files[k::n]
-    good, skipped = reduce_files(mine, workers=workers, progress=progress) if mine else ([], [])
-    return {
+    good, skipped = (
+        reduce_files(mine, workers=workers, progress=progress, executor=executor)
+        if mine
+        else ([], [])
+    )
+    header = {
         "kind": PART_KIND,
         "schema_version": TRACES_PART_SCHEMA_VERSION,
         "trace_dir": str(path),
@@ -98,9 +96,26 @@ def analyze_shard(
         "shards": n,
         "files": [str(f) for f in files],
         "shard_files": [str(f) for f in mine],
-        "summaries": [_to_json(s) for s in sorted(good, key=lambda s: s.file)],
         "skipped": skipped,
     }
+    return header, sorted(good, key=lambda s: s.file)
+
+
+def part_json(header: dict, summaries: list[RankSummary]) -> dict:
+    """The part JSON (docs/reference/schemas.md) of a shard."""
+    body = {k: v for k, v in header.items() if k != "skipped"}
+    return {**body, "summaries": [_to_json(s) for s in summaries], "skipped": header["skipped"]}
+
+
+def write_parquet_part(header: dict, summaries: list[RankSummary], out: Path) -> None:
+    """The part as Parquet (summaryrows.py), written atomically."""
+    import pyarrow.parquet as pq
+
+    from profiler.runfolder.atomic import atomic_path
+
+    table = summary_table(summaries, header, TRACES_PART_SCHEMA_VERSION)
+    with atomic_path(out) as tmp:
+        pq.write_table(table, tmp)
 
 
 MAX_SHARDS = 1_000_000  # a part's `shards` (N): beyond any job array, far below a memory bomb
@@ -119,10 +134,15 @@ class _Part(msgspec.Struct):
     skipped: list[dict[str, Any]]
 
 
-def _read_part(path: Path) -> dict[str, Any]:
-    """A part JSON through the reading rules of every record (profiler.runfolder.inputfile: a regular file
-    under the size limit, bounded nesting), its fields typed; one InputError line otherwise."""
-    fix = "pass the part-K.json files written by `python -m analysis traces DIR --shard K/N`"
+def _is_parquet(path: Path) -> bool:
+    try:
+        with open(path, "rb") as f:
+            return f.read(4) == b"PAR1"
+    except OSError:
+        return False
+
+
+def _read_json_part(path: Path, fix: str) -> Any:
     try:
         part = decode_json(path, "part", "re-run that shard", unique=False)
     except BadJSON as err:
@@ -133,6 +153,20 @@ def _read_part(path: Path) -> dict[str, Any]:
         raise
     if not isinstance(part, dict) or part.get("kind") != PART_KIND:
         raise InputError(path, "is not a traces part", fix)
+    return part
+
+
+def _read_part(path: Path) -> dict[str, Any]:
+    """A part JSON through the reading rules of every record (profiler.runfolder.inputfile: a regular file
+    under the size limit, bounded nesting), its fields typed; one InputError line otherwise."""
+    fix = "pass the part-K.json files written by `python -m analysis traces DIR --shard K/N`"
+    if _is_parquet(path):
+        header, rows = read_rows(path, TRACES_PART_SCHEMA_VERSION)
+        part = {**header, "summaries": rows}
+        if not isinstance(header, dict) or header.get("kind") != PART_KIND:
+            raise InputError(path, "is not a traces part", fix)
+    else:
+        part = _read_json_part(path, fix)
     try:
         typed = msgspec.convert(part, _Part)
     except msgspec.ValidationError as err:
@@ -157,7 +191,7 @@ def _same(parts: list[tuple[Path, dict]], key: str, what: str, fix: str) -> None
         raise InputError(_names([p for p, _ in parts]), f"parts differ in {what} ({groups})", fix)
 
 
-def merge_parts(paths: list[Path]) -> dict:
+def merge_parts(paths: list[Path], *, clock_align: str = "auto") -> dict:
     """The traces JSON of the whole folder from its parts: exactly what the unsharded analysis
     gives. Parts from different folders or dpscope versions, or overlapping or missing shards,
     raise one InputError line naming the files."""
@@ -196,6 +230,6 @@ def merge_parts(paths: list[Path]) -> dict:
             f"missing shards {shown} of {n}",
             "run those shards (--shard K/N) and merge all N parts",
         )
-    summaries = [_from_json(s, path) for path, p in parts for s in p["summaries"]]
+    summaries = [summary_from_json(s, path) for path, p in parts for s in p["summaries"]]
     skipped = [s for _, p in parts for s in p["skipped"]]
-    return combine_summaries(first["trace_dir"], summaries, skipped)
+    return combine_summaries(first["trace_dir"], summaries, skipped, clock_align=clock_align)

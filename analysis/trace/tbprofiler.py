@@ -16,11 +16,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import msgspec
 import numpy as np
 
+from analysis.trace.events import Args
 from analysis.trace.intervals import clip, intersection_us, merge, total_us
-from analysis.trace.loader import Event
+from analysis.trace.roles import TB_ANN, TB_DEVICE, TB_KERNEL, TB_OP, TB_RUNTIME
 
 __all__ = ["NO_ID", "TB_COMM_NAMES", "TbAccumulator", "TbRoles", "tb_split"]
 
@@ -31,40 +31,14 @@ TB_COMM_NAMES = frozenset(
     for lib in ("nccl", "gloo")
     for op in ("broadcast", "reduce", "all_reduce", "all_gather", "reduce_scatter")
 )
-# trace.py EventTypeMap, keyed by the lower-cased `cat`; any other category is dropped.
-_OP, _PY, _ANN, _KERNEL, _DEVICE, _RUNTIME = range(6)
-_TYPE = {
-    "cpu_op": _OP,
-    "operator": _OP,
-    "python": _PY,
-    "user_annotation": _ANN,
-    "gpu_user_annotation": _ANN,
-    "kernel": _KERNEL,
-    "memcpy": _DEVICE,
-    "gpu_memcpy": _DEVICE,
-    "memset": _DEVICE,
-    "gpu_memset": _DEVICE,
-    "runtime": _RUNTIME,  # only the old `Runtime` category: Kineto's `cuda_runtime` is dropped
-}
 NO_ID = -(1 << 62)  # an absent id: tb-profiler keys it as None, which still matches other Nones
 
 
-class _Ids(msgspec.Struct, gc=False):
-    external_lc: int | None = msgspec.field(default=None, name="external id")
-    external: int | None = msgspec.field(default=None, name="External id")
-    correlation: int | None = None
-
-
-_IDS = msgspec.json.Decoder(_Ids)
-
-
-def _ids(e: Event) -> tuple[int, int]:
+def _ids(a: Args | None) -> tuple[int, int]:
     """(external id, correlation id) as tb-profiler reads them ('external id' first)."""
-    try:
-        a = _IDS.decode(e.args) if e.args else _Ids()
-    except msgspec.DecodeError:
-        a = _Ids()
-    ext = a.external_lc if a.external_lc is not None else a.external
+    if a is None:
+        return NO_ID, NO_ID
+    ext = a.external_id_lc if a.external_id_lc is not None else a.external_id
     return (NO_ID if ext is None else ext), (NO_ID if a.correlation is None else a.correlation)
 
 
@@ -88,93 +62,94 @@ class TbRoles:
     steps: list[tuple[float, float]]  # after tb-profiler's device-side adjustment
 
 
+HostEvent = tuple[int, str, float, float, Args | None]  # (tb type, name, start, end, args)
+
+
 class TbAccumulator:
     """Collects what tb-profiler's split needs, one chunk of events at a time."""
 
     def __init__(self) -> None:
-        self.kernel: list[tuple[float, float]] = []
-        self.kernel_ext: list[int] = []
+        self.kernel: list[np.ndarray] = []  # (n, 2) start/end pieces of the Kernel role
+        self.kernel_ext: list[np.ndarray] = []
         self.cpu: list[tuple[float, float]] = []
         self.comm: list[tuple[float, float]] = []
         self.comm_ids: set[int] = set()
         self.steps: list[tuple[float, float]] = []
         # Host events not in `cpu` or `steps` (DataLoader ops, collective ops): for the host span.
         self.host: list[tuple[float, float]] = []
-        # Device nodes and runtimes in event order, for linking by correlation id.
-        self.linked: list[tuple[int, float, float, int]] = []  # (is_runtime, ts, end, corr)
+        # Device nodes and runtimes in event order, for linking by correlation id: pieces of
+        # (is_runtime, ts, end, corr) arrays.
+        self.linked: list[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]] = []
         self.has_runtime = False
-        self.kinds: dict[str, int | None] = {}  # `cat` → type, looked up once per category
 
     @property
     def first(self) -> float:
         """Earliest start of any event kept (every one is in one of these lists)."""
-        return min(
-            (
-                min(t for t, *_ in xs)
-                for xs in (self.cpu, self.steps, self.host, self.comm, self.linked)
-                if xs
-            ),
-            default=np.inf,
-        )
+        firsts = [
+            min(t for t, *_ in xs) for xs in (self.cpu, self.steps, self.host, self.comm) if xs
+        ]
+        firsts += [float(p[1].min()) for p in self.linked if p[1].size]
+        return min(firsts, default=np.inf)
 
-    def add_kernels(self, events: list[Event], ext_ids: list[int], corrs: list[int]) -> None:
-        """GPU activities with their (external id, correlation id); absent ids as `NO_ID`."""
-        kinds = self.kinds
-        for e, ext, corr in zip(events, ext_ids, corrs, strict=True):
-            kind = kinds.get(e.cat, -1)
-            if kind == -1:
-                kind = kinds[e.cat] = _TYPE.get(e.cat.lower())
-            if kind == _KERNEL:
-                self.kernel.append((e.ts, e.ts + e.dur))
-                self.kernel_ext.append(ext)
-            if kind == _KERNEL or kind == _DEVICE:
-                self.linked.append((0, e.ts, e.ts + e.dur, corr))
+    def add_kernels(
+        self,
+        tb_type: np.ndarray,
+        ts: np.ndarray,
+        end: np.ndarray,
+        ext: np.ndarray,
+        corr: np.ndarray,
+    ) -> None:
+        """GPU activities (their tb-profiler types) with their external and correlation ids;
+        absent ids as `NO_ID`."""
+        is_k = tb_type == TB_KERNEL
+        self.kernel.append(np.column_stack([ts[is_k], end[is_k]]))
+        self.kernel_ext.append(ext[is_k])
+        lk = is_k | (tb_type == TB_DEVICE)
+        self.linked.append((np.zeros(int(lk.sum()), np.int8), ts[lk], end[lk], corr[lk]))
 
-    def add_host(self, events: list[Event]) -> None:
-        """Any other events: those tb-profiler drops are skipped here."""
-        kinds, cpu, linked = self.kinds, self.cpu, self.linked
-        for cat in {e.cat for e in events}.difference(kinds):
-            kinds[cat] = _TYPE.get(cat.lower())
-        keep = {cat for cat, kind in kinds.items() if kind is not None}
-        for e in [e for e in events if e.cat in keep and e.ph == "X"]:  # most events are dropped
-            kind = kinds[e.cat]
-            name, ts = e.name, e.ts
-            end = ts + e.dur
-            if kind == _ANN:
+    def add_host(self, events: list[HostEvent]) -> None:
+        """Host-side events tb-profiler keeps (their type is not dropped), in event order."""
+        linked: list[tuple[int, float, float, int]] = []
+        for kind, name, ts, end, args in events:
+            if kind == TB_ANN:
                 if name.startswith("ProfilerStep#"):
-                    kind = _OP  # a ProfilerStep event whatever its category
+                    kind = TB_OP  # a ProfilerStep event whatever its category
                 elif name not in TB_COMM_NAMES:
                     continue  # every other user annotation is dropped
-            if kind == _KERNEL:
-                ext, corr = _ids(e)
-                self.kernel.append((ts, end))
-                self.kernel_ext.append(ext)
-                linked.append((0, ts, end, corr))
-                continue
-            if kind == _DEVICE or kind == _RUNTIME:
-                linked.append((int(kind == _RUNTIME), ts, end, _ids(e)[1]))
-                self.has_runtime |= kind == _RUNTIME
-                continue
-            if name in TB_COMM_NAMES:
-                self.comm.append((ts, end))
-                self.comm_ids.add(_ids(e)[0])
-                if kind != _ANN:
-                    self.host.append((ts, end))
-            elif kind == _OP and name.startswith(("ProfilerStep#", *_DATALOADER)):
-                if name.startswith("ProfilerStep#"):
-                    self.steps.append((ts, end))
-                elif _is_dataloader(name):
-                    self.host.append((ts, end))  # DataLoader role: not part of the split
-                else:
-                    cpu.append((ts, end))
+            if kind in (TB_KERNEL, TB_DEVICE, TB_RUNTIME):
+                ext, corr = _ids(args)
+                if kind == TB_KERNEL:
+                    self.kernel.append(np.array([[ts, end]]))
+                    self.kernel_ext.append(np.array([ext], np.int64))
+                linked.append((int(kind == TB_RUNTIME), ts, end, corr))
+                self.has_runtime |= kind == TB_RUNTIME
             else:
-                cpu.append((ts, end))
+                self._add_cpu(kind, name, ts, end, args)
+        if linked:
+            cols = zip(*linked, strict=True)
+            dtypes = (np.int8, np.float64, np.float64, np.int64)
+            self.linked.append(tuple(np.array(c, d) for c, d in zip(cols, dtypes, strict=True)))
+
+    def _add_cpu(self, kind: int, name: str, ts: float, end: float, args: Args | None) -> None:
+        """A host event that is no device event or runtime: its role by tb-profiler's rules."""
+        if name in TB_COMM_NAMES:
+            self.comm.append((ts, end))
+            self.comm_ids.add(_ids(args)[0])
+            if kind != TB_ANN:
+                self.host.append((ts, end))
+        elif kind == TB_OP and name.startswith("ProfilerStep#"):
+            self.steps.append((ts, end))
+        elif kind == TB_OP and _is_dataloader(name):
+            self.host.append((ts, end))  # DataLoader role: not part of the split
+        else:
+            self.cpu.append((ts, end))
 
     def finish(self, origin: float, ops_start: np.ndarray, ops_end: np.ndarray) -> TbRoles:
         """Roles and steps relative to `origin`; `ops_*` (already relative) are plain CPU
         operators (`cpu_op`, none of the names add_host looks at): all CpuOp role."""
-        kernel = np.array(self.kernel, dtype=np.float64).reshape(-1, 2)
-        is_comm = np.isin(np.array(self.kernel_ext, np.int64), list(self.comm_ids))
+        kernel = np.concatenate([np.empty((0, 2)), *self.kernel])
+        ext = np.concatenate([np.empty(0, np.int64), *self.kernel_ext])
+        is_comm = np.isin(ext, np.array(sorted(self.comm_ids), np.int64))
         comm = np.concatenate([np.array(self.comm).reshape(-1, 2), kernel[is_comm]])
         ops = np.column_stack([ops_start + origin, ops_end + origin])
         cpu = np.concatenate([np.array(self.cpu).reshape(-1, 2), ops])
@@ -183,7 +158,8 @@ class TbAccumulator:
         if not steps and host.size:  # one step over the host-side events
             steps = [(float(host[:, 0].min()), float(host[:, 1].max()))]
         if self.has_runtime:
-            steps = _device_steps(steps, self.linked)
+            cols = [np.concatenate(c).tolist() for c in zip(*self.linked, strict=True)]
+            steps = _device_steps(steps, list(zip(*cols, strict=True)))
 
         def rel(a: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
             return merge(a[:, 0] - origin, a[:, 1] - origin)

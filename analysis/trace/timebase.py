@@ -19,9 +19,9 @@ counts.
 
 from __future__ import annotations
 
-import math
 import re
 from decimal import Decimal
+from operator import attrgetter
 
 import msgspec
 import numpy as np
@@ -41,6 +41,7 @@ class _ExactTs(msgspec.Struct, gc=False):
 
 
 _EXACT_DECODER = msgspec.json.Decoder(list[_ExactTs])
+_TS = attrgetter("ts")
 
 
 def median_base(ts: list[float]) -> int:
@@ -53,36 +54,33 @@ def median_base(ts: list[float]) -> int:
 def needs_exact(events: list, buf: bytes | memoryview) -> bool:
     """Whether a trace needs the exact (Decimal) decode of `ts`, judged on its first chunk: a time
     at or above 2⁴³ µs and a fractional `ts` in the text. Kineto writes one format per file."""
-    ts = np.fromiter((e.ts for e in events), np.float64, len(events))
+    ts = np.fromiter(map(_TS, events), np.float64, len(events))
     return bool((np.abs(ts) >= _EXACT_BELOW).any()) and bool(_BIG_FRACTION_RE.search(buf))
 
 
-def rebase(events: list, buf: bytes | memoryview, base: int, *, exact: bool) -> list:
-    """Each event's `ts` (float µs as decoded from `buf`) -> µs relative to `base`, in place;
-    NaN when absent, not finite or more than MAX_SPAN_US from the base. With `exact`, the times
-    are decoded again from `buf` as Decimals (see the module docstring)."""
+def rebase(events: list, buf: bytes | memoryview, base: int, *, exact: bool) -> np.ndarray:
+    """Each event's `ts` (float µs as decoded from `buf`) as µs relative to `base` (the events
+    are left as they are); NaN when absent, not finite or more than MAX_SPAN_US from the base.
+    With `exact`, the times are decoded again from `buf` as Decimals (see the module docstring)."""
     if exact:
         try:
             times = _EXACT_DECODER.decode(buf)
         except msgspec.DecodeError:  # wrong-shaped events in the chunk: keep the float times
             times = None
         if times is not None and len(times) == len(events):
-            return _rebase_exact(events, times, Decimal(base))
-    ts = np.fromiter((e.ts for e in events), np.float64, len(events)) - float(base)
+            return _rebase_exact(times, Decimal(base))
+    ts = np.fromiter(map(_TS, events), np.float64, len(events)) - float(base)
     with np.errstate(invalid="ignore"):
-        rel = np.where(np.abs(ts) <= MAX_SPAN_US, np.round(ts * 1000) / 1000, np.nan)
-    for e, t in zip(events, rel.tolist(), strict=True):
-        e.ts = t
-    return events
+        return np.where(np.abs(ts) <= MAX_SPAN_US, np.round(ts * 1000) / 1000, np.nan)
 
 
-def _rebase_exact(events: list, times: list[_ExactTs], base: Decimal) -> list:
+def _rebase_exact(times: list[_ExactTs], base: Decimal) -> np.ndarray:
     span = Decimal(int(MAX_SPAN_US))
-    for e, x in zip(events, times, strict=True):
+    out = np.full(len(times), np.nan)
+    for i, x in enumerate(times):
         t = x.ts
         if t is not None and t.is_finite() and t.adjusted() < 18:  # no overflow below
             d = t - base
-            e.ts = float(d) if -span <= d <= span else math.nan
-        else:
-            e.ts = math.nan
-    return events
+            if -span <= d <= span:
+                out[i] = float(d)
+    return out

@@ -12,7 +12,10 @@ nothing first-party outside itself. Its modules:
 - `parts`: the per-rank part files of a `--script` or RunRecorder run and their assembly;
 - `stepmetrics`, `commfit`, `hostload`: the rules every writer and reader shares (step metrics,
   the comm run's alpha-beta fit, the busy-machine rule);
-- `inputfile`, `atomic`, `errors`: the reading boundary, atomic writes, the error types.
+- `inputfile`, `atomic`, `errors`: the reading boundary, atomic writes, the error types (the
+  disk's refusals as one line too: `DiskError`);
+- `lease`: `owner.json`, the exclusive claim of a run folder and the lease that tells a reader
+  its launcher was killed.
 
 The format itself: docs/reference/run-folder.md.
 """

@@ -3,7 +3,9 @@
 Torch-free on purpose: `analysis/` (which never imports torch) writes its JSON and report files
 through it too. A write goes to a temp file in the target's folder (os.replace is atomic only
 within one filesystem), is fsync'ed, then replaces the target, so a reader or a crash never sees
-half a file; on any failure the temp file is removed and the old target is left as it was.
+half a file; on any failure the temp file is removed and the old target is left as it was. A
+write the disk refuses (full, read-only, no permission, ...) is one DiskError line naming the
+target (profiler.runfolder.errors.disk_writes).
 
 The temp file is created with mode 0666 and the kernel applies the process umask, so the result
 has the mode a plain `open(path, "w")` would give it (mkstemp's private 0600 would make records
@@ -22,6 +24,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+from profiler.runfolder.errors import disk_writes
+
 __all__ = [
     "atomic_path",
     "write_csv_atomic",
@@ -38,19 +42,21 @@ def atomic_path(path: Path, *, fsync: bool = True) -> Iterator[Path]:
     `fsync=False` keeps the all-or-nothing replace but not durability across a power cut: for
     files rewritten every fraction of a second whose loss costs nothing (heartbeats)."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{secrets.token_hex(6)}.tmp")
-    # O_EXCL: never reuse someone else's file; 0o666 & ~umask is what open() would give.
-    os.close(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666))
+    with disk_writes(path):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        # O_EXCL: never reuse someone else's file; 0o666 & ~umask is what open() would give.
+        os.close(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666))
     try:
-        yield tmp
-        if fsync:
-            fd = os.open(tmp, os.O_RDWR)  # read-write: Windows cannot flush a read-only handle
-            try:
-                os.fsync(fd)
-            finally:
-                os.close(fd)
-        os.replace(tmp, path)
+        with disk_writes(path):
+            yield tmp
+            if fsync:
+                fd = os.open(tmp, os.O_RDWR)  # read-write: Windows cannot flush a read-only handle
+                try:
+                    os.fsync(fd)
+                finally:
+                    os.close(fd)
+            os.replace(tmp, path)
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise

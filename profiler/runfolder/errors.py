@@ -6,19 +6,35 @@ line naming the file or argument, what is wrong and what to do. `run_command` pr
 `<prog>: error: <message>` and returns exit code 2, the same shape as argparse's own errors (see
 `OneLineParser`). Any other exception is a bug and keeps its traceback.
 
+`DiskError` is the UserError of a write the disk refused (full, read-only, no permission, a name
+too long, a file where a folder should be): `disk_writes(path)` turns such an OSError into one line
+naming the path; every other OSError is left as it is.
+
 It lives in profiler/, the bottom layer, so that analysis/ and workloads/ can both subclass it.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import errno
 import os
 import re
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import NoReturn
 
-__all__ = ["InputError", "OneLineParser", "UserError", "run_command", "safe_text"]
+__all__ = [
+    "DiskError",
+    "InputError",
+    "OneLineParser",
+    "UserError",
+    "disk_error",
+    "disk_writes",
+    "run_command",
+    "safe_text",
+]
 
 
 class UserError(Exception):
@@ -41,6 +57,53 @@ def safe_text(text: str) -> str:
     """`text` with lone surrogates (a non-UTF-8 file name read with surrogateescape, a JSON
     `\\udc80`) replaced by U+FFFD: encodable as UTF-8 and drawable by any font layer."""
     return _LONE.sub("\ufffd", text) if _LONE.search(text) else text
+
+
+# errno -> (what the disk said, what to do): the faults a writer meets that are the machine's,
+# not dpscope's (a bug keeps its traceback).
+_DISK_FAULTS: dict[int, tuple[str, str]] = {
+    errno.ENOSPC: ("no space left on the device", "free space there or write to another disk"),
+    errno.EDQUOT: ("disk quota exceeded", "free space there or write to another disk"),
+    errno.EROFS: ("the file system is read-only", "write to a writable folder"),
+    errno.EACCES: ("permission denied", "write to a folder you may write to"),
+    errno.EPERM: ("operation not permitted", "write to a folder you may write to"),
+    errno.ENAMETOOLONG: ("the name is too long for the file system", "use a shorter name"),
+    errno.ENOTDIR: ("a part of the path is a file, not a folder", "pass a folder"),
+    errno.EEXIST: ("a file is in the way of a folder", "pass a folder"),
+    errno.ENOENT: ("a folder on the way does not exist (or cannot be made there)", "pass a folder"),
+}
+
+
+class DiskError(UserError):
+    """A write the disk refused; `str(err)` is `PATH: what the disk said (ERRNO) — fix`."""
+
+    def __init__(self, path: str | os.PathLike[str], err: OSError) -> None:
+        self.path, self.errno = str(path), err.errno
+        what, fix = _DISK_FAULTS.get(err.errno or 0, (err.strerror or str(err), "check the path"))
+        name = errno.errorcode.get(err.errno or 0, "")
+        super().__init__(f"{self.path}: {what}{f' ({name})' if name else ''} — {fix}")
+
+
+def disk_error(err: OSError, path: str | os.PathLike[str] | None = None) -> DiskError | None:
+    """`err` as a DiskError naming `path` (else the file the error names), or None when it is
+    not a disk fault (_DISK_FAULTS)."""
+    if isinstance(err, DiskError):
+        return err
+    if err.errno not in _DISK_FAULTS:
+        return None
+    return DiskError(err.filename if path is None and err.filename else (path or "?"), err)
+
+
+@contextlib.contextmanager
+def disk_writes(path: str | os.PathLike[str] | None = None) -> Iterator[None]:
+    """Turn a disk fault (ENOSPC, EROFS, EACCES, ENAMETOOLONG, not a folder, ...) raised inside
+    the block into a DiskError naming `path` (default: the file the OSError names)."""
+    try:
+        yield
+    except OSError as err:
+        if (disk := disk_error(err, Path(path) if path is not None else None)) is None:
+            raise
+        raise disk from None
 
 
 class OneLineParser(argparse.ArgumentParser):

@@ -9,11 +9,15 @@ it and `analysis/` reads them with its names (typed decoding: profiler.runfolder
 - the nccl-tests bus model behind comm.csv's `busbw_gbps` (bus factor, ring latency steps);
 - the run.json, steps.csv and comm.csv writers (atomic: profiler.runfolder.atomic) and `utc_now`, the
   timestamp format of run.json `created_at` / `finished_at`;
-- the rule for the steps throughput and phases are measured on (`throughput_steps`).
+- the rule for the steps throughput and phases are measured on (`throughput_steps`);
+- what a run id may be (`validate_run_id`, for every writer and every way an id arrives) and the
+  one way a run folder is made (`create_run_folder`: exclusive, through profiler.runfolder.lease's claim).
 """
 
 from __future__ import annotations
 
+import os
+import unicodedata
 from collections.abc import Sequence
 from datetime import UTC, datetime
 from pathlib import Path
@@ -21,12 +25,17 @@ from pathlib import Path
 import numpy as np
 
 from profiler.runfolder.atomic import write_csv_atomic, write_json_atomic
+from profiler.runfolder.errors import UserError, disk_writes
+from profiler.runfolder.lease import FolderTaken, claim, owner_record
 
 __all__ = [
     "COMM_COLUMNS",
     "COMM_CSV",
+    "MAX_RUN_ID_BYTES",
     "NO_UNPROFILED_STEP_WARNING",
     "RUN_JSON",
+    "RunFolderError",
+    "RunFolderTaken",
     "STEPS_COLUMNS",
     "STEP_PHASES",
     "STEPS_CSV",
@@ -34,10 +43,12 @@ __all__ = [
     "TRACE_NAME",
     "TRACES_DIR",
     "bus_factor",
+    "create_run_folder",
     "ring_steps",
     "throughput_steps",
     "trace_name",
     "utc_now",
+    "validate_run_id",
     "write_comm_csv",
     "write_run_json",
     "write_steps_csv",
@@ -61,6 +72,7 @@ STEPS_COLUMNS: list[str] = [
     "forward_s",
     "backward_s",
     "optimizer_s",
+    "profiler_s",
     "samples",
     "loss",
     "rss_bytes",
@@ -90,6 +102,74 @@ NO_UNPROFILED_STEP_WARNING = (
     "no measured step outside the profiler window: samples_per_s and step_time_s include "
     "profiled steps (raise --max-steps or narrow the --profile-* schedule)"
 )
+
+
+MAX_RUN_ID_BYTES = 128
+"""The longest run id, in bytes of its file-system encoding (far below any name limit)."""
+
+
+class RunFolderError(UserError, ValueError):
+    """A run id that cannot name a folder, or a run folder that is taken; one line with the fix."""
+
+
+class RunFolderTaken(RunFolderError):
+    """The run folder already holds a run (run.json) or is claimed by another writer."""
+
+
+def validate_run_id(run_id: str, flag: str = "--run-id") -> str:
+    """`run_id` if it can name exactly one folder inside the runs folder; else RunFolderError
+    naming `flag`: empty, `.` or `..`, a `/` or `\\`, a control character, or more than
+    MAX_RUN_ID_BYTES bytes."""
+    shown = repr(run_id if len(run_id) <= 60 else run_id[:57] + "...")
+    if not run_id:
+        raise RunFolderError(f"{flag} is empty; give a folder name (or leave it out)")
+    if run_id in (".", ".."):
+        raise RunFolderError(
+            f"{flag} {shown} names the runs folder or its parent, not a run folder; pick a name"
+        )
+    if "/" in run_id or "\\" in run_id:
+        raise RunFolderError(f"{flag} is a folder name, not a path; got {shown} (use --runs-dir)")
+    if any(unicodedata.category(c) == "Cc" for c in run_id):
+        raise RunFolderError(f"{flag} {shown} holds a control character; use printable text")
+    if (n := len(os.fsencode(run_id))) > MAX_RUN_ID_BYTES:
+        raise RunFolderError(
+            f"{flag} is {n} bytes long, over the {MAX_RUN_ID_BYTES}-byte limit; pick a shorter name"
+        )
+    return run_id
+
+
+def create_run_folder(
+    runs_dir: str | os.PathLike[str],
+    run_id: str,
+    *,
+    flag: str = "--run-id",
+    writer: str,
+    renew_s: float | None = None,
+) -> Path:
+    """Make `runs_dir/run_id` and claim it for this process (`owner.json`, profiler.runfolder.lease); the
+    one way every writer (launcher, `--script`, bench-comm, RunRecorder) starts a run folder.
+
+    Exclusive: a folder that holds run.json or an owner.json is refused (RunFolderTaken), so of
+    two writers started together exactly one gets it. `renew_s`: how often the writer renews its
+    lease (profiler.runfolder.lease.Lease; None: it does not). The id is validated first; a disk fault is
+    one DiskError line naming the path (profiler.runfolder.errors)."""
+    validate_run_id(run_id, flag)
+    runs = Path(runs_dir)
+    run_dir = runs / run_id
+    taken = RunFolderTaken(
+        f"run folder {run_dir} already holds a run; pick another {flag} or remove that folder"
+    )
+    with disk_writes(runs):
+        runs.mkdir(parents=True, exist_ok=True)
+    with disk_writes(run_dir):
+        run_dir.mkdir(exist_ok=True)  # a DDP peer or another node may have made it already
+    if (run_dir / RUN_JSON).exists():
+        raise taken
+    try:
+        claim(run_dir, owner_record(writer, renew_s=renew_s))
+    except FolderTaken:
+        raise taken from None
+    return run_dir
 
 
 def trace_name(worker: str, time_ns: int) -> str:

@@ -18,14 +18,22 @@ from pathlib import Path
 from typing import Any
 
 from profiler.runfolder.atomic import write_json_atomic
-from profiler.runfolder.layout import utc_now, write_run_json, write_steps_csv
+from profiler.runfolder.layout import (
+    TRACE_GLOB,
+    TRACES_DIR,
+    utc_now,
+    write_run_json,
+    write_steps_csv,
+)
 from profiler.runfolder.stepmetrics import step_metrics
 from profiler.runfolder.versions import RUN_JSON_SCHEMA_VERSION
 
 __all__ = [
+    "FAILED_BEFORE_GROUP_WARNING",
     "NO_PROCESS_GROUP_WARNING",
     "NO_STEP_WARNING",
     "assemble",
+    "first_signal",
     "part_path",
     "read_parts",
     "recorded_config",
@@ -41,6 +49,20 @@ NO_PROCESS_GROUP_WARNING = (
     "{n} processes were started with WORLD_SIZE={n} but none joined a process group: each "
     "trained alone, so the run is recorded as single-device from rank 0's process only (does "
     "the script call torch.distributed.init_process_group when WORLD_SIZE is set?)"
+)
+
+
+FAILED_BEFORE_GROUP_WARNING = (
+    "the script failed before init_process_group: rank {rank} ended with exit code {code} and no "
+    "rank had joined a process group, so nothing was measured as DDP (see `error`)"
+)
+LEFT_OUT_REASON = (
+    "rank {rank} never joined a process group: its process trained alone, and the run is "
+    "recorded from rank 0's process only"
+)
+NO_PART_WARNING = (
+    "rank {rank} wrote no part (killed before it could?): its traces on disk are listed, its "
+    "steps are missing"
 )
 
 
@@ -110,6 +132,17 @@ def recorded_config(parts: list[dict], *, profile: dict, warmup_steps: int) -> d
     }
 
 
+def _profile(parts: list[dict]) -> list[dict]:
+    """run.json `metrics.profile`: per rank, the seconds its profiler spent exporting traces
+    (`export_s`; profiler.callbacks.ProfilerStep), in its steps (in their `profiler_s`) or after
+    its last one."""
+    return [
+        {"rank": p["rank"], "export_s": sum(e["export_s"] for e in p["profile_exports"])}
+        for p in parts
+        if "profile_exports" in p
+    ]
+
+
 def _metrics(parts: list[dict], rows: list[dict], *, wall_time_s: float | None) -> dict:
     active = {(p["rank"], s) for p in parts for s in p["active_steps"]}
     metrics = step_metrics(rows, active)
@@ -125,7 +158,64 @@ def _metrics(parts: list[dict], rows: list[dict], *, wall_time_s: float | None) 
         "ddp": first.get("ddp"),
         "param_grad_bytes": first.get("param_grad_bytes", []),
         "buffer_bytes_by_dtype": first.get("buffer_bytes_by_dtype", {}),
+        "profile": _profile(parts),
     }
+
+
+def first_signal(parts: list[dict]) -> dict | None:
+    """The part of the rank a signal reached first (`ended` = `signal`), or None."""
+    signalled = [p for p in parts if p.get("ended") == "signal"]
+    return min(signalled, key=lambda p: p.get("signal_time") or 0.0, default=None)
+
+
+def _no_group(parts: list[dict], warnings: list[str]) -> tuple[list[dict], list[dict]]:
+    """Under a multi-process launch in which no process joined a process group: (the parts the
+    record keeps, the traces it leaves out). A script that failed there (some rank ended
+    `failed`) keeps every part and says so; one whose processes all trained alone keeps rank
+    0's, and the others' traces are left out with the reason."""
+    launched = max(len(parts), int(parts[0].get("env_world_size", 1)))
+    if launched <= 1 or any(p["pg_seen"] for p in parts):
+        return parts, []
+    failed = [p for p in parts if p.get("ended") == "failed"]
+    if failed:
+        warnings.append(
+            FAILED_BEFORE_GROUP_WARNING.format(rank=failed[0]["rank"], code=failed[0]["exit_code"])
+        )
+        return parts, []
+    kept = [p for p in parts if p["rank"] == 0] or parts[:1]
+    warnings.append(NO_PROCESS_GROUP_WARNING.format(n=launched))
+    left = [
+        {"file": t, "reason": LEFT_OUT_REASON.format(rank=p["rank"])}
+        for p in parts
+        if p not in kept
+        for t in p["traces"]
+    ]
+    return kept, left
+
+
+def _unclaimed(run_dir: Path, parts: list[dict], left: list[dict], warnings: list[str]) -> list:
+    """Traces on disk of ranks that wrote no part (killed): listed, with a warning per rank."""
+    claimed = {t for p in parts for t in p["traces"]} | {t["file"] for t in left}
+    ranks = {p["rank"] for p in parts}
+    found = []
+    for path in sorted((Path(run_dir) / TRACES_DIR).glob(TRACE_GLOB)):
+        name = f"{TRACES_DIR}/{path.name}"
+        rank = path.name.split(".", 1)[0].removeprefix("rank").split("_", 1)[0]
+        if name in claimed or not rank.isdigit() or int(rank) in ranks:
+            continue
+        found.append(name)
+        if (w := NO_PART_WARNING.format(rank=rank)) not in warnings:
+            warnings.append(w)
+    return found
+
+
+def _layout(parts: list[dict], config: dict, failed_before_group: bool) -> dict:
+    """A script that failed before any rank joined a group keeps the launched layout: DDP over
+    its processes (what was asked for; nothing ran as anything else)."""
+    if failed_before_group:
+        n = max(len(parts), int(parts[0].get("env_world_size", 1)))
+        config.update(mode="ddp", world_size=n, nproc_per_node=n)
+    return config
 
 
 def assemble(
@@ -144,17 +234,19 @@ def assemble(
     """Write steps.csv and run.json from the ranks' `parts`; return the record. `config` is
     `recorded_config` plus `config_extra` (a script run's path, arguments and hash).
 
-    A part whose process saw no process group under a multi-process launch keeps only rank 0's
-    (every process trained alone; see NO_PROCESS_GROUP_WARNING)."""
+    Under a multi-process launch in which no process joined a process group, see `_no_group`;
+    `traces` lists every rank's traces, also those on disk of a rank that wrote no part, and
+    `traces_left_out` those of the processes left out, each with its reason."""
     warnings: list[str] = []
-    launched = max(len(parts), int(parts[0].get("env_world_size", 1)))
-    if launched > 1 and not any(p["pg_seen"] for p in parts):
-        parts = [p for p in parts if p["rank"] == 0] or parts[:1]
-        warnings.append(NO_PROCESS_GROUP_WARNING.format(n=launched))
-    config = {
-        **recorded_config(parts, profile=profile, warmup_steps=warmup_steps),
-        **(config_extra or {}),
-    }
+    parts, left = _no_group(parts, warnings)
+    config = _layout(
+        parts,
+        {
+            **recorded_config(parts, profile=profile, warmup_steps=warmup_steps),
+            **(config_extra or {}),
+        },
+        any(w.startswith("the script failed before") for w in warnings),
+    )
     rows = sorted((r for p in parts for r in p["rows"]), key=lambda r: (r["step"], r["rank"]))
     write_steps_csv(run_dir, rows)
     metrics = _metrics(parts, rows, wall_time_s=wall_time_s)
@@ -163,6 +255,7 @@ def assemble(
             warnings.append(w)
     if not rows and NO_STEP_WARNING not in warnings:
         warnings.append(NO_STEP_WARNING)
+    traces = [t for p in parts for t in p["traces"]] + _unclaimed(run_dir, parts, left, warnings)
     record: dict[str, Any] = {
         "schema_version": RUN_JSON_SCHEMA_VERSION,
         "run_id": run_id,
@@ -175,8 +268,11 @@ def assemble(
         "metrics": metrics,
         # Accuracy is the script's own business: absent (no epochs), never zeros.
         "eval": {"epochs": [], "best": None},
-        "traces": sorted(t for p in parts for t in p["traces"]),
+        "traces": sorted(traces),
+        "traces_left_out": left,
         "warnings": warnings,
     }
+    if reason := next((p["stop_reason"] for p in parts if p.get("stop_reason")), None):
+        record["stop_reason"] = reason
     write_run_json(run_dir, record)
     return record

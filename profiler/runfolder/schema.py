@@ -31,6 +31,7 @@ __all__ = [
     "FINITE_MAX",
     "Flag",
     "HostLoad",
+    "LeftOut",
     "MAX_ENTRIES",
     "MAX_RANKS",
     "MemoryEntry",
@@ -40,6 +41,7 @@ __all__ = [
     "Pct",
     "PerRank",
     "ProfileConfig",
+    "ProfileExport",
     "REQUIRED_STEP_COLUMNS",
     "Rate",
     "RunRecord",
@@ -94,11 +96,30 @@ class DdpMetrics(msgspec.Struct):
     param_count: Count | None = None
 
 
+class FlightRecorderView(msgspec.Struct):
+    """run.json `error.flight_recorder` (optional): what the ranks' flight-recorder dumps say
+    (profiler.runfolder.frdiag, docs/reference/run-folder.md)."""
+
+    message: str | None = None
+    process_group: str | None = None
+    seq: int | None = None
+    collective: str | None = None
+    entered: list[int] = []
+    never_entered: list[int] = []
+    waited_s: dict[str, float] = {}
+    desync: list[dict[str, Any]] | None = None
+    aborted: dict[str, str] = {}
+    no_dump: list[int] = []
+    dumps: list[str] = []
+    problems: list[str] = []
+
+
 class ErrorInfo(msgspec.Struct):
     message: str | None = None
     rank: int | None = None  # any integer: a writer may mark "no rank" its own way
     exit_code: int | None = None
     log_tail: list[str] = []
+    flight_recorder: FlightRecorderView | None = None
 
 
 class ModelFacts(msgspec.Struct):
@@ -152,6 +173,7 @@ class Config(msgspec.Struct):
     amp: str | None = None
     seed: int | None = None
     warmup_steps: Count | None = None
+    eval_batches: Count | None = None  # --eval-batches (0 = the whole test split); newer runs
     sweep_id: str | None = None
     # A `--script` / RunRecorder run: what it ran (the same-workload key, docs/reference/metrics.md).
     workload: str | None = None
@@ -197,6 +219,20 @@ class PerRank(msgspec.Struct):
     step_time_s_p95: Seconds | None = None
 
 
+class ProfileExport(msgspec.Struct):
+    """One rank's `metrics.profile` entry: seconds its profiler spent exporting traces."""
+
+    rank: Count
+    export_s: Seconds | None = None
+
+
+class LeftOut(msgspec.Struct):
+    """A run.json `traces_left_out` entry: a trace on disk that is not part of the run, and why."""
+
+    file: PathText
+    reason: str = ""
+
+
 class Metrics(msgspec.Struct):
     samples_per_s: Rate | None = None
     step_time_s: StepTime | None = None
@@ -211,6 +247,9 @@ class Metrics(msgspec.Struct):
     buffer_bytes_by_dtype: dict[str, Bytes] | None = None
     # schema 2: (profiled ÷ unprofiled mean step time − 1) × 100 ≥ −100; may be negative (noise)
     profiler_overhead_pct: Annotated[float, msgspec.Meta(ge=-100, le=FINITE_MAX)] | None = None
+    # Newer runs: two standard errors of that overhead (%), and each rank's trace export time.
+    profiler_overhead_noise_pct: Seconds | None = None
+    profile: Annotated[list[ProfileExport], msgspec.Meta(max_length=MAX_ENTRIES)] = []
 
 
 class EvalEntry(msgspec.Struct):
@@ -231,6 +270,7 @@ class Eval(msgspec.Struct):
     epochs: list[EvalEntry] = []
     best: EvalEntry | None = None
     note: str | None = None  # why the run has no eval (a dataset without a test split)
+    split_samples: Count | None = None  # the test split's size (newer runs; --eval-batches caps)
 
 
 class RunRecord(msgspec.Struct):
@@ -247,11 +287,14 @@ class RunRecord(msgspec.Struct):
     metrics: Metrics = msgspec.field(default_factory=Metrics)
     eval: Eval = msgspec.field(default_factory=Eval)
     traces: list[PathText] = []
+    # Newer script runs: traces on disk that the record leaves out, each with its reason.
+    traces_left_out: Annotated[list[LeftOut], msgspec.Meta(max_length=MAX_ENTRIES)] = []
     warnings: list[str] = []  # schema 2: the writer's own warnings (e.g. no unprofiled step)
+    stop_reason: str | None = None  # newer script runs: "stopped after --max-steps N"
 
 
 class StepRow(msgspec.Struct):
-    """One steps.csv row; `profiled` (schema_version 2) is optional."""
+    """One steps.csv row; `profiled` (schema_version 2) and `profiler_s` are optional."""
 
     rank: Count
     step: Count
@@ -267,6 +310,8 @@ class StepRow(msgspec.Struct):
     rss_bytes: Count | None = None
     cuda_allocated_bytes: Count | None = None
     profiled: Flag | None = None
+    # Newer runs: the profiler's own seconds at the step's end, inside step_time_s.
+    profiler_s: Seconds | None = None
 
 
 # The columns every steps.csv must have (StepRow's required fields); the others may be empty.

@@ -34,24 +34,52 @@ def throughput_rows(rows: list[dict]) -> tuple[list[dict], str | None]:
     return [r for r, keep in zip(rows, mask, strict=True) if keep], warning
 
 
-def _overhead_pct(rows: list[dict], active: set[tuple[int, int]]) -> float | None:
-    """profiler_overhead_pct: (mean step time of the profiler's active steps ÷ mean step time of
-    the unprofiled measured steps − 1) × 100, each mean taken on the slowest rank (the rank with
-    the largest mean in that set, since the slowest rank bounds the job)."""
+def _traced_s(row: dict) -> float:
+    """A traced step's own time: its `step_time_s` less the profiler's work at its end
+    (`profiler_s`: starting, stopping and exporting the trace), which the trace never shows."""
+    return max(0.0, row["step_time_s"] - (row.get("profiler_s") or 0.0))
+
+
+def _slowest(by_rank: dict[int, list[float]]) -> list[float]:
+    """The step times of the rank with the largest mean (the slowest rank bounds the job)."""
+    return max(by_rank.values(), key=lambda v: float(np.mean(v)))
+
+
+def _overhead(rows: list[dict], active: set[tuple[int, int]]) -> tuple[float | None, float | None]:
+    """(profiler_overhead_pct, profiler_overhead_noise_pct).
+
+    - profiler_overhead_pct: (mean own time of the profiler's active steps ÷ mean step time of
+      the unprofiled measured steps − 1) × 100, each mean taken on the slowest rank (the rank
+      with the largest mean in that set). A traced step's own time leaves out `profiler_s`
+      (the trace export at the end of the active window is not the tracing's cost per step;
+      run.json `metrics.profile[].export_s` reports it).
+    - profiler_overhead_noise_pct: two standard errors of that difference of means, in % of the
+      unprofiled mean: 200 × sqrt(s_t²/k + s_c²/m) ÷ mean_c over the same two sets (k traced and
+      m unprofiled steps, sample standard deviations s; one traced step borrows s_c). An
+      overhead at or below it cannot be told from step-to-step noise. None with fewer than two
+      unprofiled steps.
+    """
     if not active:  # --no-profile, or no active step inside the run
-        return None
+        return None, None
     traced: dict[int, list[float]] = {}
     clean: dict[int, list[float]] = {}
     for r in rows:
         if (r["rank"], r["step"]) in active:
-            traced.setdefault(r["rank"], []).append(r["step_time_s"])
+            traced.setdefault(r["rank"], []).append(_traced_s(r))
         elif not r["warmup"] and not r.get("profiled"):
             clean.setdefault(r["rank"], []).append(r["step_time_s"])
     if not traced or not clean:
-        return None
-    slow_traced = max(float(np.mean(v)) for v in traced.values())
-    slow_clean = max(float(np.mean(v)) for v in clean.values())
-    return (slow_traced / slow_clean - 1) * 100 if slow_clean > 0 else None
+        return None, None
+    t, c = np.asarray(_slowest(traced)), np.asarray(_slowest(clean))
+    if c.mean() <= 0:
+        return None, None
+    pct = float((t.mean() / c.mean() - 1) * 100)
+    if c.size < 2:
+        return pct, None
+    s_c = float(c.std(ddof=1))
+    s_t = float(t.std(ddof=1)) if t.size > 1 else s_c
+    noise = 200 * float(np.sqrt(s_t**2 / t.size + s_c**2 / c.size)) / float(c.mean())
+    return pct, noise
 
 
 def step_metrics(rows: list[dict], active: set[tuple[int, int]] | None = None) -> dict:
@@ -62,8 +90,9 @@ def step_metrics(rows: list[dict], active: set[tuple[int, int]] | None = None) -
     - `step_time_s`: {mean, p50, p95} in seconds over those steps of all ranks.
     - `per_rank`: per rank, its steps counted, its own samples/s (its samples / its summed step
       time) and its step-time mean/p50/p95 in seconds.
-    - `profiler_overhead_pct`: see `_overhead_pct`; `active` holds the (rank, step) pairs the
-      profiler recorded (its schedule's active steps). None without both kinds of step.
+    - `profiler_overhead_pct`, `profiler_overhead_noise_pct`: see `_overhead`; `active` holds
+      the (rank, step) pairs the profiler recorded (its schedule's active steps). None without
+      both kinds of step.
     - `warnings`: [str], the fallback note of `throughput_rows` when it applies.
     """
     measured, warning = throughput_rows(rows)
@@ -85,10 +114,12 @@ def step_metrics(rows: list[dict], active: set[tuple[int, int]] | None = None) -
             }
         )
     samples = sum(r["samples"] for r in measured)
+    overhead, noise = _overhead(rows, active or set())
     return {
         "samples_per_s": samples / busiest_s if busiest_s > 0 else None,
         "step_time_s": _stats([r["step_time_s"] for r in measured]),
         "per_rank": per_rank,
-        "profiler_overhead_pct": _overhead_pct(rows, active or set()),
+        "profiler_overhead_pct": overhead,
+        "profiler_overhead_noise_pct": noise,
         "warnings": [warning] if warning else [],
     }

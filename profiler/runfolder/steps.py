@@ -30,7 +30,7 @@ __all__ = ["MAX_CELL_CHARS", "read_steps", "read_steps_frame"]
 MAX_CELL_CHARS = 131_072  # the stdlib csv module's field limit: no steps.csv cell comes close
 _FLAGS = ("warmup", "profiled")
 _COUNTS = ("rank", "step", "epoch", "samples", "rss_bytes", "cuda_allocated_bytes")
-_SECONDS = ("step_time_s", "data_s", "forward_s", "backward_s", "optimizer_s")
+_SECONDS = ("step_time_s", "data_s", "forward_s", "backward_s", "optimizer_s", "profiler_s")
 _ANY_FLOAT = ("loss",)
 COLUMNS = (*_FLAGS, *_COUNTS, *_SECONDS, *_ANY_FLOAT)
 

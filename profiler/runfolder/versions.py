@@ -9,6 +9,7 @@ from __future__ import annotations
 __all__ = [
     "DIFF_JSON_SCHEMA_VERSION",
     "OPS_JSON_SCHEMA_VERSION",
+    "PARQUET_TABLES_SCHEMA_VERSION",
     "PROJECTION_JSON_SCHEMA_VERSION",
     "READABLE_RUN_JSON_SCHEMAS",
     "RUNS_JSON_SCHEMA_VERSION",
@@ -27,7 +28,10 @@ TUNE_JSON_SCHEMA_VERSION: int = 1
 TRACES_JSON_SCHEMA_VERSION: int = 2
 """The traces JSON of `dpscope traces` (one folder of per-rank traces)."""
 TRACES_PART_SCHEMA_VERSION: int = 2
-"""A sharded analysis part (`dpscope traces --shard K/N`), merged by `dpscope merge`."""
+"""A sharded analysis part (`dpscope traces --shard K/N`, JSON or Parquet), merged by
+`dpscope merge`; also the rows of the trace cache (`.dpscope-cache/`)."""
+PARQUET_TABLES_SCHEMA_VERSION: int = 1
+"""The Parquet result tables (steps, collectives, ops, memory) of `--parquet` and report folders."""
 RUNS_JSON_SCHEMA_VERSION: int = 2
 """The runs JSON of `dpscope runs --json` and the report's summary.json."""
 OPS_JSON_SCHEMA_VERSION: int = 1

@@ -6,8 +6,11 @@ and starts itself under torchrun (`--worker`). Every rank then times all_reduce,
 all_gather_into_tensor, reduce_scatter_tensor and all_to_all_single (float32) over powers-of-2
 message sizes: warm-up iterations, then `--iters` timed ones, each started after a barrier; an
 iteration's time is the slowest rank's (an all-reduce MAX of every rank's times, as nccl-tests
-reports). Rank 0 writes comm.csv (median and p95 per size, algbw = bytes ÷ median time, busbw =
-algbw × the run-folder contract's bus factor, profiler.runfolder.layout), the α–β fit per collective
+reports); run.json `metrics.time_us_mean` also holds, per size, the mean, p5 and p95 of the
+fastest rank's times (MIN): the rank that arrived last at the barrier's exit and waited for no
+one, whose time is the collective alone, as the projection counts it. Rank 0 writes comm.csv
+(median and p95 per size, algbw = bytes ÷ median time, busbw = algbw × the run-folder contract's
+bus factor, profiler.runfolder.layout), the α–β fit per collective
 (profiler.runfolder.commfit) into run.json, and
 prints an nccl-tests-like table. Each collective's result is checked once on rank-valued tensors;
 a collective that fails the check, or that the backend cannot run, is listed as skipped with why.
@@ -18,8 +21,8 @@ all_reduce and broadcast (what DDP issues) the way training issues them: after t
 rank computes (a busy loop) for the gap before the timed call, then makes the same call again at
 once (back-to-back, transport awake). On CPU hosts the transport threads go idle during a step's
 compute and a call issued after compute can take several times longer (docs/reference/metrics.md §10).
-run.json `metrics.idle_penalty` holds both means per collective, size (every other benchmarked
-size and the largest) and gap, so `analysis project` interpolates the penalty at whatever gap a
+run.json `metrics.idle_penalty` holds both means (and the last-arriving rank's mean of the first
+call) per collective, size (every other benchmarked size and the largest) and gap, so `analysis project` interpolates the penalty at whatever gap a
 workload leaves before each of its buckets: one comm run serves every workload. The sweep's
 compute alone is bounded by collectives × sizes × (gap iterations + 1) × Σ gaps; it is printed
 before the sweep starts and its measured time (`metrics.idle_sweep_s`) after.
@@ -47,16 +50,19 @@ from tqdm import tqdm
 
 from profiler.environment import collect_env
 from profiler.runfolder.commfit import fit_all
-from profiler.runfolder.errors import run_command
+from profiler.runfolder.errors import disk_writes, run_command
 from profiler.runfolder.hostload import HostLoadMeter
 from profiler.runfolder.layout import (
     COMM_COLUMNS,
     RUN_JSON,
     bus_factor,
+    create_run_folder,
     utc_now,
+    validate_run_id,
     write_comm_csv,
     write_run_json,
 )
+from profiler.runfolder.lease import Lease
 from profiler.runfolder.records import read_comm_record
 from profiler.runfolder.versions import RUN_JSON_SCHEMA_VERSION
 from workloads.comm.host import measure_contention
@@ -64,15 +70,17 @@ from workloads.comm.idle import SWEPT, extra_lines, idle_sweep, sweep_bound_s, s
 from workloads.comm.ops import COLLECTIVES, agreed_check, time_one
 from workloads.comm.options import (
     build_parser,
+    check_bytes,
     default_sizes,
     parse_collectives,
     parse_gaps,
     parse_sizes,
 )
 from workloads.config import TrainConfig
-from workloads.launch.child import child_env, user_path
+from workloads.launch.child import child_env, die_with_parent, user_path
+from workloads.launch.guard import guarded
 from workloads.launch.launcher import LaunchError
-from workloads.plan import Environment, Plan, runnable_plan
+from workloads.plan import Environment, Plan, check_threads, runnable_plan
 
 __all__ = ["COLLECTIVES", "default_sizes", "main", "parse_gaps"]
 
@@ -114,10 +122,15 @@ def _time_sizes(
             count -= count % n  # the message must split evenly over the ranks
         if count < 1:
             continue
-        t_s, _ = time_one(name, count, n, dev, args.warmup, args.iters)
-        t_us = t_s * 1e6
+        t_s, _, last_s = time_one(name, count, n, dev, args.warmup, args.iters)
+        t_us, last = t_s * 1e6, last_s * 1e6
         med = float(np.median(t_us))
-        means.append({"collective": name, "bytes": count * 4, "time_us_mean": float(t_us.mean())})
+        # The last-arriving rank's times too (no arrival skew: what the projection's comm is),
+        # their mean and the p5/p95 its band takes.
+        means.append({"collective": name, "bytes": count * 4, "time_us_mean": float(t_us.mean()),
+                      "time_us_mean_last_arrival": float(last.mean()),
+                      "time_us_p5_last_arrival": float(np.percentile(last, 5)),
+                      "time_us_p95_last_arrival": float(np.percentile(last, 95))})  # fmt: skip
         algbw = count * 4 / med / 1e3  # bytes/µs -> GB/s (1e9 B)
         factor = bus_factor(name, n)
         rows.append(
@@ -138,6 +151,7 @@ def _time_sizes(
 
 def worker(args: argparse.Namespace) -> int:
     """One torchrun rank: benchmark every collective; rank 0 writes the results."""
+    die_with_parent()  # torchrun gone (its launcher killed): this rank goes too
     use_cuda = args.device == "cuda"
     dev = torch.device(f"cuda:{int(os.environ.get('LOCAL_RANK', '0'))}" if use_cuda else "cpu")
     if use_cuda:
@@ -211,8 +225,9 @@ def _write_results(
     out += extra_lines(extra)
     text = "\n".join(out)
     print(text, flush=True)
-    (run_dir / "logs").mkdir(parents=True, exist_ok=True)
-    (run_dir / "logs" / "table.txt").write_text(text + "\n", encoding="utf-8")
+    with disk_writes(run_dir / "logs" / "table.txt"):
+        (run_dir / "logs").mkdir(parents=True, exist_ok=True)
+        (run_dir / "logs" / "table.txt").write_text(text + "\n", encoding="utf-8")
     _, record = read_comm_record(run_dir / RUN_JSON)  # the launcher's `running` record
     record["env"]["host_load"] = extra.pop("host_load", None)
     record.update(
@@ -253,6 +268,11 @@ def _job(args: argparse.Namespace) -> _Job:
     plan = runnable_plan(
         job, Environment.detect(), prog="workloads.comm.bench", error=LaunchError, nproc=args.nproc
     )
+    check_bytes("--max-bytes", args.max_bytes, allow_zero=True)
+    try:
+        check_threads(args.threads, Environment.detect())
+    except ValueError as exc:
+        raise LaunchError(str(exc)) from None
     max_bytes = args.max_bytes or (64 * MIB if plan.use_cuda else 16 * MIB)
     sizes = parse_sizes(args.sizes) if args.sizes else default_sizes(max_bytes)
     if args.iters < 1 or args.warmup < 0:
@@ -332,22 +352,28 @@ def _finish(run_dir: Path, code: int) -> int:
 
 def launch(args: argparse.Namespace) -> int:
     """Plan with the launcher's validation, write the run folder, start the ranks under torchrun."""
+    if args.run_id:
+        validate_run_id(args.run_id)
     job = _job(args)
     stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%S")
     run_id = args.run_id or f"comm-{job.plan.backend}-n{job.plan.replicas}-{stamp}"
-    run_dir = user_path(args.runs_dir) / run_id
-    if (run_dir / RUN_JSON).exists():
-        raise LaunchError(f"run folder {run_dir} already holds a run; pick another --run-id")
-    (run_dir / "logs").mkdir(parents=True, exist_ok=True)
+    run_dir = create_run_folder(user_path(args.runs_dir), run_id, writer="bench-comm")
+    with disk_writes(run_dir / "logs"):
+        (run_dir / "logs").mkdir(parents=True, exist_ok=True)
     write_run_json(run_dir, _start_record(run_id, job, args))
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
     cmd += ["--nproc-per-node", str(job.plan.nproc), "-m", "workloads.comm.bench"]
-    cmd += _worker_argv(run_dir, job, args)
+    cmd = guarded([*cmd, *_worker_argv(run_dir, job, args)])  # it dies with this process
     env = child_env(PYTHONUNBUFFERED="1", OMP_NUM_THREADS=str(job.threads))
     env.setdefault("KINETO_LOG_LEVEL", "5")
-    with open(run_dir / "logs" / "launcher.log", "w", encoding="utf-8") as log:
-        log.write("$ " + " ".join(cmd) + "\n")
-    return _finish(run_dir, subprocess.run(cmd, env=env).returncode)
+    with disk_writes(run_dir / "logs"):
+        (run_dir / "logs" / "launcher.log").write_text("$ " + " ".join(cmd) + "\n")
+    lease = Lease(run_dir, "bench-comm")
+    try:
+        code = subprocess.run(cmd, env=env).returncode
+    finally:
+        lease.stop()
+    return _finish(run_dir, code)
 
 
 def main(argv: list[str] | None = None, *, prog: str = "python -m workloads.comm.bench") -> int:

@@ -5,7 +5,9 @@ Every rank holds the same fixed compute kernel (matrix products at the rank's to
 passes over a buffer larger than a core's cache: the mix a training step's forward and backward
 make). In each of `REPEATS` rounds, for k = 1 .. n in turn, ranks 0 .. k−1 run the kernel at once
 while the others wait in a barrier (a blocked receive, no CPU), so drift hits every k alike.
-`slowdown[k]` = median kernel time of the busy ranks at k ÷ the median at k = 1 (rank 0 alone).
+`slowdown[k]` = median kernel time of the busy ranks at k ÷ the median at k = 1 (rank 0 alone);
+`slowdown_min[k]` / `slowdown_max[k]` the smallest / largest over the rounds of each round's median
+of the busy ranks ÷ that (1 at k = 1): the range the projection's band takes.
 That is the factor `analysis project` applies to compute at k ranks per node. On GPU, ranks do not
 share their device's compute: nothing is measured and the projection uses a factor of 1.
 """
@@ -56,10 +58,15 @@ def measure_contention(n: int, rank: int, dev: torch.device, *, threads: int) ->
     t = times.numpy()
     alone = float(np.median(t[0, :, 0]))
     slowdown = [float(np.median(t[k - 1, :, :k]) / alone) for k in range(1, n + 1)]
+    # the range over rounds: each round's median of the busy ranks ÷ the median alone (k = 1: 1)
+    rounds = [np.median(t[k - 1, :, :k], axis=1) / alone for k in range(2, n + 1)]
+    pairs = list(zip(rounds, slowdown[1:], strict=True))
     return {
         "device": "cpu",
         "ranks": list(range(1, n + 1)),
         "slowdown": slowdown,
+        "slowdown_min": [1.0, *(float(min(r.min(), s)) for r, s in pairs)],
+        "slowdown_max": [1.0, *(float(max(r.max(), s)) for r, s in pairs)],
         "time_ms_alone": 1e3 * alone,
         "kernel": KERNEL,
         "threads_per_rank": threads,

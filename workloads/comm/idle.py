@@ -32,13 +32,17 @@ def idle_sweep(
     names: list[str], sizes: list[int], n: int, dev: torch.device, args: argparse.Namespace
 ) -> list[dict]:
     """run.json `metrics.idle_penalty`: per collective, size and gap, the mean of the call made
-    after the gap of compute and of the same call right after it (one untimed iteration first)."""
+    after the gap of compute and of the same call right after it (one untimed iteration first),
+    on the slowest rank, and the mean of that first call on the rank that arrived last
+    (`time_us_mean_last_arrival`, workloads.comm.ops.time_one)."""
     out = []
     for name in names:
         for nbytes in sweep_sizes(sizes):
             count = nbytes // 4
             for gap in parse_gaps(args.gaps_ms):
-                first, hot = time_one(name, count, n, dev, 1, args.gap_iters, gap / 1e3, twice=True)
+                first, hot, last = time_one(
+                    name, count, n, dev, 1, args.gap_iters, gap / 1e3, twice=True
+                )
                 out.append(
                     {
                         "collective": name,
@@ -46,6 +50,7 @@ def idle_sweep(
                         "gap_ms": gap,
                         "time_us_mean": float(first.mean() * 1e6),
                         "time_us_mean_back_to_back": float(hot.mean() * 1e6),
+                        "time_us_mean_last_arrival": float(last.mean() * 1e6),
                     }
                 )
     return out

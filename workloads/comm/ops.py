@@ -107,10 +107,13 @@ def time_one(
     gap_s: float = 0.0,
     *,
     twice: bool = False,
-) -> tuple[np.ndarray, np.ndarray | None]:
+) -> tuple[np.ndarray, np.ndarray | None, np.ndarray]:
     """Per-iteration seconds of the slowest rank (all-reduce MAX of every rank's times) of the
     call made after `gap_s` of compute; with `twice`, also of a second call right after it
-    (back-to-back, the transport awake), so the analysis can tell the idle penalty from the rest."""
+    (back-to-back, the transport awake), so the analysis can tell the idle penalty from the rest;
+    and of the same first call on the fastest rank (MIN): the rank that arrived last, which did
+    not wait for the others, so its time holds no arrival skew (a rank descheduled at the end of
+    its gap delays the slowest rank's time, not this one)."""
     inp, out = _buffers(name, count, n, dev)
     inp.fill_(1.0)
     mine = torch.zeros(2, iters, dtype=torch.float64, device=dev)
@@ -129,6 +132,8 @@ def time_one(
         if i >= warmup:
             mine[0, i - warmup] = t1 - t0
             mine[1, i - warmup] = time.perf_counter() - t1 if twice else 0.0
+    fastest = mine[0].clone()
     dist.all_reduce(mine, op=dist.ReduceOp.MAX)
+    dist.all_reduce(fastest, op=dist.ReduceOp.MIN)
     first, second = mine.cpu().numpy()
-    return first, (second if twice else None)
+    return first, (second if twice else None), fastest.cpu().numpy()

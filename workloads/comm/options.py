@@ -12,7 +12,9 @@ from workloads.launch.launcher import LaunchError
 
 __all__ = [
     "DEFAULT_GAPS_MS",
+    "MAX_MESSAGE_BYTES",
     "build_parser",
+    "check_bytes",
     "default_sizes",
     "parse_collectives",
     "parse_gaps",
@@ -29,6 +31,23 @@ def default_sizes(max_bytes: int) -> list[int]:
         sizes.append(s)
         s *= 2
     return sizes
+
+
+MAX_MESSAGE_BYTES = 1 << 36
+"""The largest message size (64 GiB: above any one GPU's buffer; each rank allocates it twice)."""
+
+
+def check_bytes(flag: str, value: int, *, allow_zero: bool = False) -> int:
+    """A message size for `flag`: 4 B (one float32) to MAX_MESSAGE_BYTES (0 = the default when
+    `allow_zero`); one LaunchError line otherwise, before any rank starts."""
+    if allow_zero and value == 0:
+        return value
+    if not 4 <= value <= MAX_MESSAGE_BYTES:
+        raise LaunchError(
+            f"{flag} must be a byte count from 4 (one float32) to {MAX_MESSAGE_BYTES:,} "
+            f"(64 GiB){' or 0 for the default' if allow_zero else ''}; got {value}"
+        )
+    return value
 
 
 DEFAULT_GAPS_MS = (0.0, 1.0, 3.0, 10.0, 30.0, 100.0)
@@ -72,8 +91,10 @@ def parse_sizes(text: str) -> list[int]:
         raise LaunchError(
             f"--sizes must be byte counts like '1024 1048576'; got {text!r}"
         ) from None
-    if not sizes or sizes[0] < 4:
-        raise LaunchError(f"--sizes must be >= 4 bytes (one float32); got {text!r}")
+    if not sizes:
+        raise LaunchError(f"--sizes must be byte counts like '1024 1048576'; got {text!r}")
+    for size in (sizes[0], sizes[-1]):
+        check_bytes("--sizes", size)
     return sizes
 
 

@@ -14,16 +14,56 @@ from `child_env`:
 Paths the user gives (`--runs-dir`, `--data-dir`, `--rdzv-file`, output files) go through
 `user_path` once, before anything starts, so that every child and every message sees the same
 absolute path.
+
+`die_with_parent` (Linux: PR_SET_PDEATHSIG) makes a child end when the process that started it
+dies, even by SIGKILL: the launcher's direct child runs under workloads.launch.guard, and each
+training rank sets it itself, so a killed launcher leaves no training behind.
 """
 
 from __future__ import annotations
 
+import ctypes
 import os
+import signal
 import site
+import sys
 from collections.abc import Mapping
 from pathlib import Path
 
-__all__ = ["PACKAGE_ROOT", "child_env", "user_path"]
+__all__ = ["PACKAGE_ROOT", "child_env", "die_with_parent", "set_subreaper", "user_path"]
+
+_PR_SET_PDEATHSIG = 1
+_PR_SET_CHILD_SUBREAPER = 36
+
+
+def _prctl(option: int, value: int) -> bool:
+    """prctl(2) on Linux; False elsewhere or when it fails."""
+    if not sys.platform.startswith("linux"):
+        return False
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        return libc.prctl(option, value, 0, 0, 0) == 0
+    except (OSError, AttributeError):
+        return False
+
+
+def die_with_parent(sig: int = signal.SIGKILL) -> bool:
+    """Have the kernel send `sig` to this process when its parent dies (Linux; False where it
+    cannot). A parent that died already (this process was reparented) ends it at once."""
+    parent = os.getppid()
+    if not _prctl(_PR_SET_PDEATHSIG, int(sig)):
+        return False
+    if os.getppid() != parent:  # the parent died between fork and here: the signal never comes
+        os.kill(os.getpid(), sig)
+    return True
+
+
+def set_subreaper() -> bool:
+    """Become the child subreaper (Linux): descendants orphaned below this process are
+    reparented to it instead of init, so the launcher still sees (and ends) a daemon that a
+    training left behind."""
+    return _prctl(_PR_SET_CHILD_SUBREAPER, 1)
+
 
 PACKAGE_ROOT = Path(__file__).resolve().parents[2]
 """The folder that holds dpscope's top-level packages (workloads/, analysis/, profiler/)."""

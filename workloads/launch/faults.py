@@ -31,6 +31,7 @@ import torch
 
 from profiler.callbacks import Callback, StepState
 from profiler.runfolder.atomic import write_json_atomic
+from profiler.runfolder.errors import DiskError, disk_error
 from profiler.runfolder.layout import TRACE_GLOB, TRACES_DIR
 from workloads.config import TrainConfig
 from workloads.plan import Environment, plan, torchrun_layout
@@ -50,6 +51,7 @@ __all__ = [
     "per_device_batch",
     "read_attempts",
     "signal_name",
+    "timed_out",
     "write_attempt",
 ]
 
@@ -189,7 +191,8 @@ def classify(exc: BaseException, *, per_device_batch: int | None) -> dict:
 
     kind is `oom` (torch.OutOfMemoryError), `diverged` (NonFiniteLoss), `hang` (a collective or
     store timeout; the launcher names the stuck rank from the heartbeats), `interrupted`
-    (KeyboardInterrupt) or `crash` (anything else).
+    (KeyboardInterrupt), `disk` (a write the disk refused: full, read-only, no permission; one
+    line naming the path, profiler.runfolder.errors.DiskError) or `crash` (anything else).
     """
     text = f"{type(exc).__name__}: {exc}"
     if isinstance(exc, torch.OutOfMemoryError):
@@ -203,9 +206,17 @@ def classify(exc: BaseException, *, per_device_batch: int | None) -> dict:
         return {"kind": "diverged", "message": str(exc), "step": exc.step, "value": str(exc.value)}
     if isinstance(exc, KeyboardInterrupt):
         return {"kind": "interrupted", "message": "interrupted (SIGINT)"}
-    if any(w in str(exc).lower() for w in _TIMEOUT_WORDS):
+    disk = disk_error(exc) if isinstance(exc, OSError | DiskError) else None
+    if disk is not None or "no space left on device" in str(exc).lower():
+        return {"kind": "disk", "message": str(disk) if disk is not None else text}
+    if timed_out(str(exc)):
         return {"kind": "hang", "message": text}
     return {"kind": "crash", "message": text}
+
+
+def timed_out(text: str) -> bool:
+    """Whether an error message is a gloo/NCCL/store timeout's (a hang, not a crash)."""
+    return any(w in text.lower() for w in _TIMEOUT_WORDS)
 
 
 def per_device_batch(cfg: TrainConfig) -> int | None:

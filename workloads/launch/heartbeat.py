@@ -75,6 +75,7 @@ class Heartbeat:
         self.step, self.phase = 0, "init"
         self.changed_at = time.time()
         self.version = self.written = 0
+        self._observed: tuple | None = None  # what `set` saw last
         self._lock = threading.Lock()
         path.parent.mkdir(parents=True, exist_ok=True)
         self._write()  # the first beat is on disk before training starts
@@ -101,6 +102,27 @@ class Heartbeat:
             if self.collectives and phase in COLLECTIVES:
                 self.seq += 1
                 self.started = {"name": COLLECTIVES[phase], "seq": self.seq}
+            self.changed_at = time.time()
+            self.version += 1
+
+    def set(
+        self,
+        step: int,
+        phase: str | None,
+        started: dict | None,
+        finished: dict | None,
+        *,
+        marker: object = None,
+    ) -> None:
+        """Progress observed from outside the loop (a script run's flight-recorder thread:
+        workloads.launch.flightrec): the beat's time moves only when the step, phase,
+        collectives or `marker` (where the main thread is) changed."""
+        state = (step, phase, started, finished, marker)
+        with self._lock:
+            if state == self._observed:
+                return
+            self._observed = state
+            self.step, self.phase, self.started, self.finished = step, phase, started, finished
             self.changed_at = time.time()
             self.version += 1
 

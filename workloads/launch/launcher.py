@@ -8,44 +8,39 @@ failing rank, its exit code and the last lines of its log. `--mode all` runs eve
 machine supports and records the others as `status: skipped` with the reason. The training runs
 under workloads.launch.supervise: a heartbeat watchdog ends a hung job, Ctrl-C/SIGTERM stops every
 process, and runlog.finalize gives each failed run its `error.kind` (never downgrading `ok`).
+
+Every run it will make is planned and checked first (options, workload, batch against the
+dataset, for every mode of `--mode all`): nothing is written before all pass. Each run folder is
+then claimed exclusively (profiler.runfolder.layout.create_run_folder: of two launchers given the same
+--run-id, one runs and the other gets one line; a default id that is taken gets a `-2` suffix)
+and leased while the training runs (profiler.runfolder.lease), so a launcher killed by SIGKILL leaves a run
+that readers see as `failed (launcher killed)`.
 """
 
 from __future__ import annotations
 
 import argparse
-import shlex
 import sys
 from pathlib import Path
 
-from profiler.runfolder.errors import UserError, run_command
-from profiler.runfolder.layout import RUN_JSON, write_run_json
-from workloads.config import (
-    OneLineParser,
-    TrainConfig,
-    add_config_arguments,
-    config_from_namespace,
-    default_run_id,
-    to_argv,
-)
-from workloads.launch.child import child_env, user_path
+from profiler.runfolder.errors import disk_writes, run_command
+from profiler.runfolder.layout import RUN_JSON, RunFolderTaken, create_run_folder, write_run_json
+from profiler.runfolder.lease import Lease
+from workloads.config import TrainConfig, config_from_namespace, default_run_id, to_argv
+from workloads.launch.child import child_env
+from workloads.launch.flightrec import flight_recorder_env
+from workloads.launch.options import LaunchError, absolute_paths, build_parser, check_arguments
 from workloads.launch.runlog import finalize
-from workloads.launch.script import ScriptError, reject_builtin_options, run_script
-from workloads.launch.supervise import flight_recorder_env, run_supervised
-from workloads.plan import Environment, Plan
+from workloads.launch.script import ScriptError, next_lines, parse_script_args, run_script
+from workloads.launch.supervise import WATCHDOG_GRACE_S, run_supervised
+from workloads.plan import Environment, Plan, check_machine
 from workloads.plan import plan as plan_run
 from workloads.record import run_record
 from workloads.train.workload import WorkloadFacts, check_workload
 
-__all__ = ["LaunchError", "main"]
+__all__ = ["LaunchError", "build_parser", "main"]
 
 ALL_MODES = (("single", "auto"), ("dp", "auto"), ("ddp", "nccl"), ("ddp", "gloo"))
-# The watchdog waits this much longer than --collective-timeout, so that a rank's own timeout
-# error (and NCCL's flight-recorder dump) comes first when a rank hangs in a collective.
-WATCHDOG_GRACE_S = 10.0
-
-
-class LaunchError(UserError):
-    """What the user asked for cannot run here; the message is one line that says what to do."""
 
 
 def _record(
@@ -90,6 +85,44 @@ def _command(cfg: TrainConfig, plan: Plan, args: argparse.Namespace, extra: list
     return [*cmd, *restarts, "-m", "workloads.train", *train_argv]
 
 
+def _claim(cfg: TrainConfig, *, given: bool) -> Path:
+    """Create and claim the run folder (exclusive); a default id that another run holds gets
+    the next free `-<k>` suffix (cfg.run_id is updated), a given one is refused."""
+    base = cfg.run_id
+    for k in range(2, 1000):
+        try:
+            return create_run_folder(cfg.runs_dir, cfg.run_id, writer="launcher")
+        except RunFolderTaken:
+            if given:
+                raise
+            cfg.run_id = f"{base}-{k}"
+    raise LaunchError(f"--runs-dir {cfg.runs_dir}: 1000 runs named {base}-*; pass --run-id")
+
+
+def _rendezvous(cfg: TrainConfig, args: argparse.Namespace, run_dir: Path) -> None:
+    """The file:// rendezvous of a DDP run: a fresh file dpscope creates in the run folder, or
+    the given --rdzv-file (checked absent before anything started); its folder is made here."""
+    if cfg.mode != "ddp" or not (args.file_rendezvous or args.rdzv_file):
+        return
+    path = run_dir / "logs" / "rendezvous" if args.file_rendezvous else Path(args.rdzv_file)
+    with disk_writes(path.parent):
+        path.parent.mkdir(parents=True, exist_ok=True)
+    cfg.init_method = path.as_uri()  # file:///... (file:///C:/... on Windows)
+
+
+def _env(plan: Plan, run_dir: Path) -> dict:
+    env = child_env(PYTHONUNBUFFERED="1")
+    if not plan.use_cuda:
+        # What train sets anyway; it also silences torchrun's OMP_NUM_THREADS note.
+        env["OMP_NUM_THREADS"] = str(plan.threads_per_rank)
+        # A CUDA build of torch on a machine without a GPU makes Kineto log a harmless
+        # "ERROR ... gpuGetDeviceCount failed" at every trace; level 5 keeps CPU logs clean.
+        env.setdefault("KINETO_LOG_LEVEL", "5")
+    if plan.mode == "ddp":  # the flight recorder, on gloo and NCCL (workloads.launch.flightrec)
+        env = {**flight_recorder_env(run_dir / "logs", nccl=plan.backend == "nccl"), **env}
+    return env
+
+
 def _execute(
     cfg: TrainConfig,
     plan: Plan,
@@ -98,33 +131,30 @@ def _execute(
     workload: WorkloadFacts,
 ) -> str:
     """Run one planned training; return its final status."""
-    run_dir = Path(cfg.runs_dir) / cfg.run_id
     is_record_node = args.node_rank == 0
-    if is_record_node and (run_dir / RUN_JSON).exists():
-        raise LaunchError(
-            f"run folder {run_dir} already holds a run; pick another --run-id or remove it"
-        )
-    (run_dir / "logs").mkdir(parents=True, exist_ok=True)
+    lease = None
     if is_record_node:
+        run_dir = _claim(cfg, given=bool(args.run_id))
         write_run_json(run_dir, _record(cfg, plan, workload, status="running"))
-    env = child_env(PYTHONUNBUFFERED="1")
-    if not plan.use_cuda:
-        # What train sets anyway; it also silences torchrun's OMP_NUM_THREADS note.
-        env["OMP_NUM_THREADS"] = str(plan.threads_per_rank)
-        # A CUDA build of torch on a machine without a GPU makes Kineto log a harmless
-        # "ERROR ... gpuGetDeviceCount failed" at every trace; level 5 keeps CPU logs clean.
-        env.setdefault("KINETO_LOG_LEVEL", "5")
-    if plan.backend == "nccl":
-        env = {**flight_recorder_env(run_dir / "logs"), **env}
+        lease = Lease(run_dir, "launcher")
+    else:
+        run_dir = Path(cfg.runs_dir) / cfg.run_id
+    with disk_writes(run_dir / "logs"):
+        (run_dir / "logs").mkdir(parents=True, exist_ok=True)
+    _rendezvous(cfg, args, run_dir)
     log_name = "launcher.log" if is_record_node else f"launcher-node{args.node_rank}.log"
     launcher_log = run_dir / "logs" / log_name
-    outcome = run_supervised(
-        _command(cfg, plan, args, extra),
-        env=env,
-        log_path=launcher_log,
-        logs=run_dir / "logs",
-        stall_s=cfg.collective_timeout + WATCHDOG_GRACE_S,
-    )
+    try:
+        outcome = run_supervised(
+            _command(cfg, plan, args, extra),
+            env=_env(plan, run_dir),
+            log_path=launcher_log,
+            logs=run_dir / "logs",
+            stall_s=cfg.collective_timeout + WATCHDOG_GRACE_S,
+        )
+    finally:
+        if lease is not None:
+            lease.stop()
     returncode = outcome.returncode
     if not is_record_node:
         print(
@@ -141,73 +171,29 @@ def _execute(
     return "interrupted" if outcome.interrupted and record["status"] != "ok" else record["status"]
 
 
-def _skip(cfg: TrainConfig, plan: Plan, workload: WorkloadFacts) -> None:
-    run_dir = Path(cfg.runs_dir) / cfg.run_id
+def _skip(cfg: TrainConfig, plan: Plan, workload: WorkloadFacts, *, given: bool) -> None:
+    run_dir = _claim(cfg, given=given)
     error = {"message": plan.reason, "rank": None, "exit_code": None, "log_tail": []}
     write_run_json(run_dir, _record(cfg, plan, workload, status="skipped", error=error))
     print(f"\nrun folder: {run_dir}  status: skipped ({plan.reason})")
 
 
-def _check_arguments(args: argparse.Namespace) -> None:
-    """Launcher-only arguments that are wrong on any machine: one line each, nothing written."""
-    if args.mode == "all" and args.run_id:
-        raise LaunchError("--run-id names one run but --mode all makes four; leave --run-id out")
-    if args.nproc is not None and args.nproc < 1:
-        raise LaunchError(f"--nproc must be >= 1; got {args.nproc} (leave it out for the default)")
-    if args.nnodes < 1 or not 0 <= args.node_rank < args.nnodes:
+def _check_batch(cfg: TrainConfig, plan: Plan, workload: WorkloadFacts) -> None:
+    """The planned global batch must fit in the training split (else no step could run)."""
+    if plan.global_batch is not None and plan.global_batch > workload.train_samples:
+        scaled = f" (--scaling weak: {cfg.batch_size} × {plan.replicas})" * (cfg.scaling == "weak")
         raise LaunchError(
-            f"--node-rank must be in [0, --nnodes); got {args.node_rank} with --nnodes {args.nnodes}"
-        )
-    if args.nnodes > 1 and not args.rdzv_endpoint:
-        raise LaunchError(
-            "--nnodes > 1 needs --rdzv-endpoint HOST:PORT (node 0's address, same on every node)"
-        )
-    if args.max_restarts < 0:
-        raise LaunchError(f"--max-restarts must be >= 0; got {args.max_restarts}")
-    if args.max_restarts and args.mode != "ddp":
-        raise LaunchError(
-            "--max-restarts restarts torchrun's workers, so it needs --mode ddp "
-            "(run single-device as --mode ddp --nproc 1 to get restarts)"
-        )
-    if args.nnodes > 1 and args.mode != "ddp":
-        raise LaunchError("--nnodes > 1 only makes sense with --mode ddp")
-    runs = Path(args.runs_dir)
-    existing = next(p for p in (runs, *runs.parents) if p.exists())
-    if not existing.is_dir():
-        raise LaunchError(
-            f"--runs-dir {runs}: {existing} is a file, not a folder; pass a folder (make: RUNS=DIR)"
+            f"--batch-size {cfg.batch_size}: the global batch of --mode {cfg.mode} is "
+            f"{plan.global_batch}{scaled}, more than the {workload.train_samples} samples of "
+            f"--dataset {cfg.dataset}'s training split; lower --batch-size"
         )
 
 
-def _absolute_paths(args: argparse.Namespace) -> None:
-    """--runs-dir, --data-dir and --rdzv-file against the folder the user ran the command in,
-    once, so that every child, record and message sees the same absolute path."""
-    args.runs_dir = str(user_path(args.runs_dir))
-    args.data_dir = str(user_path(args.data_dir))
-    if args.rdzv_file:
-        args.rdzv_file = str(user_path(args.rdzv_file))
-
-
-def run(args: argparse.Namespace, extra: list[str]) -> int:
-    """Plan, validate and execute the requested run(s); return the process exit code."""
-    _absolute_paths(args)
-    _check_arguments(args)
-    # Every TrainConfig check (profiler schedule included) before anything is created, then the
-    # workload's: each factory imported, called and its result checked (one line each, exit 2).
-    workload = check_workload(
-        config_from_namespace(args, mode="single", backend=args.backend, init_method="")
-    )
-    init_method = ""
-    if args.rdzv_file:
-        path = Path(args.rdzv_file)
-        if args.nnodes == 1:
-            path.unlink(missing_ok=True)  # a file left by an earlier run would break the rendezvous
-        path.parent.mkdir(parents=True, exist_ok=True)
-        init_method = path.as_uri()  # file:///... (file:///C:/... on Windows)
-    if extra:
-        print(f"workloads.launch: passing to workloads.train: {' '.join(extra)}", file=sys.stderr)
+def _plan_all(args: argparse.Namespace, workload: WorkloadFacts) -> list[tuple[TrainConfig, Plan]]:
+    """Every run this command makes, planned and checked before any is started or written."""
     env = Environment.detect()
-    statuses = []
+    init_method = Path(args.rdzv_file).as_uri() if args.rdzv_file else ""
+    jobs = []
     for mode, backend in ALL_MODES if args.mode == "all" else ((args.mode, args.backend),):
         # DP's GPU count is --nproc (as `make profile-all NPROC=` passes it) or --dp-gpus.
         dp_gpus = (args.nproc or args.dp_gpus) if mode == "dp" else args.dp_gpus
@@ -220,107 +206,43 @@ def run(args: argparse.Namespace, extra: list[str]) -> int:
         cfg.run_id = cfg.run_id or default_run_id(
             cfg, backend=plan.backend, world_size=plan.replicas
         )
-        if plan.reason is not None:
-            if args.mode != "all" and not args.skip_impossible:
-                raise LaunchError(plan.reason)
-            _skip(cfg, plan, workload)  # impossible here (or with this batch): recorded as skipped
+        if plan.reason is not None and args.mode != "all" and not args.skip_impossible:
+            raise LaunchError(plan.reason)
+        _check_batch(cfg, plan, workload)
+        if plan.reason is None and plan.backend != "none":
+            cfg.backend = plan.backend  # every rank uses what was planned, not "auto" again
+        if plan.reason is None and mode == "dp":  # else train would take every GPU
+            cfg.dp_gpus = plan.replicas or 0
+        jobs.append((cfg, plan))
+    return jobs
+
+
+def run(args: argparse.Namespace, extra: list[str]) -> int:
+    """Plan, validate and execute the requested run(s); return the process exit code."""
+    absolute_paths(args)
+    check_arguments(args)
+    # Every TrainConfig check (profiler schedule included) before anything is created, then the
+    # workload's: each factory imported, called and its result checked (one line each, exit 2).
+    first = config_from_namespace(args, mode="single", backend=args.backend, init_method="")
+    check_machine(first, Environment.detect())  # --threads / --num-workers, before user code
+    workload = check_workload(first)
+    jobs = _plan_all(args, workload)
+    if extra:
+        print(f"workloads.launch: passing to workloads.train: {' '.join(extra)}", file=sys.stderr)
+    statuses = []
+    for cfg, plan in jobs:
+        if plan.reason is not None:  # impossible here (or with this batch): recorded as skipped
+            _skip(cfg, plan, workload, given=bool(args.run_id))
             statuses.append("skipped")
             continue
-        if plan.backend != "none":
-            cfg.backend = plan.backend  # every rank uses what was planned, not "auto" again
-        if mode == "dp":  # the planned GPUs must reach train, which otherwise takes every GPU
-            cfg.dp_gpus = plan.replicas or 0
         statuses.append(_execute(cfg, plan, args, extra, workload))
         if statuses[-1] == "interrupted":
             break  # the user stopped the job: start no further mode
     if args.node_rank == 0:
-        runs = shlex.quote(str(args.runs_dir))
-        print(f"\nnext: dpscope report {runs} --out reports   (make report RUNS={runs})")
-        print(
-            f"      dpscope tensorboard --logdir {runs}   (traces in TensorBoard's profiler plugin)"
-        )
+        print("\n" + "\n".join(next_lines(args.runs_dir)))
     if "interrupted" in statuses:
         return 130
     return 1 if "failed" in statuses else 0
-
-
-def build_parser(prog: str = "python -m workloads.launch") -> argparse.ArgumentParser:
-    parser = OneLineParser(
-        prog=prog,
-        description="Profile the same training as single-device, DataParallel and DDP runs; one "
-        "run folder per run under --runs-dir.",
-    )
-    parser.add_argument(
-        "--mode",
-        choices=("single", "dp", "ddp", "all"),
-        default="single",
-        help="all = single, dp, ddp-nccl, ddp-gloo as this machine allows (others: skipped)",
-    )
-    parser.add_argument(
-        "--backend",
-        choices=("auto", "nccl", "gloo"),
-        default="auto",
-        help="DDP backend; auto = nccl on Linux with CUDA, gloo otherwise",
-    )
-    parser.add_argument(
-        "--nproc",
-        type=int,
-        default=None,
-        help="DDP processes per node (default: GPU count, 2 on CPU); DP: GPUs to use",
-    )
-    parser.add_argument("--nnodes", type=int, default=1, help="nodes in a multi-node DDP job")
-    parser.add_argument(
-        "--node-rank", type=int, default=0, help="this node's index in [0, --nnodes)"
-    )
-    parser.add_argument(
-        "--rdzv-endpoint", default="", help="HOST:PORT of node 0 for multi-node runs"
-    )
-    parser.add_argument(
-        "--rdzv-backend",
-        choices=("static", "c10d"),
-        default="static",
-        help="torchrun rendezvous for multi-node: static honours --node-rank",
-    )
-    parser.add_argument(
-        "--rdzv-file",
-        default="",
-        help="file:// rendezvous: a path every rank can reach; becomes init_method",
-    )
-    parser.add_argument(
-        "--skip-impossible",
-        action="store_true",
-        help="record a mode this machine can't run as status: skipped (as --mode all does) "
-        "instead of exiting with an error; what `make profile-sweep` uses",
-    )
-    parser.add_argument(
-        "--max-restarts",
-        type=int,
-        default=0,
-        help="ddp: torchrun restarts the job this many times after a rank fails; each restart "
-        "resumes from the last checkpoint.pt (see --checkpoint-every)",
-    )
-    script = parser.add_argument_group("your own training script (docs/guides/own-script.md)")
-    script.add_argument(
-        "--script",
-        default="",
-        help="profile this unedited training script instead of dpscope's own training; its "
-        "arguments go after `--` (only --mode single|ddp, no --model/--dataset)",
-    )
-    script.add_argument(
-        "--samples-per-step",
-        type=int,
-        default=None,
-        help="--script: samples per optimizer step and rank (default: the leading dimension of "
-        "the model's first input, summed over the step's forwards)",
-    )
-    script.add_argument(
-        "--workload",
-        default="",
-        help="--script: the name that pairs runs for speedup (default: the script's hash and "
-        "arguments)",
-    )
-    add_config_arguments(parser, exclude=("mode", "backend", "init_method"))
-    return parser
 
 
 def _script_main(parser: argparse.ArgumentParser, argv: list[str], prog: str) -> int:
@@ -330,8 +252,7 @@ def _script_main(parser: argparse.ArgumentParser, argv: list[str], prog: str) ->
 
     def body() -> int:
         try:
-            reject_builtin_options(ours)
-            return run_script(parser.parse_args(ours), script_args)
+            return run_script(parse_script_args(parser, ours), script_args)
         except (ScriptError, ValueError) as exc:
             raise LaunchError(str(exc)) from None
 

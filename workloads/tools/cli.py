@@ -96,6 +96,12 @@ COMMANDS: dict[str, Command] = {
             torch_free=True,
         ),
         Command(
+            name="flightrec",
+            module=ANALYSIS_MAIN,
+            help="a failed DDP run's flight-recorder dumps: the collective the ranks disagree on",
+            torch_free=True,
+        ),
+        Command(
             name="project",
             module=ANALYSIS_MAIN,
             help="project step time to more ranks from a run and a bench-comm run",

@@ -14,18 +14,21 @@ every trial's run folder and `tune.json` (rewritten atomically after each trial)
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import random
 import signal
 import subprocess
 import sys
+import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 from tqdm import tqdm
 
 from profiler.runfolder.atomic import write_json_atomic
-from profiler.runfolder.errors import InputError, run_command
+from profiler.runfolder.errors import InputError, disk_writes, run_command
 from profiler.runfolder.layout import RUN_JSON, STEPS_CSV, utc_now
 from profiler.runfolder.records import read_record
 from profiler.runfolder.steps import read_steps
@@ -38,6 +41,42 @@ from workloads.tools.tune_plan import Knob, TuneError, build_parser, prepare
 __all__ = ["Tuner", "main"]
 
 WINDOWS = os.name == "nt"
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM reached the tuner: handled as Ctrl-C is (the trial is stopped, tune.json says
+    `interrupted`)."""
+
+
+def _on_sigterm(signum, frame) -> None:
+    raise Terminated
+
+
+@contextlib.contextmanager
+def _signals_ignored() -> Iterator[None]:
+    """SIGINT and SIGTERM ignored inside the block (main thread only)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    old = {s: signal.signal(s, signal.SIG_IGN) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for s, handler in old.items():
+            signal.signal(s, handler)
+
+
+@contextlib.contextmanager
+def _sigterm_interrupts() -> Iterator[None]:
+    """SIGTERM raises Terminated inside the block (main thread only)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    old = signal.signal(signal.SIGTERM, _on_sigterm)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, old)
 
 
 def _stop_tree(proc: subprocess.Popen, sig: int) -> None:
@@ -150,8 +189,8 @@ class Tuner:
             _stop_tree(proc, signal.SIGTERM)
             output, _ = proc.communicate()
             timed_out = True
-        except KeyboardInterrupt:
-            _stop_tree(proc, signal.SIGINT)
+        except KeyboardInterrupt as exc:  # Ctrl-C, or SIGTERM (Terminated) to the tuner
+            _stop_tree(proc, signal.SIGTERM if isinstance(exc, Terminated) else signal.SIGINT)
             proc.communicate()
             raise
         duration = time.monotonic() - started
@@ -243,11 +282,13 @@ class Tuner:
             if not self.stop_reason:
                 self._greedy(singles)
             rec["status"] = "stopped_early" if self.stop_reason else "ok"
-        except KeyboardInterrupt:
-            rec["status"], self.stop_reason = "interrupted", "interrupted (Ctrl-C)"
+        except KeyboardInterrupt as exc:
+            how = "SIGTERM" if isinstance(exc, Terminated) else "Ctrl-C"
+            rec["status"], self.stop_reason = "interrupted", f"interrupted ({how})"
         finally:
             self.bar.close()
-        self._finish()
+        with _signals_ignored():  # tune.json is written whole, whatever arrives now
+            self._finish()
         return rec
 
     def _refresh_all(self) -> None:
@@ -322,12 +363,18 @@ def main(argv: list[str] | None = None, *, prog: str = "python -m workloads.tool
 def _tune(opts: argparse.Namespace, extra: list[str]) -> int:
     workload, launcher_argv, knobs, skipped = prepare(opts, extra)
     tune_dir = Path(opts.runs_dir) / opts.tune_id
-    if tune_dir.exists():
-        raise TuneError(f"{tune_dir} already exists; pick another --tune-id or remove it")
     if Path(opts.runs_dir).exists() and not Path(opts.runs_dir).is_dir():
         raise TuneError(f"RUNS ({opts.runs_dir}) is not a folder; point RUNS at a folder")
-    tune_dir.mkdir(parents=True)
-    record = Tuner(opts, workload, launcher_argv).run(knobs, skipped)
+    with disk_writes(tune_dir):
+        Path(opts.runs_dir).mkdir(parents=True, exist_ok=True)
+        try:
+            tune_dir.mkdir()  # exclusive: two tuners never share a folder
+        except FileExistsError:
+            raise TuneError(
+                f"{tune_dir} already exists; pick another --tune-id or remove it"
+            ) from None
+    with _sigterm_interrupts():
+        record = Tuner(opts, workload, launcher_argv).run(knobs, skipped)
     print_table(record, tune_dir)
     if record["status"] == "interrupted":
         return 130

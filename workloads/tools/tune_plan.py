@@ -6,11 +6,13 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import math
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING
 
 from profiler.runfolder.errors import OneLineParser, UserError
+from profiler.runfolder.layout import validate_run_id
 from workloads.config import TrainConfig, config_from_namespace
 from workloads.plan import batch_split
 from workloads.tools import tune_stats
@@ -254,14 +256,35 @@ def _workload(opts: argparse.Namespace, extra: list[str], cfg: TrainConfig, plan
     }
 
 
+def _check_numbers(opts: argparse.Namespace) -> None:
+    """The tuner's own numbers: finite, and --alpha a probability strictly inside (0, 1) (at 1
+    every candidate would be "significant")."""
+    if not (math.isfinite(opts.alpha) and 0 < opts.alpha < 1):
+        raise TuneError(
+            f"--alpha must be a significance level strictly between 0 and 1 (default "
+            f"{tune_stats.ALPHA}); got {opts.alpha}"
+        )
+    for flag, value in (
+        ("TUNE_BUDGET_S (--budget-s)", opts.budget_s),
+        ("--trial-timeout-s", opts.trial_timeout_s),
+        ("--loss-tolerance", opts.loss_tolerance),
+    ):
+        if not (math.isfinite(value) and value >= 0):
+            raise TuneError(f"{flag} must be a finite number >= 0; got {value}")
+
+
 def prepare(
     opts: argparse.Namespace, extra: list[str]
 ) -> tuple[dict, list[str], list[Knob], dict[str, str]]:
     """Validate everything before any folder exists; return (workload, launcher argv, knobs, skipped)."""
     if opts.trials < 1:
         raise TuneError(f"TRIALS (--trials) must be >= 1; got {opts.trials}")
-    if opts.budget_s < 0 or opts.trial_timeout_s < 0:
-        raise TuneError("TUNE_BUDGET_S (--budget-s) and --trial-timeout-s must be >= 0")
+    _check_numbers(opts)
+    if opts.tune_id:
+        try:
+            validate_run_id(opts.tune_id, "--tune-id")
+        except ValueError as exc:
+            raise TuneError(str(exc)) from None
     knobs = select(opts.candidates, accum=opts.accum)
     argv = _launcher_argv(opts, extra)
     cfg, plan = _plan_baseline(argv)

@@ -13,7 +13,7 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader
 
-from workloads.config import TrainConfig
+from workloads.config import EVAL_BATCH, TrainConfig
 from workloads.train.context import RunContext, wrap_model
 from workloads.train.data import GlobalBatchSampler, eval_loader, train_loader
 from workloads.train.losses import LossFn, build_loss
@@ -61,7 +61,14 @@ def build_components(cfg: TrainConfig, ctx: RunContext) -> Components:
         loader=train_loader(data.train, sampler, **loaders),
         test_loader=None
         if test is None
-        else eval_loader(test, rank=ctx.rank, world_size=ctx.world_size, batch_size=256, **loaders),
+        else eval_loader(
+            test,
+            rank=ctx.rank,
+            world_size=ctx.world_size,
+            batch_size=EVAL_BATCH,
+            max_samples=cfg.eval_batches * EVAL_BATCH,
+            **loaders,
+        ),
         model=model,
         loss_fn=build_loss(cfg.loss_spec()),
         facts=facts,

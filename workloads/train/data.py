@@ -5,9 +5,11 @@ The built-in image datasets are delivered as 3x32x32; `tokens` as (seq_len,) tok
 factory returns `(train, test)` map-style datasets of `(input, target)` pairs of any shape
 (`test` may be None: no eval); see docs/guides/own-model.md.
 
-Identical data order in every mode: each epoch has ONE global permutation seeded by
-`seed + epoch`; optimizer step s consumes positions [s*G, (s+1)*G) of it (G = global batch), and
-replica r takes the contiguous slice [r*B, (r+1)*B) of that global batch (B = G / replicas).
+Identical data order in every mode: each epoch has ONE global permutation of the training split
+seeded by `seed` and the epoch (workloads.train.permutation: computed at the positions a replica
+reads, never materialised, so memory does not grow with the dataset's claimed length); optimizer
+step s consumes positions [s*G, (s+1)*G) of it (G = global batch), and replica r takes the
+contiguous slice [r*B, (r+1)*B) of that global batch (B = G / replicas).
 Single-device and DataParallel runs are one replica of the same sampler (they take all G), so a
 DDP step sees exactly the samples the single-device step sees, only split across ranks.
 """
@@ -25,7 +27,8 @@ from torch.utils.data import DataLoader, Dataset, Sampler, Subset, TensorDataset
 
 from profiler.runfolder.errors import UserError
 from workloads.spec import BUILTIN_DATASETS, Spec, SpecError, parse_spec
-from workloads.train.factory import call_factory, load_function
+from workloads.train.factory import call_factory, exit_call, last_line, load_function
+from workloads.train.permutation import permute
 
 __all__ = [
     "DATASETS",
@@ -34,6 +37,7 @@ __all__ = [
     "GlobalBatchSampler",
     "build_datasets",
     "check_available",
+    "dataset_item",
     "eval_loader",
     "train_loader",
 ]
@@ -182,6 +186,23 @@ def _num_classes(train: Dataset) -> int | None:
     return None
 
 
+def dataset_item(spec: Spec | str, split: str, ds: Dataset, index: int) -> Any:
+    """`ds[index]`, with an exception (or a sys.exit) of the user's __getitem__ as one SpecError
+    line naming the dataset, the split and the index."""
+    text = spec.text if isinstance(spec, Spec) else spec
+    try:
+        return ds[index]
+    except SystemExit as exc:
+        raise SpecError(
+            f"--dataset {text}: {split}[{index}] called {exit_call(exc)}; __getitem__ must "
+            "return (input, target)"
+        ) from None
+    except Exception as exc:  # noqa: BLE001 - the user's dataset failing is a user error
+        raise SpecError(
+            f"--dataset {text}: {split}[{index}] raised {last_line(exc)}; fix its __getitem__"
+        ) from exc
+
+
 def _user_datasets(spec: Spec, result: Any) -> Datasets:
     """Check what a user dataset factory returned: two map-style datasets of pairs."""
     if not _is_pair(result):
@@ -200,9 +221,10 @@ def _user_datasets(spec: Spec, result: Any) -> Datasets:
             )
         if len(ds) == 0:
             raise SpecError(f"--dataset {spec.text}: its {split} split is empty")
-        if not _is_pair(ds[0]):
+        first = dataset_item(spec, split, ds, 0)
+        if not _is_pair(first):
             raise SpecError(
-                f"--dataset {spec.text}: {split}[0] is {type(ds[0]).__name__}, not an "
+                f"--dataset {spec.text}: {split}[0] is {type(first).__name__}, not an "
                 "(input, target) pair; make __getitem__ return (input, target)"
             )
     return Datasets(train=train, test=test, num_classes=_num_classes(train))
@@ -268,12 +290,13 @@ class GlobalBatchSampler(Sampler[list[int]]):
         return self.num_samples // self.global_batch
 
     def __iter__(self):
-        g = torch.Generator().manual_seed(self.seed + self.epoch)
-        perm = torch.randperm(self.num_samples, generator=g)
+        # The epoch's order is permute(·, n, "seed:epoch"), evaluated only at the positions this
+        # replica reads: memory is one batch whatever the dataset's length (workloads.train.permutation).
         lo = self.rank * self.per_replica
+        offsets = torch.arange(self.per_replica, dtype=torch.int64)
         for step in range(self.start, len(self)):
-            batch = perm[step * self.global_batch : (step + 1) * self.global_batch]
-            yield batch[lo : lo + self.per_replica].tolist()
+            positions = offsets + (step * self.global_batch + lo)
+            yield permute(positions, self.num_samples, f"{self.seed}:{self.epoch}").tolist()
 
 
 def train_loader(
@@ -297,10 +320,12 @@ def eval_loader(
     batch_size: int,
     num_workers: int,
     pin_memory: bool,
+    max_samples: int = 0,
 ) -> DataLoader:
-    """This rank's contiguous shard of the test split, without padding, so that the sums over
-    all ranks cover every test sample exactly once (same numbers as a single-device eval)."""
-    n = len(dataset)
+    """This rank's contiguous shard of the evaluated test samples (the first `max_samples` of the
+    split, 0 = all), without padding, so that the sums over all ranks cover every evaluated
+    sample exactly once (the same numbers as a single-device eval)."""
+    n = min(len(dataset), max_samples) if max_samples else len(dataset)
     lo, hi = rank * n // world_size, (rank + 1) * n // world_size
     return DataLoader(
         Subset(dataset, range(lo, hi)),

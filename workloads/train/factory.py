@@ -3,7 +3,9 @@ wrong into one SpecError line that names the spec and what to do (the launcher p
 with code 2 before any run folder exists; see workloads.train.workload).
 
 User modules import from the folder the command runs in (put first on sys.path, as `python -m`
-does) and from PYTHONPATH, in the launcher and on every rank alike.
+does) and from PYTHONPATH, in the launcher and on every rank alike. A module or function that
+calls `sys.exit` is a user error too ("your MODULE:FUNCTION called sys.exit(N)"), never a silent
+exit of the launcher.
 """
 
 from __future__ import annotations
@@ -18,7 +20,12 @@ from typing import Any
 
 from workloads.spec import Spec, SpecError
 
-__all__ = ["call_factory", "last_line", "load_function"]
+__all__ = ["call_factory", "exit_call", "last_line", "load_function"]
+
+
+def exit_call(exc: SystemExit) -> str:
+    """How the user's code exited, as they would have written it: `sys.exit(3)`, `sys.exit()`."""
+    return "sys.exit()" if exc.code is None else f"sys.exit({exc.code!r})"
 
 
 def last_line(exc: BaseException) -> str:
@@ -33,6 +40,12 @@ def load_function(flag: str, spec: Spec) -> Callable[..., Any]:
         sys.path.insert(0, cwd)
     try:
         module = importlib.import_module(spec.module)
+    except SystemExit as exc:
+        raise SpecError(
+            f"{flag} {spec.text}: your module {spec.module} called {exit_call(exc)} while being "
+            "imported; a module dpscope imports must not exit (guard it with "
+            '`if __name__ == "__main__":`)'
+        ) from None
     except Exception as exc:  # noqa: BLE001 - any error in the user's module is a user error
         raise SpecError(
             f"{flag} {spec.text}: module {spec.module} does not import ({last_line(exc)}); it "
@@ -90,5 +103,10 @@ def call_factory(
             ) from exc
     try:
         return fn(**call)
+    except SystemExit as exc:
+        raise SpecError(
+            f"{flag} {spec.text}: your {spec.text} called {exit_call(exc)}; a factory must "
+            "return its result, not exit"
+        ) from None
     except Exception as exc:  # noqa: BLE001 - the user's factory failing is a user error
         raise SpecError(f"{flag} {spec.text} raised {last_line(exc)}") from exc

@@ -123,7 +123,12 @@ def finish(
         threads_per_rank=threads,
         created_at=created,
         metrics=metrics,
-        evals={"epochs": evals, "best": best_epoch(evals), "note": eval_note},
+        evals={
+            "epochs": evals,
+            "best": best_epoch(evals),
+            "note": eval_note,
+            "split_samples": workload.test_samples,  # what --eval-batches capped (epochs: samples)
+        },
         workload=workload,
         traces=sorted(t for g in gathered for t in g["traces"]),
     )

@@ -25,7 +25,7 @@ from profiler.callbacks import (
     StepRecorder,
     StepState,
 )
-from profiler.recorder import recording
+from profiler.recording import recording
 from profiler.session import ProfileConfig
 from workloads.config import TrainConfig
 from workloads.launch import faults

@@ -46,6 +46,7 @@ from torch import nn
 from torch.utils.data import DataLoader
 
 from profiler.callbacks import Callback, StepState
+from profiler.runfolder.errors import UserError
 from workloads.config import (
     OneLineParser,
     TrainConfig,
@@ -53,7 +54,8 @@ from workloads.config import (
     config_from_namespace,
     default_run_id,
 )
-from workloads.launch import faults
+from workloads.launch import faults, flightrec
+from workloads.launch.child import die_with_parent
 from workloads.launch.heartbeat import Heartbeat
 from workloads.launch.runlog import rank_log, write_error_record
 from workloads.train.checkpoint import LoopState, checkpoint_now, resume
@@ -346,6 +348,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    if argv is None:  # a process of its own (a rank): it ends with whoever started it
+        die_with_parent()
     parser = build_parser()
     ns = parser.parse_args(argv)
     try:
@@ -359,13 +363,19 @@ def main(argv: list[str] | None = None) -> int:
     env_rank = int(os.environ.get("RANK", "0"))
     run_dir = Path(cfg.runs_dir) / cfg.run_id
     with rank_log(run_dir / "logs" / f"rank{env_rank}.log"):
+        if cfg.mode == "ddp":  # workloads.launch.flightrec: dumps on request or on a failure
+            flightrec.install(run_dir, rank=env_rank, run_id=cfg.run_id, attempt=faults.attempt())
         try:
             ctx = init_context(cfg)
             train(cfg, ctx, run_dir)
         except BaseException as exc:  # noqa: BLE001 - every failure must leave a record for the launcher
-            traceback.print_exc()
+            if isinstance(exc, UserError):  # a full disk, a bad dataset item: its one line
+                print(f"[rank{env_rank}] error: {exc}", file=sys.stderr, flush=True)
+            else:
+                traceback.print_exc()
             details = faults.error_details(exc, cfg)
             write_error_record(run_dir, rank=env_rank, exc=exc, details=details)
+            flightrec.dump_on_failure(details["message"][:300])
         else:
             teardown()
             return 0

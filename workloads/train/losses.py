@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 
 from workloads.spec import BUILTIN_LOSSES, Spec, SpecError, parse_spec
-from workloads.train.factory import last_line, load_function
+from workloads.train.factory import exit_call, last_line, load_function
 
 __all__ = [
     "best_epoch",
@@ -67,6 +67,11 @@ def check_loss(spec: Spec, loss_fn: LossFn, output: object, target: object) -> N
     """Raise SpecError unless `loss_fn(output, target)` is a scalar tensor (one sample batch)."""
     try:
         value = loss_fn(output, target)  # type: ignore[arg-type]
+    except SystemExit as exc:
+        raise SpecError(
+            f"--loss {spec.text}: your {spec.text} called {exit_call(exc)} on a sample batch; a "
+            "loss must return a scalar tensor, not exit"
+        ) from None
     except Exception as exc:  # noqa: BLE001 - the user's loss failing is a user error
         raise SpecError(
             f"--loss {spec.text} raised {last_line(exc)} on a sample batch (output "

@@ -18,7 +18,9 @@ from torch import nn
 from torch.utils.data import default_collate
 
 from workloads.config import TrainConfig
-from workloads.train.data import Datasets, build_datasets
+from workloads.spec import SpecError
+from workloads.train.data import Datasets, build_datasets, dataset_item
+from workloads.train.factory import exit_call, last_line
 from workloads.train.losses import LossFn, build_loss, check_loss
 from workloads.train.models import build_model
 
@@ -44,9 +46,18 @@ def build_data(cfg: TrainConfig) -> Datasets:
     )
 
 
-def sample_batch(data: Datasets, n: int = 2) -> tuple[Any, Any]:
-    """The first `n` training samples collated into one (input, target) batch."""
-    return default_collate([data.train[i] for i in range(min(n, len(data.train)))])
+def sample_batch(data: Datasets, n: int = 2, *, spec: str = "") -> tuple[Any, Any]:
+    """The first `n` training samples collated into one (input, target) batch; a dataset whose
+    items raise or cannot be batched together is one SpecError line naming `spec`."""
+    items = [dataset_item(spec, "train", data.train, i) for i in range(min(n, len(data.train)))]
+    try:
+        return default_collate(items)
+    except Exception as exc:  # noqa: BLE001 - items of different shapes or types
+        raise SpecError(
+            f"--dataset {spec}: train[0] and train[1] cannot be batched together "
+            f"({last_line(exc)}); make every item the same shape and type (or collate them "
+            "yourself into fixed-size tensors)"
+        ) from None
 
 
 def _sample_shape(x: Any) -> tuple[int, ...] | None:
@@ -56,7 +67,7 @@ def _sample_shape(x: Any) -> tuple[int, ...] | None:
 def build_network(cfg: TrainConfig, data: Datasets) -> nn.Module:
     """A fresh model of `cfg` for `data` (seeded with the run's seed: the same initial weights in
     every mode and on every rank)."""
-    x, _ = sample_batch(data)
+    x, _ = sample_batch(data, spec=cfg.dataset)
     torch.manual_seed(cfg.seed)
     return build_model(
         cfg.model_spec(),
@@ -84,6 +95,10 @@ class WorkloadFacts:
     input_dtype: str
     target_sample_shape: tuple[int, ...] | None
     target_dtype: str
+    train_samples: int
+    """len() of the training split (what the launcher checks the global batch against)."""
+    test_samples: int | None
+    """len() of the test split (None: no test split); run.json eval.split_samples."""
 
     def record(self, micro_batch: int | None) -> dict:
         """run.json `config.model_facts`: the parameter count (tied weights once), and the shape and
@@ -119,6 +134,8 @@ def describe(model: nn.Module, data: Datasets) -> WorkloadFacts:
         input_dtype=input_dtype,
         target_sample_shape=target_shape,
         target_dtype=target_dtype,
+        train_samples=len(data.train),
+        test_samples=None if data.test is None else len(data.test),
     )
 
 
@@ -127,13 +144,18 @@ def check_workload(cfg: TrainConfig) -> WorkloadFacts:
     data = build_data(cfg)
     model = build_network(cfg, data)
     loss_fn: LossFn = build_loss(cfg.loss_spec())
-    x, y = sample_batch(data)
+    x, y = sample_batch(data, spec=cfg.dataset)
     model.eval()
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # two samples: extra threads only spin on a busy machine
     try:
         with torch.no_grad():
             output = model(x)
+    except SystemExit as exc:  # not an error of one step: the launcher would just vanish
+        raise SpecError(
+            f"--model {cfg.model}: your model's forward called {exit_call(exc)} on a sample "
+            "batch; a forward must return its output, not exit"
+        ) from None
     except Exception:  # noqa: BLE001 - the run reports it (error.kind crash), as at any step
         pass
     else:

@@ -1,0 +1,169 @@
+"""Clock offsets on real dpscope traces (analysis/trace/clocks.py): a one-host run is unchanged,
+and a real 4-rank torchrun job whose ranks 1-3 had their clocks shifted by up to ±5 ms (the
+DPSCOPE_CLOCK_SHIFT hook, each a host of its own) is put back on one clock.
+
+The truth is known: the same traces with the shift undone are one host's, on one clock. On a
+2-core machine shared with other jobs, gloo's collectives take milliseconds on 4 starved ranks,
+so the uncertainty is that large there; the test checks that the truth is inside it and that
+every cross-rank figure moved only by the estimate's own error."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from analysis.trace.folder import analyze_trace_dir, find_trace_files, reduce_files
+from profiler.clockshift import apply_clock_shift
+from tests.conftest import TINY, launch
+
+pytestmark = pytest.mark.integration
+
+SHIFT_US = {1: -5000.0, 2: 2500.0, 3: 5000.0}
+_CLOCK_KEYS = ("clock_offset_us", "clock_offset_uncertainty_us", "clock_aligned")
+
+
+def _without_clock(result: dict) -> str:
+    out = {k: v for k, v in result.items() if k != "clock_align"}
+    out["ranks"] = [{k: v for k, v in r.items() if k not in _CLOCK_KEYS} for r in out["ranks"]]
+    out["stragglers"] = [
+        {k: v for k, v in r.items() if k not in _CLOCK_KEYS} for r in out["stragglers"]
+    ]
+    return json.dumps(out, sort_keys=True)
+
+
+def test_one_host_traces_json_is_unchanged_in_auto_mode(ddp_mlp_run):
+    traces = ddp_mlp_run / "traces"
+    auto = analyze_trace_dir(traces, progress=False)
+    off = analyze_trace_dir(traces, progress=False, clock_align="off")
+    assert [r["host"] for r in auto["ranks"]] == [auto["ranks"][0]["host"]] * 2
+    assert [(r["clock_offset_us"], r["clock_offset_uncertainty_us"]) for r in auto["ranks"]] == [
+        (0.0, 0.0)
+    ] * 2
+    assert not any(r["clock_aligned"] for r in auto["ranks"])
+    # Byte for byte, but for the clock fields themselves (null when off).
+    assert _without_clock(auto) == _without_clock(off)
+    assert {r["clock_offset_us"] for r in off["ranks"]} == {None}
+
+
+def _host(path: Path) -> str:
+    return json.loads(gzip.decompress(path.read_bytes()))["host_name"]
+
+
+@pytest.fixture(scope="module", params=[2, 4], ids=["2 ranks", "4 ranks"])
+def shifted_job(request, runs_dir: Path, tmp_path_factory) -> tuple[int, Path, Path]:
+    """(world size, a real DDP job's traces with ranks 1.. shifted by SHIFT_US, the same traces
+    with the shifts undone: one host, one clock)."""
+    world = request.param
+    run_id = f"clock-shift-{world}"
+    tiny = list(TINY)
+    tiny[tiny.index("--max-steps") + 1] = "16"
+    shifts = {r: s for r, s in SHIFT_US.items() if r < world}
+    launch(
+        [
+            "--mode",
+            "ddp",
+            "--nproc",
+            str(world),
+            "--backend",
+            "gloo",
+            "--run-id",
+            run_id,
+            "--runs-dir",
+            str(runs_dir),
+            *tiny,
+            "--model-args",
+            "hidden=8",
+            "--profile-active",
+            "12",
+        ],
+        env={"DPSCOPE_CLOCK_SHIFT": ",".join(f"{r}:{s}" for r, s in shifts.items())},
+    )
+    traces = runs_dir / run_id / "traces"
+    truth = tmp_path_factory.mktemp("unshifted")
+    host0 = _host(next(traces.glob("rank0.*")))
+    for path in sorted(traces.glob("rank*")):
+        rank = int(path.name[4 : path.name.index(".")])
+        copy = truth / path.name
+        shutil.copy(path, copy)
+        if rank in shifts:
+            assert _host(path) == f"{host0}-shift{rank}"
+            apply_clock_shift(copy, -shifts[rank], rank)
+            body = json.loads(gzip.decompress(copy.read_bytes()))
+            body["host_name"] = host0
+            copy.write_bytes(gzip.compress(json.dumps(body).encode()))
+    return world, traces, truth
+
+
+def _close_arrivals(one_clock: Path, gap_us: float) -> float:
+    """Share of matched calls whose last two arrivals (one clock) were under `gap_us` apart."""
+    good, _ = reduce_files(find_trace_files(one_clock), workers=1, progress=False)
+    origin = min(s.origin_ns for s in good)
+    close = total = 0
+    for name in good[0].instances:
+        starts = [s.instances[name]["start_us"] + (s.origin_ns - origin) / 1000 for s in good]
+        m = min(x.size for x in starts)
+        top = np.sort(np.vstack([x[:m] for x in starts]), axis=0)[-2:]
+        close += int(((top[1] - top[0]) < gap_us).sum())
+        total += m
+    return close / total
+
+
+def test_shifted_clocks_are_recovered_and_the_straggler_figures_put_back(shifted_job):
+    world, traces, truth = shifted_job
+    # force: every estimated offset is removed, however uncertain (auto's rule: below).
+    shifted = analyze_trace_dir(traces, progress=False, clock_align="force")
+    auto = analyze_trace_dir(traces, progress=False)
+    one_clock = analyze_trace_dir(truth, progress=False)
+    raw = analyze_trace_dir(traces, progress=False, clock_align="off")
+    print(
+        f"\n{world} ranks:",
+        [(r["clock_offset_us"], r["clock_offset_uncertainty_us"]) for r in shifted["ranks"]],
+    )
+    errors = {0: 0.0}
+    for row in shifted["ranks"][1:]:
+        r = row["rank"]
+        errors[r] = row["clock_offset_us"] - SHIFT_US[r]
+        assert abs(errors[r]) <= row["clock_offset_uncertainty_us"], row
+        assert row["clock_aligned"] and row["host"].endswith(f"-shift{r}")
+        off = auto["ranks"][r]
+        assert off["clock_aligned"] == (
+            abs(off["clock_offset_us"]) > off["clock_offset_uncertainty_us"]
+        )
+    worst = max(abs(e) for e in errors.values())
+    for got, want in zip(shifted["stragglers"], one_clock["stragglers"], strict=True):
+        # Each start moved by its rank's estimation error, so the skew by at most two of them.
+        bound = max(0.05 * want["start_skew_us_mean"], 20.0) + abs(errors[got["rank"]]) + worst
+        assert abs(got["start_skew_us_mean"] - want["start_skew_us_mean"]) <= bound
+        assert got["matched_calls"] == want["matched_calls"]
+    # An arrival order can flip only where the last two arrivals were closer than the error.
+    close = _close_arrivals(truth, 2 * worst)
+    for got, want in zip(shifted["stragglers"], one_clock["stragglers"], strict=True):
+        assert abs(got["straggler_score"] - want["straggler_score"]) <= close + 1e-9
+    # Unaligned, the shifts alone move the skews by milliseconds.
+    moved = max(
+        abs(o["start_skew_us_mean"] - w["start_skew_us_mean"])
+        for o, w in zip(raw["stragglers"], one_clock["stragglers"], strict=True)
+    )
+    assert moved > 1000.0
+    # The one-clock traces are one host: nothing is estimated or removed.
+    assert {r["clock_offset_us"] for r in one_clock["ranks"]} == {0.0}
+
+
+def test_a_real_pair_sharing_too_few_collectives_is_left_unaligned(ddp_mlp_run, tmp_path):
+    """The session's 2-rank run traces 2 steps (one gradient all_reduce each); rank 1 on a host
+    of its own: too few shared calls to estimate its clock, one warning, nothing removed."""
+    folder = tmp_path / "traces"
+    shutil.copytree(ddp_mlp_run / "traces", folder)
+    rank1 = next(folder.glob("rank1.*"))
+    apply_clock_shift(rank1, 3000.0, 1)
+    result = analyze_trace_dir(folder, progress=False)
+    row = result["ranks"][1]
+    assert (row["clock_offset_us"], row["clock_aligned"]) == (None, False)
+    [warning] = [w for w in result["warnings"] if "clock" in w]
+    assert warning.startswith(f"rank 1 (host {row['host']}): clock left unaligned — ")
+    assert "collective call(s) shared with the reference rank, fewer than 3" in warning
