@@ -77,7 +77,11 @@ def test_the_golden_folder_has_todays_format(name: str, fresh_golden) -> None:
     committed, fresh = GOLDEN / name, fresh_golden(name)
     stale = f"tests/data/golden/{name} no longer matches the run folders dpscope writes: {FIX}"
     want, got = read_typed(committed), read_typed(fresh)
-    assert files(committed) == files(fresh), f"{stale} (files)"
+    want_files, got_files = files(committed), files(fresh)
+    assert want_files == got_files, (
+        f"{stale} (files only in the golden folder: {sorted(want_files - got_files)}; "
+        f"only in a run made now: {sorted(got_files - want_files)})"
+    )
     assert not (diff := key_differences(want, got)), f"{stale}: " + "; ".join(diff)
     for table in ("steps.csv", "comm.csv"):
         assert header(committed / table) == header(fresh / table), f"{stale} ({table} columns)"
