@@ -23,6 +23,10 @@ EPOCHS   ?= 1
 STEPS    ?= 16
 BATCH    ?= 64
 SEEDS    ?= 0
+# profile-all as interleaved rounds (single, DDP, single, DDP, ...): a count, or `auto` = until
+# the speedup's 95% CI is within ±5% (3 to 5 rounds; REPEAT_BUDGET_S=S bounds it in seconds).
+REPEAT   ?= 1
+REPEAT_BUDGET_S ?=
 RUNS     ?= runs
 ARGS     ?=
 # --- profiler schedule (torch.profiler.schedule) -------------------------------------------
@@ -37,16 +41,17 @@ PORT       ?= 6006
 PROFILE_FLAGS = --profile-wait $(PROF_WAIT) --profile-warmup $(PROF_WARMUP) \
                 --profile-active $(PROF_ACTIVE) --profile-repeat $(PROF_REPEAT)
 NPROC_FLAG = $(if $(strip $(NPROC)),--nproc $(NPROC))
+REPEAT_FLAGS = --repeat $(REPEAT) $(if $(strip $(REPEAT_BUDGET_S)),--repeat-budget-s $(REPEAT_BUDGET_S))
 RUN_FLAGS = --model $(MODEL) --dataset $(DATASET) --epochs $(EPOCHS) --max-steps $(STEPS) \
             --batch-size $(BATCH) --runs-dir "$(RUNS)" $(PROFILE_FLAGS)
 
-.PHONY: help setup profile-single profile-dp profile-ddp profile-all profile-script report demo tensorboard \
+.PHONY: help setup profile-single profile-dp profile-ddp profile-fsdp profile-zero1 profile-all profile-script report demo tensorboard \
         bench-analysis hta-orphans-reference gpu-check test test-fast test-load golden docs lint format clean
 
 help:
-	@echo "dpscope targets: setup profile-single profile-dp profile-ddp profile-all profile-script profile-sweep"
-	@echo "                 report demo tensorboard tune-ddp bench-comm bench-projection"
-	@echo "                 bench bench-overhead bench-analysis bench-report hta-orphans-reference gpu-check"
+	@echo "dpscope targets: setup profile-single profile-dp profile-ddp profile-fsdp profile-zero1 profile-all"
+	@echo "                 profile-script profile-sweep report demo tensorboard tune-ddp bench-comm bench-projection bench-family"
+	@echo "                 bench bench-overhead bench-analysis bench-report bench-demo-load hta-orphans-reference gpu-check"
 	@echo "                 test test-fast test-load golden docs lint format clean"
 	@echo "every target and variable: docs/reference/make.md; the dpscope command: docs/reference/cli.md"
 
@@ -70,8 +75,26 @@ profile-dp: setup
 profile-ddp: setup
 	@for s in $(SEEDS); do $(DPSCOPE) profile --mode ddp $(NPROC_FLAG) --backend $(BACKEND) --seed $$s $(RUN_FLAGS) $(ARGS) || exit $$?; done
 
+# FSDP2 (fully_shard on each block, then the root): FSDP_WRAP=MODULE:CLASS[,...] names the blocks,
+# RESHARD=false keeps the gathered blocks from forward to backward (ZeRO-2-like).
+FSDP_WRAP ?=
+RESHARD   ?= true
+FSDP_FLAGS = $(if $(strip $(FSDP_WRAP)),--fsdp-wrap "$(FSDP_WRAP)") --fsdp-reshard-after-forward $(RESHARD)
+profile-fsdp: setup
+	@for s in $(SEEDS); do $(DPSCOPE) profile --mode fsdp $(NPROC_FLAG) --backend $(BACKEND) $(FSDP_FLAGS) --seed $$s $(RUN_FLAGS) $(ARGS) || exit $$?; done
+
+# ZeRO-1: DDP with ZeroRedundancyOptimizer around the same optimizer.
+profile-zero1: setup
+	@for s in $(SEEDS); do $(DPSCOPE) profile --mode ddp --zero 1 $(NPROC_FLAG) --backend $(BACKEND) --seed $$s $(RUN_FLAGS) $(ARGS) || exit $$?; done
+
+# --mode all (single, dp, ddp-nccl, ddp-gloo as the machine allows), then the sharded members
+# MODES names (zero1, fsdp) on DDP's backend and ranks: `make profile-all MODES="single dp ddp fsdp"`.
+FAMILY_zero1 = --mode ddp --zero 1
+FAMILY_fsdp  = --mode fsdp
 profile-all: setup
-	@for s in $(SEEDS); do $(DPSCOPE) profile --mode all $(NPROC_FLAG) --seed $$s $(RUN_FLAGS) $(ARGS) || exit $$?; done
+	@for s in $(SEEDS); do $(DPSCOPE) profile --mode all $(NPROC_FLAG) --seed $$s $(RUN_FLAGS) $(REPEAT_FLAGS) $(ARGS) || exit $$?; \
+	    $(foreach m,$(filter zero1 fsdp,$(MODES)),$(DPSCOPE) profile $(FAMILY_$(m)) $(NPROC_FLAG) --backend $(BACKEND) --seed $$s $(RUN_FLAGS) $(ARGS) || exit $$?;) \
+	done
 
 # Your own script, unchanged (docs/guides/own-script.md):
 #   make profile-script SCRIPT=train.py SCRIPT_ARGS="--epochs 1" MODE=ddp NPROC=2
@@ -88,15 +111,18 @@ report: setup
 	@if [ -d "$(RUNS)" ]; then set -- "$(RUNS)"; else set -- $(RUNS); fi; \
 	    $(DPSCOPE) report "$$@" --out "$(REPORT_DIR)"
 
-# `dpscope demo`: smallcnn, 24 steps, seeds 0 and 1 in every mode, a 1-rank DDP run and a short
-# comm benchmark, then the report (README: the measured time). MODEL, STEPS or SEEDS given on
-# the command line win over the demo's own defaults.
+# `dpscope demo`: smallcnn, 24 steps, every mode as interleaved rounds until the speedup is known
+# (--repeat auto; FSDP2 beside DDP), a 1-rank DDP run and a short comm benchmark, then the report
+# (README: the measured time). MODEL, STEPS, SEEDS, MODES, REPEAT or REPEAT_BUDGET_S given on the
+# command line win over the demo's own defaults.
 cmdline = $(filter command line,$(origin $(1)))
 demo: setup
 	$(DPSCOPE) demo --runs-dir "$(RUNS)" --out "$(REPORT_DIR)" $(NPROC_FLAG) --backend $(BACKEND) \
 	    --dataset $(DATASET) --epochs $(EPOCHS) --batch-size $(BATCH) $(PROFILE_FLAGS) \
 	    $(if $(call cmdline,MODEL),--model $(MODEL)) $(if $(call cmdline,STEPS),--max-steps $(STEPS)) \
-	    $(if $(call cmdline,SEEDS),--seeds "$(SEEDS)") $(ARGS)
+	    $(if $(call cmdline,SEEDS),--seeds "$(SEEDS)") $(if $(call cmdline,MODES),--modes "$(MODES)") \
+	    $(if $(call cmdline,REPEAT),--repeat $(REPEAT)) \
+	    $(if $(call cmdline,REPEAT_BUDGET_S),--repeat-budget-s $(REPEAT_BUDGET_S)) $(ARGS)
 
 tensorboard: setup
 	$(DPSCOPE) tensorboard "$(RUNS)" --port $(PORT)
@@ -135,18 +161,20 @@ FAST_WORKERS ?= 2
 test-fast: setup
 	$(PY) -m pytest -q -m "not integration" -n $(FAST_WORKERS)
 
-# The whole suite beside a busy process on every core (bench/cpuhog.py: bounded, self-stopping):
-# every test that waits polls with a generous bound, so a loaded machine is slower, never red.
-LOAD_PROCS ?=
-test-load: setup
-	$(PY) -m bench.cpuhog $(if $(strip $(LOAD_PROCS)),--procs $(LOAD_PROCS)) --seconds 7200 \
-	    -- $(PY) -m pytest
-
 # The committed golden run set (tests/data/golden/: single, 2-rank DDP, comm and failed runs made
 # by the real launcher with tiny settings) that the analysis and report tests read. Re-run it
 # after a change of the run-folder format (tests/test_golden.py says when) and commit the folder.
 golden: setup
 	$(PY) -m bench.golden
+
+# The whole suite beside a CPU hog on every core (bench/cpuhog.py, on HOG_DUTY of each second):
+# it stops when the suite ends, or after HOG_DEADLINE_S whatever happens. CI runs plain `test`.
+HOG_DUTY ?= 1
+HOG_DEADLINE_S ?= 5400
+test-load: setup
+	$(PY) -m bench.cpuhog --duty $(HOG_DUTY) --deadline-s $(HOG_DEADLINE_S) \
+	    --json $(if $(filter %.json,$(BENCH_OUT)),$(BENCH_OUT),$(or $(BENCH_OUT),reports/bench)/suite_load.json) \
+	    -- $(PY) -m pytest $(ARGS)
 
 # docs/reference/cli.md from the argparse parsers, docs/benchmarks.md from reports/bench/*.json.
 docs: setup
@@ -204,7 +232,8 @@ bench-overhead: setup
 
 # --- scaling sweep (README: Scaling sweeps) ---------------------------------------------------
 # NPROCS empty: powers of two up to the GPU count (1 2 on CPU); given empty on the command line
-# (`NPROCS=`) it is an error rather than a silent default.
+# (`NPROCS=`) it is an error rather than a silent default. MODES: some of single dp ddp zero1 fsdp
+# (profile-all and the demo take the same words).
 NPROCS   ?=
 MODES    ?= single dp ddp
 BACKENDS ?= nccl gloo
@@ -215,6 +244,18 @@ profile-sweep: setup
 	$(DPSCOPE) sweep $(if $(filter command line,$(origin NPROCS)),--nprocs "$(NPROCS)") \
 	    --modes "$(MODES)" --backends "$(BACKENDS)" --seeds "$(SEEDS)" --scaling "$(SCALING)" \
 	    $(if $(SWEEP),--sweep "$(SWEEP)") $(RUN_FLAGS) $(ARGS)
+
+# --- the data-parallel family (issue 30): FSDP2, ZeRO-1 and DDP throughput and peak memory for gpt,
+# interleaved, with the host's load average recorded; written to docs/benchmarks.md by `make docs`.
+.PHONY: bench-family
+bench-family: setup
+	$(PY) -m bench.family --out $(if $(filter %.json,$(BENCH_OUT)),$(BENCH_OUT),$(or $(BENCH_OUT),reports/bench)/family.json) $(ARGS)
+# `make demo` beside a bursty CPU hog (load about 4 on 2 cores); BEFORE=DIR also runs the dpscope
+# checked out in DIR, for a before/after pair (docs/benchmarks.md).
+BEFORE ?=
+.PHONY: bench-demo-load
+bench-demo-load: setup
+	$(PY) -m bench.demo_load $(if $(BEFORE),--before "$(BEFORE)") $(if $(BENCH_OUT),--json $(BENCH_OUT)) $(ARGS)
 
 .PHONY: bench-report
 bench-report: setup

@@ -134,9 +134,10 @@ def load_runs(*paths: PathLike, traces: bool = True, progress: bool = False) -> 
     """
     from analysis.columns import SUMMARY_COLS
     from analysis.report.tables import Table, summary_rows, unique_labels
+    from analysis.runs.runsjson import read_runs_json
 
-    data = compare_runs(*paths, traces=traces, progress=progress)
-    rows = summary_rows(data, unique_labels(data["runs"]))
+    doc = read_runs_json(compare_runs(*paths, traces=traces, progress=progress))
+    rows = summary_rows(doc, unique_labels(doc.runs))
     frame = Table(id="summary", columns=SUMMARY_COLS, rows=rows).frame()
     return frame.rename(columns=RUN_TABLE_UNITS)
 
@@ -151,7 +152,9 @@ def collectives(*paths: PathLike, progress: bool = False) -> pd.DataFrame:
     busbw, as the report's collectives table. A path may also be a folder of trace files (the
     path as given is then the `run_id`)."""
     from analysis.columns import COLLECTIVE_COLS
-    from analysis.report.tables import Table, trace_rows
+    from analysis.report.tables import Table
+    from analysis.runs.rows import trace_rows
+    from analysis.runs.runsjson import read_runs_json
 
     rows: list[dict[str, Any]] = []
     runs = [p for p in _paths(paths) if not _is_trace_dir(p)]
@@ -159,7 +162,7 @@ def collectives(*paths: PathLike, progress: bool = False) -> pd.DataFrame:
         result = analyze_traces(trace_dir, progress=progress)
         rows += [{"run_id": str(trace_dir), **c} for c in result["collectives"]]
     if runs:
-        rows += trace_rows(compare_runs(*runs, progress=progress))[0]
+        rows += trace_rows(read_runs_json(compare_runs(*runs, progress=progress)))[0]
     frame = Table(id="collectives", columns=COLLECTIVE_COLS, rows=rows).frame()
     return frame if len(frame) else pd.DataFrame(columns=[c.key for c in COLLECTIVE_COLS])
 

@@ -39,21 +39,29 @@ class Column:
     key: str
     label: str
     unit: str = ""
-    kind: str = "text"  # text | num | int | bytes | frac_pct | pm | link
+    kind: str = "text"  # text | num | int | bytes | frac_pct | pm | ci | link
     digits: int = 2
     std_key: str | None = None  # kind "pm": the row key holding the standard deviation
+    # kind "ci": the row keys holding the interval's ends (the value is its median)
+    ci_keys: tuple[str, str] | None = None
     scale: float = 1.0  # kinds "num"/"pm": shown value = stored value × scale (ratio → %)
     wrap: bool = False  # long free text (reasons, links) may wrap; ids and numbers never do
     # The row key of a text that replaces the number when present (the runs JSON decides it:
     # a profiler overhead within noise shows as "within noise (±N%)"); the raw value stays.
     text_key: str | None = None
+    # kind "num": the row key of the count the number is over, shown after it ("812.4 (12
+    # steps)") so the two need one column; `count_unit` names what is counted.
+    count_key: str | None = None
+    count_unit: str = ""
 
     def __post_init__(self) -> None:
-        kinds = {"text", "num", "int", "bytes", "frac_pct", "pm", "links"}
+        kinds = {"text", "num", "int", "bytes", "frac_pct", "pm", "ci", "links"}
         if self.kind not in kinds:
             raise ValueError(f"Column {self.key}: kind must be one of {sorted(kinds)}")
         if self.kind == "pm" and not self.std_key:
             raise ValueError(f"Column {self.key}: kind 'pm' needs std_key")
+        if self.kind == "ci" and not self.ci_keys:
+            raise ValueError(f"Column {self.key}: kind 'ci' needs ci_keys")
         if self.kind == "bytes" and self.unit not in BYTE_UNITS:
             raise ValueError(f"Column {self.key}: kind 'bytes' needs a unit in {list(BYTE_UNITS)}")
 
@@ -82,10 +90,20 @@ def fmt(value: Any, col: Column, row: dict[str, Any] | None = None) -> str:
         return f"{value * 100:.1f}"
     if col.kind == "int":
         return f"{int(value):,}"
+    if col.kind == "ci":  # median [low–high], the interval left out when it is one point
+        ends = [(row or {}).get(k) for k in col.ci_keys or ()]
+        text = f"{value * col.scale:,.{col.digits}f}"
+        if any(missing(e) for e in ends) or ends[0] == ends[1]:
+            return text
+        lo, hi = (f"{e * col.scale:,.{col.digits}f}" for e in ends)
+        return f"{text} [{lo}–{hi}]"
     if col.kind in ("num", "pm"):
         text = f"{value * col.scale:,.{col.digits}f}"
         std = (row or {}).get(col.std_key) if col.kind == "pm" else None
-        return f"{text} ± {std * col.scale:,.{col.digits}f}" if not missing(std) else text
+        if not missing(std):
+            return f"{text} ± {std * col.scale:,.{col.digits}f}"
+        count = (row or {}).get(col.count_key) if col.count_key else None
+        return f"{text} ({int(count):,} {col.count_unit})" if not missing(count) else text
     # Record strings are already clipped one by one (build._display, the CLI's _table); this bound
     # only stops a cell that joins many of them from growing without limit.
     if isinstance(value, list):
@@ -116,6 +134,31 @@ def mib(*, key: str, label: str) -> Column:
     return Column(key=key, label=label, unit="MiB", kind="bytes")
 
 
+def ci(stat: str, *, label: str, unit: str, digits: int = 2, scale: float = 1.0) -> Column:
+    """A group's median of `stat` over its rounds with the 95% bootstrap interval
+    (analysis.runs.rounds: `<stat>_median`, `<stat>_ci95_low`, `<stat>_ci95_high`)."""
+    return Column(key=f"{stat}_median", label=label, unit=f"{unit}, median [95% CI]", kind="ci",
+                  digits=digits, scale=scale, ci_keys=(f"{stat}_ci95_low", f"{stat}_ci95_high"))  # fmt: skip
+
+
+# The figures over rounds (analysis.runs.rounds), shared by the speedup and headline tables.
+ROUND_COLS = [
+    C(key="n_rounds", label="Rounds", unit="runs", kind="int"),
+    ci("speedup", label="Speedup", unit="×"),
+    ci("scaling_efficiency", label="Efficiency", unit="%", digits=1, scale=100.0),
+    C(key="throughput_basis", label="Steps used", unit="quiet | all | mixed"),
+]
+
+
+# The baseline's noise: per run in the summary's CSV, per group on the speedup table's page.
+NOISE_COL = C(
+    key="baseline_noise_pct",
+    label="Noise",
+    unit="% spread of the single runs",
+    kind="num",
+    digits=1,
+)
+
 SUMMARY_COLS = [
     C(key="run_id", label="Run"),
     C(key="status", label="Status"),
@@ -123,19 +166,24 @@ SUMMARY_COLS = [
     C(key="backend", label="Backend"),
     C(key="world_size", label="World size", unit="ranks", kind="int"),
     C(key="samples_per_s", label="Throughput", unit="samples/s", kind="num", digits=1),
+    C(
+        key="samples_per_s_quiet",
+        label="Throughput, quiet steps",
+        unit="samples/s (steps)",
+        kind="num",
+        digits=1,
+        count_key="quiet_steps",
+        count_unit="steps",
+    ),
+    C(key="quiet_steps", label="Quiet steps", unit="count", kind="int"),  # CSV only: in the above
+    C(key="throughput_basis", label="Steps used", unit="quiet | all"),
     C(key="speedup", label="Speedup vs single", unit="×", kind="num"),
     C(key="scaling_efficiency", label="Scaling efficiency", unit="%", kind="frac_pct"),
     C(key="comm_pct", label="Comm share", unit="% of step", kind="num", digits=1),
     C(key="exposed_comm_pct", label="Exposed comm", unit="% of step", kind="num", digits=1),
     mib(key="peak_memory_bytes", label="Peak memory"),
     num1(key="memory_imbalance_pct", label="Memory imbalance", unit="% more, fullest vs emptiest"),
-    C(
-        key="baseline_noise_pct",
-        label="Noise",
-        unit="% spread of the single runs",
-        kind="num",
-        digits=1,
-    ),  # fmt: skip
+    NOISE_COL,
     C(
         key="profiler_overhead_pct",
         label="Profiler overhead",
@@ -165,6 +213,7 @@ PHASE_COLS = [
 COLLECTIVE_COLS = [
     C(key="run_id", label="Run"),
     C(key="name", label="Collective"),
+    C(key="algorithm", label="Moved by"),  # the backend's own op (analysis.trace.c10d)
     C(key="calls", label="Calls", unit="count", kind="int"),
     C(key="bytes_total", label="Bytes total", unit="MB", kind="bytes"),
     C(key="bytes_avg", label="Bytes per call", unit="MB", kind="bytes"),
@@ -252,6 +301,7 @@ SPEEDUP_COLS = [
         scale=100.0,
         std_key="scaling_efficiency_std",
     ),
+    *ROUND_COLS,
     C(key="comm_pct_mean", label="Comm share", unit="% of step, mean", kind="num", digits=1),
     C(
         key="exposed_comm_pct_mean",
@@ -260,6 +310,7 @@ SPEEDUP_COLS = [
         kind="num",
         digits=1,
     ),
+    NOISE_COL,  # the group its speedup is over
 ]
 ACCURACY_COLS = [
     C(key="model", label="Model"),
@@ -395,6 +446,7 @@ HEADLINE_COLS = [
         scale=100.0,
         std_key="scaling_efficiency_std",
     ),
+    *ROUND_COLS,
     mib(key="peak_memory_bytes", label="Peak memory / device"),
     C(key="top1_pct_mean", label="Top-1", unit="%, mean ± std", kind="pm", std_key="top1_pct_std"),
 ]
@@ -407,6 +459,7 @@ EFFICIENCY_LOSS_COLS = [
     C(key="stragglers", label="Waiting for slowest rank", unit="pts", kind="num", digits=1),
     C(key="data", label="Data loading", unit="pts", kind="num", digits=1),
     C(key="ddp_overhead", label="DDP overhead", unit="pts", kind="num", digits=1),
+    C(key="host_contention", label="Host contention", unit="pts", kind="num", digits=1),
     C(key="contention", label="Compute contention", unit="pts", kind="num", digits=1),
     C(key="residual", label="Residual", unit="pts", kind="num", digits=1),
 ]

@@ -31,6 +31,7 @@ __all__ = [
     "TABLES",
     "load_table",
     "run_tables",
+    "runs_json_tables",
     "table_bytes",
     "trace_tables",
     "write_tables",
@@ -121,6 +122,13 @@ def run_tables(results: Iterable[tuple[str, dict[str, Any] | None]]) -> dict[str
         n: pa.concat_tables(ts).replace_schema_metadata({**meta, b"dpscope.table": n.encode()})
         for n, ts in parts.items()
     }
+
+
+def runs_json_tables(data: dict[str, Any]) -> dict[str, pa.Table]:
+    """The four tables over the runs of a runs JSON as `compare_runs` returns it (each run's
+    `trace` still the TracesResult that carries `calls`); a run without traces adds no rows."""
+    runs = data.get("runs") or []
+    return run_tables((r["run_id"], r.get("trace")) for r in runs if r.get("run_id"))
 
 
 def table_bytes(table: pa.Table) -> bytes:

@@ -33,16 +33,26 @@ SOURCE = TEST_DATA / "hta" / "df_index_resolver" / "df_index_resolver.json.gz"
 
 # Each job prints one JSON line {"seconds": ...}: wall time of the analysis itself. argv: the
 # trace folder, then optionally the executor (process | dask) and the worker count.
-# `cpu_s`: CPU seconds (user + system) of the job and its reaped workers during the analysis
-# (Linux/macOS; None elsewhere): less sensitive than wall time to other jobs on a busy host.
+# `cpu_s`: CPU seconds (user + system) of the job and its workers during the analysis (Linux/
+# macOS; None elsewhere): less sensitive than wall time to other jobs on a busy host. Workers
+# reaped by this process are in RUSAGE_CHILDREN; those reaped by a live child (dpscope's
+# forkserver) are in that child's children times, so each live child counts with its own.
 CPU = """
 def cpu():
     try:
         import resource
     except ImportError:
         return None
-    return sum(x.ru_utime + x.ru_stime for x in (resource.getrusage(resource.RUSAGE_SELF),
-                                                 resource.getrusage(resource.RUSAGE_CHILDREN)))
+    import psutil
+    own = sum(x.ru_utime + x.ru_stime for x in (resource.getrusage(resource.RUSAGE_SELF),
+                                                resource.getrusage(resource.RUSAGE_CHILDREN)))
+    for p in psutil.Process().children(recursive=True):
+        try:
+            t = p.cpu_times()
+        except psutil.Error:
+            continue
+        own += t.user + t.system + getattr(t, "children_user", 0) + getattr(t, "children_system", 0)
+    return own
 """
 DPSCOPE_JOB = (
     CPU

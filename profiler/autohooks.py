@@ -22,8 +22,9 @@ unedited training script gets the standard run folder (docs/guides/own-script.md
 - **Samples** = the leading dimension of the first tensor given to each forward of the model
   (positional inputs, then keyword inputs; dicts, tuples and lists searched in order), summed
   over the step's forwards; `samples_per_step` overrides it.
-- **Mode**: `ddp` when the outermost module is a DistributedDataParallel, `dp` for DataParallel,
-  else `single` (a process group of several ranks around a plain module also records `ddp`).
+- **Mode**: `fsdp` when the model was fully_shard-ed (FSDP2, any world size), `ddp` when the
+  outermost module is a DistributedDataParallel, `dp` for DataParallel, else `single` (a process
+  group of several ranks around a plain module also records `ddp`).
 - A script that starts its own `torch.profiler` keeps it: dpscope's session stops and run.json's
   `warnings` say so.
 - **`max_steps`** (`--max-steps N`): the post-hook of the N-th step raises `MaxStepsReached`

@@ -38,7 +38,7 @@ import torch
 
 from profiler.memory import MemoryTracker
 from profiler.memory_breakdown import StaticMemory
-from profiler.runfolder.hostload import HostLoadMeter
+from profiler.runfolder.hostload import HostLoadMeter, StepLoadMeter
 from profiler.runfolder.layout import STEPS_COLUMNS
 from profiler.session import ProfilerSession
 from profiler.timers import StepTimer
@@ -190,10 +190,14 @@ class StepRecorder(Callback):
 
 class StaticMemoryCount(Callback):
     """Counts the static memory breakdown (profiler.memory_breakdown) between backward and the
-    optimizer step, and after the optimizer step (before the profiler moves its schedule on)."""
+    optimizer step, and after the optimizer step (before the profiler moves its schedule on);
+    FSDP's unsharded peak is sampled from the counted step's start."""
 
     def __init__(self, static: StaticMemory) -> None:
         self.static = static
+
+    def step_start(self, state: StepState) -> None:
+        self.static.before_step(state.model, state.step)
 
     def after_backward(self, state: StepState) -> None:
         if state.model is not None:
@@ -280,19 +284,42 @@ class MemorySampler(Callback):
 
 
 class HostLoadSampler(Callback):
-    """Measures how busy the machine is (profiler.runfolder.hostload) from the start of the first measured
-    (non-warm-up) step to `run_end`, on rank 0 only (one host); `meter.result` is env.host_load,
-    None on other ranks and when every step was a warm-up step."""
+    """Measures how busy the machine is (profiler.runfolder.hostload), on rank 0 only (one host):
+    the row's `other_cpu_cores` at every `step_end` (StepLoadMeter, from `run_start`), and
+    env.host_load (`result`) from the end of the warm-up to `run_end`; other ranks' cells stay
+    empty and their `result` None, as it is when every step was a warm-up step.
+
+    The run-level meter starts after the last warm-up step's row, not inside the first measured
+    step, whose time it would otherwise add to (it lists the run's processes)."""
 
     def __init__(self, *, warmup_steps: int, enabled: bool) -> None:
         self.warmup_steps = warmup_steps
         self.meter = HostLoadMeter() if enabled else None
+        self.steps = StepLoadMeter(self.meter.root) if self.meter is not None else None
         self._started = False
+        self._epoch: int | None = None
 
-    def step_start(self, state: StepState) -> None:
-        if self.meter is not None and not self._started and state.step >= self.warmup_steps:
+    def _start_run_meter(self) -> None:
+        if self.meter is not None and not self._started:
             self.meter.start()
             self._started = True
+
+    def run_start(self, state: StepState) -> None:
+        if self.steps is not None:
+            self.steps.start()
+            self._epoch = None  # the first step starts the DataLoader's workers: list them then
+        if state.step >= self.warmup_steps:  # no warm-up left (none asked, or a resumed run)
+            self._start_run_meter()
+
+    def step_end(self, state: StepState) -> None:
+        if self.steps is not None:
+            # A new epoch (and the first step) started DataLoader workers: list the run's
+            # processes again, so that their CPU is the run's, from their start.
+            new_epoch = state.epoch != self._epoch
+            self._epoch = state.epoch
+            state.row["other_cpu_cores"] = self.steps.sample(relist=new_epoch)
+        if state.step + 1 >= self.warmup_steps:  # the next step is a measured one
+            self._start_run_meter()
 
     def run_end(self, state: StepState) -> None:
         if self.meter is not None:

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import torch
 
-__all__ = ["collect_env"]
+__all__ = ["collect_env", "device_memory_bytes"]
 
 
 def _cpu_model() -> str:
@@ -35,9 +35,25 @@ def _nccl_version() -> str | None:
     return ".".join(str(p) for p in version) if isinstance(version, tuple) else str(version)
 
 
-def collect_env(*, threads_per_rank: int | None) -> dict:
+def device_memory_bytes(device_type: str | None = None) -> int | None:
+    """Total memory of one compute device, bytes: the first GPU's (torch's total_memory) for
+    `cuda`, the host's RAM (psutil) for `cpu`; `None` (the default) asks for CUDA when torch
+    sees a GPU. run.json `env.device_memory_bytes`: the per-rank memory budget's default."""
+    if device_type is None:
+        device_type = "cuda" if torch.cuda.is_available() else "cpu"
+    if device_type == "cuda":
+        if not torch.cuda.is_available():
+            return None
+        return int(torch.cuda.get_device_properties(0).total_memory)
+    import psutil
+
+    return int(psutil.virtual_memory().total)
+
+
+def collect_env(*, threads_per_rank: int | None, device_type: str | None = None) -> dict:
     """The run.json `env` object (docs/reference/run-folder.md): software versions and the machine
-    (`threads_per_rank` None for a skipped run, which has no layout)."""
+    (`threads_per_rank` None for a skipped run, which has no layout; `device_type` the run's
+    devices, cpu | cuda, for `device_memory_bytes`)."""
     gpus = (
         [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
         if torch.cuda.is_available()
@@ -55,5 +71,6 @@ def collect_env(*, threads_per_rank: int | None) -> dict:
         "cpu_model": _cpu_model(),
         "cpu_cores": os.cpu_count(),
         "threads_per_rank": None if threads_per_rank is None else int(threads_per_rank),
+        "device_memory_bytes": device_memory_bytes(device_type),
         "hostname": socket.gethostname(),
     }

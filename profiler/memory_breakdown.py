@@ -25,6 +25,15 @@ assigned to the first category that reaches it in this order:
 `static_total_bytes` is their sum. The count is taken once, at the second optimizer step (the
 first when the run has only one): after DDP's bucket rebuild and once optimizer state exists, and
 outside the profiler's recorded steps with the default schedule.
+
+The sharded modes are counted from the real shards (profiler.memory_sharded): under FSDP2 a
+parameter, its gradient and its optimizer state are DTensors, and each is counted by its local
+shard's storage, so parameters and gradients are total ÷ world plus the padding of the last
+chunks (gradients are one padded flat reduce-scatter output per group) and there are no DDP
+buckets. `fsdp_unsharded_peak_bytes` (not part of the static total: it lives only while blocks
+are gathered) is the most bytes of gathered parameters alive at once during the counted step.
+ZeRO-1's optimizer state is its inner optimizer's, i.e. the state of this rank's share of the
+parameters only.
 """
 
 from __future__ import annotations
@@ -34,6 +43,8 @@ from collections.abc import Iterable
 
 import torch
 from torch import nn
+
+from profiler.memory_sharded import GatheredPeak, is_fsdp, local, optimizer_state
 
 __all__ = ["CATEGORIES", "StaticMemory", "storage_key"]
 
@@ -66,7 +77,8 @@ def _tensors(obj: object) -> Iterable[torch.Tensor]:
 class StaticMemory:
     """Counts one rank's static memory by category and device; see the module docstring.
 
-    Call `after_backward(model, step)` between backward and the optimizer step and
+    Call `before_step(model, step)` before the step's forward (FSDP's unsharded peak is sampled
+    during it), `after_backward(model, step)` between backward and the optimizer step and
     `after_optimizer(model, optimizer, step)` after it, every step; only the second step this
     process runs is counted (the first when `planned_steps` is 1).
     """
@@ -77,7 +89,8 @@ class StaticMemory:
         self.rank = rank
         self.devices = [str(torch.device(d)) for d in devices] or ["cpu"]
         self.count_call = 1 if planned_steps >= 2 else 0  # the 2nd step this process runs
-        self._calls = {"backward": 0, "optimizer": 0}
+        self._calls = {"start": 0, "backward": 0, "optimizer": 0}
+        self._gathered: GatheredPeak | None = None
         self.counted_at_step: int | None = None
         self._seen: set[tuple[str, int]] = set()
         self._bytes: dict[str, dict[str, int]] = {}
@@ -88,6 +101,7 @@ class StaticMemory:
         for t in tensors:
             if t is None or t.device.type == "meta":
                 continue
+            t = local(t)  # a DTensor's own shard
             key = storage_key(t)
             if key in self._seen:
                 continue
@@ -95,9 +109,19 @@ class StaticMemory:
             per_device = self._bytes.setdefault(key[0], dict.fromkeys(CATEGORIES, 0))
             per_device[category] += int(t.untyped_storage().nbytes())
 
+    def before_step(self, model: nn.Module | None, step: int) -> None:
+        """Start sampling FSDP's unsharded peak (on the counted step of an FSDP model only)."""
+        self._calls["start"] += 1
+        if self._calls["start"] - 1 != self.count_call or self._done or not is_fsdp(model):
+            return
+        self._gathered = GatheredPeak()
+        self._gathered.install(model)
+
     def after_backward(self, model: nn.Module, step: int) -> None:
         """Count parameters, gradients and buffers (on the counted step only)."""
         self._calls["backward"] += 1
+        if self._gathered is not None:
+            self._gathered.remove()  # the counted step's forward and backward are sampled
         if self._calls["backward"] - 1 != self.count_call or self._done:
             return
         self.counted_at_step = step
@@ -106,7 +130,7 @@ class StaticMemory:
         self._add("parameters_bytes", params)
         grads = [p.grad for p in params if p.grad is not None]
         self._grad_storage = {
-            id(p): (storage_key(p.grad), int(p.grad.untyped_storage().nbytes()))
+            id(p): (storage_key(local(p.grad)), int(local(p.grad).untyped_storage().nbytes()))
             for p in params
             if p.grad is not None
         }
@@ -120,7 +144,7 @@ class StaticMemory:
         self._calls["optimizer"] += 1
         if self._calls["optimizer"] - 1 != self.count_call or self._done:
             return
-        self._add("optimizer_state_bytes", _tensors(list(optimizer.state.values())))
+        self._add("optimizer_state_bytes", _tensors(list(optimizer_state(optimizer).values())))
         if isinstance(model, nn.parallel.DistributedDataParallel):
             for device, nbytes in self._ddp_extra(model).items():
                 per_device = self._bytes.setdefault(device, dict.fromkeys(CATEGORIES, 0))
@@ -175,10 +199,17 @@ class StaticMemory:
                     "device": device,
                     **counts,
                     "static_total_bytes": sum(counts.values()),
+                    "fsdp_unsharded_peak_bytes": self._unsharded_peak(device),
                     "counted_at_step": self.counted_at_step,
                 }
             )
         return out
+
+    def _unsharded_peak(self, device: str) -> int | None:
+        """FSDP's sampled unsharded peak on the rank's device; None outside FSDP (or unsampled)."""
+        if self._gathered is None or device != self.devices[0]:
+            return None
+        return self._gathered.peak_bytes
 
 
 def _unwrap(model: nn.Module) -> nn.Module:

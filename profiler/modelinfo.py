@@ -1,5 +1,6 @@
 """What run.json says about the model trained, read from the module after training: its class and
-parameter count, DDP's bucket layout, and gradient and buffer bytes (docs/reference/run-folder.md).
+parameter count, DDP's bucket layout, FSDP2's parameter groups, and gradient and buffer bytes
+(docs/reference/run-folder.md).
 
 Shared by every run-record writer (workloads.train.finish, profiler.recorder), so a script run
 and a built-in run describe their model with the same numbers.
@@ -11,7 +12,9 @@ import re
 
 from torch import nn
 
-__all__ = ["ddp_info", "model_metrics", "model_summary", "unwrap"]
+from profiler.memory_sharded import fsdp_info
+
+__all__ = ["class_name", "ddp_info", "model_metrics", "model_summary", "unwrap"]
 
 
 def unwrap(model: nn.Module) -> nn.Module:
@@ -19,6 +22,15 @@ def unwrap(model: nn.Module) -> nn.Module:
     while isinstance(model, nn.DataParallel | nn.parallel.DistributedDataParallel):
         model = model.module
     return model
+
+
+def class_name(module: nn.Module) -> str:
+    """The module's class name; a fully_shard-ed module's own class (FSDP2 makes `FSDP<Class>`, a
+    subclass of FSDPModule and of the class)."""
+    cls = type(module)
+    if cls.__name__.startswith("FSDP") and len(cls.__bases__) == 2:
+        return cls.__bases__[1].__name__
+    return cls.__name__
 
 
 def buffer_bytes_by_dtype(module: nn.Module) -> dict[str, int]:
@@ -54,6 +66,7 @@ def model_metrics(model: nn.Module, *, inner: nn.Module | None = None) -> dict:
     inner = unwrap(model) if inner is None else inner
     return {
         "ddp": ddp_info(model),
+        "fsdp": fsdp_info(inner),
         # Per-parameter gradient bytes in model.parameters() order: what DDP's reducer buckets
         # (analysis project computes a single-device run's buckets from it).
         "param_grad_bytes": [
@@ -68,6 +81,6 @@ def model_summary(model: nn.Module) -> dict:
     """run.json `config.model` (the unwrapped module's class name) and `config.param_count`."""
     inner = unwrap(model)
     return {
-        "model": type(inner).__name__,
+        "model": class_name(inner),
         "param_count": sum(p.numel() for p in inner.parameters()),
     }

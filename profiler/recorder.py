@@ -44,6 +44,7 @@ from torch.optim.optimizer import register_optimizer_step_pre_hook
 
 from profiler.callbacks import Callbacks, StepState
 from profiler.environment import collect_env
+from profiler.memory_sharded import is_fsdp, sharding_seen
 from profiler.modelinfo import model_metrics, model_summary
 from profiler.recorderrules import (
     AT_EXIT_WARNING,
@@ -57,6 +58,7 @@ from profiler.recorderrules import (
 from profiler.recording import Recording, recording
 from profiler.runfolder.layout import create_run_folder, utc_now
 from profiler.runfolder.parts import assemble, wait_for_parts, write_part
+from profiler.runfolder.schema import PROCESS_GROUP_MODES
 from profiler.session import ProfileConfig
 
 __all__ = ["OWN_PROFILER_WARNING", "Recording", "RecorderError", "RunRecorder", "recording"]
@@ -292,6 +294,8 @@ class RunRecorder:
         if self.mode:
             return self.mode
         model = self.state.model
+        if is_fsdp(model):  # fully_shard seen on the model: FSDP2, whatever the world size
+            return "fsdp"
         if isinstance(model, nn.parallel.DistributedDataParallel) or (pg and world > 1):
             return "ddp"
         return "dp" if isinstance(model, nn.DataParallel) else "single"
@@ -327,6 +331,7 @@ class RunRecorder:
             if rec
             else [],
             "warnings": self.warnings,
+            **sharding_seen(model, self.state.optimizer),
             "wall_time_s": time.perf_counter() - self._start,
             "env": collect_env(threads_per_rank=torch.get_num_threads())
             | {"host_load": rec.host.result if rec else None},
@@ -350,7 +355,7 @@ class RunRecorder:
         part = self.part()
         write_part(self.run_dir, part)
         if self.assemble and part["rank"] == 0:
-            n = part["world_size"] if part["mode"] == "ddp" else 1
+            n = part["world_size"] if part["mode"] in PROCESS_GROUP_MODES else 1
             assemble(
                 self.run_dir,
                 wait_for_parts(self.run_dir, n, timeout_s=PARTS_TIMEOUT_S),

@@ -11,6 +11,7 @@ import pytest
 from analysis.runs.compare import compare_runs
 from analysis.runs.fields import memory_peaks
 from analysis.trace.folder import analyze_trace_dir
+from profiler.runfolder.lease import OWNER_JSON, claim, owner_record
 from tests.conftest import read_run
 
 
@@ -91,6 +92,9 @@ def test_failed_running_and_corrupt_runs_are_listed(tmp_path, ddp_mlp_run, singl
             else None,
         )
         (tmp_path / run_id / "run.json").write_text(json.dumps(rec))
+    # the copied owner.json names the fixture's launcher, long gone: this process is the live one
+    (tmp_path / "ddp-running" / OWNER_JSON).unlink(missing_ok=True)
+    claim(tmp_path / "ddp-running", owner_record("launcher"))
     (tmp_path / "corrupt").mkdir()
     (tmp_path / "corrupt" / "run.json").write_text('{"run_id": "cor')
     result = compare_runs([tmp_path], progress=False, traces=False)

@@ -126,6 +126,33 @@ def test_the_notebook_example_runs_as_a_script_without_torch(single_mlp_run, tmp
     assert (tmp_path / "report" / "index.html").is_file()
 
 
+@pytest.mark.integration
+def test_an_unguarded_script_runs_once_beside_the_trace_pool(tmp_path) -> None:
+    """Written the way users write it: no `if __name__ == "__main__":`, a thread of its own, a
+    side effect at the top. The pool's workers (forkserver) must not re-run it."""
+    from bench.analysis import build_trace_set
+    from tests.conftest import DATA
+
+    traces = tmp_path / "traces"
+    traces.mkdir()
+    build_trace_set(traces, 3, DATA / "hta" / "trace_filter" / "sampled_rank-0.json.gz")
+    script = tmp_path / "analyse.py"
+    script.write_text(
+        "import threading, time\n"
+        "import analysis as dp\n"
+        "with open('ran.txt', 'a') as f:\n"
+        "    f.write('ran\\n')\n"
+        "threading.Thread(target=time.sleep, args=(30,), daemon=True).start()\n"
+        f"t = dp.analyze_traces({str(traces)!r}, workers=2)\n"
+        "print('ranks', [r['rank'] for r in t['ranks']], 'skipped', len(t['skipped']))\n"
+    )
+    proc = subprocess.run([sys.executable, str(script)], cwd=tmp_path, capture_output=True,
+                          text=True, timeout=300, env=no_torch_env(tmp_path))  # fmt: skip
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "ranks [0, 1, 2] skipped 0" in proc.stdout
+    assert (tmp_path / "ran.txt").read_text() == "ran\n"  # once: no worker re-ran the script
+
+
 def test_signatures_take_paths_variadically() -> None:
     for name in ("load_runs", "collectives", "compare_runs", "build_report"):
         params = inspect.signature(getattr(dp, name)).parameters

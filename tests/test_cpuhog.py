@@ -1,6 +1,6 @@
-"""bench/cpuhog.py, the load generator of `make test-load`: its hogs really burn CPU, the command's
-exit code passes through, and no hog outlives its bound: the command's end, its deadline, or a
-killed parent. Every wait is polled with a generous bound."""
+"""bench/cpuhog.py: a bounded, self-stopping load generator. It bursts on one clock (busy in
+each period's first `duty` share, idle in the rest), stops at its deadline, and its workers stop
+by themselves when the hog is killed; bad arguments are one line."""
 
 from __future__ import annotations
 
@@ -12,101 +12,129 @@ import time
 import psutil
 import pytest
 
+from bench.cpuhog import TICK_S, running_hog, start_hog
 from tests.conftest import REPO
 
-# The command run beside the hogs: it finds them (its parent's other children), waits until each
-# has used CPU, prints their pids and exits with 3.
-WATCH = """
-import json, os, sys, time
-import psutil
-runner = psutil.Process(os.getppid())
-deadline = time.monotonic() + 120
-while time.monotonic() < deadline:
-    hogs = [p for p in runner.children() if "--hog" in p.cmdline()]
-    if len(hogs) == 2 and all(sum(p.cpu_times()[:2]) > 0.05 for p in hogs):
+pytestmark = pytest.mark.integration
+
+
+def _workers(hog: subprocess.Popen, n: int) -> list[psutil.Process]:
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        kids = psutil.Process(hog.pid).children()
+        if len(kids) == n:
+            return kids
+        time.sleep(0.05)
+    raise AssertionError(f"the hog started {len(kids)} of {n} workers")
+
+
+def _running(p: psutil.Process) -> bool:
+    """Alive and not a zombie (an orphan's exit may wait for a reaper that never comes)."""
+    try:
+        return p.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def _cpu(procs: list[psutil.Process]) -> float:
+    return sum(sum(p.cpu_times()[:2]) for p in procs)
+
+
+def _until_phase(period: float, phase: float) -> None:
+    time.sleep((phase - time.time() % period) % period)
+
+
+def test_bursts_are_on_one_clock():
+    """Period 1 s, duty 0.5: the workers use CPU in each second's first half and none (beyond
+    a scheduling delay) in the middle of its second half."""
+    with running_hog(2, duty=0.5, period_s=1.0, deadline_s=60) as hog:
+        workers = _workers(hog, 2)
+        on = off = 0.0
+        for _ in range(3):
+            _until_phase(1.0, 0.1)
+            c0 = _cpu(workers)
+            _until_phase(1.0, 0.4)
+            on += _cpu(workers) - c0
+            _until_phase(1.0, 0.65)
+            c0 = _cpu(workers)
+            _until_phase(1.0, 0.9)
+            off += _cpu(workers) - c0
+    assert on > 0.05, f"the workers got almost no CPU while on ({on:.2f} s): nothing to compare"
+    assert off <= 0.05 + 3 * TICK_S and off < on / 4, (on, off)
+
+
+def test_the_hog_stops_at_its_deadline_and_its_workers_when_it_is_killed():
+    hog = start_hog(1, duty=1.0, period_s=1.0, deadline_s=1.0)
+    assert hog.wait(timeout=60) == 0
+    hog = start_hog(2, duty=1.0, period_s=1.0, deadline_s=600)
+    workers = _workers(hog, 2)
+    hog.kill()  # no chance to stop them itself
+    hog.wait()
+    deadline = time.monotonic() + 30
+    while any(_running(w) for w in workers) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not any(_running(w) for w in workers), "workers outlived their hog"
+
+
+def test_bad_arguments_are_one_line():
+    proc = subprocess.run([sys.executable, "-m", "bench.cpuhog", "--duty", "2"], cwd=REPO,
+                          capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert proc.returncode == 2 and proc.stdout == ""
+    assert proc.stderr.strip().splitlines()[-1].endswith("--duty must be in (0, 1]; got 2.0")
+
+
+WATCH = """import sys, time, psutil
+me = psutil.Process()
+end = time.monotonic() + 60
+while time.monotonic() < end:
+    workers = [p for p in me.parent().children(recursive=True) if "--worker" in p.cmdline()]
+    if workers:
         break
     time.sleep(0.05)
-print(json.dumps([p.pid for p in hogs]))
+print(" ".join(str(p.pid) for p in workers))
 sys.exit(3)
 """
 
 
-def _hog(*args: str, **kw) -> subprocess.Popen:
-    return subprocess.Popen(
-        [sys.executable, "-m", "bench.cpuhog", *args],
-        cwd=REPO,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        **kw,
-    )
+def test_a_command_beside_the_hog_gets_its_load_and_gives_its_exit_status(tmp_path):
+    """`python -m bench.cpuhog ... -- COMMAND` (make test-load): the command runs while a worker
+    spins, the exit status is the command's, the record says so, and no worker outlives it."""
+    out = tmp_path / "suite_load.json"
+    proc = subprocess.run([sys.executable, "-m", "bench.cpuhog", "--cores", "1", "--deadline-s",
+                           "120", "--json", str(out), "--", sys.executable, "-c", WATCH],
+                          cwd=REPO, capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert proc.returncode == 3, proc.stderr
+    first, wrote = proc.stdout.splitlines()
+    pids = [int(p) for p in first.split()]
+    assert wrote == f"wrote {out}"
+    assert len(pids) == 1, f"the command saw {len(pids)} hog workers beside it: {proc.stdout}"
+    record = json.loads(out.read_text(encoding="utf-8"))
+    assert record["exit_code"] == 3 and record["wall_s"] > 0
+    assert record["hog"] == {"cores": 1, "duty": 1.0, "period_s": 1.0, "deadline_s": 120.0}
+    assert record["load_avg_1m_max"] >= record["load_avg_1m_start"] >= 0
+    assert record["recorded"]["machine"]["cores"] == psutil.cpu_count()
+    deadline = time.monotonic() + 30
+    while _running_pid(pids[0]) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not _running_pid(pids[0]), "a hog worker outlived the command"
 
 
-def _gone(pids: list[int], timeout: float = 30) -> bool:
-    procs = []
-    for pid in pids:
-        try:
-            procs.append(psutil.Process(pid))
-        except psutil.NoSuchProcess:
-            continue
-    _, alive = psutil.wait_procs(procs, timeout=timeout)
-    return not alive
-
-
-@pytest.mark.integration
-def test_hogs_burn_cpu_beside_the_command_and_stop_with_it() -> None:
-    runner = _hog("--procs", "2", "--seconds", "300", "--", sys.executable, "-c", WATCH)
-    out, err = runner.communicate(timeout=300)
-    assert runner.returncode == 3, err  # the command's own exit code
-    hogs = json.loads(out)
-    assert len(hogs) == 2, (out, err)
-    assert _gone(hogs)
-    assert "cpuhog: 2 busy processes" in err
-
-
-@pytest.mark.integration
-def test_a_killed_parent_leaves_no_hog() -> None:
-    runner = _hog("--procs", "2", "--seconds", "300", "--", sys.executable, "-c", "input()")
-    children: list[psutil.Process] = []
+def _running_pid(pid: int) -> bool:
     try:
-        parent, deadline = psutil.Process(runner.pid), time.monotonic() + 120
-        while time.monotonic() < deadline:
-            children = parent.children()
-            hogs = [p for p in children if "--hog" in p.cmdline()]
-            if len(hogs) == 2:
-                break
-            time.sleep(0.05)
-        assert len(hogs) == 2
-        runner.kill()
-        runner.wait(timeout=30)
-        assert _gone([p.pid for p in hogs])
-    finally:
-        for child in children:  # the command itself (its stdin closes with the runner)
-            if child.is_running():
-                child.kill()
+        return _running(psutil.Process(pid))
+    except psutil.NoSuchProcess:
+        return False
 
 
-@pytest.mark.integration
-def test_hogs_stop_at_their_deadline_without_a_command() -> None:
-    start = time.monotonic()
-    runner = _hog("--procs", "1", "--seconds", "1")
-    runner.communicate(timeout=120)
-    assert runner.returncode == 0 and time.monotonic() - start >= 1
-
-
-@pytest.mark.parametrize(
-    ("args", "match"),
-    [
-        (["--duty", "2"], "--duty must be in (0, 1]"),
-        (["--procs", "0"], "--procs must be >= 1"),
-        (["--seconds", "0"], "--seconds must be > 0"),
-    ],
-)
-def test_bad_options_are_one_line(args: list[str], match: str, capsys) -> None:
-    from bench.cpuhog import main
-
-    with pytest.raises(SystemExit) as exit_:
-        main([*args, "--", "true"])
-    assert exit_.value.code == 2
-    err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and match in err[0], err
+def test_a_command_that_cannot_start_or_a_missing_one_is_one_line(tmp_path):
+    base = [sys.executable, "-m", "bench.cpuhog", "--cores", "1", "--deadline-s", "60"]
+    for args, end in (
+        (["--"], "-- must be followed by a command to run beside the hog"),
+        (["--json", str(tmp_path / "x.json")], "--json needs a command after --"),
+        (["--", str(tmp_path / "no-such-program")], "No such file or directory"),
+    ):
+        proc = subprocess.run([*base, *args], cwd=REPO, capture_output=True, text=True,
+                              timeout=60)  # fmt: skip
+        assert proc.returncode == 2 and proc.stdout == "", (args, proc.stdout)
+        assert end in proc.stderr.strip().splitlines()[-1], (args, proc.stderr)
+    assert not (tmp_path / "x.json").exists()

@@ -124,8 +124,9 @@ def test_dask_not_installed_names_the_pip_command(monkeypatch, capsys):
 
 @pytest.mark.integration
 def test_a_process_worker_that_dies_costs_only_its_file(tmp_path, monkeypatch):
-    """The process pool (fork): the file in flight when a worker died is retried alone; the one
-    that kills its worker again is named, the others analysed."""
+    """The process pool: the file in flight when a worker died is retried alone; the one that
+    kills its worker again is named, the others analysed. Forked workers here, so that they carry
+    this test's patch (the default, forkserver, starts them clean)."""
     import analysis.trace.executors as ex
 
     build_trace_set(tmp_path, 4, SOURCE)
@@ -138,7 +139,8 @@ def test_a_process_worker_that_dies_costs_only_its_file(tmp_path, monkeypatch):
         return real(path, cache=cache)
 
     monkeypatch.setattr(ex, "summarize_cached", dying)
-    result = analyze_trace_dir(tmp_path, workers=2, progress=False)
+    ex = Executor(workers=2, start_method="fork")
+    result = analyze_trace_dir(tmp_path, workers=2, progress=False, executor=ex)
     assert [r["rank"] for r in result["ranks"]] == [0, 2, 3]
     (lost,) = result["skipped"]
     assert lost["file"] == str(victim) and lost["worker_died"] and result["partial"]

@@ -12,6 +12,7 @@ import pytest
 from analysis.runs.compare import WORKLOAD_KEY, compare_runs
 from analysis.runs.efficiency import PARTS, attach_efficiency_loss, efficiency_loss_pts
 from analysis.runs.entry import RunEntry
+from analysis.runs.groups import GroupEntry
 
 WORKLOAD = {"model": "m", "dataset": "d", "scaling": "strong", "fixed_batch": 64, "amp": "none",
             "device_type": "cpu", "os": "Linux"}  # fmt: skip
@@ -82,8 +83,41 @@ def test_hand_built_split_recovers_every_known_part():
     # Each part's seconds ÷ the 0.625 s step, in points.
     want = {"exposed_comm": 6.0, "stragglers": 2.0, "data": 2.0, "ddp_overhead": 4.0,
             "contention": 4.0, "residual": 2.0}  # fmt: skip
+    assert parts.pop("host_contention") is None  # no per-step load: nothing to tell apart
     assert parts == pytest.approx(want, abs=1e-9)
     assert sum(parts.values()) == pytest.approx(100 * (1 - 0.8), abs=1e-12)
+
+
+def test_slowdown_measured_in_busy_steps_is_host_contention_not_ddps():
+    """The hand-built DDP run's 25 ms of contention, measured as steps that other processes
+    slowed (host_contention_frac = 25 ms of its 625 ms step); the single run's busy steps took
+    10% of its step, which flatters the efficiency by E × 10 points."""
+    single, ddp1, ddp2 = hand_built()
+    single.host_contention_frac, ddp1.host_contention_frac = 0.0, 0.0
+    ddp2.host_contention_frac = 0.025 / 0.625
+    parts = efficiency_loss_pts(ddp2, single, ddp1)
+    assert parts["host_contention"] == pytest.approx(4.0)
+    assert parts["contention"] == pytest.approx(0.0, abs=1e-9)  # DDP's own slowdown: none left
+    assert sum(parts.values()) == pytest.approx(20.0, abs=1e-12)
+    single.host_contention_frac = 0.1
+    parts = efficiency_loss_pts(ddp2, single, ddp1)
+    assert parts["host_contention"] == pytest.approx(4.0 - 0.8 * 10.0)
+    assert parts["contention"] == pytest.approx(8.0)  # compute less the parts carved out
+    assert sum(parts.values()) == pytest.approx(20.0, abs=1e-12)
+
+
+def test_a_group_whose_runs_lack_host_load_folds_it_into_contention():
+    single, ddp1, ddp2 = hand_built()
+    other = msgspec.structs.replace(ddp2, run_id="ddp2b", seed=1)
+    single.host_contention_frac, ddp2.host_contention_frac = 0.0, 0.04  # `other`: no load
+    runs = [single, ddp1, ddp2, other]
+    groups = [GroupEntry(mode="ddp", world_size=2, run_ids=["ddp2", "ddp2b"],
+                         scaling_efficiency_mean=0.8)]  # fmt: skip
+    attach_efficiency_loss(runs, groups, _key)
+    g = groups[0].efficiency_loss_pts
+    assert g["host_contention"] is None
+    assert g["contention"] == pytest.approx(4.0)  # 0 + 4 (folded back) and 4: their mean
+    assert sum(v or 0.0 for v in g.values()) == pytest.approx(20.0)
 
 
 def test_without_a_one_rank_ddp_run_its_cost_stays_in_contention():
@@ -99,14 +133,16 @@ def test_group_split_is_the_mean_and_sums_to_the_group_loss():
     other = msgspec.structs.replace(ddp2, run_id="ddp2b", seed=1, samples_per_s=64 / 0.7,
                                     scaling_efficiency=64 / 0.7 / 64 / 2)  # fmt: skip
     runs = [single, ddp1, ddp2, other]
-    groups = [{"mode": "ddp", "world_size": 2, "run_ids": ["ddp2", "ddp2b"],
-               "scaling_efficiency_mean": (ddp2.scaling_efficiency + other.scaling_efficiency) / 2},
-              {"mode": "single", "world_size": 1, "run_ids": ["single"],
-               "scaling_efficiency_mean": 1.0}]  # fmt: skip
+    groups = [GroupEntry(mode="ddp", world_size=2, run_ids=["ddp2", "ddp2b"],
+                         scaling_efficiency_mean=(ddp2.scaling_efficiency
+                                                  + other.scaling_efficiency) / 2),
+              GroupEntry(mode="single", world_size=1, run_ids=["single"],
+                         scaling_efficiency_mean=1.0)]  # fmt: skip
     attach_efficiency_loss(runs, groups, _key)
-    g = groups[0]["efficiency_loss_pts"]
-    assert set(g) == set(PARTS) and groups[1]["efficiency_loss_pts"] is None
-    assert sum(g.values()) == pytest.approx(100 * (1 - groups[0]["scaling_efficiency_mean"]))
+    g = groups[0].efficiency_loss_pts
+    assert set(g) == set(PARTS) and groups[1].efficiency_loss_pts is None
+    loss = 100 * (1 - groups[0].scaling_efficiency_mean)
+    assert sum(v or 0.0 for v in g.values()) == pytest.approx(loss)
     a, b = ddp2.efficiency_loss_pts, other.efficiency_loss_pts
     assert g["exposed_comm"] == pytest.approx((a["exposed_comm"] + b["exposed_comm"]) / 2)
     assert ddp1.efficiency_loss_pts is None  # one rank: nothing to split

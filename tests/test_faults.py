@@ -261,7 +261,7 @@ def test_sigterm_to_the_launcher_stops_every_process(runs_dir):
     finally:
         if proc.poll() is None:
             proc.kill()
-    _, alive = psutil.wait_procs(tree, timeout=10)
+    _, alive = psutil.wait_procs(tree, timeout=60)  # returns as soon as they are gone
 
     def running(p: psutil.Process) -> bool:  # an unreaped zombie is not running
         try:
@@ -319,11 +319,11 @@ def test_a_half_written_trace_is_skipped_with_one_line(ddp_mlp_run, tmp_path):
 
 def test_the_report_lists_failed_runs_with_kind_and_one_line(runs_dir, failed_runs):
     from analysis.report.findings import findings
-    from analysis.report.tables import run_reason
     from analysis.runs.compare import compare_runs
+    from analysis.runs.notes import run_reason
 
     data = compare_runs([runs_dir / rid for rid in FAILING], progress=False, traces=False)
-    reasons = {r["run_id"]: run_reason(r) for r in data["runs"]}
+    reasons = {r["run_id"]: run_reason(r["error"]) for r in data["runs"]}
     assert reasons["fault-killed"].startswith("killed: rank 1 was killed by SIGKILL")
     assert reasons["fault-nan"].startswith("diverged: rank ")
     assert reasons["fault-hang-single"].startswith("hang: rank 0 stopped progressing at step 2")

@@ -21,7 +21,7 @@ from analysis.report.findings import findings
 from analysis.report.scaling import group_labels, scaling_frame
 from analysis.runs.compare import compare_runs
 from analysis.runs.entry import load_run
-from analysis.trace.collectives import combine_collectives
+from analysis.trace.crossrank import combine_collectives
 from analysis.trace.folder import analyze_trace_dir
 from profiler.runfolder.stepmetrics import step_metrics
 from profiler.session import ProfileConfig

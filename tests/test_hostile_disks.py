@@ -110,7 +110,7 @@ def test_a_folder_the_user_may_not_write_is_one_line(tmp_path):
     child = ctx.Process(target=_as_nobody, args=(str(locked / "runs"), queue))
     child.start()
     child.join(timeout=60)
-    code, _, text = queue.get(timeout=5).partition("|")
+    code, _, text = queue.get(timeout=60).partition("|")
     assert int(code) == errno.EACCES, text
     assert f"{locked / 'runs'}: permission denied (EACCES)" in text
     assert not list(locked.iterdir())

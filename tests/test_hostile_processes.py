@@ -62,7 +62,7 @@ def test_the_launcher_ends_what_the_job_left_running(tmp_path):
     pid = int((tmp_path / "leftover.pid").read_text())
     assert f"left 1 process(es) running after it exited: pid {pid} (" in proc.stderr
     assert "time.sleep(600)" in proc.stderr
-    assert _poll(lambda: not psutil.pid_exists(pid), timeout=10)
+    assert _poll(lambda: not psutil.pid_exists(pid), timeout=60)
     run = read_run(tmp_path / "runs" / "left")
     assert run["status"] == "ok"
     assert any(f"pid {pid}" in w for w in run["warnings"])
@@ -130,6 +130,7 @@ def test_tune_stopped_by_sigterm_says_interrupted(tmp_path):
     try:
         # A trial is under way once its run folder has a heartbeat.
         assert _poll(lambda: list(tmp_path.glob("t/*/logs/rank*.heartbeat.json")), timeout=180)
+        job = psutil.Process(tuner.pid).children(recursive=True)  # the trial's launcher and ranks
         tuner.send_signal(signal.SIGTERM)
         output = tuner.communicate(timeout=120)[0].decode()
     finally:
@@ -139,7 +140,8 @@ def test_tune_stopped_by_sigterm_says_interrupted(tmp_path):
     assert record["status"] == "interrupted", output
     assert record["stop_reason"] == "interrupted (SIGTERM)" and record["finished_at"]
     assert tuner.returncode == 130
-    assert not [p for p in psutil.Process().children(recursive=True) if p.is_running()]
+    # every process of the tune job is gone (other tests' unreaped children are not its own)
+    assert not psutil.wait_procs(job, timeout=30)[1]
 
 
 ATEXIT = textwrap.dedent(

@@ -27,6 +27,16 @@ from tests.hostile_common import (
 )
 
 
+def _to_the_last_bits(tree):
+    """`tree` with each float to be matched within 1e-12 of itself: dropping events moves the
+    chunks a trace is summed in, and a float sum in another order differs in its last bits."""
+    if isinstance(tree, dict):
+        return {k: _to_the_last_bits(v) for k, v in tree.items()}
+    if isinstance(tree, list):
+        return [_to_the_last_bits(v) for v in tree]
+    return pytest.approx(tree, rel=1e-12) if isinstance(tree, float) else tree
+
+
 @pytest.mark.parametrize("case", list(EVENT_CASES))
 @pytest.mark.integration
 def test_impossible_events_are_dropped_and_counted(case, tmp_path, ddp_traces, clean_ranks):
@@ -62,7 +72,7 @@ def test_events_of_the_wrong_type_are_dropped_and_the_rest_analysed(
     assert ranks[1]["dropped_events"] == 4 and ranks[0]["dropped_events"] == 0
     ignore = {"file", "dropped_events", "warnings"}
     got = {k: v for k, v in ranks[1].items() if k not in ignore}
-    assert got == {k: v for k, v in clean_ranks[1].items() if k not in ignore}
+    assert got == _to_the_last_bits({k: v for k, v in clean_ranks[1].items() if k not in ignore})
     (line,) = [w for w in result["warnings"] if "impossible times" in w]
     assert bad.name in line and "dropped 4 event(s)" in line and "wrong JSON type" in line
     assert clean_ranks[1]["warnings"] == [] and ranks[1]["warnings"] == [line]

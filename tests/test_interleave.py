@@ -40,3 +40,18 @@ def test_make_profile_all_with_several_seeds_runs_the_modes_in_turn(tmp_path):
     seedless = [c[: c.index("--seed")] + c[c.index("--seed") + 2 :] for c in calls]
     assert seedless[0] == seedless[1]  # the rest of each seed's command line is alike
     assert seedless[0][-3:] == ["--no-profile", "--threads", "1"] and "--nproc" in seedless[0]
+
+
+@pytest.mark.integration  # make -n: prints the commands, runs none
+def test_make_profile_all_passes_repeat_and_its_budget():
+    args = [
+        "make",
+        "-n",
+        "--no-print-directory",
+        "profile-all",
+        "REPEAT=auto",
+        "REPEAT_BUDGET_S=90",
+    ]
+    out = run_in_repo(args, timeout=60).stdout
+    assert "--mode all" in out and "--repeat auto --repeat-budget-s 90" in out
+    assert "--repeat 1 " in run_in_repo(["make", "-n", "profile-all"], timeout=60).stdout

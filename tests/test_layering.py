@@ -9,12 +9,16 @@ still a cycle); imports under `if TYPE_CHECKING:` don't, since they never run. R
 - profiler/runfolder/ (the run-folder contract) imports nothing first-party outside itself and
   never torch: it is the ground floor both halves stand on;
 - analysis/ imports profiler/ only through profiler/runfolder/ (never the torch instruments);
-- workloads/ imports analysis/ only from workloads/tools/ (tools read finished run folders).
+- workloads/ imports analysis/ only from workloads/tools/ (tools read finished run folders);
+- analysis/report/ only renders: it reads the typed entries of analysis/runs/ (and
+  analysis/project/view.py) as attributes, so it makes fewer than 40 `.get(` calls (the
+  dict-hub report it replaced made 349).
 """
 
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import pytest
@@ -23,6 +27,7 @@ from tests.source_trees import parse_file
 
 REPO = Path(__file__).resolve().parents[1]
 FIRST_PARTY = ("analysis", "bench", "profiler", "workloads")
+REPORT_GETS_MAX = 40  # `.get(` calls in analysis/report/*.py (keys of render-only mappings)
 
 
 def _module_name(path: Path, root: Path) -> str:
@@ -178,6 +183,14 @@ def contract_violations(root: Path) -> list[str]:
 def test_the_contract_is_the_ground_floor_and_analysis_reads_only_it():
     bad = contract_violations(REPO)
     assert not bad, bad
+
+
+def test_the_report_reads_typed_entries_not_keys():
+    """Counted as `grep -o "\\.get(" analysis/report/*.py | wc -l` counts them (comments and
+    strings too, so a `.get(` cannot hide in one)."""
+    sources = sorted((REPO / "analysis" / "report").glob("*.py"))
+    counts = {p.name: n for p in sources if (n := len(re.findall(r"\.get\(", p.read_text())))}
+    assert sum(counts.values()) < REPORT_GETS_MAX, counts
 
 
 def test_workloads_import_analysis_only_from_tools():

@@ -285,6 +285,7 @@ def test_no_test_split_means_no_eval_and_the_report_says_so(project, launched, t
         "epochs": [],
         "best": None,
         "note": "--dataset userpkg.nets:blobs_no_test has no test split",
+        "split_samples": None,  # no test split to size
     }
     files = build_report([runs], tmp_path / "report", progress=False)
     assert (

@@ -15,6 +15,7 @@ from analysis.project.comm import COMM_COLUMNS, collective_time_us, idle_table, 
 from analysis.project.projection import project
 from analysis.project.step import bucket_timeline
 from analysis.project.traced import bucket_calls, exposed_share
+from analysis.project.view import Prediction
 from analysis.report.projection import speedup_text
 from tests.test_project import fake_run
 
@@ -99,7 +100,7 @@ def test_band_fields_are_ordered_at_every_n(tmp_path):
 
 def test_band_text_is_never_a_bare_number():
     assert band_text(1.7, 1.5, 1.9, "{:.1f}", "×") == "1.7× (1.5–1.9×)"
-    p = {"ranks": 8, "speedup": 1.7, "speedup_low": 1.5, "speedup_high": 1.9}
+    p = Prediction(ranks=8, speedup=1.7, speedup_low=1.5, speedup_high=1.9)
     assert speedup_text(p) == "1.70× (1.50–1.90×) at 8 ranks"
 
 

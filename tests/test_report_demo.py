@@ -21,6 +21,7 @@ import pytest
 
 from analysis.report import build_report
 from analysis.report.figures import RC
+from analysis.report.verdict import NOT_ENOUGH_QUIET
 from bench.report import make_demo
 from tests.test_report_browser import Browser, chromium
 from tests.test_report_scale import printed_pages
@@ -112,10 +113,13 @@ def test_verdict_is_first_short_and_quotes_the_tables(demo, browser):
     assert top < 900, "the verdict is on the first screen"
     summary = json.loads((demo.parent / "summary.json").read_text())
     (ddp,) = [g for g in summary["groups"] if g["mode"] == "ddp"]
-    assert f"{ddp['speedup_mean']:.2f}× over single device" in text
-    assert f"{100 * ddp['scaling_efficiency_mean']:.0f}% efficiency" in text
-    assert f"{ddp['exposed_comm_pct_mean']:.0f}% exposed" in text
-    assert "Projected at 8 ranks" in text and "replay error" in text
+    if ddp["noisy_run_ids"]:  # the session's runs were measured on a busy machine: no figure
+        assert NOT_ENOUGH_QUIET in text and "×" not in text.split("Memory")[0], text
+    else:
+        assert f"{ddp['speedup_mean']:.2f}× over single device" in text
+        assert f"{100 * ddp['scaling_efficiency_mean']:.0f}% efficiency" in text
+        assert f"{ddp['exposed_comm_pct_mean']:.0f}% exposed" in text
+        assert "Projected at 8 ranks" in text and "replay error" in text
     # Every link of the verdict goes to a section of this page.
     hrefs = browser.eval("Array.from(document.querySelectorAll('#verdict a')).map(a => a.hash)")
     assert hrefs and all(browser.eval(f"!!document.getElementById('{h[1:]}')") for h in hrefs)
@@ -148,16 +152,21 @@ def test_the_overlap_check_catches_crowded_ticks(browser, tmp_path):
     assert any(overlaps(boxes) for _, boxes in browser.eval(TICKS_JS))
 
 
-def test_no_table_is_wider_than_the_page_at_1400px(demo, browser):
-    browser.load(demo.as_uri(), WIDTH, False)
+def wide_tables(page: Path, browser) -> list:
+    """[table id, scroll width, box width] of every table of `page` wider than its box at
+    1,400 px, then the page's own overflow, in px (0 when nothing is wider)."""
+    browser.load(page.as_uri(), WIDTH, False)
     widths = browser.eval(
         "Array.from(document.querySelectorAll('table')).map(t => [t.id || t.dataset.table,"
         " t.parentElement.scrollWidth, t.parentElement.clientWidth])"
     )
     assert len(widths) >= 10
-    wide = [w for w in widths if w[1] > w[2] + 1]
-    assert not wide, wide
-    assert browser.eval("document.documentElement.scrollWidth - window.innerWidth") <= 1
+    over = browser.eval("document.documentElement.scrollWidth - window.innerWidth")
+    return [w for w in widths if w[1] > w[2] + 1] + ([["page", over]] if over > 1 else [])
+
+
+def test_no_table_is_wider_than_the_page_at_1400px(demo, browser):
+    assert not wide_tables(demo, browser)
 
 
 def test_demo_page_size_and_printed_pages(demo, browser, tmp_path):

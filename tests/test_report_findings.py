@@ -145,3 +145,16 @@ def test_accuracy_findings_name_their_runs_and_dp_devices():
         "s0",
         "s1",
     ]
+
+
+def test_the_family_is_compared_member_with_member():
+    """Issue 30: a ZeRO-1 group on gloo is not DDP's gloo side of the backend comparison, and
+    its exposed communication is not called allreduce."""
+    single = group("single", "none", sps=1000, top1=80.0)
+    ddp_nccl = {**group("ddp", "nccl", sps=1900, top1=80.0, speedup=1.9), "strategy": "ddp"}
+    zero_gloo = {**group("ddp", "gloo", sps=900, top1=80.0, speedup=0.9), "strategy": "zero1"}
+    out = " ".join(texts({"runs": [], "groups": [single, ddp_nccl, zero_gloo]}))
+    assert "Backends:" not in out and "ZeRO-1 (GLOO) on 2 ranks reached 0.90×" in out
+    zero_nccl = {**zero_gloo, "backend": "nccl", "samples_per_s_mean": 1800}
+    out = " ".join(texts({"runs": [], "groups": [single, ddp_nccl, zero_gloo, zero_nccl]}))
+    assert "Backends: NCCL 2.0× faster than GLOO on the same run (resnet18, ZeRO-1, 2" in out

@@ -11,8 +11,9 @@ from pathlib import Path
 import pytest
 
 from analysis.report.build import write_report
-from analysis.report.memory_section import floor_bytes, memory_findings, timeline_figure
+from analysis.report.memory_section import memory_findings, timeline_figure
 from analysis.runs.compare import compare_runs
+from analysis.runs.memory import floor_bytes
 from tests.test_report import Page, same
 
 MIB = 2**20

@@ -14,7 +14,7 @@ import pandas as pd
 import pytest
 
 from analysis.project.inputs import measured_steps
-from analysis.runs.entry import phases_summary
+from analysis.runs.quiet import phases_summary
 from profiler.runfolder.layout import (
     NO_UNPROFILED_STEP_WARNING,
     STEPS_COLUMNS,
@@ -71,7 +71,7 @@ def _steps_frame(profiled: list[int]) -> pd.DataFrame:
                     rank=rank, epoch=0, step=step, warmup=int(step < 2), profiled=prof,
                     step_time_s=t, data_s=0.1 * t, forward_s=0.3 * t, backward_s=0.5 * t,
                     optimizer_s=0.1 * t, profiler_s=0.0, samples=10, loss=1.0, rss_bytes=1,
-                    cuda_allocated_bytes=0,
+                    cuda_allocated_bytes=0, other_cpu_cores=0.25 * rank,
                 )
             )  # fmt: skip
     return pd.DataFrame(rows, columns=STEPS_COLUMNS)

@@ -98,6 +98,7 @@ def test_collect_env_fields():
         "cpu_cores",
         "threads_per_rank",
         "hostname",
+        "device_memory_bytes",
     }
     assert env["threads_per_rank"] == 3 and env["cpu_cores"] >= 1
     assert re.match(r"\d+\.\d+", env["python"]) and env["torch"]

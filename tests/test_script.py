@@ -208,7 +208,7 @@ def test_a_script_with_its_own_profiler_keeps_it(user, launched):
         (["--script", "missing.py"], "--script missing.py: no such file"),
         (["--script", "cnn_trainer.py", "--model", "mlp"], "--model picks dpscope's built-in"),
         (["--script", "cnn_trainer.py", "--dataset=cifar10"], "--dataset picks dpscope's"),
-        (["--script", "cnn_trainer.py", "--mode", "dp"], "--mode single or ddp, not dp"),
+        (["--script", "cnn_trainer.py", "--mode", "dp"], "--mode single, ddp or fsdp, not dp"),
         # Options of dpscope's built-in training do nothing to a script: refused, one line each.
         (["--script", "cnn_trainer.py", "--epochs", "3"], "--epochs does nothing with --script"),
         (["--script", "cnn_trainer.py", "--batch-size=32"], "--batch-size does nothing with"),

@@ -72,7 +72,7 @@ def test_sweep_runs_skips_and_resumes(tmp_path, capsys, monkeypatch):
         (["--nprocs", ""], "NPROCS is empty"),
         (["--nprocs", "0 2"], "NPROCS values must be >= 1"),
         (["--nprocs", "two"], "NPROCS must be whole numbers"),
-        (["--modes", "single fsdp"], "MODES: unknown fsdp"),
+        (["--modes", "single hsdp"], "MODES: unknown hsdp"),
         (["--sweep", "../escape"], "is not a safe folder name"),
         (["--sweep", "a b"], "is not a safe folder name"),
     ],

@@ -36,19 +36,20 @@ CONFIG_KEYS = set(
     """mode backend world_size nnodes nproc_per_node devices model model_args dataset dataset_args
     loss model_facts global_batch
     per_device_batch scaling amp seed epochs max_steps lr momentum weight_decay sync_bn num_workers
-    pin_memory warmup_steps eval_batches rendezvous ddp profile grad_accum_steps micro_batch
-    sweep_id""".split()
+    pin_memory warmup_steps eval_batches rendezvous ddp zero fsdp profile grad_accum_steps micro_batch
+    sweep_id repeat_id repeat_round""".split()
 )
 ENV_KEYS = set(
-    "os platform python torch cuda nccl gpus cpu_model cpu_cores threads_per_rank hostname host_load".split()
+    """os platform python torch cuda nccl gpus cpu_model cpu_cores threads_per_rank hostname
+    host_load device_memory_bytes""".split()
 )
 METRIC_KEYS = set(
     """samples_per_s step_time_s per_rank epoch_time_s wall_time_s memory memory_after_first_step
-    memory_breakdown ddp param_grad_bytes buffer_bytes_by_dtype profiler_overhead_pct
+    memory_breakdown ddp fsdp param_grad_bytes buffer_bytes_by_dtype profiler_overhead_pct
     profiler_overhead_noise_pct""".split()
 )
 STEPS_HEADER = """rank epoch step warmup profiled step_time_s data_s forward_s backward_s optimizer_s
-    profiler_s samples loss rss_bytes cuda_allocated_bytes""".split()
+    profiler_s samples loss rss_bytes cuda_allocated_bytes other_cpu_cores""".split()
 
 
 def read_steps(run_dir) -> list[dict]:

@@ -11,12 +11,14 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import math
+import re
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
 from profiler.runfolder.errors import OneLineParser  # re-exported: the launcher and train use it,
 from profiler.runfolder.layout import validate_run_id
+from profiler.runfolder.schema import MODES, PROCESS_GROUP_MODES
 from profiler.session import ProfileConfig
 from workloads.spec import (
     BUILTIN_DATASETS,
@@ -31,6 +33,7 @@ from workloads.spec import (
 __all__ = [
     "MODES",
     "OneLineParser",
+    "PROCESS_GROUP_MODES",
     "TrainConfig",
     "add_config_arguments",
     "config_from_namespace",
@@ -38,7 +41,6 @@ __all__ = [
     "to_argv",
 ]
 
-MODES = ("single", "dp", "ddp")
 COMM_HOOKS = ("none", "fp16", "bf16", "powersgd")
 EVAL_BATCH = 256
 """Samples per evaluation batch (each rank's shard of the test split is read in these)."""
@@ -62,7 +64,10 @@ class TrainConfig:
     """Everything one training run needs; validated once, identical on every rank."""
 
     mode: str = _opt(
-        "single", "single | dp (nn.DataParallel) | ddp (one process per device)", MODES
+        "single",
+        "single | dp (nn.DataParallel) | ddp (one process per device) | fsdp (FSDP2 fully_shard, "
+        "one process per device)",
+        MODES,
     )
     backend: str = _opt(
         "auto", "process-group backend for ddp: auto | nccl | gloo", ("auto", "nccl", "gloo")
@@ -126,6 +131,23 @@ class TrainConfig:
     static_graph: bool = _opt(False, "DDP static_graph")
     find_unused_parameters: bool = _opt(False, "DDP find_unused_parameters")
     comm_hook: str = _opt("none", "DDP gradient communication hook", COMM_HOOKS)
+    zero: int = _opt(
+        0,
+        "ZeRO stage of --mode ddp's optimizer: 0 = none, 1 = ZeroRedundancyOptimizer (each rank "
+        "keeps the optimizer state of its share of the parameters)",
+        (0, 1),
+    )
+    fsdp_wrap: str = _opt(
+        "",
+        "--mode fsdp: the classes fully_shard wraps, MODULE:CLASS[,...] (default: each element of "
+        "the model's top-level ModuleList/Sequential containers, e.g. gpt's blocks)",
+    )
+    fsdp_reshard_after_forward: str = _opt(
+        "true",
+        "--mode fsdp: free each block's gathered parameters after its forward (true: ZeRO-3-like, "
+        "all-gathered again in backward) or keep them until backward (false: ZeRO-2-like)",
+        ("true", "false"),
+    )
     profile: bool = _opt(True, "trace with torch.profiler (--no-profile for overhead comparisons)")
     profile_wait: int = _opt(1, "profiler schedule: steps skipped per cycle")
     profile_warmup: int = _opt(1, "profiler schedule: traced-but-discarded steps per cycle")
@@ -159,6 +181,8 @@ class TrainConfig:
         "", "run folder name (default: <mode>-<backend>-<model>-<dataset>-n<world>-s<seed>-<time>)"
     )
     sweep_id: str = _opt("", "the sweep this run belongs to (set by `make profile-sweep`)")
+    repeat_id: str = _opt("", "the `--repeat` rounds this run belongs to (set by the launcher)")
+    repeat_round: int = _opt(0, "this run's round of `--repeat`, from 0 (set by the launcher)")
 
     def __post_init__(self) -> None:
         for name in (
@@ -168,11 +192,14 @@ class TrainConfig:
             "scaling",
             "amp",
             "comm_hook",
+            "zero",
+            "fsdp_reshard_after_forward",
         ):
             choices = _FIELDS[name].metadata["choices"]
             if getattr(self, name) not in choices:
                 raise ValueError(
-                    f"--{_flag(name)} must be one of {', '.join(choices)}; got {getattr(self, name)!r}"
+                    f"--{_flag(name)} must be one of {', '.join(map(str, choices))}; got "
+                    f"{getattr(self, name)!r}"
                 )
         # Spec syntax only (nothing imported): the launcher's check_workload calls the factories.
         self.model_spec(), self.dataset_spec(), self.loss_spec()
@@ -186,6 +213,7 @@ class TrainConfig:
             "threads",
             "warmup_steps",
             "checkpoint_every",
+            "repeat_round",
             "dp_gpus",
             "eval_batches",
         ):
@@ -201,6 +229,7 @@ class TrainConfig:
             raise ValueError(
                 f"--init-method must start with file://, tcp:// or env://; got {self.init_method!r}"
             )
+        self._check_family()
         ProfileConfig(**self.profile_kwargs())  # bad schedules fail here, before any folder exists
         if self.run_id:
             validate_run_id(self.run_id)  # the same rule for every writer (profiler.runfolder)
@@ -216,6 +245,38 @@ class TrainConfig:
                     f"--{_flag(name)} must be a finite number in {bracket}{low:g}, {high:g}]; "
                     f"got {value}"
                 )
+
+    def _check_family(self) -> None:
+        """The data-parallel family's options belong to their modes (one line each)."""
+        if self.zero and self.mode != "ddp":
+            why = "FSDP already shards the optimizer state" if self.mode == "fsdp" else ""
+            raise ValueError(
+                f"--zero {self.zero} shards DDP's optimizer state, so it needs --mode ddp (got "
+                f"--mode {self.mode}{'; ' + why if why else ''}); drop --zero or use --mode ddp"
+            )
+        if self.mode != "fsdp" and (self.fsdp_wrap or not self.reshard_after_forward):
+            flag = "--fsdp-wrap" if self.fsdp_wrap else "--fsdp-reshard-after-forward false"
+            raise ValueError(f"{flag} applies to --mode fsdp (got --mode {self.mode}); drop it")
+        if self.mode == "fsdp" and self.sync_bn:
+            raise ValueError("--sync-bn converts BatchNorm for DDP; drop it with --mode fsdp")
+        self.fsdp_classes()
+
+    @property
+    def reshard_after_forward(self) -> bool:
+        """--fsdp-reshard-after-forward as a bool."""
+        return self.fsdp_reshard_after_forward == "true"
+
+    def fsdp_classes(self) -> list[tuple[str, str]]:
+        """--fsdp-wrap as (module, class) pairs (syntax only; workloads.train.sharding imports
+        them)."""
+        names = [w.strip() for w in self.fsdp_wrap.split(",") if w.strip()]
+        bad = [n for n in names if not _CLASS_SPEC.fullmatch(n)]
+        if bad or (self.fsdp_wrap and not names):
+            raise ValueError(
+                f"--fsdp-wrap {self.fsdp_wrap!r}: name classes as MODULE:CLASS[,...], e.g. "
+                "mypkg.nets:Block,torch.nn:TransformerEncoderLayer"
+            )
+        return [tuple(n.split(":", 1)) for n in names]  # type: ignore[misc]
 
     def model_spec(self) -> Spec:
         return parse_spec("--model", self.model, BUILTIN_MODELS, torchvision=True)
@@ -252,6 +313,7 @@ class TrainConfig:
 
 
 _FIELDS = {f.name: f for f in dataclasses.fields(TrainConfig)}
+_CLASS_SPEC = re.compile(r"[A-Za-z_][\w]*(\.[A-Za-z_][\w]*)*:[A-Za-z_][\w]*")
 
 
 def _flag(name: str) -> str:
@@ -294,8 +356,11 @@ def to_argv(cfg: TrainConfig) -> list[str]:
 
 def default_run_id(cfg: TrainConfig, *, backend: str, world_size: int | None) -> str:
     """`<mode>-<backend>-<model>-<dataset>-n<world_size>-s<seed>-<YYYYmmddTHHMMSS>` (UTC); n0 for
-    a skipped run whose device count is unknown (DP without GPUs)."""
+    a skipped run whose device count is unknown (DP without GPUs). The mode is `ddp-zero1` for
+    ZeRO-1 and `fsdp-keep` for FSDP without resharding after forward."""
     stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%S")
     n = world_size or 0
     model, dataset = spec_slug(cfg.model), spec_slug(cfg.dataset)  # `a.b:f` -> `a.b-f`
-    return f"{cfg.mode}-{backend}-{model}-{dataset}-n{n}-s{cfg.seed}-{stamp}"
+    mode = cfg.mode + (f"-zero{cfg.zero}" if cfg.zero else "")
+    mode += "-keep" if cfg.mode == "fsdp" and not cfg.reshard_after_forward else ""
+    return f"{mode}-{backend}-{model}-{dataset}-n{n}-s{cfg.seed}-{stamp}"

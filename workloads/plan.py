@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from workloads.config import TrainConfig
+from workloads.config import PROCESS_GROUP_MODES, TrainConfig
 
 __all__ = [
     "Environment",
@@ -128,9 +128,9 @@ class Plan:
 
 
 def torchrun_layout(mode: str, environ: Mapping[str, str] = os.environ) -> dict[str, int]:
-    """`plan`'s nproc/nnodes for a training process: the torchrun job it belongs to (DDP), {}
-    otherwise (single and DP run in one process)."""
-    if mode != "ddp" or "WORLD_SIZE" not in environ:
+    """`plan`'s nproc/nnodes for a training process: the torchrun job it belongs to (DDP, FSDP),
+    {} otherwise (single and DP run in one process)."""
+    if mode not in PROCESS_GROUP_MODES or "WORLD_SIZE" not in environ:
         return {}
     world = int(environ["WORLD_SIZE"])
     local = int(environ.get("LOCAL_WORLD_SIZE", world))
@@ -161,7 +161,9 @@ def _check(cfg: TrainConfig, env: Environment, backend: str, count: int, flag: s
     if backend == "nccl" and not env.nccl:
         return "this torch build has no NCCL; use --backend gloo"
     if use_cuda and count > env.gpus:
-        one_per_gpu = " (one process per GPU), or --device cpu" if cfg.mode == "ddp" else ""
+        one_per_gpu = (
+            " (one process per GPU), or --device cpu" if cfg.mode in PROCESS_GROUP_MODES else ""
+        )
         return (
             f"{flag} {count} is above the {env.gpus} visible GPU(s); use {flag} {env.gpus} or "
             f"fewer{one_per_gpu}"
@@ -193,8 +195,8 @@ def check_machine(cfg: TrainConfig, env: Environment) -> None:
 
 
 def plan(cfg: TrainConfig, env: Environment, *, nproc: int | None = None, nnodes: int = 1) -> Plan:
-    """Lay out `cfg` on `env`: `nproc` processes per node for DDP (default: one per GPU, 2 on
-    CPU), DP's GPUs (`nproc`, else `cfg.dp_gpus`, else every visible GPU), one device otherwise.
+    """Lay out `cfg` on `env`: `nproc` processes per node for DDP and FSDP (default: one per GPU,
+    2 on CPU), DP's GPUs (`nproc`, else `cfg.dp_gpus`, else every visible GPU), one device otherwise.
 
     Raises ValueError for a request that is wrong in every mode (fewer than one process, more
     threads or DataLoader workers per rank than the machine has cores: `check_machine`); what
@@ -206,7 +208,7 @@ def plan(cfg: TrainConfig, env: Environment, *, nproc: int | None = None, nnodes
     use_cuda = cfg.device != "cpu" and env.cuda
     gpus = env.gpus if use_cuda else 0
     flag = "--nproc" if nproc else "--dp-gpus"
-    if cfg.mode == "ddp":
+    if cfg.mode in PROCESS_GROUP_MODES:
         backend = resolve_backend(cfg.backend, use_cuda=use_cuda, system=env.system)
         count, nodes = nproc or (gpus if use_cuda else 2), nnodes
     else:
@@ -219,7 +221,7 @@ def plan(cfg: TrainConfig, env: Environment, *, nproc: int | None = None, nnodes
             global_batch, per_device = batch_split(cfg, count * nodes)
         except ValueError as exc:
             reason = str(exc)
-    processes = count if cfg.mode == "ddp" else 1
+    processes = count if cfg.mode in PROCESS_GROUP_MODES else 1
     warnings: tuple[str, ...] = ()
     if reason is None:  # a refused plan leaves the layout null (what a skipped record holds)
         devices = [f"cuda:{i}" if use_cuda else "cpu" for i in range(count)] * nodes

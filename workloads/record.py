@@ -21,7 +21,15 @@ from workloads.train.context import first_bucket_bytes
 if TYPE_CHECKING:  # the type only: the launcher and rank 0 pass what they measured
     from workloads.train.workload import WorkloadFacts
 
-__all__ = ["config_record", "run_record"]
+__all__ = ["config_record", "fsdp_record", "run_record"]
+
+
+def fsdp_record(cfg: TrainConfig) -> dict | None:
+    """run.json `config.fsdp` (null outside --mode fsdp): the wrap rule (`default`, or the
+    --fsdp-wrap classes as given) and reshard_after_forward."""
+    if cfg.mode != "fsdp":
+        return None
+    return {"wrap": cfg.fsdp_wrap or "default", "reshard_after_forward": cfg.reshard_after_forward}
 
 
 def run_record(
@@ -47,7 +55,10 @@ def run_record(
         "created_at": created_at or now,
         "finished_at": None if status == "running" else now,
         "config": config_record(cfg, plan, workload=workload),
-        "env": collect_env(threads_per_rank=threads_per_rank),
+        "env": collect_env(
+            threads_per_rank=threads_per_rank,
+            device_type=None if plan.devices is None else ("cuda" if plan.use_cuda else "cpu"),
+        ),
         "metrics": metrics or {},
         "eval": evals or {"epochs": [], "best": None},
         "traces": traces or [],
@@ -98,6 +109,11 @@ def config_record(cfg: TrainConfig, plan: Plan, *, workload: WorkloadFacts | Non
             "find_unused_parameters": cfg.find_unused_parameters,
             "comm_hook": cfg.comm_hook,
         },
+        "zero": cfg.zero,
+        "fsdp": fsdp_record(cfg),
         "profile": ProfileConfig(**cfg.profile_kwargs()).to_dict(),
         "sweep_id": cfg.sweep_id or None,
+        # `--repeat` rounds (workloads.launch.rounds): the set and this run's round in it
+        "repeat_id": cfg.repeat_id or None,
+        "repeat_round": cfg.repeat_round if cfg.repeat_id else None,
     }

@@ -29,9 +29,12 @@ from analysis.columns import (
     Column,
     fmt,
 )
+from analysis.family_columns import CLI_FAMILY_COLS
 from analysis.jsonsafe import clip, finite_json
 from analysis.outputs import check_json_out
 from analysis.runs.compare import compare_runs, find_run_dirs
+from analysis.runs.family import budget_bytes
+from analysis.runs.quiet import add_quiet_argument
 from analysis.trace.clocks import add_clock_align
 from profiler.runfolder.atomic import write_json_atomic
 from profiler.runfolder.errors import InputError, OneLineParser, run_command
@@ -114,6 +117,9 @@ def print_runs(result: dict) -> None:
     if result["groups"]:
         say("\ngroups (mean ± sample std over seeds)")
         say(table(result["groups"], CLI_GROUP_COLS))
+    for f in result.get("family") or []:
+        say(f"\nfamily: {f['model']}, {f['backend']}, {f['world_size']} ranks (vs DDP)")
+        say(table([f["ddp"], *f["members"]], CLI_FAMILY_COLS))
     for tune in result.get("tunes", []):  # make tune-ddp folders: their verdict, not their trials
         best = tune["best"]
         verdict = f"best {best['name']}" if best else "no knob beat the run-to-run noise"
@@ -127,6 +133,14 @@ def build_parser(prog: str = "python -m analysis") -> argparse.ArgumentParser:
     r = sub.add_parser("runs", help="compare run folders (speedup, memory, accuracy, comm)")
     r.add_argument("runs_dirs", type=Path, nargs="+", metavar="RUNS_DIR")
     r.add_argument("--no-traces", action="store_true", help="skip trace analysis")
+    r.add_argument(
+        "--memory-budget-gib",
+        type=float,
+        default=None,
+        help="per-rank memory the largest-model-that-fits estimate uses (default: the device's "
+        "memory; CPU: the host's RAM ÷ ranks per node)",
+    )
+    add_quiet_argument(r)
     traces_parsers = tracescli.add_parsers(sub)
     for s in (*traces_parsers, r):
         add_clock_align(s)
@@ -180,6 +194,8 @@ def _run(args: argparse.Namespace) -> int:
             progress=progress,
             traces=not args.no_traces,
             clock_align=args.clock_align,
+            memory_budget_bytes=budget_bytes(args.memory_budget_gib),
+            quiet_frac=args.quiet_frac,
         )
         show = print_runs
     else:

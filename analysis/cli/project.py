@@ -7,7 +7,7 @@ from pathlib import Path
 
 from analysis.cli.table import say
 from analysis.project.bands import band_text
-from analysis.project.projection import project
+from analysis.project.sharded import project_any
 from profiler.runfolder.errors import InputError
 
 __all__ = ["add_parser", "headline", "print_projection", "run"]
@@ -25,7 +25,9 @@ def _ranks(text: str) -> list[int]:
 def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     """Register the `project` subcommand on the analysis CLI."""
     p = sub.add_parser("project", help="project a run's step time to other world sizes")
-    p.add_argument("run", type=Path, metavar="RUN", help="single-device or DDP run folder")
+    p.add_argument(
+        "run", type=Path, metavar="RUN", help="single-device, DDP, ZeRO-1 or FSDP2 run folder"
+    )
     p.add_argument(
         "--comm", type=Path, required=True, metavar="COMM_RUN", help="make bench-comm run"
     )
@@ -37,7 +39,11 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     p.add_argument("--scaling", choices=("strong", "weak"), default=None, help="default: RUN's")
     p.add_argument("--backend", choices=("nccl", "gloo"), default=None, help="default: RUN's")
     p.add_argument(
-        "--measured", type=Path, nargs="*", default=[], help="DDP runs to compare against"
+        "--measured",
+        type=Path,
+        nargs="*",
+        default=[],
+        help="runs of RUN's mode at other world sizes to compare against",
     )
     p.add_argument(
         "--batch-runs",
@@ -109,13 +115,18 @@ def print_projection(result: dict) -> None:
     """The per-n table (every prediction with its band), the replay and measured checks, the
     self-replay, the band's sources, assumptions and warnings."""
     inp = result["inputs"]
-    m = inp["all_reduce_model"]
+    # ZeRO-1 and FSDP2: each collective with the model of the algorithm that moves its bytes
+    models = {f"{c} (as {inp['algorithms'][c]})": m for c, m in inp.get("comm_models", {}).items()}
+    models = models or {"all_reduce": inp["all_reduce_model"]}
+    fits = "; ".join(
+        f"{name} α = {m['alpha_us']:.2f} µs/step, B = {m['bus_gbps']:.3f} GB/s (fit error mean "
+        f"{m['fit_error_pct_mean']:.1f}%)"
+        for name, m in models.items()
+    )
     say(
         f"projection of {result['run_id']} ({inp['mode']}, n={inp['world_size']}, "
         f"{result['scaling']} scaling, backend {result['backend']}) with comm run "
-        f"{result['comm_run_id']}: all_reduce α = {m['alpha_us']:.2f} µs/step, "
-        f"B = {m['bus_gbps']:.3f} GB/s (fit error mean {m['fit_error_pct_mean']:.1f}%); "
-        "bands: every measured spread at its low and high end"
+        f"{result['comm_run_id']}: {fits}; bands: every measured spread at its low and high end"
     )
     say(
         f"{'n':>6} {'batch/dev':>10} {'step ms (band)':>26} {'compute ms':>11} {'comm ms':>9} "
@@ -154,7 +165,7 @@ def print_projection(result: dict) -> None:
 
 def run(args: argparse.Namespace) -> dict:
     """Compute the projection for parsed `project` arguments."""
-    return project(
+    return project_any(
         args.run,
         args.comm,
         _ranks(args.ranks),

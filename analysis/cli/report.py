@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from analysis.runs.quiet import add_quiet_argument
 from analysis.trace.clocks import add_clock_align
 from profiler.runfolder.errors import OneLineParser, run_command
 
@@ -27,7 +28,15 @@ def build_parser(prog: str = "python -m analysis.report") -> argparse.ArgumentPa
     )
     parser.add_argument("--out", type=Path, default=Path("reports"), help="report folder")
     parser.add_argument("--no-progress", action="store_true", help="hide progress bars")
+    parser.add_argument(
+        "--memory-budget-gib",
+        type=float,
+        default=None,
+        help="per-rank memory the largest-model-that-fits estimate uses (default: the device's "
+        "memory; CPU: the host's RAM ÷ ranks per node)",
+    )
     add_clock_align(parser)
+    add_quiet_argument(parser)
     return parser
 
 
@@ -37,9 +46,16 @@ def main(argv: list[str] | None = None, *, prog: str = "python -m analysis.repor
     def body() -> int:
         # Loaded here (matplotlib takes seconds), so that a Ctrl-C meanwhile is one line too.
         from analysis.report.build import build_report
+        from analysis.runs.family import budget_bytes
 
+        budget = budget_bytes(args.memory_budget_gib)  # a bad budget is one line before any work
         files = build_report(
-            args.runs, args.out, progress=not args.no_progress, clock_align=args.clock_align
+            args.runs,
+            args.out,
+            progress=not args.no_progress,
+            clock_align=args.clock_align,
+            memory_budget_bytes=budget,
+            quiet_frac=args.quiet_frac,
         )
         print(f"report: {files.index_html}")
         print(f"open:   {files.index_html.resolve().as_uri()}")

@@ -33,6 +33,7 @@ from analysis.project.model import ProjectionInputs
 from analysis.project.step import contention_ratio, predict_step
 
 __all__ = [
+    "band_ends",
     "BAND_QUANTILES",
     "band_fields",
     "band_text",
@@ -161,6 +162,12 @@ def band_fields(run: ProjectionInputs, n: int, kw: dict, ends: dict) -> dict:
     if host.get("slowdown_min") and min(n, gpn) != min(run.world_size, gpn):
         sources.append({"term": "contention_factor", "low": min(ratios), "high": max(ratios),
                         "unit": "×", "source": ends["words"]["contention"]})  # fmt: skip
+    return band_ends(steps, speedups, n, sources)
+
+
+def band_ends(steps: list[float], speedups: list[float], n: int, sources: list[dict]) -> dict:
+    """The band fields from the step times and speedups at the point estimate and the band's
+    ends (each mode's projection computes them its own way)."""
     return {
         "step_time_s_low": min(steps),
         "step_time_s_high": max(steps),

@@ -9,7 +9,7 @@ from analysis.project.bands import band_fields
 from analysis.project.model import ProjectionInputs
 from analysis.project.step import predict_step
 
-__all__ = ["GLOO_THREADS", "check", "replay_traced"]
+__all__ = ["GLOO_THREADS", "check", "check_entry", "replay_traced"]
 
 GLOO_THREADS = 2
 """Collectives gloo runs at once: ProcessGroupGloo's worker threads (torch's default, 2)."""
@@ -21,11 +21,9 @@ def check(run: ProjectionInputs, target: ProjectionInputs, kw: dict, base: dict,
     with the prediction's band and whether the measured step lies inside it (`in_band`);
     `measured_scaling_efficiency` divides by the same projected n = 1 throughput as predictions."""
     n = target.world_size
-    measured_sps = target.global_batch / target.step_time_s
     p = predict_step(run, n, **kw)
     band = band_fields(run, n, kw, ends)
     lo, hi = band["step_time_s_low"], band["step_time_s_high"]
-    err = 100 * (p["step_time_s"] - target.step_time_s) / target.step_time_s
     note = None
     if target is run and n == 1:
         note = (
@@ -33,17 +31,30 @@ def check(run: ProjectionInputs, target: ProjectionInputs, kw: dict, base: dict,
         )
     if abs(p["per_device_batch"] - target.per_device_batch) > 1e-9:
         note = f"per-device batch differs ({p['per_device_batch']:g} vs {target.per_device_batch})"
+    return check_entry(target.run_id, n, target.step_time_s, target.global_batch, p, (lo, hi),
+                       target.traced_exposed_comm_s, base, note)  # fmt: skip
+
+
+def check_entry(run_id: str, n: int, measured_s: float, global_batch: float, predicted: dict,
+                band: tuple[float, float], traced_exposed_comm_s: float | None, base: dict,
+                note: str | None = None) -> dict:  # fmt: skip
+    """One check's fields: the projection at n (`predicted`, with its step `band`) against the
+    run `run_id` measured at n (`measured_s` per step of `global_batch` samples), its error and
+    whether it lies in the band; `base`: the projected 1-rank prediction the measured efficiency
+    divides by."""
+    lo, hi = band
+    measured_sps = global_batch / measured_s
     return {
-        "run_id": target.run_id,
+        "run_id": run_id,
         "ranks": n,
-        "measured_step_time_s": target.step_time_s,
-        "predicted_step_time_s": p["step_time_s"],
+        "measured_step_time_s": measured_s,
+        "predicted_step_time_s": predicted["step_time_s"],
         "predicted_step_time_s_low": lo,
         "predicted_step_time_s_high": hi,
-        "in_band": bool(lo <= target.step_time_s <= hi),
-        "error_pct": err,
-        "predicted_exposed_comm_s": p["exposed_comm_s"],
-        "traced_exposed_comm_s": target.traced_exposed_comm_s,
+        "in_band": bool(lo <= measured_s <= hi),
+        "error_pct": 100 * (predicted["step_time_s"] - measured_s) / measured_s,
+        "predicted_exposed_comm_s": predicted["exposed_comm_s"],
+        "traced_exposed_comm_s": traced_exposed_comm_s,
         "measured_samples_per_s": measured_sps,
         "measured_scaling_efficiency": measured_sps / base["samples_per_s"] / n,
         "note": note,

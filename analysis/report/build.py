@@ -22,9 +22,10 @@ from tqdm import tqdm
 
 from analysis.jsonsafe import DISPLAY_CHARS, clip
 from analysis.outputs import check_report_out
-from analysis.parquet import run_tables, table_bytes
-from analysis.report import figures, memory_section
+from analysis.parquet import runs_json_tables, table_bytes
+from analysis.report import family_section, figures, memory_section
 from analysis.report.findings import THRESHOLDS, findings
+from analysis.report.labels import Labels, unique_labels
 from analysis.report.loss import loss_context
 from analysis.report.ops import ops_context
 from analysis.report.outfolder import ReportError, replace_folder
@@ -33,17 +34,20 @@ from analysis.report.scaling import (
     GROUP_FIGURES_ABOVE,
     MAX_CHIPS,
     MAX_FINDINGS,
-    first_of_groups,
     group_labels,
     scaling_figures,
     scaling_frame,
-    skipped_by_reason,
 )
-from analysis.report.tables import Table, all_tables, fmt, unique_labels
+from analysis.report.tables import Table, all_tables, fmt
 from analysis.report.tune import tune_sections
 from analysis.report.verdict import verdict
-from analysis.runs.compare import WORKLOAD_KEY, compare_runs, is_measured
+from analysis.runs.compare import compare_runs
+from analysis.runs.groups import WORKLOAD_KEY
+from analysis.runs.rows import step_points
+from analysis.runs.runsjson import RunsJson, RunsJsonError, read_runs_json
+from analysis.runs.sweep import first_of_groups, skipped_by_reason
 from profiler.runfolder.errors import InputError
+from profiler.runfolder.hostload import QUIET_OTHER_CORES_FRAC
 
 __all__ = ["ReportError", "ReportFiles", "build_report", "write_report"]
 
@@ -88,27 +92,19 @@ def _json_safe(obj: Any) -> Any:
     return obj
 
 
-def runs_frame(data: dict[str, Any], labels: dict[str, str]) -> pd.DataFrame:
-    """One row per ok run with the fields the figures need, plus its label and a series name."""
-    runs = [r for r in data.get("runs", []) if is_measured(r)]
-    keys = [
-        "run_id",
-        *WORKLOAD_KEY,
-        "mode",
-        "backend",
-        "world_size",
-        "seed",
-        "samples_per_s",
-        "speedup",
-        "top1_pct",
-        "test_loss",
-    ]
-    df = pd.DataFrame([{k: r.get(k) for k in keys} for r in runs], columns=keys)
+def runs_frame(doc: RunsJson | dict[str, Any], labels: Labels) -> pd.DataFrame:
+    """One row per measured run with the fields the figures need, plus its label and a series name."""
+    doc = read_runs_json(doc)
+    keys = ["run_id", *WORKLOAD_KEY, "mode", "strategy", "backend", "world_size", "seed",
+            "samples_per_s", "speedup", "top1_pct", "test_loss"]  # fmt: skip
+    df = pd.DataFrame([{k: getattr(r, k) for k in keys} for r in doc.measured()], columns=keys)
     df["label"] = df["run_id"].map(labels)
-    group_of = group_labels(data)
-    df["group"] = [group_of.get(r, lab) for r, lab in zip(df["run_id"], df["label"], strict=True)]
+    group_of = group_labels(doc)
+    df["group"] = [group_of[r] if r in group_of else lab
+                   for r, lab in zip(df["run_id"], df["label"], strict=True)]  # fmt: skip
     backend = df["backend"].where(~df["backend"].isin(["none", "dp"]) & df["backend"].notna(), "")
-    df["series"] = df["mode"].astype(str) + backend.map(lambda b: f" ({b})" if b else "")
+    member = df["strategy"].fillna(df["mode"]).astype(str)
+    df["series"] = member + backend.map(lambda b: f" ({b})" if b else "")
     # One line per comparable set: never average a model's throughput with another model's.
     for col in WORKLOAD_KEY:
         if df[col].nunique() > 1:
@@ -119,12 +115,12 @@ def runs_frame(data: dict[str, Any], labels: dict[str, str]) -> pd.DataFrame:
 
 
 def _pooled_bar(
-    frame: pd.DataFrame, labels: dict[str, str], *extra: str, pooled: bool = False
+    frame: pd.DataFrame, labels: Labels, *extra: str, pooled: bool = False
 ) -> pd.DataFrame:
     """Add a `bar` column (run label · rank · ...) used as the y axis of per-rank figures.
 
     `pooled`: `labels` map runs to their group, and rows sharing a bar (the seeds of a group)
-    become one row holding their mean, so a sweep draws one bar per group and rank, not per run.
+    are drawn as one bar holding their mean, so a sweep draws one bar per group and rank.
     """
     if frame.empty:
         return frame.assign(bar=pd.Series(dtype=str))
@@ -142,31 +138,19 @@ def _pooled_bar(
 
 
 def _figures(
-    data: dict[str, Any], tables: dict[str, Table], labels: dict[str, str], progress: bool
+    data: dict[str, Any], tables: dict[str, Table], labels: Labels, progress: bool
 ) -> dict[str, str | None]:
     # Run ids stay as in the tables (already clipped there): they key the labels of every figure.
-    data = _display(data, FIGURE_CHARS, _PATH_KEYS | {"run_id", "run_ids", "baseline_run_id"})
-    runs = runs_frame(data, labels)
-    steps = pd.DataFrame(
-        [
-            {
-                "run_id": r["run_id"],
-                "rank": rk["rank"],
-                "step": s["step"],
-                "step_time_ms": s["step_time_us"] / 1e3,
-            }
-            for r in data.get("runs", [])
-            for rk in (r.get("trace") or {}).get("ranks") or []
-            for s in rk.get("per_step") or []
-            if s.get("step_time_us") is not None
-        ],
-        columns=["run_id", "rank", "step", "step_time_ms"],
+    doc = read_runs_json(
+        _display(data, FIGURE_CHARS, _PATH_KEYS | {"run_id", "run_ids", "baseline_run_id"})
     )
+    runs = runs_frame(doc, labels)
+    steps = pd.DataFrame(step_points(doc), columns=["run_id", "rank", "step", "step_time_ms"])
     by_group = len(runs) > GROUP_FIGURES_ABOVE
     if by_group:  # per-rank figures: one bar per group of seeds (mean), not one per run
-        labels = dict(zip(runs["run_id"], runs["group"], strict=True))
+        labels = Labels(zip(runs["run_id"], runs["group"], strict=True))
 
-    def bar_of(frame: pd.DataFrame, labels: dict[str, str], *extra: str) -> pd.DataFrame:
+    def bar_of(frame: pd.DataFrame, labels: Labels, *extra: str) -> pd.DataFrame:
         return _pooled_bar(frame, labels, *extra, pooled=by_group)
 
     jobs = {
@@ -209,62 +193,86 @@ def _check_out(out_dir: Path, inputs: list[Path]) -> None:
         raise ReportError(str(exc)) from None
 
 
+def _read(data: dict[str, Any]) -> RunsJson:
+    try:
+        return read_runs_json(data)
+    except RunsJsonError as exc:
+        raise ReportError(str(exc)) from None
+
+
+def _files(
+    tables: dict, full: dict[str, Any], summary: dict, html: str
+) -> tuple[dict[str, str | bytes], list[str]]:
+    """Every file of the report folder by name (the CSV tables, the runs' Parquet tables,
+    summary.json, index.html), and the Parquet files' names."""
+    files: dict[str, str | bytes] = {
+        t.csv: t.frame().to_csv(index=False) for t in tables.values() if t.csv
+    }
+    columnar = {f"{n}.parquet": table_bytes(t) for n, t in runs_json_tables(full).items()}
+    files.update(columnar)
+    files["summary.json"] = json.dumps(summary, indent=2, allow_nan=False) + "\n"
+    files["index.html"] = html
+    return files, list(columnar)
+
+
+def _labels(shown: dict[str, Any]) -> Labels:
+    """Labels are made once, over every run, from strings clipped for a figure's axis (run ids as
+    in the tables): a figure and a table cannot name a run differently."""
+    runs = shown["runs"] if "runs" in shown else []
+    return unique_labels(
+        _read({"runs": _display(runs, FIGURE_CHARS, _PATH_KEYS | {"run_id"})}).runs
+    )
+
+
 def write_report(data: dict[str, Any], out_dir: Path, *, progress: bool = True) -> ReportFiles:
     """Write index.html, summary.json and the CSV tables for a runs JSON into `out_dir`."""
     out_dir = Path(out_dir)
-    _check_out(out_dir, [Path(r["path"]) for r in data.get("runs", []) if r.get("path")])
-    full, data = data, _display(data)
-    # Labels are made once, over every run, from strings clipped for a figure's axis (run ids as in
-    # the tables): a figure and a table cannot name a run differently.
-    labels = unique_labels(_display(data.get("runs", []), FIGURE_CHARS, _PATH_KEYS | {"run_id"}))
-    tables = all_tables(data, out_dir, labels)
-    many = sum(is_measured(r) for r in data.get("runs", [])) > GROUP_FIGURES_ABOVE
-    memory = memory_section.context(data, labels, first_of_groups(data) if many else None)
+    full, shown = data, _display(data)
+    doc = _read(shown)
+    _check_out(out_dir, [Path(r.path) for r in doc.runs if r.path])
+    labels = _labels(shown)
+    tables = all_tables(doc, out_dir, labels)
+    many = len(doc.measured()) > GROUP_FIGURES_ABOVE
+    firsts = first_of_groups(doc) if many else None
+    memory = memory_section.context(doc, labels, firsts)
     tables["memory_breakdown"] = memory["table"]
-    found = findings(data) + memory["findings"]
-    loss = loss_context(data)
+    found = findings(doc) + memory["findings"]
+    loss = loss_context(doc)
     tables["efficiency_loss"] = loss["table"]
-    figs = _figures(data, tables, labels, progress)
+    tables.update(family_section.context(doc))
+    figs = _figures(shown, tables, labels, progress)
     summary = _json_safe(
         {**full, "findings": [f.to_dict() for f in found], "thresholds": THRESHOLDS}
     )
+    # Tune commands and notes are dpscope's own long lines: a looser clip keeps them whole.
+    tunes = _read({"tunes": _display(full["tunes"], 10 * DISPLAY_CHARS)} if "tunes" in full else {})
     html = (
         _environment()
         .get_template("index.html.j2")
         .render(
-            data=data,
+            data=doc,
             tables=tables,
             labels=labels,
             findings=found,
-            verdict=verdict(data),
+            verdict=verdict(doc),
             loss=loss,
             figures=figs,
-            scaling_figures=scaling_figures(scaling_frame(data)),
-            skipped_reasons=skipped_by_reason(data),
+            scaling_figures=scaling_figures(scaling_frame(doc)),
+            skipped_reasons=skipped_by_reason(doc),
             many_runs=many,
             max_chips=MAX_CHIPS,
             max_findings=MAX_FINDINGS,
-            ops=ops_context(first_of_groups(data) if many else data, labels),
-            projection=projection_context(data),
+            ops=ops_context(firsts if firsts is not None else doc, labels),
+            projection=projection_context(doc),
             memory_breakdown=memory,
             thresholds=THRESHOLDS,
-            # Tune commands and notes are dpscope's own long lines: a looser clip keeps them whole.
-            tunes=tune_sections({"tunes": _display(full.get("tunes") or [], 10 * DISPLAY_CHARS)}),
-            n_runs=len(data.get("runs", []))
-            + len(data.get("skipped", []))
-            + len(data.get("invalid", [])),
+            tunes=tune_sections(tunes.tunes),
+            n_runs=len(doc.runs) + len(doc.skipped) + len(doc.invalid),
             generated_at=datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC"),
         )
     )
     # Everything is rendered before the first write, so a failure above leaves the folder as it was.
-    files: dict[str, str | bytes] = {
-        t.csv: t.frame().to_csv(index=False) for t in tables.values() if t.csv
-    }
-    runs = [(r["run_id"], r.get("trace")) for r in full.get("runs", []) if r.get("run_id")]
-    columnar = {f"{n}.parquet": table_bytes(t) for n, t in run_tables(runs).items()}
-    files.update(columnar)
-    files["summary.json"] = json.dumps(summary, indent=2, allow_nan=False) + "\n"
-    files["index.html"] = html
+    files, columnar = _files(tables, full, summary, html)
     replace_folder(files, out_dir)
     index = out_dir / "index.html"
     csvs = [out_dir / t.csv for t in tables.values() if t.csv]
@@ -277,16 +285,29 @@ def write_report(data: dict[str, Any], out_dir: Path, *, progress: bool = True) 
 
 
 def build_report(
-    paths: Sequence[Path], out_dir: Path, *, progress: bool = True, clock_align: str = "auto"
+    paths: Sequence[Path],
+    out_dir: Path,
+    *,
+    progress: bool = True,
+    clock_align: str = "auto",
+    memory_budget_bytes: int | None = None,
+    quiet_frac: float = QUIET_OTHER_CORES_FRAC,
 ) -> ReportFiles:
     """Analyse the run folders under `paths` with `compare_runs` (trace clocks aligned per
-    `clock_align`) and write the report."""
+    `clock_align`; `quiet_frac`: its quiet-step threshold) and write the report
+    (`memory_budget_bytes`: the per-rank memory the family's capacity fits models into)."""
     for p in paths:
         if not Path(p).is_dir():
             raise ReportError(f"{p} is not a folder; pass RUNS folders made by `make profile-all`")
     _check_out(Path(out_dir), [Path(p) for p in paths])  # before any work
     try:
-        data = compare_runs([Path(p) for p in paths], progress=progress, clock_align=clock_align)
+        data = compare_runs(
+            [Path(p) for p in paths],
+            progress=progress,
+            clock_align=clock_align,
+            memory_budget_bytes=memory_budget_bytes,
+            quiet_frac=quiet_frac,
+        )
     except InputError as exc:
         raise ReportError(str(exc)) from exc
     return write_report(data, out_dir, progress=progress)

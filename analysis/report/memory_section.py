@@ -2,8 +2,8 @@
 a stacked bar of it per run, rank and device, the allocated-bytes timeline per rank with phase
 bands and the static floor, and findings that name the cause of a difference between modes.
 
-Reads only the runs JSON (`memory_breakdown` of each run and its trace ranks' `memory`); every
-number is defined in docs/reference/metrics.md §11.
+Words and draws what analysis.runs.memory decided (the breakdown rows, the static differences, DP's
+first GPU, the timeline panels); every number is defined in docs/reference/metrics.md §11.
 """
 
 from __future__ import annotations
@@ -18,19 +18,28 @@ import seaborn as sns
 from analysis.columns import C, mib
 from analysis.report.figures import MIB, png_uri, theme
 from analysis.report.findings import Finding, run_name
+from analysis.report.labels import Labels
 from analysis.report.tables import Table
-from analysis.runs.compare import is_measured, workload_key
+from analysis.runs.memory import (
+    STATIC_KEYS,
+    DpFirstGpu,
+    StaticDelta,
+    breakdown_rows,
+    memory_cases,
+    timeline_panels,
+)
+from analysis.runs.runsjson import RunsJson, read_runs_json
 from analysis.trace.memory import downsample
 
-__all__ = ["BREAKDOWN_COLS", "context", "floor_bytes", "memory_findings"]
+__all__ = ["BREAKDOWN_COLS", "context", "memory_findings", "timeline_figure"]
 
-STATIC = {
-    "parameters_bytes": "parameters",
-    "gradients_bytes": "gradients",
-    "optimizer_state_bytes": "optimizer state",
-    "buffers_bytes": "buffers",
-    "ddp_buckets_bytes": "DDP buckets",
-}
+STATIC = dict(
+    zip(
+        STATIC_KEYS,
+        ("parameters", "gradients", "optimizer state", "buffers", "DDP buckets"),
+        strict=True,
+    )
+)
 PHASE_COLORS = {"forward": "#4c72b0", "backward": "#dd8452", "optimizer": "#55a868"}
 MAX_PANELS = 12  # timeline panels (run × rank × device); more would be unreadable
 # Samples per drawn curve: a 9-inch panel shows no more, and each sample costs the inline SVG
@@ -48,37 +57,14 @@ BREAKDOWN_COLS = [
     mib(key="buffers_bytes", label="Buffers"),
     mib(key="ddp_buckets_bytes", label="DDP buckets"),
     mib(key="static_total_bytes", label="Static total"),
+    mib(key="fsdp_unsharded_peak_bytes", label="Unsharded peak (FSDP2)"),
     mib(key="forward_peak_bytes", label="Forward peak"),
     mib(key="backward_peak_bytes", label="Backward peak"),
     mib(key="optimizer_peak_bytes", label="Optimizer peak"),
 ]
 
 
-def _ok(run: dict[str, Any]) -> bool:
-    return is_measured(run)
-
-
-def floor_bytes(entry: dict[str, Any], mode: str | None) -> int | None:
-    """Bytes that stay allocated between steps: the static total less the gradients, which
-    `zero_grad(set_to_none=True)` frees every step, except under DDP with no unshared buckets
-    (gradient-as-bucket-view), where the gradients are the bucket storage and stay."""
-    total, grads = entry.get("static_total_bytes"), entry.get("gradients_bytes")
-    if total is None or grads is None:
-        return None
-    if mode == "ddp" and entry.get("ddp_buckets_bytes") == 0:
-        return int(total)
-    return int(total - grads)
-
-
-def breakdown_rows(data: dict[str, Any]) -> list[dict[str, Any]]:
-    return [
-        {"run_id": run["run_id"], "mode": run.get("mode"), **e}
-        for run in filter(_ok, data.get("runs", []))
-        for e in run.get("memory_breakdown") or []
-    ]
-
-
-def breakdown_figure(rows: list[dict[str, Any]], labels: dict[str, str]) -> str | None:
+def breakdown_figure(rows: list[dict[str, Any]], labels: Labels) -> str | None:
     """Stacked bar (MiB) per run, rank and device: the static categories and the forward peak."""
     df = pd.DataFrame(rows)
     if df.empty or df["static_total_bytes"].isna().all():
@@ -90,7 +76,12 @@ def breakdown_figure(rows: list[dict[str, Any]], labels: dict[str, str]) -> str 
         + " · "
         + df["device"]
     )
-    cols = {**STATIC, "forward_peak_bytes": "activations (forward peak)"}
+    cols = {
+        **STATIC,
+        "fsdp_unsharded_peak_bytes": "gathered blocks (FSDP2 peak)",
+        "forward_peak_bytes": "activations (forward peak)",
+    }
+    cols = {k: v for k, v in cols.items() if k in df.columns}
     plot = df.set_index("bar")[list(cols)].astype(float).fillna(0.0) / MIB
     plot = plot.rename(columns=cols)
     theme()
@@ -104,43 +95,17 @@ def breakdown_figure(rows: list[dict[str, Any]], labels: dict[str, str]) -> str 
     return png_uri(fig)
 
 
-def _panels(data: dict[str, Any]) -> list[dict[str, Any]]:
-    """One timeline panel per traced rank and device that has a breakdown entry, of the first
-    run of each configuration: other seeds of one configuration allocate the same way, and
-    each panel costs the page about 13 KB."""
-    out, drawn = [], set()
-    for run in filter(_ok, data.get("runs", [])):
-        config = (workload_key(run), run.get("mode"), run.get("backend"), run.get("world_size"))
-        if config in drawn:
-            continue
-        drawn.add(config)
-        entries = {(e["rank"], e["device"]): e for e in run.get("memory_breakdown") or []}
-        for rank in (run.get("trace") or {}).get("ranks") or []:
-            mem = rank.get("memory") or {}
-            for dev in mem.get("devices", []):
-                entry = entries.get((rank["rank"], dev["device"]))
-                if entry is None or not dev["timeline"]["t_us"]:
-                    continue
-                out.append(
-                    {
-                        "run": run,
-                        "rank": rank["rank"],
-                        "dev": dev,
-                        "phases": mem.get("phases", []),
-                        "floor": floor_bytes(entry, run.get("mode")),
-                    }
-                )
-    return out
-
-
 def timeline_figure(
-    data: dict[str, Any], labels: dict[str, str], max_panels: int = MAX_PANELS
+    data: RunsJson | dict[str, Any],
+    labels: dict[str, str] | None = None,
+    max_panels: int = MAX_PANELS,
 ) -> str | None:
     """Allocated bytes (MiB) over the profiled steps per run, rank and device, with the phase
     bands and the static floor. CUDA curves are the caching allocator's absolute total; CPU
     curves only count allocations made while profiling, so they are placed on the floor where
     the first traced forward begins (the value `start_level_bytes` there)."""
-    everything = _panels(data)
+    labels = Labels(labels or {})  # a plain mapping too: an id without a label shows as itself
+    everything = timeline_panels(read_runs_json(data))
     panels = everything[:max_panels]
     if not panels:
         return None
@@ -149,34 +114,27 @@ def timeline_figure(
     if len(everything) > len(panels):
         fig.suptitle(f"the first {len(panels)} of {len(everything)} rank/device curves", fontsize=9)
     for ax, p in zip(axes[:, 0], panels, strict=True):
-        dev, floor = p["dev"], p["floor"]
-        t0 = min([ph["start_us"] for ph in p["phases"]] or dev["timeline"]["t_us"][:1])
         t, y = downsample(
-            np.asarray(dev["timeline"]["t_us"], dtype=float),
-            np.asarray(dev["timeline"]["allocated_bytes"], dtype=float),
+            np.asarray(p.t_us, dtype=float),
+            np.asarray(p.allocated_bytes, dtype=float),
             FIGURE_POINTS,
         )
-        t = (pd.Series(t) - t0) / 1e3
+        t = (pd.Series(t) - p.t0_us) / 1e3
         y = pd.Series(y)
-        if (
-            dev["device"] == "cpu"
-            and floor is not None
-            and dev.get("start_level_bytes") is not None
-        ):
-            y = y - dev["start_level_bytes"] + floor
+        if p.on_floor:  # drawn where analysis.runs.memory places it
+            y = y - p.start_level_bytes + p.floor_bytes
         ax.step(t, y / MIB, where="post", color="black", linewidth=1.0, label="allocated")
-        for ph in p["phases"]:
+        for ph in p.phases:
             ax.axvspan(
-                (ph["start_us"] - t0) / 1e3,
-                (ph["end_us"] - t0) / 1e3,
-                color=PHASE_COLORS.get(ph["phase"], "grey"),
+                (ph.start_us - p.t0_us) / 1e3,
+                (ph.end_us - p.t0_us) / 1e3,
+                color=PHASE_COLORS[ph.phase] if ph.phase in PHASE_COLORS else "grey",
                 alpha=0.18,
                 linewidth=0,
             )
-        if floor is not None:
-            ax.axhline(floor / MIB, color="crimson", linestyle="--", linewidth=1.0)
-        label = labels.get(p["run"]["run_id"], p["run"]["run_id"])
-        ax.set_title(f"{label} · rank {p['rank']} · {dev['device']}", fontsize=9)
+        if p.floor_bytes is not None:
+            ax.axhline(p.floor_bytes / MIB, color="crimson", linestyle="--", linewidth=1.0)
+        ax.set_title(f"{labels[p.run_id]} · rank {p.rank} · {p.device}", fontsize=9)
         ax.set(ylabel="MiB", xlabel="")
     axes[-1, 0].set_xlabel("time since the first traced phase (ms)")
     handles = [
@@ -196,106 +154,71 @@ def _mib(n: float) -> str:
     return f"{n / MIB:.2f} MiB" if abs(n) < 10 * MIB else f"{n / MIB:.0f} MiB"
 
 
-def _mean(entries: list[dict[str, Any]], key: str) -> float | None:
-    vals = [e[key] for e in entries if e.get(key) is not None]
-    return sum(vals) / len(vals) if vals else None
+_BECAUSE = {
+    "ddp_buckets_bytes": "DDP's gradient buckets",
+    "optimizer_state_bytes": "optimizer state",
+    "buffers_bytes": "module buffers (e.g. SyncBatchNorm)",
+    "parameters_bytes": "parameters",
+    "gradients_bytes": "gradients",
+}
 
 
-def _same_workload(a: dict[str, Any], b: dict[str, Any]) -> bool:
-    """The one same-workload key (docs/reference/metrics.md §7), as for speedup baselines and groups."""
-    return workload_key(a) == workload_key(b)
-
-
-def static_difference(run: dict[str, Any], single: dict[str, Any]) -> dict[str, Any] | None:
-    """Per-rank static memory of `run` less `single`'s (bytes, means over ranks), and the category
-    that makes most of it (`cause`, `cause_bytes`); None without both breakdowns."""
-    mine, base = run.get("memory_breakdown") or [], single.get("memory_breakdown") or []
-    total, ref = _mean(mine, "static_total_bytes"), _mean(base, "static_total_bytes")
-    grads = _mean(base, "gradients_bytes")
-    if total is None or ref is None or not grads:
-        return None
-    deltas = {k: (_mean(mine, k) or 0) - (_mean(base, k) or 0) for k in STATIC}
-    cause = max(deltas, key=lambda k: abs(deltas[k]))
-    return {"total": total, "ref": ref, "grads": grads, "diff_bytes": total - ref,
-            "cause": cause, "cause_bytes": deltas[cause],
-            "buckets": _mean(mine, "ddp_buckets_bytes")}  # fmt: skip
-
-
-def _vs_single(run: dict[str, Any], single: dict[str, Any]) -> Finding | None:
+def _vs_single(d: StaticDelta) -> Finding:
     """DDP vs single: the per-rank static difference and the category that makes it."""
-    if (d := static_difference(run, single)) is None:
-        return None
-    total, ref, grads, diff = d["total"], d["ref"], d["grads"], d["diff_bytes"]
+    run, diff = d.run, d.diff_bytes
     name = run_name(run)
-    if abs(diff) < 0.01 * ref:
-        view = run.get("mode") == "ddp" and d["buckets"] == 0
-        why = " (gradient-as-bucket-view: the gradients are views of DDP's buckets)" if view else ""
-        text = f"{name} holds the same static memory per rank as Single ({_mib(total)}){why}."
-        return Finding(rule="memory_breakdown", severity="good", text=text, run_ids=[run["run_id"]])
-    cause = d["cause"]
-    because = {
-        "ddp_buckets_bytes": "DDP's gradient buckets",
-        "optimizer_state_bytes": "optimizer state",
-        "buffers_bytes": "module buffers (e.g. SyncBatchNorm)",
-        "parameters_bytes": "parameters",
-        "gradients_bytes": "gradients",
-    }[cause]
-    fix = (run.get("advice") or {}).get("bucket_view", "--gradient-as-bucket-view")
-    hint = f"; {fix} removes it" if cause == "ddp_buckets_bytes" else ""
+    if d.sharded:  # every category shrinks at once: name the sharding itself
+        gathered = d.gathered_bytes
+        text = (
+            f"{name} holds {_mib(abs(diff))} {'less' if diff < 0 else 'more'} static memory per "
+            f"rank than Single: parameters, gradients and optimizer state are sharded over "
+            f"{run.world_size} ranks (÷ {run.world_size}, plus padding)"
+            + (f"; gathered blocks add {_mib(gathered)} at the peak" if gathered else "")
+            + "."
+        )
+        return Finding(rule="memory_breakdown", severity="info", text=text,
+                       run_ids=[run.run_id, d.single.run_id])  # fmt: skip
+    if d.same:
+        why = (
+            " (gradient-as-bucket-view: the gradients are views of DDP's buckets)"
+            if d.bucket_view
+            else ""
+        )
+        text = f"{name} holds the same static memory per rank as Single ({_mib(d.total)}){why}."
+        return Finding(rule="memory_breakdown", severity="good", text=text, run_ids=[run.run_id])
+    hint = f"; {d.advice.bucket_view} removes it" if d.cause == "ddp_buckets_bytes" else ""
     text = (
-        f"{name} holds {_mib(abs(diff))} ({abs(diff) / grads:.1f}× gradients) "
-        f"{'more' if diff > 0 else 'less'} static memory per rank than Single: {because} "
-        f"({_mib(d['cause_bytes'])}){hint}."
+        f"{name} holds {_mib(abs(diff))} ({d.grads_ratio:.1f}× gradients) "
+        f"{'more' if diff > 0 else 'less'} static memory per rank than Single: {_BECAUSE[d.cause]} "
+        f"({_mib(d.cause_bytes)}){hint}."
     )
-    return Finding(
-        rule="memory_breakdown",
-        severity="info",
-        text=text,
-        run_ids=[run["run_id"], single["run_id"]],
-    )
+    return Finding(rule="memory_breakdown", severity="info", text=text,
+                   run_ids=[run.run_id, d.single.run_id])  # fmt: skip
 
 
-def _dp_gpu0(run: dict[str, Any]) -> Finding | None:
+def _dp_first_gpu(g: DpFirstGpu) -> Finding:
     """DP: what GPU 0 holds that the other GPUs do not."""
-    entries = sorted(run.get("memory_breakdown") or [], key=lambda e: e["device"])
-    if len(entries) < 2 or entries[0].get("static_total_bytes") is None:
-        return None
-    first, rest = entries[0], entries[1:]
-    others = max((e.get("static_total_bytes") or 0) for e in rest)
-    extra = first["static_total_bytes"] - others
     text = (
-        f"DP keeps {_mib(extra)} more static memory on {first['device']} than on any other GPU: "
+        f"DP keeps {_mib(g.extra_bytes)} more static memory on {g.device} than on any other GPU: "
         "the module's parameters, gradients and optimizer state live there "
-        f"({', '.join(f'{v} {_mib(first[k])}' for k, v in STATIC.items() if first.get(k))}); "
+        f"({', '.join(f'{STATIC[k]} {_mib(v)}' for k, v in g.parts.items())}); "
         "the other GPUs hold replicas only during forward and backward."
     )
-    f0, f1 = first.get("forward_peak_bytes"), _mean(rest, "forward_peak_bytes")
-    if f0 is not None and f1 is not None:
+    if g.forward_peak_bytes is not None and g.others_forward_peak_bytes is not None:
         text += (
-            f" Forward peak: {_mib(f0)} on {first['device']} vs {_mib(f1)} on the others "
+            f" Forward peak: {_mib(g.forward_peak_bytes)} on {g.device} vs "
+            f"{_mib(g.others_forward_peak_bytes)} on the others "
             "(the scattered input, gathered outputs and loss sit on the first GPU)."
         )
-    return Finding(rule="memory_breakdown", severity="info", text=text, run_ids=[run["run_id"]])
+    return Finding(rule="memory_breakdown", severity="info", text=text, run_ids=[g.run.run_id])
 
 
-def memory_findings(data: dict[str, Any]) -> list[Finding]:
-    """One finding per DDP run that has a matching single run (same workload, WORKLOAD_KEY; the
-    same seed preferred), and one per DP run on GPU 0's extra."""
-    runs = [r for r in data.get("runs", []) if _ok(r) and r.get("memory_breakdown")]
-    singles = [r for r in runs if r.get("mode") == "single"]
-    out = []
-    for run in runs:
-        if run.get("mode") == "dp" and (f := _dp_gpu0(run)):
-            out.append(f)
-        if run.get("mode") != "ddp":  # DP's devices differ by design: the GPU-0 finding says why
-            continue
-        same = [s for s in singles if _same_workload(s, run)]
-        base = next(
-            (s for s in same if s.get("seed") == run.get("seed")), same[0] if same else None
-        )
-        if base is not None and (f := _vs_single(run, base)):
-            out.append(f)
-    # Static counts do not depend on the seed: runs of several seeds say the same sentence once.
+def memory_findings(data: RunsJson | dict[str, Any]) -> list[Finding]:
+    """One finding per DDP, ZeRO-1 or FSDP2 run that has a matching single run and one per DP run on GPU 0's
+    extra (analysis.runs.memory.memory_cases); runs of several seeds that say the same sentence
+    (static counts do not depend on the seed) say it once, naming them all."""
+    cases = memory_cases(read_runs_json(data).measured())
+    out = [_dp_first_gpu(c) if isinstance(c, DpFirstGpu) else _vs_single(c) for c in cases]
     merged: dict[str, Finding] = {}
     for f in out:
         if f.text in merged:
@@ -305,25 +228,23 @@ def memory_findings(data: dict[str, Any]) -> list[Finding]:
     return list(merged.values())
 
 
-def context(
-    data: dict[str, Any], labels: dict[str, str], figure_data: dict[str, Any] | None = None
-) -> dict[str, Any]:
+def context(doc: RunsJson, labels: Labels, figure_doc: RunsJson | None = None) -> dict[str, Any]:
     """What the template partial needs: the table, both figures and the findings. `labels` are
     the report's run labels (made once, so the figures here name runs as every other part does).
-    The figures draw `figure_data` when given (a sweep's one run per group: static memory does
+    The figures draw `figure_doc` when given (a sweep's one run per group: static memory does
     not change with the seed), the table and findings every run."""
-    shown = figure_data if figure_data is not None else data
-    rows = breakdown_rows(data)
+    shown = figure_doc if figure_doc is not None else doc
+    rows = breakdown_rows(doc.measured())
     return {
         "table": Table(
             id="memory_breakdown", columns=BREAKDOWN_COLS, rows=rows, csv="memory_breakdown.csv"
         ),
         "breakdown_figure": breakdown_figure(
-            rows if shown is data else breakdown_rows(shown), labels
+            rows if shown is doc else breakdown_rows(shown.measured()), labels
         ),
         # A sweep shows fewer curves: each is a full step trace, and the page must stay light.
         "timeline_figure": timeline_figure(
-            shown, labels, MAX_PANELS if figure_data is None else MAX_PANELS // 2
+            shown, labels, MAX_PANELS if figure_doc is None else MAX_PANELS // 2
         ),
-        "findings": memory_findings(data),
+        "findings": memory_findings(doc),
     }

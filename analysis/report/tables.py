@@ -1,4 +1,5 @@
-"""Report tables: rows built from the runs JSON of `compare_runs`, one column spec per table.
+"""Report tables: one column spec per table (analysis.columns) over rows of the typed runs JSON
+and of analysis.runs' typed rows, each row a mapping from column key to its value.
 
 Every cell keeps the raw JSON value (written to the CSV and to the HTML `data-value` attribute, so
 tests and sorting see the exact numbers) next to its display text; units live in the headers.
@@ -12,6 +13,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
+import msgspec
 import pandas as pd
 
 from analysis.columns import (
@@ -30,10 +32,22 @@ from analysis.columns import (
     fmt,
     missing,
 )
-from analysis.report.scaling import headline_rows
-from analysis.runs.entry import is_measured
+from analysis.report.labels import Labels, run_label, unique_labels
+from analysis.report.scaling import group_label
+from analysis.runs.notes import run_reason
+from analysis.runs.rows import memory_rows, phase_rows, trace_rows
+from analysis.runs.runsjson import RunsJson, read_runs_json
+from analysis.runs.sweep import headline_rows
 
-__all__ = ["Column", "Table", "all_tables", "fmt", "run_label", "run_reason", "unique_labels"]
+__all__ = [
+    "Column",
+    "Table",
+    "all_tables",
+    "fmt",
+    "run_label",
+    "summary_rows",
+    "unique_labels",
+]
 
 
 @dataclass(kw_only=True)
@@ -45,16 +59,27 @@ class Table:
     rows: list[dict[str, Any]] = field(default_factory=list)
     csv: str | None = None
     csv_only: frozenset[str] = frozenset()  # keys written to the CSV but not shown on the page
+    # keys shown only when the rows differ in them (the platform of a one-OS report says nothing)
+    only_if_varied: frozenset[str] = frozenset()
+    # key -> the key that stands for it: hidden when every row holds the other (the mean ± std
+    # of a group's speedup where its median [95% CI] over the rounds is shown)
+    unless_shown: dict[str, str] = field(default_factory=dict)
 
     @property
     def visible_columns(self) -> list[Column]:
         """Columns to show: a numeric column empty in every row (e.g. CUDA memory on CPU) is hidden,
-        and so are the `csv_only` ones."""
+        and so are the `csv_only` ones, the `only_if_varied` ones with one value in every row and
+        the `unless_shown` ones whose stand-in every row holds."""
         return [
             c
             for c in self.columns
             if c.key not in self.csv_only
             and (not c.numeric or any(not missing(r.get(c.key)) for r in self.rows))
+            and (c.key not in self.only_if_varied or len({r.get(c.key) for r in self.rows}) > 1)
+            and not (
+                c.key in self.unless_shown
+                and all(not missing(r.get(self.unless_shown[c.key])) for r in self.rows)
+            )
         ]
 
     def frame(self) -> pd.DataFrame:
@@ -70,55 +95,10 @@ class Table:
 
 def _csv_value(v: Any) -> Any:
     if isinstance(v, list):
-        return ";".join(str(x.get("text", x)) if isinstance(x, dict) else str(x) for x in v)
+        return ";".join(
+            str(x["text"]) if isinstance(x, dict) and "text" in x else str(x) for x in v
+        )
     return v
-
-
-def run_reason(run: dict[str, Any]) -> str:
-    """One line saying why a run has no numbers ('' when it is fine)."""
-    err = run.get("error")
-    if not err:
-        return ""
-    if isinstance(err, dict):
-        where = f" (rank {err['rank']})" if err.get("rank") is not None else ""
-        kind = f"{err['kind']}: " if err.get("kind") else ""  # crash, killed, oom, diverged, ...
-        first_line = (str(err.get("message") or "failed").splitlines() or ["failed"])[0]
-        return f"{kind}{first_line}{where}"
-    return str(err)
-
-
-def run_label(run: dict[str, Any]) -> str:
-    """Short label for figures: mode, backend, world size and seed."""
-    pieces = [str(run.get("mode") or "?")]
-    if run.get("backend") not in (None, "none", "dp"):
-        pieces.append(str(run["backend"]))
-    pieces.append(f"n{run.get('world_size') or '?'}")
-    if run.get("seed") is not None:
-        pieces.append(f"s{run['seed']}")
-    return "·".join(pieces)
-
-
-def unique_labels(runs: list[dict[str, Any]]) -> dict[str, str]:
-    """run_id -> label, adding the OS and then a counter where labels would collide."""
-    labels = {r["run_id"]: run_label(r) for r in runs}
-    oses = {r.get("os") for r in runs}
-    if len(oses) > 1:
-        labels = {r["run_id"]: f"{labels[r['run_id']]}·{r.get('os') or '?'}" for r in runs}
-    seen: dict[str, int] = {}
-    for rid, lab in list(labels.items()):
-        seen[lab] = seen.get(lab, 0) + 1
-        if seen[lab] > 1:
-            labels[rid] = f"{lab}#{seen[lab]}"
-    return labels
-
-
-def _ok(run: dict[str, Any]) -> bool:
-    return is_measured(run)
-
-
-def _trace_ranks(run: dict[str, Any]) -> dict[int, dict[str, Any]]:
-    trace = run.get("trace") or {}
-    return {r["rank"]: r for r in trace.get("ranks") or []}
 
 
 def _link(path: Path, out_dir: Path) -> dict[str, str]:
@@ -131,152 +111,112 @@ def _link(path: Path, out_dir: Path) -> dict[str, str]:
     return {"href": href, "text": path.name}
 
 
-def summary_rows(data: dict[str, Any], labels: dict[str, str]) -> list[dict[str, Any]]:
+_SUMMARY_KEYS = tuple(dict.fromkeys(k for c in SUMMARY_COLS for k in (c.key, c.text_key) if k))
+
+
+def summary_rows(data: RunsJson | dict[str, Any], labels: Labels) -> list[dict[str, Any]]:
+    """One row per run (its SUMMARY_COLS fields, label and why it has no numbers or its
+    warnings), then one per unreadable and per invalid folder."""
+    doc = read_runs_json(data)
+    run_keys = [k for k in _SUMMARY_KEYS if k not in ("label", "reason")]
     rows = [
         {
-            **{k: r.get(k) for c in SUMMARY_COLS for k in (c.key, c.text_key) if k},
-            "label": labels.get(r["run_id"], ""),
+            **{k: getattr(r, k) for k in run_keys},
+            "label": labels[r.run_id] if r.run_id in labels else "",
             # ok runs can still miss numbers (a cut-off trace): say which and why.
-            "reason": run_reason(r) or "; ".join(r.get("warnings") or []),
+            "reason": run_reason(r.error) or "; ".join(r.warnings),
         }
-        for r in data.get("runs", [])
+        for r in doc.runs
     ]
-    for s in data.get("skipped", []):
-        rows.append({"run_id": Path(s["path"]).name, "status": "unreadable", "reason": s["reason"]})
-    for s in data.get("invalid", []):  # broke the run-folder contract: never analysed
-        rows.append({"run_id": Path(s["path"]).name, "status": "invalid", "reason": s["reason"]})
+    rows += [{"run_id": Path(s.path).name, "status": "unreadable", "reason": s.reason}
+             for s in doc.skipped]  # fmt: skip
+    # broke the run-folder contract: never analysed
+    rows += [{"run_id": Path(s.path).name, "status": "invalid", "reason": s.reason}
+             for s in doc.invalid]  # fmt: skip
     return rows
 
 
-def phase_rows(data: dict[str, Any]) -> list[dict[str, Any]]:
-    """Per run and rank: steps.csv phases, with exposed comm carved out of DDP's backward.
-
-    DDP's allreduce runs inside backward (bucket hooks), so exposed comm is already part of
-    backward_s; stacking it on top would count it twice. The traces cover only the few profiled
-    steps, which run slower than the rest (profiler overhead), so the trace's exposed share of its
-    step is applied to this rank's steps.csv step time, and capped at backward: the bar then adds
-    up to the measured step time instead of outgrowing it.
-    """
-    rows = []
-    for run in filter(_ok, data.get("runs", [])):
-        ranks = _trace_ranks(run)
-        for p in run.get("phases_per_rank_s") or []:
-            tr = ranks.get(p["rank"], {})
-            exposed, traced = tr.get("exposed_comm_us"), tr.get("step_time_us_mean")
-            step, back = p.get("step_time"), p.get("backward")
-            exposed_s = None
-            if exposed is not None and traced and step is not None:
-                exposed_s = exposed / traced * step
-                if back is not None:
-                    exposed_s = min(exposed_s, back)
-            back_c = (
-                back - exposed_s
-                if back is not None and exposed_s is not None and run.get("mode") == "ddp"
-                else back
-            )
-            phase_times = [p.get("data"), p.get("forward"), back, p.get("optimizer")]
-            other = None
-            if p.get("step_time") is not None and None not in phase_times:
-                other = max(p["step_time"] - sum(phase_times), 0.0)
-            rows.append(
-                {
-                    "run_id": run["run_id"],
-                    "rank": p["rank"],
-                    "data_s": p.get("data"),
-                    "forward_s": p.get("forward"),
-                    "backward_s": back,
-                    "backward_compute_s": back_c,
-                    "exposed_comm_s": exposed_s if run.get("mode") == "ddp" else None,
-                    "optimizer_s": p.get("optimizer"),
-                    "other_s": other,
-                    "step_time_s": p.get("step_time"),
-                }
-            )
-    return rows
+def _row(entry: Any) -> dict[str, Any]:
+    return msgspec.structs.asdict(entry)
 
 
-def trace_rows(data: dict[str, Any]) -> tuple[list, list, list]:
-    """Collectives, per-rank overlap and straggler rows from each run's analysed traces."""
-    coll, overlap, strag = [], [], []
-    for run in data.get("runs", []):
-        trace = run.get("trace") or {}
-        rid = run["run_id"]
-        coll += [{"run_id": rid, **c} for c in trace.get("collectives") or []]
-        for r in trace.get("ranks") or []:
-            tb = r.get("tb_split") or {}
-            overlap.append(
-                {
-                    "run_id": rid,
-                    **{
-                        k: r.get(k)
-                        for k in (
-                            "rank",
-                            "steps",
-                            "step_time_us_mean",
-                            "comm_us",
-                            "exposed_comm_us",
-                            "overlap_pct",
-                        )
-                    },
-                    **{f"tb_{k}": v for k, v in tb.items()},
-                }
-            )
-        spread = (trace.get("step_time_spread") or {}).get("spread_pct")
-        strag += [{"run_id": rid, **s, "spread_pct": spread} for s in trace.get("stragglers") or []]
-    return coll, overlap, strag
-
-
-def memory_rows(data: dict[str, Any]) -> list[dict[str, Any]]:
-    rows = []
-    for run in filter(_ok, data.get("runs", [])):
-        for m in run.get("memory") or []:
-            rows.append(
-                {
-                    "run_id": run["run_id"],
-                    **m,
-                    "memory_imbalance_pct": run.get("memory_imbalance_pct"),
-                    "memory_imbalance_max_over_mean": run.get("memory_imbalance_max_over_mean"),
-                }
-            )
-    return rows
-
-
-def env_rows(data: dict[str, Any]) -> list[dict[str, Any]]:
-    rows = [{c.key: run.get(c.key) for c in ENV_COLS} for run in data.get("runs", [])]
+def env_rows(doc: RunsJson) -> list[dict[str, Any]]:
+    rows = [{c.key: getattr(run, c.key) for c in ENV_COLS} for run in doc.runs]
     # Platform first, then backend: Linux vs Windows and NCCL vs GLOO end up next to each other.
     return sorted(rows, key=lambda r: (str(r["os"]), str(r["backend"]), str(r["run_id"])))
 
 
-def trace_link_rows(data: dict[str, Any], out_dir: Path) -> list[dict[str, Any]]:
+def trace_link_rows(doc: RunsJson, out_dir: Path) -> list[dict[str, Any]]:
     rows = []
-    for run in data.get("runs", []):
-        folder = Path(run["path"])
+    for run in doc.runs:
+        folder = Path(run.path)
         rows.append(
             {
-                "run_id": run["run_id"],
-                "status": run.get("status"),
-                "kind": (run.get("trace") or {}).get("kind"),
-                "trace_links": [_link(folder / t, out_dir) for t in run.get("trace_files") or []],
-                "log_links": [_link(folder / p, out_dir) for p in run.get("logs") or []],
+                "run_id": run.run_id,
+                "status": run.status,
+                "kind": run.trace["kind"] if run.trace and "kind" in run.trace else None,
+                "trace_links": [_link(folder / t, out_dir) for t in run.trace_files],
+                "log_links": [_link(folder / p, out_dir) for p in run.logs],
             }
         )
     return rows
 
 
-def all_tables(data: dict[str, Any], out_dir: Path, labels: dict[str, str]) -> dict[str, Table]:
+def headline_table_rows(doc: RunsJson) -> list[dict[str, Any]]:
+    """The headline table (analysis.runs.sweep.headline_rows), one row per group of seeds."""
+    return [
+        {
+            "group": group_label(h.group),
+            **{k: getattr(h.group, k) for k in _HEADLINE_GROUP_KEYS},
+            "mode": h.group.strategy or h.group.mode,  # the family member
+            "batch": h.batch,
+            "epoch_time_s": h.epoch_time_s,
+            "peak_memory_bytes": h.peak_memory_bytes,
+        }
+        for h in headline_rows(doc)
+    ]
+
+
+_HEADLINE_GROUP_KEYS = (
+    tuple(
+        c.key for c in HEADLINE_COLS if c.key not in ("batch", "epoch_time_s", "peak_memory_bytes")
+    )
+    + tuple(c.std_key for c in HEADLINE_COLS if c.std_key)
+    + tuple(k for c in HEADLINE_COLS for k in c.ci_keys or ())
+)
+
+
+# The median [95% CI] over the rounds is the group's figure (issue 33); the mean ± std over its
+# runs shows only where a group has no median, and stays in the CSV.
+ROUND_STAND_INS = {
+    "speedup_mean": "speedup_median",
+    "scaling_efficiency_mean": "scaling_efficiency_median",
+}
+
+
+def all_tables(doc: RunsJson, out_dir: Path, labels: Labels) -> dict[str, Table]:
     """Every report table keyed by id (`labels`: run_id -> the report's one label of each run);
     CSV names are the ones the report promises."""
-    coll, overlap, strag = trace_rows(data)
+    coll, overlap, strag = trace_rows(doc)
+    groups = [_row(g) for g in doc.groups]
     return {
         "summary": Table(
             id="summary",
             columns=SUMMARY_COLS,
-            rows=summary_rows(data, labels),
+            rows=summary_rows(doc, labels),
             csv="summary.csv",
             # The Run column shows the label (OS included when runs differ by it; full id: tooltip).
-            csv_only=frozenset({"label", "os"}),
+            # The page's summary fits 1,400 px: quiet_steps is shown beside the quiet throughput
+            # ("812.4 (12 steps)"), the baseline's noise in the speedup table and top-1 in the
+            # accuracy table (per group); the CSV keeps each run's.
+            csv_only=frozenset({"label", "os", "quiet_steps", "baseline_noise_pct", "top1_pct"}),
         ),
-        "phases": Table(id="phases", columns=PHASE_COLS, rows=phase_rows(data), csv="phases.csv"),
+        "phases": Table(
+            id="phases",
+            columns=PHASE_COLS,
+            rows=[_row(p) for p in phase_rows(doc)],
+            csv="phases.csv",
+        ),
         "collectives": Table(
             id="collectives", columns=COLLECTIVE_COLS, rows=coll, csv="collectives.csv"
         ),
@@ -284,21 +224,25 @@ def all_tables(data: dict[str, Any], out_dir: Path, labels: dict[str, str]) -> d
         "stragglers": Table(
             id="stragglers", columns=STRAGGLER_COLS, rows=strag, csv="stragglers.csv"
         ),
-        "memory": Table(id="memory", columns=MEMORY_COLS, rows=memory_rows(data), csv="memory.csv"),
+        "memory": Table(id="memory", columns=MEMORY_COLS, rows=memory_rows(doc), csv="memory.csv"),
         "speedup": Table(
-            id="speedup", columns=SPEEDUP_COLS, rows=list(data.get("groups", [])), csv="speedup.csv"
+            id="speedup",
+            columns=SPEEDUP_COLS,
+            rows=groups,
+            csv="speedup.csv",
+            unless_shown=ROUND_STAND_INS,
         ),
-        "accuracy": Table(
-            id="accuracy",
-            columns=ACCURACY_COLS,
-            rows=list(data.get("groups", [])),
-            csv="accuracy.csv",
-        ),
+        "accuracy": Table(id="accuracy", columns=ACCURACY_COLS, rows=groups, csv="accuracy.csv"),
         "environment": Table(
-            id="environment", columns=ENV_COLS, rows=env_rows(data), csv="environment.csv"
+            id="environment", columns=ENV_COLS, rows=env_rows(doc), csv="environment.csv"
         ),
-        "traces": Table(id="traces", columns=TRACE_COLS, rows=trace_link_rows(data, out_dir)),
+        "traces": Table(id="traces", columns=TRACE_COLS, rows=trace_link_rows(doc, out_dir)),
         "headline": Table(
-            id="headline", columns=HEADLINE_COLS, rows=headline_rows(data), csv="headline.csv"
+            id="headline",
+            columns=HEADLINE_COLS,
+            rows=headline_table_rows(doc),
+            csv="headline.csv",
+            only_if_varied=frozenset({"os"}),
+            unless_shown=ROUND_STAND_INS,
         ),
     }

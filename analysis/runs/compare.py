@@ -7,25 +7,35 @@ defined in docs/reference/metrics.md; the JSON shape is the "runs JSON" of docs/
 from __future__ import annotations
 
 import statistics
-from profiler.runfolder.versions import RUNS_JSON_SCHEMA_VERSION
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
+import msgspec
 from msgspec.structs import asdict
 from tqdm import tqdm
 
-from profiler.runfolder.errors import InputError
 from analysis.errors import unexpected
 from analysis.jsonsafe import finite_json
 from analysis.project.comm import is_comm_run
 from analysis.project.runs import comm_and_projections
 from analysis.runs.efficiency import attach_efficiency_loss
-from analysis.runs.entry import RunEntry, attach_trace, is_measured, load_run, mean_std
-from analysis.trace.clocks import check_clock_align
+from analysis.runs.entry import RunEntry, attach_trace, is_measured, load_run
+from analysis.runs.family import family_summary
+from analysis.runs.groups import (
+    GROUP_KEY,
+    MODE_ORDER,
+    WORKLOAD_KEY,
+    group_runs,
+    spread,
+    workload_key,
+)
 from analysis.runs.opdiff import ddp_adds
-from profiler.runfolder.records import InvalidRecord
 from analysis.runs.tune import is_tune_dir, load_tunes
+from analysis.trace.clocks import check_clock_align
+from profiler.runfolder.errors import InputError
+from profiler.runfolder.hostload import QUIET_OTHER_CORES_FRAC
+from profiler.runfolder.records import InvalidRecord
+from profiler.runfolder.versions import RUNS_JSON_SCHEMA_VERSION
 
 __all__ = [
     "GROUP_KEY",
@@ -33,40 +43,9 @@ __all__ = [
     "compare_runs",
     "find_run_dirs",
     "is_measured",
+    "spread",
     "workload_key",
 ]
-
-# "Same workload": runs that agree on all of these ran the same problem on the same kind of machine,
-# so their throughput can be compared or pooled. `model`, `dataset` and `loss` are the spec strings
-# as given (a user's `mypkg.nets:build` pairs with itself), with the factories' arguments
-# (entry.args_text); `fixed_batch` is the batch the scaling mode holds fixed (global for strong,
-# per-device for weak); runs from different OSes or device types are never pooled; a script
-# run's `workload` (its script's hash and arguments, or --workload) stands for the problem it
-# ran. Baselines, groups and findings all use this one key.
-WORKLOAD_KEY = (
-    "workload",
-    "model",
-    "model_args",
-    "dataset",
-    "dataset_args",
-    "loss",
-    "scaling",
-    "fixed_batch",
-    "amp",
-    "device_type",
-    "os",
-)
-GROUP_KEY = (*WORKLOAD_KEY, "mode", "backend", "world_size")
-GROUP_STATS = (
-    "samples_per_s",
-    "speedup",
-    "scaling_efficiency",
-    "test_loss",
-    "top1_pct",
-    "top5_pct",
-    "perplexity",
-)
-
 
 def find_run_dirs(paths: Sequence[Path]) -> tuple[list[Path], list[dict]]:
     """Expand `paths` (run folders or folders of run folders) into run folders, sorted by name.
@@ -107,15 +86,6 @@ def find_run_dirs(paths: Sequence[Path]) -> tuple[list[Path], list[dict]]:
     return run_dirs, skipped
 
 
-def workload_key(run: dict) -> tuple:
-    """The "same workload" key of a run entry: its WORKLOAD_KEY values."""
-    return tuple(run.get(k) for k in WORKLOAD_KEY)
-
-
-def _workload(run: RunEntry) -> tuple:
-    return tuple(getattr(run, k) for k in WORKLOAD_KEY)
-
-
 def _mean_baseline(same: list[RunEntry]) -> tuple[float, RunEntry]:
     """(mean samples/s of the single runs `same`, the one closest to that mean)."""
     mean = statistics.fmean(s.samples_per_s or 0.0 for s in same)
@@ -143,14 +113,17 @@ def _link_baselines(runs: list[RunEntry]) -> None:
             continue
         # The baseline must have run the same problem on the same kind of machine for the ratio
         # to mean "what parallelism bought".
-        same = [s for s in singles if _workload(s) == _workload(run)]
+        same = [s for s in singles if workload_key(s) == workload_key(run)]
         if not same:
             continue
         seeded = [s for s in same if run.seed is not None and s.seed == run.seed]
+        # `--repeat` rounds: each run against its own round's single run (the one beside it)
+        rounded = [s for s in seeded if (s.repeat_id, s.repeat_round) == (run.repeat_id, run.repeat_round)]  # fmt: skip
         if run.mode == "single":
             kind, base, value = "self", run, run.samples_per_s
         elif seeded:
-            kind, base, value = "same_seed", seeded[0], seeded[0].samples_per_s or 0.0
+            base = (rounded or seeded)[0]
+            kind, value = "same_seed", base.samples_per_s or 0.0
         else:
             kind, (value, base) = "group_mean", _mean_baseline(same)
         run.baseline_kind, run.baseline_run_id = kind, base.run_id
@@ -160,59 +133,6 @@ def _link_baselines(runs: list[RunEntry]) -> None:
         run.speedup = run.samples_per_s / value if value else None
         if run.speedup is not None and run.num_devices:
             run.scaling_efficiency = run.speedup / run.num_devices
-
-
-def spread(values: Iterable[float | None]) -> dict[str, float | None]:
-    """samples_per_s_min / _max over a group's runs and their spread, (max − min) ÷ mean × 100
-    (None with fewer than two runs)."""
-    xs = [v for v in values if v is not None]
-    if not xs:
-        return {
-            "samples_per_s_min": None,
-            "samples_per_s_max": None,
-            "samples_per_s_spread_pct": None,
-        }
-    spread = 100 * (max(xs) - min(xs)) / statistics.fmean(xs) if len(xs) > 1 else None
-    return {"samples_per_s_min": min(xs), "samples_per_s_max": max(xs),
-            "samples_per_s_spread_pct": spread}  # fmt: skip
-
-
-def _groups(runs: list[RunEntry]) -> list[dict]:
-    """Mean ± sample std (n−1) over the seeds of each configuration; only measured runs (ok or
-    interrupted, is_measured) count."""
-    buckets: dict[tuple, list[RunEntry]] = {}
-    for run in runs:
-        if is_measured(run):
-            buckets.setdefault(tuple(getattr(run, k) for k in GROUP_KEY), []).append(run)
-    groups = []
-    for key, members in buckets.items():
-        group: dict[str, Any] = dict(zip(GROUP_KEY, key, strict=True))
-        group["n_seeds"] = len({m.seed for m in members})
-        group["n_runs"] = len(members)
-        group["run_ids"] = [m.run_id for m in members]
-        # What the group's runs share: their caption, script, advice and baseline's noise.
-        first = members[0]
-        group["workload_label"], group["script"] = first.workload_label, first.script
-        group["advice"] = first.advice
-        group["baseline_noise_pct"] = first.baseline_noise_pct
-        for stat in GROUP_STATS:
-            group[f"{stat}_mean"], group[f"{stat}_std"] = mean_std(
-                getattr(m, stat) for m in members
-            )
-        group["comm_pct_mean"] = mean_std(m.comm_pct for m in members)[0]
-        group["exposed_comm_pct_mean"] = mean_std(m.exposed_comm_pct for m in members)[0]
-        group.update(spread(m.samples_per_s for m in members))
-        groups.append(group)
-    order = {"single": 0, "dp": 1, "ddp": 2}
-    return sorted(
-        groups,
-        key=lambda g: (
-            *(str(g[k]) for k in WORKLOAD_KEY),
-            order.get(g["mode"], 9),
-            str(g["backend"]),
-            g["world_size"] or 0,
-        ),
-    )
 
 
 def _unique_id(entry: RunEntry, run_dir: Path, taken: set[str]) -> None:
@@ -231,27 +151,25 @@ def _unique_id(entry: RunEntry, run_dir: Path, taken: set[str]) -> None:
     )
 
 
-def compare_runs(
-    paths: Sequence[Path], *, progress: bool = True, traces: bool = True, clock_align: str = "auto"
-) -> dict:
-    """The runs JSON (schema_version 2) for run folders or folders of run folders in `paths`.
-
-    `traces=False` skips trace analysis (trace fields stay null); `clock_align` is the traces
-    analysis' (analysis/trace/clocks.py). Raises InputError only when no run could be read at
-    all; unreadable folders are listed under `skipped`.
-    """
-    check_clock_align(clock_align)
-    run_dirs, skipped = find_run_dirs(paths)
-    comm_dirs = [d for d in run_dirs if is_comm_run(d)]  # `make bench-comm`: not a training run
-    run_dirs = [d for d in run_dirs if d not in comm_dirs]
-    runs = []
+def _load_runs(
+    run_dirs: list[Path],
+    invalid: list[dict],
+    skipped: list[dict],
+    *,
+    progress: bool,
+    traces: bool,
+    clock_align: str,
+    quiet_frac: float,
+) -> list[RunEntry]:
+    """The readable runs of `run_dirs` (their traces analysed when `traces`), each with a unique
+    id; an invalid record goes to `invalid`, any other unreadable folder to `skipped`."""
+    runs: list[RunEntry] = []
     bar = tqdm(
         run_dirs, desc="runs", unit="run", leave=False, disable=not progress or len(run_dirs) < 2
     )
-    invalid: list[dict] = []
     for run_dir in bar:
         try:
-            entry = load_run(run_dir)
+            entry = load_run(run_dir, quiet_frac=quiet_frac)
             if traces and is_measured(entry):
                 # one bar, over the runs
                 attach_trace(entry, run_dir, progress=False, clock_align=clock_align)
@@ -267,6 +185,34 @@ def compare_runs(
             continue
         _unique_id(entry, run_dir, {r.run_id for r in runs})
         runs.append(entry)
+    return runs
+
+
+def compare_runs(
+    paths: Sequence[Path],
+    *,
+    progress: bool = True,
+    traces: bool = True,
+    clock_align: str = "auto",
+    memory_budget_bytes: int | None = None,
+    quiet_frac: float = QUIET_OTHER_CORES_FRAC,
+) -> dict:
+    """The runs JSON (schema_version 2) for run folders or folders of run folders in `paths`.
+
+    `traces=False` skips trace analysis (trace fields stay null); `clock_align` is the traces
+    analysis' (analysis/trace/clocks.py); `memory_budget_bytes` is the per-rank memory the
+    family's capacity fits models into (default: the device's memory); `quiet_frac`: the
+    quiet-step threshold (other processes' cores per core a run uses; analysis.runs.quiet).
+    Raises InputError only when no run could be read at all; unreadable folders are listed
+    under `skipped`.
+    """
+    check_clock_align(clock_align)
+    run_dirs, skipped = find_run_dirs(paths)
+    comm_dirs = [d for d in run_dirs if is_comm_run(d)]  # `make bench-comm`: not a training run
+    run_dirs = [d for d in run_dirs if d not in comm_dirs]
+    invalid: list[dict] = []
+    runs = _load_runs(run_dirs, invalid, skipped, progress=progress, traces=traces,
+                      clock_align=clock_align, quiet_frac=quiet_frac)  # fmt: skip
     tunes, tune_skipped = load_tunes(paths)
     skipped += tune_skipped
     if not runs and not tunes and not comm_dirs and not invalid:
@@ -274,19 +220,21 @@ def compare_runs(
         raise InputError(
             where, "no readable run folders", "run `make profile-all` first or pass the runs folder"
         )
-    order = {"single": 0, "dp": 1, "ddp": 2}
-    runs.sort(key=lambda r: (order.get(r.mode, 9), str(r.run_id)))
+    runs.sort(key=lambda r: (MODE_ORDER.get(r.strategy or r.mode, 9), str(r.run_id)))
     _link_baselines(runs)
-    groups = _groups(runs)
-    attach_efficiency_loss(runs, groups, _workload)
-    rows = [asdict(r) for r in runs]  # the runs JSON's entries: dicts, in RunEntry's field order
+    groups = group_runs(runs)
+    attach_efficiency_loss(runs, groups, workload_key)
+    # The JSON edge: the typed entries written out in their field order (analysis.runs.runsjson
+    # reads them back typed); the project and opdiff halves read the entries as JSON too.
+    rows = [asdict(r) for r in runs]
     result = {
         "schema_version": RUNS_JSON_SCHEMA_VERSION,
         "runs": rows,
-        "groups": groups,
+        "groups": [asdict(g) for g in groups],
         "ddp_adds": ddp_adds(rows, groups),
+        "family": family_summary(rows, WORKLOAD_KEY, memory_budget_bytes),
         "skipped": skipped,
-        "tunes": tunes,
+        "tunes": msgspec.to_builtins(tunes),
         **comm_and_projections(comm_dirs, rows),
         "invalid": invalid,
         "warnings": [],

@@ -14,9 +14,9 @@ from pathlib import Path, PurePath
 from typing import Any
 
 import msgspec
-import pandas as pd
 
 from analysis.errors import unexpected
+from analysis.runs.family import family_fields
 from analysis.runs.fields import (
     args_text,
     device_type,
@@ -26,15 +26,17 @@ from analysis.runs.fields import (
     num_devices,
 )
 from analysis.runs.notes import advice, overhead_note, workload_label
+from analysis.runs.quiet import apply_quiet, mark_noisy, phases_summary
 from analysis.trace.consistency import run_trace_warnings
 from analysis.trace.folder import analyze_trace_dir
 from analysis.trace.memory import breakdown_entries, fill_dynamic
 from profiler.runfolder.errors import InputError, safe_text
-from profiler.runfolder.layout import STEP_PHASES, throughput_steps
+from profiler.runfolder.hostload import QUIET_OTHER_CORES_FRAC
+from profiler.runfolder.lease import killed_error
+from profiler.runfolder.quiet import cores_in_use
 from profiler.runfolder.records import InvalidRecord, read_record
 from profiler.runfolder.schema import EvalEntry, Metrics, RunRecord, StepTime
 from profiler.runfolder.steps import read_steps_frame
-from profiler.runfolder.lease import killed_error
 
 __all__ = [
     "MEASURED",
@@ -44,7 +46,6 @@ __all__ = [
     "is_measured",
     "load_run",
     "mean_std",
-    "phases_summary",
 ]
 
 MEASURED = ("ok", "interrupted")
@@ -65,6 +66,8 @@ CONFIG_FIELDS = (
     "devices",
     "sweep_id",
     "workload",
+    "repeat_id",
+    "repeat_round",
 )
 ENV_FIELDS = (
     "os",
@@ -80,82 +83,78 @@ ENV_FIELDS = (
 )
 
 
-def phases_summary(steps: pd.DataFrame) -> tuple[dict | None, list[dict], str | None]:
-    """Mean seconds per step of each phase, over all ranks and per rank, on the steps throughput
-    uses (profiler.runfolder.layout.throughput_steps: neither warm-up nor profiled, else every measured
-    step with its warning; schema 1 folders have no `profiled` column: every non-warm-up step),
-    and the rule's warning. (None, [], None) without a measured step."""
-    profiled = steps["profiled"] if "profiled" in steps.columns else None
-    mask, warning = throughput_steps(steps["warmup"], profiled)
-    body = steps[mask]
-    if body.empty:
-        return None, [], None
-    cols = [f"{p}_s" for p in STEP_PHASES]
-    overall = {p: float(body[f"{p}_s"].mean()) for p in STEP_PHASES}
-    per_rank = body.groupby("rank")[[*cols, "step_time_s"]].mean().reset_index()
-    rows = [
-        {
-            "rank": int(r["rank"]),
-            **{p: float(r[f"{p}_s"]) for p in STEP_PHASES},
-            "step_time": float(r["step_time_s"]),
-        }
-        for r in per_rank.to_dict("records")
-    ]
-    return overall, rows, warning
-
-
 class RunEntry(msgspec.Struct, kw_only=True):
     """One run entry of the runs JSON (docs/reference/metrics.md "runs JSON"; definitions §7), in its
     field order. `load_run` fills what one folder says; `attach_trace` the trace fields;
     analysis.runs.compare the cross-run ones (baseline, speedup, scaling efficiency), then writes
     it out as a dict (`msgspec.structs.asdict`)."""
 
-    run_id: str
-    path: str
-    status: str  # run.json status: ok | failed | skipped | running | interrupted
-    error: dict[str, Any] | None
-    mode: str | None
-    backend: str | None
-    world_size: int | None
-    model: str | None
-    dataset: str | None
-    scaling: str | None
-    global_batch: int | None
-    per_device_batch: int | None
-    seed: int | None
-    amp: bool | None
-    devices: list[str]
-    sweep_id: str | None
-    workload: str | None  # a script run's problem (its hash and arguments, or --workload)
+    run_id: str = ""
+    path: str = ""
+    status: str = ""  # run.json status: ok | failed | skipped | running | interrupted
+    error: dict[str, Any] | None = None
+    mode: str | None = None
+    backend: str | None = None
+    world_size: int | None = None
+    model: str | None = None
+    dataset: str | None = None
+    scaling: str | None = None
+    global_batch: int | None = None
+    per_device_batch: int | None = None
+    seed: int | None = None
+    amp: str | None = None  # none | fp16 | bf16
+    devices: list[str] | None = None
+    sweep_id: str | None = None
+    workload: str | None = None  # a script run's problem (its hash and arguments, or --workload)
+    repeat_id: str | None = None  # `--repeat` rounds: the set and this run's round (from 0)
+    repeat_round: int | None = None
     script: str | None = None  # a script run's file name
     workload_label: str = ""  # analysis.runs.notes.workload_label: the caption
     stop_reason: str | None = None  # run.json stop_reason (--max-steps)
     advice: dict[str, str] = {}  # analysis.runs.notes.advice
-    os: str | None
-    platform: str | None
-    hostname: str | None
-    python: str | None
-    torch: str | None
-    cuda: str | None
-    nccl: str | None
-    gpus: Any
-    cpu_model: str | None
-    threads_per_rank: int | None
+    os: str | None = None
+    platform: str | None = None
+    hostname: str | None = None
+    python: str | None = None
+    torch: str | None = None
+    cuda: str | None = None
+    nccl: str | None = None
+    gpus: Any = None
+    cpu_model: str | None = None
+    threads_per_rank: int | None = None
     host_load: dict[str, Any] | None = None  # env.host_load as run.json has it (busy machine)
+    # The data-parallel family (analysis.runs.family.family_fields): zero, fsdp, strategy,
+    # metrics.fsdp's groups and what bounds a rank's memory.
+    zero: int | None = None
+    fsdp: dict[str, Any] | None = None
+    strategy: str | None = None
+    fsdp_groups: list[dict[str, Any]] = []
+    device_memory_bytes: int | None = None
+    nproc_per_node: int | None = None
     # The rest of the same-workload key (WORKLOAD_KEY): the factories' arguments (args_text) and
     # the loss spec; a record from before them counts as no arguments and cross_entropy.
-    model_args: str
-    dataset_args: str
-    loss: str
-    parameters: int | None  # config.model_facts.parameters: tied weights once
-    fixed_batch: int | None  # the batch the scaling mode holds fixed (WORKLOAD_KEY)
-    device_type: str | None
-    num_devices: int | None
-    samples_per_s: float | None
-    step_time_s_mean: float | None
-    step_time_s_p95: float | None
-    wall_time_s: float | None
-    profiler_overhead_pct: float | None
+    model_args: str = ""
+    dataset_args: str = ""
+    loss: str = "cross_entropy"
+    parameters: int | None = None  # config.model_facts.parameters: tied weights once
+    fixed_batch: int | None = None  # the batch the scaling mode holds fixed (WORKLOAD_KEY)
+    device_type: str | None = None
+    num_devices: int | None = None
+    # The headline throughput: over the quiet steps when `throughput_basis` is quiet; beside it
+    # (analysis.runs.quiet) the all-steps and quiet-step figures and what the choice stands on.
+    samples_per_s: float | None = None
+    samples_per_s_all: float | None = None
+    samples_per_s_quiet: float | None = None
+    quiet_steps: int | None = None
+    busy_steps: int | None = None
+    quiet_threshold_cores: float | None = None
+    throughput_basis: str | None = None  # quiet | all (null: a run without numbers)
+    host_contention_frac: float | None = None
+    throughput_noisy: bool = False
+    step_time_s_mean: float | None = None
+    step_time_s_p95: float | None = None
+    wall_time_s: float | None = None
+    profiler_overhead_pct: float | None = None
     # metrics.profiler_overhead_noise_pct and, from both, analysis.runs.notes.overhead_note
     profiler_overhead_noise_pct: float | None = None
     profiler_overhead_within_noise: bool | None = None
@@ -163,7 +162,7 @@ class RunEntry(msgspec.Struct, kw_only=True):
     profile_export_s: float | None = None  # the slowest rank's trace export (metrics.profile)
     # The fewest measured (unprofiled) steps of any rank: what throughput was averaged over.
     measured_steps: int | None = None
-    epoch_time_s: float | None  # wall time of each epoch's loop as run, mean over epochs
+    epoch_time_s: float | None = None  # wall time of each epoch's loop as run, mean over epochs
     baseline_run_id: str | None = None
     # analysis.runs.compare: same_seed | group_mean | self, the single runs behind it, the
     # throughput the speedup divides by and those runs' spread (the noise of a speedup)
@@ -173,29 +172,29 @@ class RunEntry(msgspec.Struct, kw_only=True):
     baseline_noise_pct: float | None = None
     speedup: float | None = None
     scaling_efficiency: float | None = None
-    phases_s: dict[str, float] | None = None
-    phases_per_rank_s: list[dict[str, float]] = []
+    phases_s: dict[str, float | None] | None = None  # a non-finite mean is null
+    phases_per_rank_s: list[dict[str, Any]] = []  # {rank, <phase>: s, step_time: s}
     comm_pct: float | None = None
     exposed_comm_pct: float | None = None
     overlap_pct: float | None = None
     # analysis.runs.efficiency: the lost efficiency points split (DDP runs with a baseline)
     efficiency_loss_pts: dict[str, float | None] | None = None
-    memory: list[dict[str, Any]]  # verbatim (validated): fields newer writers add pass through
-    memory_metric: str | None
-    peak_memory_bytes: int | None
-    memory_imbalance_pct: float | None
-    memory_imbalance_max_over_mean: float | None
-    memory_breakdown: list[dict[str, Any]]
-    test_loss: float | None
-    top1_pct: float | None
-    top5_pct: float | None
-    perplexity: float | None  # sequence outputs: exp(mean token cross-entropy)
-    eval_note: str | None  # run.json eval.note: why the run has no eval
-    trace_files: list[str]
+    memory: list[dict[str, Any]] = []  # verbatim (validated): fields newer writers add pass through
+    memory_metric: str | None = None
+    peak_memory_bytes: int | None = None
+    memory_imbalance_pct: float | None = None
+    memory_imbalance_max_over_mean: float | None = None
+    memory_breakdown: list[dict[str, Any]] = []
+    test_loss: float | None = None
+    top1_pct: float | None = None
+    top5_pct: float | None = None
+    perplexity: float | None = None  # sequence outputs: exp(mean token cross-entropy)
+    eval_note: str | None = None  # run.json eval.note: why the run has no eval
+    trace_files: list[str] = []
     traces_left_out: list[dict[str, str]] = []  # run.json traces_left_out: {file, reason}
-    logs: list[str]
+    logs: list[str] = []
     trace: dict[str, Any] | None = None  # the traces JSON of traces/
-    warnings: list[str]
+    warnings: list[str] = []
 
 
 def is_measured(run: RunEntry | dict[str, Any]) -> bool:
@@ -209,13 +208,14 @@ def _measured_steps(metrics: Metrics) -> int | None:
     return min((r.steps for r in metrics.per_rank if r.steps is not None), default=None)
 
 
-def load_run(run_dir: Path) -> RunEntry:
+def load_run(run_dir: Path, *, quiet_frac: float = QUIET_OTHER_CORES_FRAC) -> RunEntry:
     """One run entry of the runs JSON, without the cross-run fields (baseline, speedup, ...).
 
     run.json and steps.csv are validated first (profiler/runfolder/records.py). Raises InputError when
     run.json is missing or unreadable and InvalidRecord when either file breaks the run-folder
     contract; a missing steps.csv (or a bad one in a run that did not finish ok) or bad traces
-    only add a line to the entry's `warnings`.
+    only add a line to the entry's `warnings`. `quiet_frac`: the quiet-step threshold, other
+    processes' cores per core the run uses (analysis.runs.quiet).
     """
     rec, raw = read_record(run_dir / "run.json")
     status, error = rec.status, raw.get("error")
@@ -240,6 +240,7 @@ def load_run(run_dir: Path) -> RunEntry:
         device_type=device_type(config),
         num_devices=num_devices(config),
         samples_per_s=metrics.samples_per_s,
+        samples_per_s_all=metrics.samples_per_s,
         step_time_s_mean=step_time.mean,
         step_time_s_p95=step_time.p95,
         wall_time_s=metrics.wall_time_s,
@@ -248,6 +249,7 @@ def load_run(run_dir: Path) -> RunEntry:
         profile_export_s=max((p.export_s or 0.0 for p in metrics.profile), default=None),
         measured_steps=_measured_steps(metrics),
         host_load=msgspec.to_builtins(env.host_load) if env.host_load else None,
+        **family_fields(config, metrics, env),
         epoch_time_s=mean_std(metrics.epoch_time_s)[0],
         memory=memory,
         **memory_peaks(memory),
@@ -263,7 +265,8 @@ def load_run(run_dir: Path) -> RunEntry:
     )
     _words(entry, rec, raw)
     entry.trace_files = _inside_files(run_dir, rec.traces, entry.warnings)
-    _read_phases(entry, run_dir / "steps.csv", rec.schema_version)
+    _read_phases(entry, run_dir / "steps.csv", rec, quiet_frac)
+    mark_noisy(entry, measured=is_measured(entry))
     return entry
 
 
@@ -302,10 +305,11 @@ def _inside_files(run_dir: Path, names: list[str], warnings: list[str]) -> list[
     return keep
 
 
-def _read_phases(entry: RunEntry, steps_csv: Path, schema_version: Any) -> None:
-    """Fill the entry's phases from steps.csv (decoded once and validated, ranks against
-    config.world_size); a missing file, or a bad one in a run that did not finish ok, is a
-    warning; a bad one in an ok run raises InvalidRecord."""
+def _read_phases(entry: RunEntry, steps_csv: Path, rec: RunRecord, quiet_frac: float) -> None:
+    """Fill the entry's quiet-step fields and phases from steps.csv (decoded once and validated,
+    ranks against config.world_size; phases on the headline's steps); a missing file, or a bad
+    one in a run that did not finish ok, is a warning; a bad one in an ok run raises
+    InvalidRecord."""
     if not os.path.lexists(steps_csv):
         if is_measured(entry):
             entry.warnings.append(f"{steps_csv}: missing — phases left empty")
@@ -322,13 +326,16 @@ def _read_phases(entry: RunEntry, steps_csv: Path, schema_version: Any) -> None:
         # A run that did not finish may have been cut off mid-row: its numbers are not used.
         entry.warnings.append(f"{err} — phases left empty")
         return
-    entry.phases_s, entry.phases_per_rank_s, warning = phases_summary(steps)
+    mask = apply_quiet(
+        entry, steps, cores=cores_in_use(rec), frac=quiet_frac, measured=is_measured(entry)
+    )
+    entry.phases_s, entry.phases_per_rank_s, warning = phases_summary(steps, mask)
     if warning and warning not in entry.warnings:  # the writer's, said once
         entry.warnings.append(warning)
     if "profiled" not in steps.columns and entry.status == "ok":
         entry.warnings.append(
             f"{steps_csv}: no `profiled` column (run-folder schema "
-            f"{schema_version}) — throughput and phases include the "
+            f"{rec.schema_version}) — throughput and phases include the "
             "profiled steps; re-run with the current dpscope to exclude them"
         )
 

@@ -10,10 +10,21 @@ import shlex
 from pathlib import PurePath
 from typing import Any
 
+import msgspec
+
 from analysis.jsonsafe import clip
 from profiler.runfolder.schema import Config
 
-__all__ = ["LABEL_CHARS", "advice", "overhead_note", "workload_label"]
+__all__ = [
+    "LABEL_CHARS",
+    "Advice",
+    "advice",
+    "advice_of",
+    "error_words",
+    "overhead_note",
+    "run_reason",
+    "workload_label",
+]
 
 LABEL_CHARS = 200  # a caption is one line
 
@@ -70,8 +81,7 @@ def advice(*, script: str | None, num_buckets: int | None) -> dict[str, str]:
     buckets = f"{num_buckets} gradient bucket(s) per step" if num_buckets else "its buckets"
     return {
         "pair": f"profile {script} with --mode single and with --mode ddp, same arguments",
-        "more_steps": "let the script run more steps: its own arguments, or a larger "
-        "--max-steps",
+        "more_steps": "let the script run more steps: its own arguments, or a larger --max-steps",
         "bucket_view": "DDP(model, gradient_as_bucket_view=True)",
         "tune": "DDP(model, bucket_cap_mb=...)",
         "tune_note": f" (this run: {buckets}, DDP's default 25 MB each; larger buckets mean "
@@ -80,3 +90,43 @@ def advice(*, script: str | None, num_buckets: int | None) -> dict[str, str]:
         "`with model.no_sync():` on the micro-batches before the last one when accumulating, "
         "or a faster backend",
     }
+
+
+class Advice(msgspec.Struct, kw_only=True):
+    """A run's or group's `advice` read typed (see `advice`); a key the runs JSON lacks reads as
+    a built-in run's advice."""
+
+    pair: str
+    more_steps: str
+    bucket_view: str
+    tune: str
+    tune_note: str
+    exposed: str
+
+
+def advice_of(words: dict[str, str]) -> Advice:
+    """The `advice` object of a run or group entry as an Advice."""
+    fields = msgspec.structs.fields(Advice)
+    given = {f.name: words[f.name] for f in fields if isinstance(words.get(f.name), str)}
+    return Advice(**{**advice(script=None, num_buckets=None), **given})
+
+
+def error_words(error: Any) -> str:
+    """A run.json `error` as `kind: message` (error.kind: crash, killed, oom, diverged, ...), or
+    "no reason recorded"."""
+    err = error if isinstance(error, dict) else {}
+    why = (err.get("message") if err else error) or "no reason recorded"
+    return f"{err['kind']}: {why}" if err.get("kind") else str(why)
+
+
+def run_reason(err: Any) -> str:
+    """One line saying why a run has no numbers from its run.json `error` ('' for none): the
+    error's kind, the first line of its message and its rank."""
+    if not err:
+        return ""
+    if isinstance(err, dict):
+        where = f" (rank {err['rank']})" if err.get("rank") is not None else ""
+        kind = f"{err['kind']}: " if err.get("kind") else ""  # crash, killed, oom, diverged, ...
+        first_line = (str(err.get("message") or "failed").splitlines() or ["failed"])[0]
+        return f"{kind}{first_line}{where}"
+    return str(err)

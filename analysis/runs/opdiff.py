@@ -8,18 +8,21 @@ is per analysed step; definitions in docs/reference/metrics.md §9.
 
 from __future__ import annotations
 
-from profiler.runfolder.layout import STEP_PHASES
-from profiler.runfolder.versions import DIFF_JSON_SCHEMA_VERSION, OPS_JSON_SCHEMA_VERSION
 from pathlib import Path
 from typing import Any
 
+import msgspec
 from msgspec.structs import asdict
 
-from profiler.runfolder.errors import InputError
 from analysis.runs.entry import load_run
+from analysis.runs.groups import GroupEntry
 from analysis.trace.folder import analyze_trace_dir, find_trace_files
+from profiler.runfolder.errors import InputError
+from profiler.runfolder.layout import STEP_PHASES
+from profiler.runfolder.versions import DIFF_JSON_SCHEMA_VERSION, OPS_JSON_SCHEMA_VERSION
 
 __all__ = [
+    "DdpAdds",
     "ddp_adds",
     "diff_entries",
     "diff_runs",
@@ -29,6 +32,33 @@ __all__ = [
 ]
 
 WORKLOAD_FIELDS = ("workload", "model", "dataset", "scaling", "amp")
+
+
+class DiffSide(msgspec.Struct, kw_only=True):
+    """One side of a diff JSON (the rest of its fields stay in the JSON)."""
+
+    run_id: str = ""
+    rank: int | None = None
+
+
+class DiffStepTimes(msgspec.Struct, kw_only=True):
+    """Mean step time of each side and B − A, µs."""
+
+    a: float | None = None
+    b: float | None = None
+    delta: float | None = None
+
+
+class DdpAdds(msgspec.Struct, kw_only=True):
+    """One "what DDP adds" diff of the runs JSON (`ddp_adds[]`, a diff JSON: A = the single-device
+    run, B = DDP rank 0), read typed: its `ops` rows are shown as they are."""
+
+    a: DiffSide = msgspec.field(default_factory=DiffSide)
+    b: DiffSide = msgspec.field(default_factory=DiffSide)
+    per_sample: bool = False
+    step_time_us: DiffStepTimes = msgspec.field(default_factory=DiffStepTimes)
+    ops: list[dict[str, Any]] = []
+    warnings: list[str] = []
 
 
 def load_run_with_traces(run: Path) -> dict[str, Any]:
@@ -252,7 +282,7 @@ def has_ops(run: dict[str, Any]) -> bool:
     return run.get("status") == "ok" and any(r.get("ops") for r in trace.get("ranks") or [])
 
 
-def ddp_adds(runs: list[dict], groups: list[dict]) -> list[dict[str, Any]]:
+def ddp_adds(runs: list[dict], groups: list[GroupEntry]) -> list[dict[str, Any]]:
     """The runs JSON's `ddp_adds`: "what DDP adds", one diff JSON per group of DDP runs.
 
     Per DDP group (in `groups` order), its first run that has operator rows and whose baseline
@@ -261,8 +291,8 @@ def ddp_adds(runs: list[dict], groups: list[dict]) -> list[dict[str, Any]]:
     pair add nothing. Needs the baselines linked and the traces attached."""
     by_id = {r["run_id"]: r for r in runs}
     out = []
-    for group in (g for g in groups if g.get("mode") == "ddp"):
-        members = [by_id[rid] for rid in group.get("run_ids", []) if rid in by_id]
+    for group in (g for g in groups if (g.strategy or "ddp") == "ddp" and g.mode == "ddp"):
+        members = [by_id[rid] for rid in group.run_ids if rid in by_id]
         pairs = [(d, by_id.get(d.get("baseline_run_id"))) for d in members]
         pairs = [(d, s) for d, s in pairs if s and has_ops(d) and has_ops(s)]
         if pairs:

@@ -15,10 +15,20 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import msgspec
+
 from profiler.runfolder.errors import InputError
 from profiler.runfolder.inputfile import decode_json
 
-__all__ = ["TUNE_FILE", "find_tune_dirs", "is_tune_dir", "load_tune", "load_tunes"]
+__all__ = [
+    "TUNE_FILE",
+    "TuneArm",
+    "TuneEntry",
+    "find_tune_dirs",
+    "is_tune_dir",
+    "load_tune",
+    "load_tunes",
+]
 
 TUNE_FILE = "tune.json"
 _NUM = (
@@ -60,27 +70,75 @@ def _text(v: Any) -> str | None:
     return None if v is None else str(v)
 
 
-def _arm(raw: Any) -> dict:
+class TuneArm(msgspec.Struct, kw_only=True):
+    """One arm of a tune (its baseline or a candidate) with only the expected fields, each of the
+    expected type (else empty): the tuner's numbers (docs/reference/metrics.md §8), its trials
+    counted, and its flags."""
+
+    samples_per_s_median: float | None = None  # samples/s
+    samples_per_s_min: float | None = None
+    samples_per_s_max: float | None = None
+    spread_pct: float | None = None  # (max − min) ÷ median × 100
+    speedup_vs_baseline: float | None = None  # ×
+    speedup_min: float | None = None
+    speedup_max: float | None = None
+    p_value: float | None = None  # exact two-sided Mann–Whitney
+    loss_max_abs_diff: float | None = None  # nats
+    name: str | None = None
+    status: str | None = None
+    reason: str | None = None
+    note: str | None = None
+    stage: str | None = None
+    group: str | None = None
+    samples_per_s_runs: list[float] = []
+    args: list[str] = []
+    trials: int = 0
+    trials_ok: int = 0
+    significant: bool = False
+    loss_flagged: bool = False
+    lossy: bool = False
+
+
+class TuneEntry(msgspec.Struct, kw_only=True):
+    """One tune folder in the runs JSON (`tunes[]`), in its field order."""
+
+    tune_id: str = ""
+    path: str = ""
+    status: str | None = None
+    workload: dict[str, Any] = {}  # str, number or list values of tune.json `workload`
+    rules: dict[str, Any] = {}  # str or number values of tune.json `rules`
+    baseline: TuneArm = msgspec.field(default_factory=TuneArm)
+    candidates: list[TuneArm] = []
+    best: TuneArm | None = None
+    command: str | None = None
+    launcher_command: str | None = None
+    stopped_early: bool = False
+    stop_reason: str | None = None
+    elapsed_s: float | None = None
+
+
+def _arm(raw: Any) -> TuneArm:
     """One arm with only the expected fields, each of the expected type (else None)."""
     raw = raw if isinstance(raw, dict) else {}
-    arm: dict[str, Any] = {k: _num(raw.get(k)) for k in _NUM}
-    arm.update({k: _text(raw.get(k)) for k in _TEXT})
     runs = raw.get("samples_per_s_runs")
-    arm["samples_per_s_runs"] = (
-        [x for x in map(_num, runs) if x is not None] if isinstance(runs, list) else []
-    )
     args = raw.get("args")
-    arm["args"] = [str(a) for a in args] if isinstance(args, list) else []
     trials = raw.get("trials") if isinstance(raw.get("trials"), list) else []
-    arm["trials"] = len(trials)
-    arm["trials_ok"] = sum(1 for t in trials if isinstance(t, dict) and t.get("status") == "ok")
-    arm["significant"] = raw.get("significant") is True
-    arm["loss_flagged"] = raw.get("loss_flagged") is True
-    arm["lossy"] = raw.get("lossy") is True
-    return arm
+    return TuneArm(
+        **{k: _num(raw.get(k)) for k in _NUM},
+        **{k: _text(raw.get(k)) for k in _TEXT},
+        samples_per_s_runs=(
+            [x for x in map(_num, runs) if x is not None] if isinstance(runs, list) else []
+        ),
+        args=[str(a) for a in args] if isinstance(args, list) else [],
+        trials=len(trials),
+        trials_ok=sum(1 for t in trials if isinstance(t, dict) and t.get("status") == "ok"),
+        significant=raw.get("significant") is True,
+        loss_flagged=raw.get("loss_flagged") is True,
+        lossy=raw.get("lossy") is True,
+    )
 
 
-def load_tune(tune_dir: Path) -> dict:
+def load_tune(tune_dir: Path) -> TuneEntry:
     """The runs-JSON entry of one tune folder; raises ValueError (one line) when unreadable."""
     path = Path(tune_dir) / TUNE_FILE
     try:  # the reading rules of every record (profiler.runfolder.inputfile): regular file, size, depth
@@ -94,24 +152,24 @@ def load_tune(tune_dir: Path) -> dict:
         raise ValueError("has no string `workload.model` — not written by `make tune-ddp`")
     best = raw.get("best") if isinstance(raw.get("best"), dict) else None
     rules = raw.get("rules") if isinstance(raw.get("rules"), dict) else {}
-    return {
-        "tune_id": _text(raw.get("tune_id")) or Path(tune_dir).name,
-        "path": str(tune_dir),
-        "status": _text(raw.get("status")),
-        "workload": {k: v for k, v in workload.items() if isinstance(v, str | int | float | list)},
-        "rules": {k: v for k, v in rules.items() if isinstance(v, str | int | float)},
-        "baseline": _arm(raw.get("baseline")),
-        "candidates": [_arm(c) for c in raw["candidates"]],
-        "best": _arm(best) if best else None,
-        "command": _text(raw.get("command")),
-        "launcher_command": _text(raw.get("launcher_command")),
-        "stopped_early": raw.get("stopped_early") is True,
-        "stop_reason": _text(raw.get("stop_reason")),
-        "elapsed_s": _num(raw.get("elapsed_s")),
-    }
+    return TuneEntry(
+        tune_id=_text(raw.get("tune_id")) or Path(tune_dir).name,
+        path=str(tune_dir),
+        status=_text(raw.get("status")),
+        workload={k: v for k, v in workload.items() if isinstance(v, str | int | float | list)},
+        rules={k: v for k, v in rules.items() if isinstance(v, str | int | float)},
+        baseline=_arm(raw.get("baseline")),
+        candidates=[_arm(c) for c in raw["candidates"]],
+        best=_arm(best) if best else None,
+        command=_text(raw.get("command")),
+        launcher_command=_text(raw.get("launcher_command")),
+        stopped_early=raw.get("stopped_early") is True,
+        stop_reason=_text(raw.get("stop_reason")),
+        elapsed_s=_num(raw.get("elapsed_s")),
+    )
 
 
-def load_tunes(paths: Sequence[Path]) -> tuple[list[dict], list[dict]]:
+def load_tunes(paths: Sequence[Path]) -> tuple[list[TuneEntry], list[dict]]:
     """(tune entries, skipped) for the tune folders under `paths`; skipped lists {path, reason}."""
     tunes, skipped = [], []
     for tune_dir in find_tune_dirs(paths):

@@ -35,7 +35,7 @@ __all__ = ["CACHE_DIR", "CACHE_ENV", "cache_enabled", "summarize_cached"]
 
 CACHE_DIR = ".dpscope-cache"
 CACHE_ENV = "DPSCOPE_TRACE_CACHE"
-_CACHE_VERSION = 1
+_CACHE_VERSION = 2  # 2: calls carry their algorithm, phase and exposed time
 
 
 def cache_enabled(flag: bool | None = None) -> bool:

@@ -86,6 +86,7 @@ class Classified:
     step_notes: list[str]  # ProfilerSteps dropped as duplicates or overlaps (steps.py)
     anchors: Ranges  # nccl:*/gloo:* collective annotations, with args
     rpc: Ranges  # record_param_comms ops, with args
+    c10d: Ranges  # c10d::* ops (the collective each call issued: analysis.trace.c10d), with args
     compute_ops: Ranges  # CPU ops (all threads, no names); computation on a kernel-less trace
     tb: TbRoles  # what torch-tb-profiler keeps, by its own rules (tbprofiler.py)
     data: Ranges  # `data` record_function ranges and DataLoader __next__ calls
@@ -182,6 +183,7 @@ class _Accumulator:
         self.tid_codes: dict[int | str, int] = {}
         self.kernels, self.runtime, self.steps = _Columns(), _Columns(), _Columns()
         self.anchors, self.rpc, self.data = _Columns(), _Columns(), _Columns()
+        self.c10d = _Columns()
         self.op_events = _Columns()  # per chunk: ops, issue ops, then the rest
         self.kernel_cls: list[np.ndarray] = []
         self.kernel_corr: list[np.ndarray] = []
@@ -219,9 +221,20 @@ class _Accumulator:
         self.anchors.add(c, i, names=c.names(i), tids=self._tids(c, i), args=args)
         i = c[Role.RPC]
         self.rpc.add(c, i, tids=self._tids(c, i), args=[a or EMPTY_ARGS for a in c.args(i)])
+        self._add_c10d(c)
         self.data.add(c, c[Role.DATA])
         self._add_host(c)
         self._add_ops(c)
+
+    def _add_c10d(self, c: _Chunk) -> None:
+        """The issue-only ops that are c10d collectives, with their shapes (analysis.trace.c10d)."""
+        issue = c[Role.ISSUE]
+        names = c.names(issue)
+        keep = np.fromiter((n.startswith("c10d::") for n in names), bool, issue.size)
+        i = issue[keep]
+        args = [a or EMPTY_ARGS for a in c.args(i)]
+        self.c10d.add(c, i, names=[n for n, k in zip(names, keep, strict=True) if k],
+                      tids=self._tids(c, i), args=args)  # fmt: skip
 
     def _add_kernels(self, c: _Chunk) -> None:
         """Kernel classes (once per distinct name, by the vocabulary), correlation ids (-2 for
@@ -297,6 +310,7 @@ class _Accumulator:
             step_notes=step_notes,
             anchors=_by_start(self.anchors.ranges(origin), args=True),
             rpc=self.rpc.ranges(origin),
+            c10d=_by_start(self.c10d.ranges(origin), args=True),
             compute_ops=Ranges(
                 op_events.start[is_op], op_events.end[is_op], tids=op_events.tids[is_op]
             ),

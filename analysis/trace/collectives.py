@@ -1,11 +1,17 @@
-"""Collective calls: per-rank instances (size, latency, device time) and the cross-rank tables
-(transfer vs sync time, algbw/busbw, start skew per rank).
+"""Collective calls: per-rank instances (size, latency, device time, exposed time, phase); the
+cross-rank tables are analysis.trace.crossrank's.
 
 An instance is one CPU-side collective annotation (`nccl:all_reduce`, `gloo:broadcast`, ...) with
 the GPU comm kernels it launched. A comm kernel that no annotation launched becomes an instance of
 its own, named from the kernel (`ncclKernel_AllReduce_...` -> `nccl:all_reduce`), unless it is
 an orphan (no launch in the trace, see attribution.py): an orphan is linked to an annotation only
 through that annotation's External id, and never becomes a call of its own.
+
+An annotation issued by a c10d op is sized from that op (analysis.trace.c10d: what the program
+asked for) and named from it where the backend ran another algorithm (gloo runs a reduce-scatter
+as `gloo:all_reduce`: the call is `gloo:reduce_scatter`); the annotation is its `algorithm`, whose
+bus factor the busbw uses, and the loop phase it was issued in is its `phase`. Each call's
+`exposed_us` is the part of its transfer no computation overlaps.
 """
 
 from __future__ import annotations
@@ -17,12 +23,13 @@ from typing import Any
 
 import numpy as np
 
+from analysis.trace.c10d import algorithm_of, issued_calls
 from analysis.trace.classify import COMM, Classified
 from analysis.trace.events import decode_list
-from analysis.trace.intervals import merge, total_us
+from analysis.trace.intervals import Intervals, covered_us, merge, total_us
 from profiler.runfolder.layout import bus_factor  # comm.csv's bus model: one set of factors
 
-__all__ = ["DTYPE_BYTES", "bus_factor", "combine_collectives", "rank_instances"]
+__all__ = ["DTYPE_BYTES", "bus_factor", "rank_instances"]
 
 # Element sizes for record_param_comms' `dtype` and for `Input type` strings.
 DTYPE_BYTES = {
@@ -157,16 +164,21 @@ def _kernel_name(name: str) -> str:
     return f"nccl:{op}"
 
 
-def rank_instances(c: Classified, lo: float, hi: float) -> dict[str, dict[str, np.ndarray]]:
+def rank_instances(
+    c: Classified, lo: float, hi: float, compute: Intervals | None = None
+) -> dict[str, dict[str, np.ndarray]]:
     """Collective instances whose call starts in [lo, hi] (µs rel. to origin), grouped by name.
 
     Per instance: `start_us` (first comm kernel start, else the call's start; rel. to origin),
     `end_us` (last comm kernel end, else the call's end; rel. to origin: when the collective
     completed on this rank),
     `latency_us` = |call ∪ its kernels|, `device_us` = |∪ kernels| (the call's own duration when it
-    launched none, as on gloo/CPU), `bytes` (0 when unknown), `group_size` (0 when unknown),
-    all arrays in call order; plus `union_us`, the length of the union of those latencies
-    (tb-profiler's "total latency": time with at least one such call in flight).
+    launched none, as on gloo/CPU), `exposed_us` = the part of device_us that `compute` (merged
+    computation intervals; none: nothing hides it) does not overlap, `bytes` (0 when unknown),
+    `group_size` (0 when unknown), `phase` (analysis.trace.c10d.PHASE_CODES), all arrays in call
+    order; plus `union_us`, the length of the union of those latencies (tb-profiler's "total
+    latency": time with at least one such call in flight) and `algorithm`, the annotation that
+    moved the bytes (analysis.trace.c10d).
     """
     comm_idx = np.flatnonzero(c.kernel_cls == COMM)
     link = (
@@ -181,27 +193,43 @@ def rank_instances(c: Classified, lo: float, hi: float) -> dict[str, dict[str, n
     # An orphan kernel (attribution.py) never becomes a call: its launch is not in the trace.
     own = [k for k in by_anchor.get(-1, []) if lo <= c.launch_us[k] <= hi and not c.orphan[k]]
     calls = _concat(calls, _kernel_calls(c, np.array(own, dtype=np.int64)))
+    hidden = compute if compute is not None else (np.empty(0), np.empty(0))
+    calls["exposed_us"] = _exposed_us(calls, hidden)
     order = np.argsort(calls["start_us"], kind="stable")  # call order: by start
     names = np.asarray(calls["name"], dtype=object)[order]
     out = {}
     for name in dict.fromkeys(names.tolist()):
         mine = order[names == name]
-        cols = {k: calls[k][mine] for k in _CALL_KEYS}
+        cols = {k: calls[k][mine] for k in (*_CALL_KEYS, "exposed_us")}
         on = np.isin(calls["iv_call"], mine)
         cols["union_us"] = total_us(merge(calls["iv_start"][on], calls["iv_end"][on]))
+        cols["algorithm"] = calls["algorithm"][int(mine[0])]  # one per name
         out[name] = cols
     return out
 
 
-_CALL_KEYS = ("start_us", "end_us", "latency_us", "device_us", "bytes", "group_size")
+_CALL_KEYS = ("start_us", "end_us", "latency_us", "device_us", "bytes", "group_size", "phase")
+
+
+def _exposed_us(calls: dict, compute: Intervals) -> np.ndarray:
+    """Per call, |its device intervals ∖ compute|: the comm kernels (`dv_*`, by `dv_call`), or
+    the call's own range when it launched none."""
+    dev = np.zeros(len(calls["name"]))
+    covered = covered_us(compute, calls["dv_start"], calls["dv_end"])
+    spans = calls["dv_end"] - calls["dv_start"]
+    np.add.at(dev, calls["dv_call"], spans - covered)
+    return np.maximum(dev, 0.0)
 
 
 def _concat(a: dict, b: dict) -> dict:
     """Two call tables as one (b's calls after a's; b's interval call ids shifted)."""
     n = len(a["name"])
-    out = {k: np.concatenate([a[k], b[k]]) for k in (*_CALL_KEYS, "iv_start", "iv_end")}
+    keys = (*_CALL_KEYS, "iv_start", "iv_end", "dv_start", "dv_end")
+    out = {k: np.concatenate([a[k], b[k]]) for k in keys}
     out["iv_call"] = np.concatenate([a["iv_call"], b["iv_call"] + n])
+    out["dv_call"] = np.concatenate([a["dv_call"], b["dv_call"] + n])
     out["name"] = [*a["name"], *b["name"]]
+    out["algorithm"] = [*a["algorithm"], *b["algorithm"]]
     return out
 
 
@@ -236,18 +264,37 @@ def _anchor_calls(
             group[i] = group[i] or ka.group_size
     flat = np.array([x for ks_i in ks_of for x in ks_i], dtype=np.int64)
     per = np.array([len(x) for x in ks_of], dtype=np.int64)
+    issued = issued_calls(c)
+    named = [_named(a.names[i], issued[i], nbytes[i]) for i in idx.tolist()]
+    bare = np.flatnonzero(per == 0)  # launched no kernel: the call's range is its device time
     return {
-        "name": [a.names[i] for i in idx.tolist()],
+        "name": [n for n, _, _ in named],
+        "algorithm": [a.names[i] for i in idx.tolist()],
         "start_us": start,
         "end_us": end,
         "latency_us": latency,
         "device_us": device,
-        "bytes": np.array([nbytes[i] or 0 for i in idx.tolist()], dtype=np.int64),
+        "bytes": np.array([size or 0 for _, size, _ in named], dtype=np.int64),
         "group_size": np.array([group[i] or 0 for i in idx.tolist()], dtype=np.int64),
+        "phase": np.array([phase for _, _, phase in named], dtype=np.int64),
         "iv_start": np.concatenate([a_s, k.start[flat]]),
         "iv_end": np.concatenate([a_e, k.end[flat]]),
         "iv_call": np.concatenate([np.arange(idx.size), np.repeat(np.arange(idx.size), per)]),
+        "dv_start": np.concatenate([a_s[bare], k.start[flat]]),
+        "dv_end": np.concatenate([a_e[bare], k.end[flat]]),
+        "dv_call": np.concatenate([bare, np.repeat(np.arange(idx.size), per)]),
     }
+
+
+def _named(anchor: str, issued, nbytes: int | None) -> tuple[str, int | None, int]:  # noqa: ANN001
+    """(name, bytes, phase) of a call: sized from its c10d op when one issued it, and named from
+    it where the backend ran another algorithm (analysis.trace.c10d); else the annotation's own."""
+    if issued is None:
+        return anchor, nbytes, 0
+    name = anchor
+    if algorithm_of(anchor) != issued.collective:  # gloo's reduce-scatter, run as an all-reduce
+        name = f"{anchor.split(':', 1)[0]}:{issued.collective}"
+    return name, issued.nbytes or nbytes, issued.phase
 
 
 def _kernel_calls(c: Classified, own: np.ndarray) -> dict[str, Any]:
@@ -258,10 +305,12 @@ def _kernel_calls(c: Classified, own: np.ndarray) -> dict[str, Any]:
     args = [k.args[x] for x in own.tolist()]
     return {
         "name": names,
+        "algorithm": list(names),
         "start_us": ks,
         "end_us": ke,
         "latency_us": ke - ks,
         "device_us": ke - ks,
+        "phase": np.zeros(own.size, dtype=np.int64),
         "bytes": np.array(
             [_nbytes_from_counts(ka, n) or 0 for ka, n in zip(args, names, strict=True)],
             dtype=np.int64,
@@ -270,107 +319,7 @@ def _kernel_calls(c: Classified, own: np.ndarray) -> dict[str, Any]:
         "iv_start": ks,
         "iv_end": ke,
         "iv_call": np.arange(own.size),
-    }
-
-
-def _mean(values: list[float]) -> float:
-    return float(np.mean(values)) if values else 0.0
-
-
-def combine_collectives(per_rank: dict[int, dict[str, dict]], world_size: int) -> dict:
-    """Cross-rank collective tables from each rank's `rank_instances` (start_us already aligned).
-
-    Instances are matched in call order per name (k-th call on every rank). The transfer time of a
-    matched instance is the minimum device time across ranks; the rest of each rank's latency is
-    synchronisation/wait. Returns {collectives, collectives_per_rank, stragglers}.
-    """
-    ranks = sorted(per_rank)
-    names = list(dict.fromkeys(n for r in ranks for n in per_rank[r]))
-    collectives, per_rank_rows = [], []
-    skews: dict[int, list[np.ndarray]] = defaultdict(list)
-    last: dict[int, int] = defaultdict(int)
-    matched_total = 0
-    for name in names:
-        have = [r for r in ranks if name in per_rank[r]]
-        inst = [per_rank[r][name] for r in have]
-        m = min(x["device_us"].size for x in inst)
-        dev = np.vstack([x["device_us"][:m] for x in inst])
-        transfer = dev.min(axis=0)  # per matched instance, µs
-        if len(have) > 1 and m:
-            starts = np.vstack([x["start_us"][:m] for x in inst])
-            skew = starts - starts.min(axis=0)
-            arrived_last = np.bincount(starts.argmax(axis=0), minlength=len(have))
-            for row, r in enumerate(have):
-                skews[r].append(skew[row])
-                last[r] += int(arrived_last[row])
-            matched_total += m
-        rows = [_rank_row(r, name, x, transfer, m) for r, x in zip(have, inst, strict=True)]
-        per_rank_rows += rows
-        collectives.append(_collective_row(name, inst, rows, transfer, m, world_size))
-    return {
-        "collectives": collectives,
-        "collectives_per_rank": per_rank_rows,
-        "stragglers": [_straggler(r, skews[r], last[r], matched_total) for r in ranks],
-    }
-
-
-def _rank_row(r: int, name: str, x: dict, transfer: np.ndarray, m: int) -> dict:
-    """One rank's `collectives_per_rank` row for `name` (its instances `x`)."""
-    # Per call: transfer = the matched calls' cross-rank minimum device time (a call beyond the
-    # shortest rank's count is its own transfer); sync = latency − transfer, never negative since
-    # a call's latency covers its own device time. Totals are sums over calls, so latency =
-    # transfer + sync holds per call and in total.
-    call_transfer = np.concatenate([transfer, x["device_us"][m:]])
-    call_sync = x["latency_us"] - call_transfer
-    return {
-        "rank": r,
-        "name": name,
-        "calls": int(x["device_us"].size),
-        "bytes_total": int(x["bytes"].sum()),
-        "latency_us_total": float(x["latency_us"].sum()),
-        "transfer_us_total": float(call_transfer.sum()),
-        "sync_us_total": float(call_sync.sum()),
-        "latency_us_union": float(x["union_us"]),
-    }
-
-
-def _collective_row(
-    name: str, inst: list[dict], rows: list[dict], transfer: np.ndarray, m: int, world_size: int
-) -> dict:
-    """The `collectives` row of `name`: per-rank totals averaged, bandwidths over matched calls."""
-    sized = inst[0]["bytes"][:m] > 0
-    moved = float(inst[0]["bytes"][:m][sized].sum())
-    moved_us = float(transfer[sized].sum())
-    algbw = moved / moved_us / 1e3 if moved_us > 0 else None  # bytes/µs -> GB/s (1e9 B)
-    groups = np.concatenate([x["group_size"] for x in inst])
-    n = int(groups.max()) if groups.size and groups.max() > 0 else world_size
-    factor = bus_factor(name, n)
-    calls = _mean([x["calls"] for x in rows])
-    latency = _mean([x["latency_us_total"] for x in rows])
-    return {
-        "name": name,
-        "calls": round(calls),
-        "ranks": len(inst),
-        "group_size": n,
-        "bytes_total": _mean([x["bytes_total"] for x in rows]),
-        "bytes_avg": _mean([x["bytes_total"] for x in rows]) / calls if calls else 0.0,
-        "latency_us_total": latency,
-        "latency_us_avg": latency / calls if calls else 0.0,
-        "transfer_us_total": _mean([x["transfer_us_total"] for x in rows]),
-        "sync_us_total": _mean([x["sync_us_total"] for x in rows]),
-        "latency_us_union": _mean([x["latency_us_union"] for x in rows]),
-        "algbw_gbps": algbw,
-        "busbw_gbps": algbw * factor if algbw is not None and factor is not None else None,
-    }
-
-
-def _straggler(r: int, skews: list[np.ndarray], last: int, matched_total: int) -> dict:
-    """Rank `r`'s start skew over its matched calls and how often it arrived last."""
-    s = np.concatenate(skews) if skews else np.empty(0)
-    return {
-        "rank": r,
-        "matched_calls": int(s.size),
-        "start_skew_us_mean": float(s.mean()) if s.size else None,
-        "start_skew_us_max": float(s.max()) if s.size else None,
-        "straggler_score": last / matched_total if matched_total else None,
+        "dv_start": ks,
+        "dv_end": ke,
+        "dv_call": np.arange(own.size),
     }

@@ -25,14 +25,11 @@ __all__ = [
 ]
 
 
-class Args(msgspec.Struct, gc=False):
-    """The `args` fields analysis reads: kernels, launches, collectives and `[memory]` events.
-    Decoded with the event itself (one pass over the JSON); the two list-valued fields stay raw
-    JSON, decoded only for the collective calls that need them (`decode_list`)."""
+class _Collective(msgspec.Struct, gc=False):
+    """The non-memory fields of `Args` (its base), decoded on their own when the whole fails."""
 
     correlation: int | None = None
     external_id: int | None = msgspec.field(default=None, name="External id")
-    # tb-profiler's own test traces spell it in lower case on kernels.
     external_id_lc: int | None = msgspec.field(default=None, name="external id")
     collective: str | None = msgspec.field(default=None, name="Collective name")
     in_nelems: int | None = msgspec.field(default=None, name="In msg nelems")
@@ -41,6 +38,13 @@ class Args(msgspec.Struct, gc=False):
     group_size: int | None = msgspec.field(default=None, name="Group size")
     input_dims: msgspec.Raw = msgspec.field(default=msgspec.Raw(b""), name="Input Dims")
     input_type: msgspec.Raw = msgspec.field(default=msgspec.Raw(b""), name="Input type")
+
+
+class Args(_Collective, gc=False):
+    """The `args` fields analysis reads: kernels, launches, collectives and `[memory]` events.
+    Decoded with the event itself (one pass over the JSON); the two list-valued fields stay raw
+    JSON, decoded only for the collective calls that need them (`decode_list`)."""
+
     # [memory] events (analysis.trace.memory)
     total_allocated: int | None = msgspec.field(default=None, name="Total Allocated")
     nbytes: int | None = msgspec.field(default=None, name="Bytes")
@@ -74,21 +78,6 @@ class _RawEvent(msgspec.Struct, gc=False):
     ts: float = math.nan
     dur: float = math.nan
     args: msgspec.Raw = msgspec.Raw(b"")
-
-
-class _Collective(msgspec.Struct, gc=False):
-    """The non-memory fields of `Args`, decoded on their own when the whole fails."""
-
-    correlation: int | None = None
-    external_id: int | None = msgspec.field(default=None, name="External id")
-    external_id_lc: int | None = msgspec.field(default=None, name="external id")
-    collective: str | None = msgspec.field(default=None, name="Collective name")
-    in_nelems: int | None = msgspec.field(default=None, name="In msg nelems")
-    out_nelems: int | None = msgspec.field(default=None, name="Out msg nelems")
-    dtype: str | None = None
-    group_size: int | None = msgspec.field(default=None, name="Group size")
-    input_dims: msgspec.Raw = msgspec.field(default=msgspec.Raw(b""), name="Input Dims")
-    input_type: msgspec.Raw = msgspec.field(default=msgspec.Raw(b""), name="Input type")
 
 
 class _Memory(msgspec.Struct, gc=False):

@@ -5,14 +5,25 @@ Each file is reduced to its rank summary where it is read; only summaries come b
 caller's memory grows with the rank count, never with the trace sizes. A bad file costs one
 `skipped` line; a worker that dies (killed for memory, a crash) costs the file it held, named, and
 the rest is analysed, with `"worker_died": true` on that line (the result is then `partial`).
+
+Pool workers start from a fresh server process (forkserver; spawn where there is none), never
+forked from the caller: a caller that has torch, Dask or a notebook's threads loaded can hold
+objects a forked child crashes on (seen: a segfault in the child's garbage collector after torch
+and a Dask cluster had run in the parent). Nor do they re-run the caller's script, as forkserver
+and spawn children otherwise do to find its functions: a user's script without an
+`if __name__ == "__main__":` guard would run again, training and all, in every worker; the
+function they run lives here.
 """
 
 from __future__ import annotations
 
+import multiprocessing
 import signal
+import sys
 from collections.abc import Generator, Iterator
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -37,6 +48,8 @@ class Executor:
     scheduler: str | None = None
     scheduler_file: Path | None = None
     cache: bool | None = None  # None: DPSCOPE_TRACE_CACHE decides (cache.cache_enabled)
+    # How pool workers start; None: forkserver where the OS has it, else spawn (module docstring).
+    start_method: str | None = None
 
     def __post_init__(self) -> None:
         if self.kind not in EXECUTORS:
@@ -77,18 +90,51 @@ def _ignore_sigint() -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
+def _context(start_method: str | None) -> multiprocessing.context.BaseContext:
+    """The pool's start method: `start_method`, else forkserver (with this module preloaded in the
+    server, so each worker starts with pandas and numpy imported), else spawn."""
+    if start_method is None:
+        start_method = "spawn"
+        if "forkserver" in multiprocessing.get_all_start_methods():
+            start_method = "forkserver"
+    ctx = multiprocessing.get_context(start_method)
+    if start_method == "forkserver":
+        ctx.set_forkserver_preload([__name__])
+    return ctx
+
+
+@contextmanager
+def _main_script_hidden() -> Iterator[None]:
+    """While workers start: the caller's `__main__` shows neither a file nor a module spec, so a
+    worker has no script to re-run (module docstring); both are back before anything else runs."""
+    main = sys.modules.get("__main__")
+    if main is None:
+        yield
+        return
+    saved = {k: main.__dict__[k] for k in ("__file__", "__spec__") if k in main.__dict__}
+    main.__dict__.pop("__file__", None)
+    main.__spec__ = None
+    try:
+        yield
+    finally:
+        main.__dict__.pop("__spec__", None)
+        main.__dict__.update(saved)
+
+
 def _pool_pass(
-    files: list[Path], workers: int, cache: bool
+    files: list[Path], workers: int, ex: Executor
 ) -> Generator[tuple[Path, Outcome], None, tuple[list[Path], list[Path]]]:
     """Run `files` in a pool, at most workers + 1 in flight. When a worker dies the pool is
     broken: returns (files not started yet, files in flight then: the suspects)."""
-    todo = list(reversed(files))
-    with ProcessPoolExecutor(max_workers=workers, initializer=_ignore_sigint) as pool:
+    todo, cache = list(reversed(files)), ex.cache
+    ctx = _context(ex.start_method)
+    with ProcessPoolExecutor(workers, mp_context=ctx, initializer=_ignore_sigint) as pool:
         flight: dict = {}
         while todo or flight:
-            while todo and len(flight) <= workers:
-                f = todo.pop()
-                flight[pool.submit(summarize_one, f, cache)] = f
+            with _main_script_hidden():  # a submit may start a worker; nothing yields inside
+                while todo and len(flight) <= workers:
+                    f = todo.pop()
+                    flight[pool.submit(summarize_one, f, cache)] = f
             done, _ = wait(flight, return_when=FIRST_COMPLETED)
             for fut in done:
                 try:
@@ -109,9 +155,9 @@ def process_summaries(files: list[Path], ex: Executor) -> Iterator[tuple[Path, O
         return
     todo, suspects = list(files), []
     while todo:
-        todo, lost = yield from _pool_pass(todo, ex.workers, ex.cache)
+        todo, lost = yield from _pool_pass(todo, ex.workers, ex)
         suspects += lost
     for f in suspects:
-        _, lost = yield from _pool_pass([f], 1, ex.cache)
+        _, lost = yield from _pool_pass([f], 1, ex)
         if lost:
             yield f, (None, died("worker process", BrokenProcessPool("it died twice")), True)

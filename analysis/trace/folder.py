@@ -20,7 +20,7 @@ from analysis.trace.attribution import hta_filtered
 from analysis.trace.cache import cache_enabled
 from analysis.trace.calls import TracesResult, call_table
 from analysis.trace.clocks import align_clocks, check_clock_align
-from analysis.trace.collectives import combine_collectives
+from analysis.trace.crossrank import combine_collectives
 from analysis.trace.executors import Executor, Outcome, process_summaries
 from analysis.trace.rank import RankSummary
 from profiler.runfolder.errors import InputError
@@ -49,6 +49,7 @@ _RANK_FIELDS = (
     "compute_us",
     "comm_us",
     "exposed_comm_us",
+    "exposed_comm_us_by_phase",
     "overlap_us",
     "data_wait_us",
     "idle_us",

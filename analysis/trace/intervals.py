@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["clip", "intersection_us", "merge", "total_us", "union_us"]
+__all__ = ["clip", "covered_us", "intersection_us", "merge", "total_us", "union_us"]
 
 Intervals = tuple[np.ndarray, np.ndarray]
 
@@ -60,3 +60,21 @@ def clip(intervals: Intervals, lo: float, hi: float) -> Intervals:
     starts, ends = np.clip(starts, lo, hi), np.clip(ends, lo, hi)
     keep = ends > starts
     return starts[keep], ends[keep]
+
+
+def covered_us(merged: Intervals, starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
+    """|merged ∩ [s, e)| for each interval (s, e) at once; `merged` disjoint and sorted (merge's
+    output). From the running covered length F(t) = |merged ∩ (−∞, t)|: F(e) − F(s)."""
+    m_s, m_e = merged
+    starts, ends = np.asarray(starts, np.float64), np.asarray(ends, np.float64)
+    if m_s.size == 0 or starts.size == 0:
+        return np.zeros(starts.size)
+    before = np.concatenate([[0.0], np.cumsum(m_e - m_s)])  # covered length before interval i
+
+    def running(t: np.ndarray) -> np.ndarray:
+        i = np.searchsorted(m_s, t, side="right")  # intervals starting at or before t
+        last = np.clip(i - 1, 0, None)
+        inside = np.where(i > 0, np.clip(t - m_s[last], 0.0, m_e[last] - m_s[last]), 0.0)
+        return before[np.clip(i - 1, 0, None)] * (i > 0) + inside
+
+    return np.maximum(running(ends) - running(starts), 0.0)

@@ -274,6 +274,7 @@ STATIC_FIELDS = (
     "buffers_bytes",
     "ddp_buckets_bytes",
     "static_total_bytes",
+    "fsdp_unsharded_peak_bytes",  # not static (FSDP's gathered blocks), but counted with them
 )
 DYNAMIC_FIELDS = tuple(f"{p}_peak_bytes" for p in MEMORY_PEAK_PHASES)
 

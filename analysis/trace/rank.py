@@ -15,6 +15,7 @@ import msgspec
 import numpy as np
 
 from analysis.trace.attribution import hta_filtered, kernel_steps
+from analysis.trace.c10d import phase_name
 from analysis.trace.classify import COMM, COMPUTE, MAX_DUR_US, Classified, Ranges, classify
 from analysis.trace.collectives import rank_instances
 from analysis.trace.intervals import Intervals, clip, intersection_us, merge, total_us, union_us
@@ -120,6 +121,15 @@ def _step_rows(c: Classified, lo: np.ndarray, hi: np.ndarray, numbers: list) -> 
     return rows
 
 
+def _compute(c: Classified, lo: np.ndarray, hi: np.ndarray, numbers: list) -> Intervals:
+    """The analysed steps' computation, merged: compute kernels (GPU) or the training thread's
+    ops outside collectives (CPU), as `_step_rows` splits each step."""
+    if len(c.kernels):
+        _, valid = kernel_steps(c.launch_us, c.orphan, lo, hi, numbers == [None])
+        return merge(*_sel(c.kernels, valid & (c.kernel_cls == COMPUTE)))
+    return merge(*_sel(c.compute_ops, _outside_comm(c) & _training_thread(c)))
+
+
 def _hta_breakdown(c: Classified, lo: np.ndarray, hi: np.ndarray) -> dict:
     """HTA's temporal breakdown and comm/comp overlap over the kernels the analysed steps launched."""
     _, mine = kernel_steps(c.launch_us, c.orphan, lo, hi, not _filtered(c))
@@ -198,9 +208,24 @@ class RankSummary(msgspec.Struct, kw_only=True):
     # Every ProfilerStep number of the trace (the analysed ones and a dropped last): whether
     # HTA's filter applies is decided over all ranks' names (folder.combine_summaries).
     profiler_steps: list[int] = []
+    # µs per analysed step of collectives' exposed time by the loop phase that issued them
+    # (analysis.trace.c10d; {} without c10d ops): where a rank waited on communication.
+    exposed_comm_us_by_phase: dict[str, float] = {}
 
 
 _STEP_MEANS = ("compute_us", "comm_us", "exposed_comm_us", "data_wait_us", "overlap_us", "idle_us")
+
+
+def _exposed_by_phase(instances: dict[str, dict[str, Any]], steps: int) -> dict[str, float]:
+    """Exposed µs per step of every collective, summed by the loop phase that issued it."""
+    out: dict[str, float] = {}
+    for inst in instances.values():
+        for code in np.unique(inst["phase"]).tolist():
+            name = phase_name(code)
+            if name:
+                mine = float(inst["exposed_us"][inst["phase"] == code].sum()) / max(1, steps)
+                out[name] = out.get(name, 0.0) + mine
+    return out
 
 
 def _orphan_us(c: Classified) -> float:
@@ -260,7 +285,8 @@ def summarize_file(path: Path) -> RankSummary:
     memory = memory_summary(c.memory, str(loaded.path))
     ops, timelines = rank_ops(c, lo, hi, not _filtered(c), step_time)
     origin_ns = loaded.origin_ns(c.origin_us)
-    instances = rank_instances(c, float(lo[0]), float(hi[-1]))  # µs from this rank's origin
+    # µs from this rank's origin; each call's exposed part is what this computation leaves
+    instances = rank_instances(c, float(lo[0]), float(hi[-1]), _compute(c, lo, hi, numbers))
     step_total = max(1e-9, sum(r["step_time_us"] for r in per_step))
     return RankSummary(
         rank=loaded.rank,
@@ -293,6 +319,7 @@ def summarize_file(path: Path) -> RankSummary:
         per_step=per_step,
         warnings=[*warnings, *memory["warnings"]],
         instances=instances,
+        exposed_comm_us_by_phase=_exposed_by_phase(instances, len(per_step)),
         memory=memory,
         ops_self_us_per_step=timelines,
         profiler_steps=[int(n) for n in c.step_numbers],

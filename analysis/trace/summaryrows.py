@@ -3,7 +3,8 @@
 One row per rank summary. Scalar fields are typed columns; the nested per-rank fields (per-step
 rows, ops, memory, HTA and tb-profiler figures, warnings) are JSON text columns (NaN kept); the
 collective calls, the bulk of a part, are Arrow columns: `instances` is a list of
-{name, union_us, start_us[], end_us[], latency_us[], device_us[], bytes[], group_size[]}.
+{name, algorithm, union_us, start_us[], end_us[], latency_us[], device_us[], exposed_us[],
+bytes[], group_size[], phase[]} (analysis.trace.collectives).
 Float64 values round-trip exactly in both, so a merge of Parquet parts is byte-for-byte the
 unsharded traces JSON. The file's key-value metadata holds `dpscope.schema_version` (the traces
 JSON schema) and the part header or the cache key as JSON.
@@ -25,18 +26,19 @@ from profiler.runfolder.errors import InputError
 
 __all__ = ["META_KEY", "read_rows", "summary_from_json", "summary_table"]
 
-_INT_ARRAYS = ("bytes", "group_size")  # every other instance array is float64 µs
+_INT_ARRAYS = ("bytes", "group_size", "phase")  # every other instance array is float64 µs
 
 META_KEY = b"dpscope.header"
 _VERSION_KEY = b"dpscope.schema_version"
 _INT = ("rank", "world_size", "origin_ns", "steps", "dropped_events", "orphan_kernels")
 _INT += ("tb_split_steps",)
 _STR = ("file", "rank_source", "backend", "kind", "host")
-_CALL_FLOATS = ("start_us", "end_us", "latency_us", "device_us")
-_CALL_INTS = ("bytes", "group_size")
+_CALL_FLOATS = ("start_us", "end_us", "latency_us", "device_us", "exposed_us")
+_CALL_INTS = ("bytes", "group_size", "phase")
 _INSTANCE = pa.struct(
     [
         ("name", pa.string()),
+        ("algorithm", pa.string()),
         ("union_us", pa.float64()),
         *((k, pa.list_(pa.float64())) for k in _CALL_FLOATS),
         *((k, pa.list_(pa.int64())) for k in _CALL_INTS),
@@ -59,7 +61,11 @@ def _kind(field: str) -> pa.DataType:
 def _instances(inst: dict[str, dict[str, Any]]) -> list[dict]:
     out = []
     for name, cols in inst.items():
-        row = {"name": name, "union_us": float(cols["union_us"])}
+        row = {
+            "name": name,
+            "algorithm": cols.get("algorithm"),
+            "union_us": float(cols["union_us"]),
+        }
         for k in (*_CALL_FLOATS, *_CALL_INTS):
             v = cols.get(k)
             row[k] = None if v is None else np.asarray(v).tolist()

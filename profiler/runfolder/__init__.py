@@ -10,8 +10,10 @@ nothing first-party outside itself. Its modules:
 - `schema`: every field of run.json and steps.csv as typed Structs, with their ranges;
 - `records`, `steps`, `commcsv`: the readers (run.json, steps.csv, comm.csv), validating once;
 - `parts`: the per-rank part files of a `--script` or RunRecorder run and their assembly;
-- `stepmetrics`, `commfit`, `hostload`: the rules every writer and reader shares (step metrics,
-  the comm run's alpha-beta fit, the busy-machine rule);
+- `stepmetrics`, `commfit`, `hostload`, `quiet`, `rounds`: the rules every writer and reader
+  shares (step metrics, the comm run's alpha-beta fit, the busy-machine rule and the host-load
+  meters, the quiet-step headline, the bootstrap interval over rounds and when `--repeat auto`
+  stops);
 - `inputfile`, `atomic`, `errors`: the reading boundary, atomic writes, the error types (the
   disk's refusals as one line too: `DiskError`);
 - `lease`: `owner.json`, the exclusive claim of a run folder and the lease that tells a reader

@@ -77,6 +77,7 @@ STEPS_COLUMNS: list[str] = [
     "loss",
     "rss_bytes",
     "cuda_allocated_bytes",
+    "other_cpu_cores",
 ]
 
 # comm.csv of a `make bench-comm` run folder: one row per collective and message size.

@@ -25,6 +25,7 @@ from profiler.runfolder.layout import (
     write_run_json,
     write_steps_csv,
 )
+from profiler.runfolder.schema import PROCESS_GROUP_MODES
 from profiler.runfolder.stepmetrics import step_metrics
 from profiler.runfolder.versions import RUN_JSON_SCHEMA_VERSION
 
@@ -115,7 +116,7 @@ def recorded_config(parts: list[dict], *, profile: dict, warmup_steps: int) -> d
         "backend": first["backend"],
         "world_size": first["world_size"],
         "nnodes": 1,
-        "nproc_per_node": len(parts) if first["mode"] == "ddp" else 1,
+        "nproc_per_node": len(parts) if first["mode"] in PROCESS_GROUP_MODES else 1,
         "devices": [d for p in parts for d in p["devices"]],
         "model": first["model"],
         "param_count": first["param_count"],
@@ -129,6 +130,8 @@ def recorded_config(parts: list[dict], *, profile: dict, warmup_steps: int) -> d
         "warmup_steps": warmup_steps,
         "profile": profile,
         "workload": first.get("workload"),
+        "zero": first.get("zero"),
+        "fsdp": first.get("fsdp_config"),
     }
 
 
@@ -156,6 +159,7 @@ def _metrics(parts: list[dict], rows: list[dict], *, wall_time_s: float | None) 
         "memory_after_first_step": [m for p in parts for m in p["memory_after_first_step"]],
         "memory_breakdown": [m for p in parts for m in p["memory_breakdown"]],
         "ddp": first.get("ddp"),
+        "fsdp": first.get("fsdp"),
         "param_grad_bytes": first.get("param_grad_bytes", []),
         "buffer_bytes_by_dtype": first.get("buffer_bytes_by_dtype", {}),
         "profile": _profile(parts),

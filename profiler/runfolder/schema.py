@@ -30,15 +30,21 @@ __all__ = [
     "EvalEntry",
     "FINITE_MAX",
     "Flag",
+    "FsdpConfig",
+    "FsdpGroup",
+    "FsdpMetrics",
     "HostLoad",
     "LeftOut",
     "MAX_ENTRIES",
     "MAX_RANKS",
+    "MODES",
     "MemoryEntry",
     "Metrics",
+    "Mode",
     "ModelFacts",
     "PathText",
     "Pct",
+    "PROCESS_GROUP_MODES",
     "PerRank",
     "ProfileConfig",
     "ProfileExport",
@@ -96,6 +102,24 @@ class DdpMetrics(msgspec.Struct):
     param_count: Count | None = None
 
 
+class FsdpGroup(msgspec.Struct):
+    """One `metrics.fsdp.groups` item: the parameters one fully_shard call owns (one all-gather
+    in forward, one reduce-scatter in backward)."""
+
+    module: str  # qualified name ("" = the root)
+    params: Count = 0  # parameter tensors
+    numel: Count = 0  # elements, unpadded (the model's own)
+    unsharded_bytes: Bytes = 0  # world × padded shard: the all-gather's output
+    shard_bytes: Bytes = 0  # one rank's padded shard (what each rank keeps)
+
+
+class FsdpMetrics(msgspec.Struct):
+    """run.json `metrics.fsdp` (fsdp runs): the sharding as fully_shard made it."""
+
+    world_size: Annotated[int, msgspec.Meta(ge=1)] | None = None
+    groups: Annotated[list[FsdpGroup], msgspec.Meta(max_length=1_000_000)] = []
+
+
 class FlightRecorderView(msgspec.Struct):
     """run.json `error.flight_recorder` (optional): what the ranks' flight-recorder dumps say
     (profiler.runfolder.frdiag, docs/reference/run-folder.md)."""
@@ -149,13 +173,28 @@ class HostLoad(msgspec.Struct):
 
 Status = Literal["running", "ok", "failed", "skipped", "interrupted"]
 STATUSES = get_args(Status)
+# The data-parallel family: one device, nn.DataParallel, DDP (with ZeRO-1 as config.zero) and
+# FSDP2 (fully_shard). The modes whose ranks are processes of one process group:
+Mode = Literal["single", "dp", "ddp", "fsdp"]
+MODES = get_args(Mode)
+PROCESS_GROUP_MODES = ("ddp", "fsdp")
+
+
+class FsdpConfig(msgspec.Struct):
+    """run.json `config.fsdp` (fsdp runs): how the model was sharded."""
+
+    # `default` (each element of the model's top-level ModuleList/Sequential containers), or the
+    # --fsdp-wrap classes as given (MODULE:CLASS), or `seen` for a --script run.
+    wrap: str | None = None
+    reshard_after_forward: bool | None = None
 
 
 class Config(msgspec.Struct):
-    mode: Literal["single", "dp", "ddp"]
+    mode: Mode
     # Null only on a skipped run whose layout could not be decided (checked in read_record).
     world_size: Annotated[int, msgspec.Meta(ge=1)] | None
     backend: str | None = None
+    nproc_per_node: Annotated[int, msgspec.Meta(ge=1)] | None = None
     devices: list[str] | None = []
     model: str | None = None
     dataset: str | None = None
@@ -166,15 +205,23 @@ class Config(msgspec.Struct):
     loss: str | None = None
     model_facts: ModelFacts | None = None
     ddp: DdpConfig | None = None
+    # ZeRO stage of a DDP run's optimizer (1: ZeroRedundancyOptimizer); absent before it existed.
+    zero: Annotated[int, msgspec.Meta(ge=0, le=1)] | None = None
+    fsdp: FsdpConfig | None = None
     profile: ProfileConfig | None = None
     global_batch: Annotated[int, msgspec.Meta(ge=1)] | None = None
     per_device_batch: Annotated[int, msgspec.Meta(ge=1)] | None = None
     scaling: Literal["strong", "weak"] | None = None
     amp: str | None = None
     seed: int | None = None
+    # ranks on one host (the launcher's plan; a recorded run's ranks), for the cores a run uses
+    nproc_per_node: Count | None = None
     warmup_steps: Count | None = None
     eval_batches: Count | None = None  # --eval-batches (0 = the whole test split); newer runs
     sweep_id: str | None = None
+    # `--repeat` rounds: the set of rounds (one id) and this run's round in it, from 0
+    repeat_id: str | None = None
+    repeat_round: Count | None = None
     # A `--script` / RunRecorder run: what it ran (the same-workload key, docs/reference/metrics.md).
     workload: str | None = None
     script: str | None = None
@@ -193,6 +240,8 @@ class Env(msgspec.Struct):
     cpu_cores: Count | None = None
     threads_per_rank: Annotated[int, msgspec.Meta(ge=1)] | None = None
     host_load: HostLoad | None = None
+    # Total memory of one device (the first GPU, or the host's RAM for CPU runs), bytes.
+    device_memory_bytes: Bytes | None = None
 
 
 class StepTime(msgspec.Struct):
@@ -243,6 +292,7 @@ class Metrics(msgspec.Struct):
     memory_after_first_step: Annotated[list[MemoryEntry], msgspec.Meta(max_length=MAX_ENTRIES)] = []
     memory_breakdown: Annotated[list[dict[str, Any]], msgspec.Meta(max_length=MAX_ENTRIES)] = []
     ddp: DdpMetrics | None = None
+    fsdp: FsdpMetrics | None = None
     param_grad_bytes: Annotated[list[Bytes], msgspec.Meta(max_length=10_000_000)] | None = None
     buffer_bytes_by_dtype: dict[str, Bytes] | None = None
     # schema 2: (profiled ÷ unprofiled mean step time − 1) × 100 ≥ −100; may be negative (noise)
@@ -294,7 +344,8 @@ class RunRecord(msgspec.Struct):
 
 
 class StepRow(msgspec.Struct):
-    """One steps.csv row; `profiled` (schema_version 2) and `profiler_s` are optional."""
+    """One steps.csv row; `profiled` (schema_version 2), `profiler_s` and `other_cpu_cores` are
+    optional."""
 
     rank: Count
     step: Count
@@ -312,6 +363,8 @@ class StepRow(msgspec.Struct):
     profiled: Flag | None = None
     # Newer runs: the profiler's own seconds at the step's end, inside step_time_s.
     profiler_s: Seconds | None = None
+    # cores' worth of CPU other processes used during the step (rank 0's rows; newer runs)
+    other_cpu_cores: Annotated[float, msgspec.Meta(ge=0, le=FINITE_MAX)] | None = None
 
 
 # The columns every steps.csv must have (StepRow's required fields); the others may be empty.

@@ -31,8 +31,10 @@ MAX_CELL_CHARS = 131_072  # the stdlib csv module's field limit: no steps.csv ce
 _FLAGS = ("warmup", "profiled")
 _COUNTS = ("rank", "step", "epoch", "samples", "rss_bytes", "cuda_allocated_bytes")
 _SECONDS = ("step_time_s", "data_s", "forward_s", "backward_s", "optimizer_s", "profiler_s")
+# Non-negative real numbers (seconds, cores): no whole-number rule.
+_REALS = (*_SECONDS, "other_cpu_cores")
 _ANY_FLOAT = ("loss",)
-COLUMNS = (*_FLAGS, *_COUNTS, *_SECONDS, *_ANY_FLOAT)
+COLUMNS = (*_FLAGS, *_COUNTS, *_REALS, *_ANY_FLOAT)
 
 
 def _bad(path: Path, col: str, i: int, problem: str, cell: Any = None) -> InvalidRecord:
@@ -118,17 +120,17 @@ def _check(path: Path, col: str, values: pd.Series, required: bool) -> pd.Series
     with np.errstate(invalid="ignore"):
         rules.append((present & ~np.isfinite(v), "not a finite number"))
         rules.append((present & (v < 0), "negative"))
-        if col not in _SECONDS:
+        if col not in _REALS:
             rules.append((present & (v != np.floor(v)), "not a whole number"))
         if col in _FLAGS:
             rules.append((present & (v > 1), "neither 0 nor 1"))
-        if col not in _SECONDS:
+        if col not in _REALS:
             rules.append((present & (v > 2**63 - 1), "too large"))
     for mask, problem in rules:
         if mask.any():
             i = int(np.argmax(mask))
             raise _bad(path, col, i, problem, values.iloc[i])
-    return values.astype("int64") if required and col not in _SECONDS else values
+    return values.astype("int64") if required and col not in _REALS else values
 
 
 def read_steps_frame(path: Path, *, world_size: int | None = None) -> pd.DataFrame:

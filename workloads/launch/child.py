@@ -9,7 +9,9 @@ from `child_env`:
   `sys.path`: the user's own modules import there, as they would in a script of theirs;
 - dpscope's package root is prepended to PYTHONPATH (the user's entries kept after it), so the
   child imports this dpscope from whichever folder it runs in. An installed dpscope (in
-  site-packages) is importable anyway and is not put ahead of the standard library.
+  site-packages) is importable anyway and is not put ahead of the standard library;
+- `DPSCOPE_RUN_ROOT_PID` names the starting process, so that the host-load meters
+  (profiler/runfolder/hostload.py) count its whole tree as the run's own CPU, not as other load.
 
 Paths the user gives (`--runs-dir`, `--data-dir`, `--rdzv-file`, output files) go through
 `user_path` once, before anything starts, so that every child and every message sees the same
@@ -26,11 +28,21 @@ import ctypes
 import os
 import signal
 import site
+import subprocess
 import sys
 from collections.abc import Mapping
 from pathlib import Path
 
-__all__ = ["PACKAGE_ROOT", "child_env", "die_with_parent", "set_subreaper", "user_path"]
+from profiler.runfolder.hostload import RUN_ROOT_ENV
+
+__all__ = [
+    "PACKAGE_ROOT",
+    "child_env",
+    "die_with_parent",
+    "set_subreaper",
+    "stop_process",
+    "user_path",
+]
 
 _PR_SET_PDEATHSIG = 1
 _PR_SET_CHILD_SUBREAPER = 36
@@ -80,6 +92,7 @@ def child_env(env: Mapping[str, str] | None = None, **extra: str) -> dict[str, s
     first on PYTHONPATH and the user's own PYTHONPATH entries kept, in order, after it."""
     out = dict(os.environ if env is None else env)
     out.update(extra)
+    out[RUN_ROOT_ENV] = str(os.getpid())
     if _on_default_path(PACKAGE_ROOT):
         return out
     theirs = [p for p in out.get("PYTHONPATH", "").split(os.pathsep) if p]
@@ -96,3 +109,16 @@ def user_path(path: str | os.PathLike[str]) -> Path:
     Symlinks are kept as given (only `.` and `..` are folded), so messages show the user's names.
     """
     return Path(os.path.abspath(path))
+
+
+def stop_process(proc: subprocess.Popen, timeout_s: float = 10.0) -> None:
+    """Stop a child started with Popen: SIGTERM, then SIGKILL if it is still there after
+    `timeout_s`; reaped either way (no zombie left behind)."""
+    if proc.poll() is not None:
+        return
+    proc.terminate()
+    try:
+        proc.wait(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()

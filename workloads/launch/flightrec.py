@@ -1,4 +1,5 @@
-"""torch's flight recorder on every rank of a DDP run (dpscope's loop and `--script` runs alike).
+"""torch's flight recorder on every rank of a DDP or FSDP run (dpscope's loop and `--script` runs
+alike).
 
 - The recorder is on for gloo and NCCL (`flight_recorder_env`: TORCH_FR_BUFFER_SIZE entries;
   on NCCL also its own dump on a timeout into logs/nccl_trace_rank_<r>).

@@ -1,8 +1,8 @@
-"""The launcher behind `make profile-*`: `python -m workloads.launch --mode single|dp|ddp|all ...`.
+"""The launcher behind `make profile-*`: `python -m workloads.launch --mode single|dp|ddp|fsdp|all`.
 
 It checks what this machine can run (one clear line and exit code 2 otherwise), writes
 `run.json` with status `running` and the config, starts the training — `workloads.train` directly
-for single/DP, through torchrun (`python -m torch.distributed.run`) for DDP — relays its output to
+for single/DP, through torchrun (`python -m torch.distributed.run`) for DDP and FSDP — relays its output to
 the console and `logs/launcher.log`, and afterwards turns a crash into `status: failed` with the
 failing rank, its exit code and the last lines of its log. `--mode all` runs every mode this
 machine supports and records the others as `status: skipped` with the reason. The training runs
@@ -26,10 +26,17 @@ from pathlib import Path
 from profiler.runfolder.errors import disk_writes, run_command
 from profiler.runfolder.layout import RUN_JSON, RunFolderTaken, create_run_folder, write_run_json
 from profiler.runfolder.lease import Lease
-from workloads.config import TrainConfig, config_from_namespace, default_run_id, to_argv
+from workloads.config import (
+    PROCESS_GROUP_MODES,
+    TrainConfig,
+    config_from_namespace,
+    default_run_id,
+    to_argv,
+)
 from workloads.launch.child import child_env
 from workloads.launch.flightrec import flight_recorder_env
 from workloads.launch.options import LaunchError, absolute_paths, build_parser, check_arguments
+from workloads.launch.rounds import ModeResult, repeat_id, run_rounds
 from workloads.launch.runlog import finalize
 from workloads.launch.script import ScriptError, next_lines, parse_script_args, run_script
 from workloads.launch.supervise import WATCHDOG_GRACE_S, run_supervised
@@ -63,7 +70,7 @@ def _record(
 
 def _command(cfg: TrainConfig, plan: Plan, args: argparse.Namespace, extra: list[str]) -> list[str]:
     train_argv = [*to_argv(cfg), *extra]
-    if plan.mode != "ddp":
+    if plan.mode not in PROCESS_GROUP_MODES:
         return [sys.executable, "-m", "workloads.train", *train_argv]
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(plan.nproc)]
     if args.nnodes == 1 and not args.rdzv_endpoint:
@@ -102,7 +109,7 @@ def _claim(cfg: TrainConfig, *, given: bool) -> Path:
 def _rendezvous(cfg: TrainConfig, args: argparse.Namespace, run_dir: Path) -> None:
     """The file:// rendezvous of a DDP run: a fresh file dpscope creates in the run folder, or
     the given --rdzv-file (checked absent before anything started); its folder is made here."""
-    if cfg.mode != "ddp" or not (args.file_rendezvous or args.rdzv_file):
+    if cfg.mode not in PROCESS_GROUP_MODES or not (args.file_rendezvous or args.rdzv_file):
         return
     path = run_dir / "logs" / "rendezvous" if args.file_rendezvous else Path(args.rdzv_file)
     with disk_writes(path.parent):
@@ -118,7 +125,7 @@ def _env(plan: Plan, run_dir: Path) -> dict:
         # A CUDA build of torch on a machine without a GPU makes Kineto log a harmless
         # "ERROR ... gpuGetDeviceCount failed" at every trace; level 5 keeps CPU logs clean.
         env.setdefault("KINETO_LOG_LEVEL", "5")
-    if plan.mode == "ddp":  # the flight recorder, on gloo and NCCL (workloads.launch.flightrec)
+    if plan.mode in PROCESS_GROUP_MODES:  # the flight recorder (workloads.launch.flightrec)
         env = {**flight_recorder_env(run_dir / "logs", nccl=plan.backend == "nccl"), **env}
     return env
 
@@ -189,23 +196,25 @@ def _check_batch(cfg: TrainConfig, plan: Plan, workload: WorkloadFacts) -> None:
         )
 
 
-def _plan_all(args: argparse.Namespace, workload: WorkloadFacts) -> list[tuple[TrainConfig, Plan]]:
-    """Every run this command makes, planned and checked before any is started or written."""
+def _plan_all(
+    args: argparse.Namespace, workload: WorkloadFacts, rounds: tuple[str, int] = ("", 0)
+) -> list[tuple[TrainConfig, Plan]]:
+    """Every run this command makes (in one round of `--repeat`: `rounds` is its id and the
+    round, ("", 0) outside rounds), planned and checked before any is started or written."""
     env = Environment.detect()
     init_method = Path(args.rdzv_file).as_uri() if args.rdzv_file else ""
-    jobs = []
+    (rounds_id, k), jobs = rounds, []
     for mode, backend in ALL_MODES if args.mode == "all" else ((args.mode, args.backend),):
         # DP's GPU count is --nproc (as `make profile-all NPROC=` passes it) or --dp-gpus.
         dp_gpus = (args.nproc or args.dp_gpus) if mode == "dp" else args.dp_gpus
-        cfg = config_from_namespace(
-            args, mode=mode, backend=backend, init_method=init_method, dp_gpus=dp_gpus
-        )
+        cfg = config_from_namespace(args, mode=mode, backend=backend, init_method=init_method,
+                                    dp_gpus=dp_gpus, repeat_id=rounds_id, repeat_round=k)  # fmt: skip
         plan = plan_run(cfg, env, nproc=args.nproc, nnodes=args.nnodes)
-        for warning in plan.warnings:
+        for warning in plan.warnings if k == 0 else ():
             print(f"workloads.launch: warning: {warning}", file=sys.stderr)
-        cfg.run_id = cfg.run_id or default_run_id(
-            cfg, backend=plan.backend, world_size=plan.replicas
-        )
+        if not cfg.run_id:
+            run_id = default_run_id(cfg, backend=plan.backend, world_size=plan.replicas)
+            cfg.run_id = run_id + (f"-r{k}" if rounds_id else "")
         if plan.reason is not None and args.mode != "all" and not args.skip_impossible:
             raise LaunchError(plan.reason)
         _check_batch(cfg, plan, workload)
@@ -217,27 +226,52 @@ def _plan_all(args: argparse.Namespace, workload: WorkloadFacts) -> list[tuple[T
     return jobs
 
 
+def _run_jobs(
+    jobs: list[tuple[TrainConfig, Plan]],
+    args: argparse.Namespace,
+    extra: list[str],
+    workload: WorkloadFacts,
+    *,
+    first: bool,
+) -> list[ModeResult]:
+    """Execute the planned runs in turn; a mode this machine can't run is recorded as skipped in
+    the `first` round only. Stops at an interrupted run."""
+    results = []
+    for cfg, plan in jobs:
+        label = f"ddp-{plan.backend}" if cfg.mode == "ddp" else cfg.mode
+        if plan.reason is not None:  # impossible here (or with this batch): recorded as skipped
+            if first:
+                _skip(cfg, plan, workload, given=bool(args.run_id))
+            results.append(ModeResult(label, "skipped", None))
+            continue
+        status = _execute(cfg, plan, args, extra, workload)
+        results.append(ModeResult(label, status, Path(cfg.runs_dir) / cfg.run_id))
+        if status == "interrupted":
+            break  # the user stopped the job: start no further mode
+    return results
+
+
 def run(args: argparse.Namespace, extra: list[str]) -> int:
     """Plan, validate and execute the requested run(s); return the process exit code."""
     absolute_paths(args)
     check_arguments(args)
     # Every TrainConfig check (profiler schedule included) before anything is created, then the
     # workload's: each factory imported, called and its result checked (one line each, exit 2).
-    first = config_from_namespace(args, mode="single", backend=args.backend, init_method="")
+    # The mode's own options (--zero, --fsdp-wrap) are checked with it: `all` checks as single.
+    mode = "single" if args.mode == "all" else args.mode
+    first = config_from_namespace(args, mode=mode, backend=args.backend, init_method="")
     check_machine(first, Environment.detect())  # --threads / --num-workers, before user code
     workload = check_workload(first)
-    jobs = _plan_all(args, workload)
+    rounds_id = repeat_id(args)
+    first_round = _plan_all(args, workload, (rounds_id, 0))
     if extra:
         print(f"workloads.launch: passing to workloads.train: {' '.join(extra)}", file=sys.stderr)
-    statuses = []
-    for cfg, plan in jobs:
-        if plan.reason is not None:  # impossible here (or with this batch): recorded as skipped
-            _skip(cfg, plan, workload, given=bool(args.run_id))
-            statuses.append("skipped")
-            continue
-        statuses.append(_execute(cfg, plan, args, extra, workload))
-        if statuses[-1] == "interrupted":
-            break  # the user stopped the job: start no further mode
+
+    def one_round(k: int) -> list[ModeResult]:
+        jobs = first_round if k == 0 else _plan_all(args, workload, (rounds_id, k))
+        return _run_jobs(jobs, args, extra, workload, first=k == 0)
+
+    statuses = run_rounds(args, one_round)
     if args.node_rank == 0:
         print("\n" + "\n".join(next_lines(args.runs_dir)))
     if "interrupted" in statuses:

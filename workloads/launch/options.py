@@ -10,8 +10,9 @@ import argparse
 from pathlib import Path
 
 from profiler.runfolder.errors import UserError, disk_writes
-from workloads.config import OneLineParser, add_config_arguments
+from workloads.config import PROCESS_GROUP_MODES, OneLineParser, add_config_arguments
 from workloads.launch.child import user_path
+from workloads.launch.rounds import add_repeat_arguments, check_repeat
 
 __all__ = ["LaunchError", "absolute_paths", "build_parser", "check_arguments"]
 
@@ -24,6 +25,16 @@ def check_arguments(args: argparse.Namespace) -> None:
     """Launcher-only arguments that are wrong on any machine: one line each, nothing written."""
     if args.mode == "all" and args.run_id:
         raise LaunchError("--run-id names one run but --mode all makes four; leave --run-id out")
+    if args.mode == "all" and (args.zero or args.fsdp_wrap):
+        flag = "--zero" if args.zero else "--fsdp-wrap"
+        raise LaunchError(
+            f"{flag} belongs to one mode but --mode all runs single, dp and ddp without it; "
+            f"run that mode on its own (--mode {'ddp' if args.zero else 'fsdp'})"
+        )
+    try:
+        check_repeat(args)
+    except ValueError as exc:
+        raise LaunchError(str(exc)) from None
     if args.nproc is not None and args.nproc < 1:
         raise LaunchError(f"--nproc must be >= 1; got {args.nproc} (leave it out for the default)")
     if args.nnodes < 1 or not 0 <= args.node_rank < args.nnodes:
@@ -36,13 +47,13 @@ def check_arguments(args: argparse.Namespace) -> None:
         )
     if args.max_restarts < 0:
         raise LaunchError(f"--max-restarts must be >= 0; got {args.max_restarts}")
-    if args.max_restarts and args.mode != "ddp":
+    if args.max_restarts and args.mode not in PROCESS_GROUP_MODES:
         raise LaunchError(
-            "--max-restarts restarts torchrun's workers, so it needs --mode ddp "
+            "--max-restarts restarts torchrun's workers, so it needs --mode ddp or fsdp "
             "(run single-device as --mode ddp --nproc 1 to get restarts)"
         )
-    if args.nnodes > 1 and args.mode != "ddp":
-        raise LaunchError("--nnodes > 1 only makes sense with --mode ddp")
+    if args.nnodes > 1 and args.mode not in PROCESS_GROUP_MODES:
+        raise LaunchError("--nnodes > 1 only makes sense with --mode ddp or fsdp")
     runs = Path(args.runs_dir)
     with disk_writes(runs):  # a name too long for the file system is one line too
         existing = next(p for p in (runs, *runs.parents) if p.exists())
@@ -117,30 +128,8 @@ def _add_script_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def build_parser(prog: str = "python -m workloads.launch") -> argparse.ArgumentParser:
-    parser = OneLineParser(
-        prog=prog,
-        description="Profile the same training as single-device, DataParallel and DDP runs; one "
-        "run folder per run under --runs-dir.",
-    )
-    parser.add_argument(
-        "--mode",
-        choices=("single", "dp", "ddp", "all"),
-        default="single",
-        help="all = single, dp, ddp-nccl, ddp-gloo as this machine allows (others: skipped)",
-    )
-    parser.add_argument(
-        "--backend",
-        choices=("auto", "nccl", "gloo"),
-        default="auto",
-        help="DDP backend; auto = nccl on Linux with CUDA, gloo otherwise",
-    )
-    parser.add_argument(
-        "--nproc",
-        type=int,
-        default=None,
-        help="DDP processes per node (default: GPU count, 2 on CPU); DP: GPUs to use",
-    )
+def _add_rendezvous_arguments(parser: argparse.ArgumentParser) -> None:
+    """Where the ranks of a DDP/FSDP job meet: nodes, torchrun's rendezvous, file://."""
     parser.add_argument("--nnodes", type=int, default=1, help="nodes in a multi-node DDP job")
     parser.add_argument(
         "--node-rank", type=int, default=0, help="this node's index in [0, --nnodes)"
@@ -166,6 +155,34 @@ def build_parser(prog: str = "python -m workloads.launch") -> argparse.ArgumentP
         help="ddp: file:// rendezvous on a fresh file dpscope creates in the run folder "
         "(logs/rendezvous), e.g. where torchrun's TCP store fails (Windows); one node only",
     )
+
+
+def build_parser(prog: str = "python -m workloads.launch") -> argparse.ArgumentParser:
+    parser = OneLineParser(
+        prog=prog,
+        description="Profile the same training as single-device, DataParallel, DDP (ZeRO-1 with "
+        "--zero 1) and FSDP2 runs; one run folder per run under --runs-dir.",
+    )
+    parser.add_argument(
+        "--mode",
+        choices=("single", "dp", "ddp", "fsdp", "all"),
+        default="single",
+        help="fsdp = FSDP2 (fully_shard, one process per device; ZeRO-1 is --mode ddp --zero 1); "
+        "all = single, dp, ddp-nccl, ddp-gloo as this machine allows (others: skipped)",
+    )
+    parser.add_argument(
+        "--backend",
+        choices=("auto", "nccl", "gloo"),
+        default="auto",
+        help="DDP/FSDP backend; auto = nccl on Linux with CUDA, gloo otherwise",
+    )
+    parser.add_argument(
+        "--nproc",
+        type=int,
+        default=None,
+        help="DDP/FSDP processes per node (default: GPU count, 2 on CPU); DP: GPUs to use",
+    )
+    _add_rendezvous_arguments(parser)
     parser.add_argument(
         "--skip-impossible",
         action="store_true",
@@ -179,6 +196,7 @@ def build_parser(prog: str = "python -m workloads.launch") -> argparse.ArgumentP
         help="ddp: torchrun restarts the job this many times after a rank fails; each restart "
         "resumes from the last checkpoint.pt (see --checkpoint-every)",
     )
+    add_repeat_arguments(parser)
     _add_script_arguments(parser)
     add_config_arguments(parser, exclude=("mode", "backend", "init_method"))
     return parser

@@ -28,7 +28,7 @@ from profiler.runfolder.layout import create_run_folder, utc_now, write_run_json
 from profiler.runfolder.lease import Lease
 from profiler.runfolder.versions import RUN_JSON_SCHEMA_VERSION
 from profiler.session import ProfileConfig
-from workloads.config import TrainConfig, config_from_namespace
+from workloads.config import PROCESS_GROUP_MODES, TrainConfig, config_from_namespace
 from workloads.launch.bootstrap import SETTINGS_ENV
 from workloads.launch.child import child_env, user_path
 from workloads.launch.flightrec import flight_recorder_env
@@ -54,10 +54,14 @@ HINTS = {
     "backend": "the script passes its backend to init_process_group",
     "init_method": "the script passes its own to init_process_group",
     "nnodes": "--script runs on one node (torchrun --standalone)",
+    "zero": "the script builds its own optimizer; dpscope records a ZeroRedundancyOptimizer it "
+    "sees (config.zero)",
+    "fsdp_wrap": "the script calls fully_shard itself; dpscope records the sharding it sees",
+    "fsdp_reshard_after_forward": "the script passes its own to fully_shard",
 }
 SCRIPT_STALL_S = 24 * 3600.0
-"""A single-process script writes no heartbeat: the watchdog only ends it after a day. A DDP
-script's ranks beat (workloads.launch.flightrec): --collective-timeout + WATCHDOG_GRACE_S."""
+"""A single-process script writes no heartbeat: the watchdog only ends it after a day. A DDP or
+FSDP script's ranks beat (workloads.launch.flightrec): --collective-timeout + WATCHDOG_GRACE_S."""
 _UNSET = object()
 
 
@@ -125,10 +129,10 @@ def _check(args: argparse.Namespace) -> Path:
         raise ScriptError(
             f"--script {args.script}: no such file; pass the path of your training script"
         )
-    if args.mode not in ("single", "ddp"):
+    if args.mode not in ("single", "ddp", "fsdp"):
         raise ScriptError(
-            f"--script runs with --mode single or ddp, not {args.mode}; a script that builds "
-            "nn.DataParallel itself is recorded as dp under --mode single"
+            f"--script runs with --mode single, ddp or fsdp, not {args.mode}; a script that "
+            "builds nn.DataParallel itself is recorded as dp under --mode single"
         )
     if args.nproc is not None and args.nproc < 1:
         raise ScriptError(f"--nproc must be >= 1; got {args.nproc}")
@@ -156,7 +160,7 @@ def _env(cfg: TrainConfig, run_dir: Path, args: argparse.Namespace, nproc: int) 
         "collective_timeout": cfg.collective_timeout,
     }
     env = child_env(PYTHONUNBUFFERED="1", **{SETTINGS_ENV: json.dumps(settings)})
-    if args.mode == "ddp":  # the script picks its backend: NCCL's own dump is asked for too
+    if args.mode in PROCESS_GROUP_MODES:  # the script picks its backend: NCCL's dump too
         env = {**flight_recorder_env(run_dir / "logs", nccl=True), **env}
     env.setdefault("OMP_NUM_THREADS", str(max(1, (os.cpu_count() or 1) // nproc)))
     env.setdefault("KINETO_LOG_LEVEL", "5")
@@ -166,7 +170,7 @@ def _env(cfg: TrainConfig, run_dir: Path, args: argparse.Namespace, nproc: int) 
 def _running_record(cfg: TrainConfig, mode: str, nproc: int, extra: dict) -> dict:
     config = {
         "mode": mode,
-        "world_size": nproc if mode == "ddp" else 1,
+        "world_size": nproc if mode in PROCESS_GROUP_MODES else 1,
         "profile": ProfileConfig(**cfg.profile_kwargs()).to_dict(),
         "warmup_steps": cfg.warmup_steps,
         **extra,
@@ -193,7 +197,7 @@ def run_script(args: argparse.Namespace, script_args: list[str]) -> int:
     args.runs_dir = str(user_path(args.runs_dir))
     cfg = config_from_namespace(args, mode="single", backend="auto", init_method="")
     mode = args.mode
-    nproc = (args.nproc or 2) if mode == "ddp" else 1
+    nproc = (args.nproc or 2) if mode in PROCESS_GROUP_MODES else 1
     sha = hashlib.sha256(script.read_bytes()).hexdigest()
     args.workload_name = workload_name(sha, script_args, args.workload)
     stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%S")
@@ -210,7 +214,11 @@ def run_script(args: argparse.Namespace, script_args: list[str]) -> int:
         env=_env(cfg, run_dir, args, nproc),
         log_path=launcher_log,
         logs=run_dir / "logs",
-        stall_s=cfg.collective_timeout + WATCHDOG_GRACE_S if mode == "ddp" else SCRIPT_STALL_S,
+        stall_s=(
+            cfg.collective_timeout + WATCHDOG_GRACE_S
+            if mode in PROCESS_GROUP_MODES
+            else SCRIPT_STALL_S
+        ),
     )
     lease.stop()
     final = end_script_run(

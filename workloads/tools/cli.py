@@ -115,7 +115,7 @@ COMMANDS: dict[str, Command] = {
         Command(
             name="demo",
             module="workloads.tools.demo",
-            help="profile a small workload in every mode, two seeds, and write the report",
+            help="profile a small workload in every mode, in rounds until the speedup is known, and report",
         ),
     )
 }

@@ -1,7 +1,7 @@
 """Scaling sweeps: `make profile-sweep` = `python -m workloads.tools.sweep`.
 
-A sweep is every combination of mode (single, dp, ddp), DDP backend, world size and seed for one
-workload. Each combination is one ordinary launcher run (`python -m workloads.launch`) with a
+A sweep is every combination of mode (single, dp, ddp, and the sharded zero1 = DDP with
+`--zero 1` and fsdp = FSDP2), backend, world size and seed for one workload. Each combination is one ordinary launcher run (`python -m workloads.launch`) with a
 deterministic run id, `<sweep>-<mode>[-<backend>]-n<world>-s<seed>`, and `config.sweep_id` set, so
 the report can group the sweep and a re-run knows what is already done:
 
@@ -40,7 +40,11 @@ from workloads.launch.child import child_env, user_path
 
 __all__ = ["Combo", "SweepError", "combos", "main", "parse_ints"]
 
-MODES = ("single", "dp", "ddp")
+MODES = ("single", "dp", "ddp", "zero1", "fsdp")
+DEFAULT_MODES = ("single", "dp", "ddp")
+# The launcher options of each sweep mode that runs in a process group (one run per backend).
+GROUP_MODES = {"ddp": ("--mode", "ddp"), "zero1": ("--mode", "ddp", "--zero", "1"),
+               "fsdp": ("--mode", "fsdp")}  # fmt: skip
 BACKENDS = ("nccl", "gloo")
 # A sweep name becomes part of folder names: keep it to one portable path component.
 SAFE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
@@ -56,18 +60,19 @@ class Combo:
 
     mode: str
     backend: str
-    """nccl | gloo for ddp; `auto` otherwise."""
+    """nccl | gloo for ddp, zero1 and fsdp; `auto` otherwise."""
     nproc: int
-    """World size: DDP ranks, DP GPUs, 1 for single."""
+    """World size: ranks, DP GPUs, 1 for single."""
     seed: int
 
     def run_id(self, sweep: str) -> str:
-        backend = f"-{self.backend}" if self.mode == "ddp" else ""
+        backend = f"-{self.backend}" if self.mode in GROUP_MODES else ""
         return f"{sweep}-{self.mode}{backend}-n{self.nproc}-s{self.seed}"
 
     def launcher_args(self, sweep: str) -> list[str]:
-        args = ["--mode", self.mode, "--seed", str(self.seed), "--run-id", self.run_id(sweep)]
-        if self.mode == "ddp":
+        mode = list(GROUP_MODES.get(self.mode, ("--mode", self.mode)))
+        args = [*mode, "--seed", str(self.seed), "--run-id", self.run_id(sweep)]
+        if self.mode in GROUP_MODES:
             args += ["--backend", self.backend]
         if self.mode != "single":
             args += ["--nproc", str(self.nproc)]
@@ -124,8 +129,8 @@ def combos(
             for mode in modes:
                 if mode == "dp":
                     out.append(Combo("dp", "auto", n, seed))
-                elif mode == "ddp":
-                    out += [Combo("ddp", b, n, seed) for b in backends]
+                elif mode in GROUP_MODES:
+                    out += [Combo(mode, b, n, seed) for b in backends]
     return out
 
 
@@ -163,7 +168,12 @@ def build_parser(prog: str = "python -m workloads.tools.sweep") -> argparse.Argu
         default=None,
         help='world sizes, e.g. "1 2 4 8" (default: powers of two up to the GPU count; 1 2 on CPU)',
     )
-    parser.add_argument("--modes", default=" ".join(MODES), help='e.g. "single dp ddp"')
+    parser.add_argument(
+        "--modes",
+        default=" ".join(DEFAULT_MODES),
+        help=f'some of {" ".join(MODES)} (zero1 = ddp with --zero 1, fsdp = FSDP2), e.g. "single '
+        'ddp fsdp"',
+    )
     parser.add_argument(
         "--backends", default=" ".join(BACKENDS), help='DDP backends, e.g. "nccl gloo"'
     )

@@ -19,6 +19,7 @@ import sys
 from pathlib import Path
 
 from profiler.runfolder.errors import OneLineParser, UserError, run_command
+from workloads.launch.child import stop_process
 
 __all__ = ["TensorBoardError", "build_command", "check_port", "find_trace_dirs", "main"]
 
@@ -118,13 +119,7 @@ def _serve(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:
         return 0
     finally:
-        if proc.poll() is None:
-            proc.terminate()
-            try:
-                proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+        stop_process(proc)
 
 
 if __name__ == "__main__":

@@ -20,7 +20,13 @@ from torch import nn
 
 from profiler.callbacks import Callback, StepState
 from profiler.runfolder.atomic import atomic_path
-from workloads.train.context import RunContext, unwrap_model
+from workloads.train.context import (
+    RunContext,
+    load_model_state,
+    load_optimizer_state,
+    model_state,
+    optimizer_state,
+)
 
 __all__ = [
     "LoopState",
@@ -103,18 +109,19 @@ def _atomic_save(payload: dict, path: Path) -> None:
 
 def save_checkpoint(
     path: Path,
-    model: nn.Module,
-    optimizer: torch.optim.Optimizer,
+    model: dict,
+    optimizer: dict,
     state: LoopState,
     *,
     scaler: torch.amp.GradScaler | None = None,
     rng: list[dict] | None = None,
 ) -> None:
-    """Rank 0 only: {model: unwrapped state_dict, optimizer, scaler, loop, rng: [per rank]},
-    written atomically."""
+    """Rank 0 only: {model: full state_dict, optimizer: full state_dict, scaler, loop, rng: [per
+    rank]}, written atomically (the state dicts as context.model_state / optimizer_state give
+    them)."""
     payload = {
-        "model": unwrap_model(model).state_dict(),
-        "optimizer": optimizer.state_dict(),
+        "model": model,
+        "optimizer": optimizer,
         "scaler": scaler.state_dict() if scaler is not None else {},
         "loop": state.state_dict(),
         "rng": rng if rng is not None else [capture_rng()],
@@ -131,15 +138,17 @@ def checkpoint_now(
     state: LoopState,
     pending: list[dict],
 ) -> None:
-    """Collective under DDP: every rank hands its RNG states and its step rows since the last
-    checkpoint to rank 0, which folds the rows into `state.rows` and writes one consistent file.
+    """Collective in a process group: every rank hands its RNG states and its step rows since
+    the last checkpoint to rank 0 (and, for FSDP and ZeRO-1, its shards of the model and
+    optimizer state), which folds the rows into `state.rows` and writes one consistent file.
     `pending` is emptied on every rank (its rows now live in the checkpoint)."""
+    weights, opt = model_state(model, ctx), optimizer_state(model, optimizer, ctx)
     gathered = ctx.gather_to_main({"rng": capture_rng(), "rows": list(pending)})
     pending.clear()
-    if gathered is None:  # not rank 0
+    if gathered is None or weights is None or opt is None:  # not rank 0
         return
     state.rows.extend(r for g in gathered for r in g["rows"])
-    save_checkpoint(path, model, optimizer, state, scaler=scaler, rng=[g["rng"] for g in gathered])
+    save_checkpoint(path, weights, opt, state, scaler=scaler, rng=[g["rng"] for g in gathered])
 
 
 def resume(
@@ -163,8 +172,8 @@ def resume(
         write_attempt(path.parent, attempt_no=attempt_no, resumed_from_step=resumed_from)
     if sd is None:
         return False
-    unwrap_model(model).load_state_dict(sd["model"])
-    optimizer.load_state_dict(sd["optimizer"])
+    load_model_state(model, sd["model"])
+    load_optimizer_state(model, optimizer, sd["optimizer"])
     if sd.get("scaler"):
         scaler.load_state_dict(sd["scaler"])
     state.load_state_dict(sd["loop"])
@@ -180,20 +189,25 @@ def resume(
     return True
 
 
-def save_final(path: Path, model: nn.Module) -> None:
-    """final.pt: the unwrapped model's state_dict (atomic; loads with weights_only=True)."""
-    _atomic_save(unwrap_model(model).state_dict(), path)
+def save_final(path: Path, model: nn.Module, ctx: RunContext) -> None:
+    """final.pt: the model's full state_dict (collective for FSDP; rank 0 writes it atomically;
+    loads with weights_only=True)."""
+    state = model_state(model, ctx)
+    if state is not None:
+        _atomic_save(state, path)
 
 
 class SaveFinal(Callback):
-    """`--save-final` on rank 0: final.pt at `run_end`, once the profiler and the memory
-    sampler have stopped (so the save is in no trace) and before the run record."""
+    """`--save-final`: final.pt at `run_end`, once the profiler and the memory sampler have
+    stopped (so the save is in no trace) and before the run record. On rank 0, and on every rank
+    of an FSDP run (its full state dict is a collective)."""
 
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, ctx: RunContext) -> None:
         self.path = path
+        self.ctx = ctx
 
     def run_end(self, state: StepState) -> None:
-        save_final(self.path, state.model)
+        save_final(self.path, state.model, self.ctx)
 
 
 def load_checkpoint(path: Path) -> dict:

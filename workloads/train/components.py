@@ -14,7 +14,7 @@ from torch import nn
 from torch.utils.data import DataLoader
 
 from workloads.config import EVAL_BATCH, TrainConfig
-from workloads.train.context import RunContext, wrap_model
+from workloads.train.context import RunContext, build_optimizer, wrap_model
 from workloads.train.data import GlobalBatchSampler, eval_loader, train_loader
 from workloads.train.losses import LossFn, build_loss
 from workloads.train.workload import WorkloadFacts, build_data, build_network, describe
@@ -40,10 +40,12 @@ class Components:
 
 
 def build_components(cfg: TrainConfig, ctx: RunContext) -> Components:
-    """Data, sampler, model (seeded, wrapped for the mode), loss, optimizer and GradScaler."""
+    """Data, sampler, model (seeded, wrapped for the mode), loss, optimizer (ZeRO-1 for --zero 1)
+    and GradScaler."""
     data = build_data(cfg)
     assert ctx.plan.global_batch is not None  # init_context refuses a plan that cannot run
-    # DP is one replica of the sampler (DataParallel splits the batch itself); DDP ranks take shares.
+    # DP is one replica of the sampler (DataParallel splits the batch itself); DDP and FSDP ranks
+    # take shares.
     sampler = GlobalBatchSampler(
         num_samples=len(data.train),
         global_batch=ctx.plan.global_batch,
@@ -72,9 +74,7 @@ def build_components(cfg: TrainConfig, ctx: RunContext) -> Components:
         model=model,
         loss_fn=build_loss(cfg.loss_spec()),
         facts=facts,
-        optimizer=torch.optim.SGD(
-            model.parameters(), lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay
-        ),
+        optimizer=build_optimizer(model, cfg),
         scaler=torch.amp.GradScaler(
             ctx.device.type, enabled=ctx.device.type == "cuda" and cfg.amp == "fp16"
         ),

@@ -2,12 +2,17 @@
 
 `init_context` reads RANK / LOCAL_RANK / WORLD_SIZE (set by torchrun), plans the run with
 workloads.plan (the launcher's planner), pins CUDA *before* `init_process_group` (so NCCL binds
-each rank to its own GPU) and returns one frozen `RunContext`. `wrap_model` / `unwrap_model` are the only places that know about
-DataParallel and DistributedDataParallel; the training loop never branches on the mode.
+each rank to its own GPU) and returns one frozen `RunContext`. This module is the one place that
+knows the wrappers (DataParallel, DistributedDataParallel, and through workloads.train.sharding
+FSDP2's fully_shard and ZeRO-1's ZeroRedundancyOptimizer): `wrap_model` / `unwrap_model`,
+`build_optimizer`, `sync_gradients` (gradient accumulation), `eval_model` and the full state
+dicts of checkpoints (`model_state`, `optimizer_state` and their loaders). The training loop never
+branches on the mode.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 from dataclasses import dataclass
 from datetime import timedelta
@@ -18,14 +23,22 @@ import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DataParallel, DistributedDataParallel
 
-from workloads.config import TrainConfig
+from workloads.config import PROCESS_GROUP_MODES, TrainConfig
 from workloads.plan import Environment, Plan, plan, torchrun_layout
+from workloads.train import sharding
 
 __all__ = [
     "AutocastForward",
     "RunContext",
+    "build_optimizer",
+    "eval_model",
     "first_bucket_bytes",
     "init_context",
+    "load_model_state",
+    "load_optimizer_state",
+    "model_state",
+    "optimizer_state",
+    "sync_gradients",
     "teardown",
     "unwrap_model",
     "wrap_model",
@@ -37,9 +50,9 @@ class RunContext:
     """The process's place in the run (rank, device, world); identical semantics in every mode."""
 
     mode: str
-    """single | dp | ddp."""
+    """single | dp | ddp | fsdp."""
     rank: int
-    """Global rank (0 outside DDP)."""
+    """Global rank (0 outside a process group)."""
     local_rank: int
     """Rank on this node; the CUDA device index under DDP."""
     world_size: int
@@ -52,6 +65,11 @@ class RunContext:
     """Every device this process computes on (DP: all its GPUs)."""
     plan: Plan
     """The run's layout (workloads.plan): replicas, batch split, threads, every rank's device."""
+
+    @property
+    def process_group(self) -> bool:
+        """The ranks are processes of one process group (ddp, fsdp): collectives apply."""
+        return self.mode in PROCESS_GROUP_MODES
 
     @property
     def is_main(self) -> bool:
@@ -74,9 +92,9 @@ class RunContext:
         return self.plan.nnodes
 
     def gather_to_main(self, obj: Any) -> list[Any] | None:
-        """Collective under DDP: every rank's `obj`, in rank order, on rank 0 (None on the
-        others); outside DDP just [obj]."""
-        if self.mode != "ddp":
+        """Collective in a process group: every rank's `obj`, in rank order, on rank 0 (None on
+        the others); outside one just [obj]."""
+        if not self.process_group:
             return [obj]
         gathered = [None] * self.world_size if self.is_main else None
         dist.gather_object(obj, gathered, dst=0)
@@ -85,13 +103,16 @@ class RunContext:
 
 def init_context(cfg: TrainConfig) -> RunContext:
     """Plan the run from the environment (workloads.plan, as the launcher did), pin the device and
-    join the process group for DDP. Raises ValueError when the plan says this cannot run here."""
-    if cfg.mode == "ddp":
+    join the process group for DDP and FSDP. Raises ValueError when the plan says this cannot run
+    here."""
+    group = cfg.mode in PROCESS_GROUP_MODES
+    if group:
         missing = [k for k in ("RANK", "LOCAL_RANK", "WORLD_SIZE") if k not in os.environ]
         if missing:
             raise ValueError(
-                f"--mode ddp needs torchrun's {', '.join(missing)}; start it with "
-                "`python -m workloads.launch --mode ddp ...` (or torchrun -m workloads.train)"
+                f"--mode {cfg.mode} needs torchrun's {', '.join(missing)}; start it with "
+                f"`python -m workloads.launch --mode {cfg.mode} ...` (or torchrun -m "
+                "workloads.train)"
             )
         global_rank = int(os.environ["RANK"])
         local_rank = int(os.environ["LOCAL_RANK"])
@@ -104,14 +125,14 @@ def init_context(cfg: TrainConfig) -> RunContext:
     if run_plan.reason:
         raise ValueError(run_plan.reason)
     assert run_plan.devices is not None
-    if cfg.mode == "ddp":
+    if group:
         devices = (torch.device(run_plan.devices[global_rank]),)
     else:  # single: one device; DP: every GPU it spreads over, the batch lands on the first
         devices = tuple(torch.device(d) for d in run_plan.devices)
     if run_plan.use_cuda:
         # Before init_process_group: NCCL creates its communicator on the current device.
         torch.cuda.set_device(devices[0])
-    if cfg.mode == "ddp":
+    if group:
         kwargs: dict = {
             "backend": run_plan.backend,
             "timeout": timedelta(seconds=cfg.collective_timeout),
@@ -208,6 +229,8 @@ def wrap_model(model: nn.Module, ctx: RunContext, cfg: TrainConfig) -> nn.Module
             dtype = torch.bfloat16 if cfg.amp == "bf16" else torch.float16
             model = AutocastForward(model, device_type=ctx.device.type, dtype=dtype)
         return DataParallel(model, device_ids=[d.index for d in ctx.devices])
+    if ctx.mode == "fsdp":
+        return sharding.shard_model(model, cfg)[0]
     if ctx.mode == "ddp":
         ddp = DistributedDataParallel(
             model,
@@ -223,7 +246,70 @@ def wrap_model(model: nn.Module, ctx: RunContext, cfg: TrainConfig) -> nn.Module
 
 
 def unwrap_model(model: nn.Module) -> nn.Module:
-    """The plain module inside a DataParallel / DDP wrapper (what checkpoints and eval use)."""
+    """The plain module inside a DataParallel / DDP wrapper (what model facts read; an FSDP2
+    model is its own module, its parameters sharded)."""
     while isinstance(model, DataParallel | DistributedDataParallel | AutocastForward):
         model = model.module
     return model
+
+
+def build_optimizer(model: nn.Module, cfg: TrainConfig) -> torch.optim.Optimizer:
+    """The run's SGD over the wrapped model's parameters (FSDP: its shards), inside a
+    ZeroRedundancyOptimizer for --zero 1."""
+    return sharding.sgd(model.parameters(), cfg, zero=cfg.zero == 1)
+
+
+def sync_gradients(model: nn.Module, enabled: bool) -> contextlib.AbstractContextManager[None]:
+    """Gradient accumulation: a backward inside this context communicates its gradients only
+    when `enabled` (DDP: no_sync otherwise; FSDP2: no reduce-scatter until the last)."""
+    if enabled:
+        return contextlib.nullcontext()
+    if isinstance(model, DistributedDataParallel):
+        return model.no_sync()
+    return sharding.gradient_sync(model, enabled)
+
+
+def eval_model(model: nn.Module, ctx: RunContext) -> nn.Module:
+    """Collective for FSDP: the module an evaluation runs (a plain replica with the full
+    weights, workloads.train.sharding.eval_replica); the unwrapped module otherwise."""
+    if sharding.is_fsdp(model):
+        return sharding.eval_replica(model, ctx.device)
+    return unwrap_model(model)
+
+
+def model_state(model: nn.Module, ctx: RunContext) -> dict | None:
+    """Collective for FSDP: the full model state dict on rank 0 (None on the others), as a
+    checkpoint or final.pt holds it."""
+    if sharding.is_fsdp(model):
+        state = sharding.full_model_state(model)
+        return state if ctx.is_main else None
+    return unwrap_model(model).state_dict() if ctx.is_main else None
+
+
+def optimizer_state(
+    model: nn.Module, optimizer: torch.optim.Optimizer, ctx: RunContext
+) -> dict | None:
+    """Collective for FSDP and ZeRO-1: the full optimizer state dict on rank 0 (None on the
+    others)."""
+    if sharding.is_fsdp(model) or _is_zero(optimizer):
+        state = sharding.full_optimizer_state(model, optimizer)
+        return state if ctx.is_main else None
+    return optimizer.state_dict() if ctx.is_main else None
+
+
+def _is_zero(optimizer: torch.optim.Optimizer) -> bool:
+    """The optimizer is ZeRO-1's."""
+    return isinstance(optimizer, sharding.ZeroRedundancyOptimizer)
+
+
+def load_model_state(model: nn.Module, state: dict) -> None:
+    """Load a checkpoint's full model state dict (every rank)."""
+    if sharding.is_fsdp(model):
+        sharding.load_model_state(model, state)
+    else:
+        unwrap_model(model).load_state_dict(state)
+
+
+def load_optimizer_state(model: nn.Module, optimizer: torch.optim.Optimizer, state: dict) -> None:
+    """Load a checkpoint's full optimizer state dict (every rank)."""
+    sharding.load_optimizer_state(model, optimizer, state)

@@ -100,7 +100,9 @@ def build_instruments(
         host=rec.host,
         callbacks=Callbacks([]),
     )
-    final = [SaveFinal(run_dir / "final.pt")] if cfg.save_final and ctx.is_main else []
+    # FSDP's full state dict is a collective: every rank takes part, rank 0 writes.
+    saves = ctx.is_main or ctx.mode == "fsdp"
+    final = [SaveFinal(run_dir / "final.pt", ctx)] if cfg.save_final and saves else []
     inst.callbacks = Callbacks(
         [
             inst.recorder,

@@ -1,7 +1,8 @@
 """The training entrypoint for every mode: `python -m workloads.train` (what torchrun starts).
 
-One loop for single, DataParallel and DDP: the mode only changes the RunContext (decided once)
-and the wrapper (workloads.train.context.wrap_model). Each optimizer step is timed in four phases
+One loop for single, DataParallel, DDP (ZeRO-1 with --zero 1) and FSDP2: the mode only changes
+the RunContext (decided once) and the wrapper (workloads.train.context.wrap_model, and the
+optimizer, gradient-accumulation and evaluation helpers beside it). Each optimizer step is timed in four phases
 (data, forward, backward, optimizer). At the end every rank's step rows and memory peaks are
 gathered to rank 0, which writes steps.csv and run.json atomically (workloads.train.finish). Each
 rank logs to `logs/rank<r>.log`; a rank that raises also writes `logs/rank<r>.error.json` (with
@@ -48,6 +49,7 @@ from torch.utils.data import DataLoader
 from profiler.callbacks import Callback, StepState
 from profiler.runfolder.errors import UserError
 from workloads.config import (
+    PROCESS_GROUP_MODES,
     OneLineParser,
     TrainConfig,
     add_config_arguments,
@@ -60,7 +62,7 @@ from workloads.launch.heartbeat import Heartbeat
 from workloads.launch.runlog import rank_log, write_error_record
 from workloads.train.checkpoint import LoopState, checkpoint_now, resume
 from workloads.train.components import Components, build_components, planned_steps
-from workloads.train.context import RunContext, init_context, teardown, unwrap_model
+from workloads.train.context import RunContext, eval_model, init_context, sync_gradients, teardown
 from workloads.train.finish import finish
 from workloads.train.instruments import Instruments, build_instruments
 from workloads.train.losses import LossFn, eval_record, eval_sums, output_kind
@@ -99,7 +101,7 @@ def evaluate(
         out = model(x)
         kind = output_kind(out, y)
         sums += eval_sums(out, y, loss_fn)
-    if ctx.mode == "ddp":
+    if ctx.process_group:
         dist.all_reduce(sums)
     model.train()
     return eval_record(kind, sums.tolist(), epoch=epoch)
@@ -136,16 +138,15 @@ def _forward_backward(
     Micro-batch k is the k-th contiguous chunk of this rank's share, i.e. positions
     [k*m, (k+1)*m) of it (m = share / accum), so the step still covers exactly the sampler's
     global batch. Each micro-batch loss is scaled by 1/accum so the accumulated gradient is the
-    share's mean gradient; under DDP all but the last micro-batch run under `no_sync()`, so the
-    bucketed all-reduce happens once per optimizer step. Forward/backward time of every
+    share's mean gradient; all but the last micro-batch run without gradient communication
+    (context.sync_gradients: DDP's `no_sync()`, FSDP2's deferred reduce-scatter), so the
+    gradients are all-reduced (reduce-scattered) once per optimizer step. Forward/backward time of every
     micro-batch adds up in the step's `forward`/`backward` phases; `before_sync_backward` runs
     once, before the last micro-batch's backward (the one that all-reduces).
     """
-    ddp = isinstance(model, nn.parallel.DistributedDataParallel)
     losses = []
     for k, (xm, ym) in enumerate(zip(x.chunk(accum), y.chunk(accum), strict=True)):
-        skip_sync = ddp and k < accum - 1
-        with model.no_sync() if skip_sync else contextlib.nullcontext():
+        with sync_gradients(model, k == accum - 1):
             with phase("forward"):
                 with torch.autocast(x.device.type, dtype=amp, enabled=amp is not None):
                     loss = loss_fn(model(xm), ym)
@@ -239,7 +240,7 @@ class _Run:
             print(f"{done}, no eval (the dataset has no test split)", flush=True)
         else:
             result = evaluate(
-                unwrap_model(self.components.model),
+                eval_model(self.components.model, self.ctx),
                 self.components.test_loader,
                 self.ctx,
                 loss_fn=self.components.loss_fn,
@@ -281,7 +282,7 @@ def train(
     start = time.perf_counter()
     attempt_no = faults.attempt()  # read once, not per step
     # The first beat is on disk before the data and model are built (the launcher's watchdog).
-    beat = Heartbeat.of_rank(run_dir, ctx.rank, attempt=attempt_no, collectives=ctx.mode == "ddp")
+    beat = Heartbeat.of_rank(run_dir, ctx.rank, attempt=attempt_no, collectives=ctx.process_group)
     threads = set_threads(ctx)
     components = build_components(cfg, ctx)
     loop = LoopState()
@@ -340,7 +341,8 @@ def train(
 def build_parser() -> argparse.ArgumentParser:
     parser = OneLineParser(
         prog="python -m workloads.train",
-        description="One training run (single | dp | ddp). DDP ranks are started by torchrun; "
+        description="One training run (single | dp | ddp | fsdp). DDP and FSDP ranks are started "
+        "by torchrun; "
         "use `python -m workloads.launch` to get the run folder and torchrun set up for you.",
     )
     add_config_arguments(parser)
@@ -357,13 +359,15 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as exc:
         parser.error(str(exc))
     if not cfg.run_id:
-        if cfg.mode == "ddp":
-            parser.error("--run-id is required for ddp (every rank must write the same run folder)")
+        if cfg.mode in PROCESS_GROUP_MODES:
+            parser.error(
+                f"--run-id is required for {cfg.mode} (every rank must write the same run folder)"
+            )
         cfg.run_id = default_run_id(cfg, backend="none", world_size=1)
     env_rank = int(os.environ.get("RANK", "0"))
     run_dir = Path(cfg.runs_dir) / cfg.run_id
     with rank_log(run_dir / "logs" / f"rank{env_rank}.log"):
-        if cfg.mode == "ddp":  # workloads.launch.flightrec: dumps on request or on a failure
+        if cfg.mode in PROCESS_GROUP_MODES:  # workloads.launch.flightrec: dumps on request/failure
             flightrec.install(run_dir, rank=env_rank, run_id=cfg.run_id, attempt=faults.attempt())
         try:
             ctx = init_context(cfg)

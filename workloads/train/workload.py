@@ -23,6 +23,7 @@ from workloads.train.data import Datasets, build_datasets, dataset_item
 from workloads.train.factory import exit_call, last_line
 from workloads.train.losses import LossFn, build_loss, check_loss
 from workloads.train.models import build_model
+from workloads.train.sharding import wrap_targets
 
 __all__ = [
     "WorkloadFacts",
@@ -140,9 +141,12 @@ def describe(model: nn.Module, data: Datasets) -> WorkloadFacts:
 
 
 def check_workload(cfg: TrainConfig) -> WorkloadFacts:
-    """Build and check every part of `cfg`'s workload (module docstring); return `describe`."""
+    """Build and check every part of `cfg`'s workload (module docstring), for --mode fsdp also
+    that --fsdp-wrap's classes are in the model; return `describe`."""
     data = build_data(cfg)
     model = build_network(cfg, data)
+    if cfg.mode == "fsdp":
+        wrap_targets(model, cfg)  # one SpecError line for a class the model does not contain
     loss_fn: LossFn = build_loss(cfg.loss_spec())
     x, y = sample_batch(data, spec=cfg.dataset)
     model.eval()
