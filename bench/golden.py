@@ -10,10 +10,12 @@ the analysis, report and hostile-input tests read real run folders without train
 - `failed-ddp-mlp`: the DDP run with rank 1 made to crash at step 2 (the DPSCOPE_FAIL_RANK test
   hook): status `failed`, the error record and the launcher's logs.
 
-Each folder is copied in as the launcher wrote it. The only edit is to text files (run.json, logs):
-the machine's own paths (the temporary runs folder, this checkout, the Python installation) are
-replaced by neutral words (`runs`, `dpscope`, `python`), because the committed set must not carry
-one machine's paths. No number, field or trace the analysis reads is changed.
+Each folder is copied in as the launcher wrote it. The only edit is to its text (run.json,
+owner.json, logs, and the traces' text inflated and deflated again): the machine's own paths (the
+temporary runs folder, this checkout, the Python installation also where a link points to it, the
+temporary folder Kineto names its trace after) are replaced by neutral words (`runs`, `dpscope`,
+`python`, `tmp`), because the committed set must not carry one machine's paths. No number, field
+or event the analysis reads is changed.
 
 tests/test_golden.py regenerates folders of the set into a temporary folder and checks that they
 still have the committed files, run.json keys and steps.csv columns: a change of the run-folder
@@ -23,6 +25,7 @@ format fails there until `make golden` is run and tests/data/golden/ is committe
 from __future__ import annotations
 
 import argparse
+import gzip
 import json
 import shutil
 import subprocess
@@ -145,24 +148,33 @@ def machine_paths(runs_dir: Path) -> list[tuple[str, str]]:
         str(PACKAGE_ROOT): "dpscope",
         sys.prefix: "python",
         sys.base_prefix: "python",
+        # A venv that is a link (to a shared one): torch's log lines name the real folder.
+        str(Path(sys.prefix).resolve()): "python",
+        str(Path(sys.base_prefix).resolve()): "python",
         str(Path.home()): "home",
+        tempfile.gettempdir(): "tmp",  # Kineto's traceName, a temporary file's
     }
     pairs = {path: word for path, word in pairs.items() if len(path) > 1}
     return sorted(pairs.items(), key=lambda item: -len(item[0]))
 
 
 def scrub(folder: Path, runs_dir: Path) -> None:
-    """Replace this machine's paths in the folder's text files (run.json, logs/) by neutral
-    words; traces, steps.csv and comm.csv hold none and are left byte for byte."""
+    """Replace this machine's paths in the folder's text (run.json, owner.json, logs/, the
+    traces' inflated JSON) by neutral words; steps.csv and comm.csv hold none and are left byte
+    for byte, as is every file without a machine path."""
     pairs = machine_paths(runs_dir)
-    for path in [folder / "run.json", *sorted((folder / "logs").glob("*"))]:
+    texts = [folder / "run.json", folder / "owner.json", *sorted((folder / "logs").glob("*"))]
+    for path in [*texts, *sorted((folder / "traces").glob("*.json.gz"))]:
         if not path.is_file():
             continue
-        text = original = path.read_text(encoding="utf-8")
+        packed = path.suffix == ".gz"
+        data = path.read_bytes()
+        text = original = (gzip.decompress(data) if packed else data).decode("utf-8")
         for machine, word in pairs:
             text = text.replace(machine, word)
         if text != original:
-            path.write_text(text, encoding="utf-8")
+            raw = text.encode("utf-8")
+            path.write_bytes(gzip.compress(raw, mtime=0) if packed else raw)
 
 
 def busy_cores(folder: Path) -> float | None:

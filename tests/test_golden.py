@@ -7,6 +7,7 @@ comm.csv columns. A change of the format fails here, saying to run `make golden`
 from __future__ import annotations
 
 import csv
+import gzip
 import re
 from pathlib import Path
 
@@ -90,13 +91,18 @@ def test_the_golden_folder_has_todays_format(name: str, fresh_golden) -> None:
 
 
 def test_the_golden_set_is_small_and_carries_no_machine_paths() -> None:
-    """Under 2 MB in all; the run folders' text keeps no path of the machine that made them
-    (`make golden` writes `runs`, `dpscope`, `python` for them)."""
+    """Under 2 MB in all; the run folders' text, the traces' inflated JSON included, keeps no
+    path of the machine that made them (`make golden` writes `runs`, `dpscope`, `python`, `tmp`
+    for them)."""
     paths = [p for p in GOLDEN.rglob("*") if p.is_file()]
     assert {p.relative_to(GOLDEN).parts[0] for p in paths} == set(golden.GOLDEN_RUNS)
     assert sum(p.stat().st_size for p in paths) < 2_000_000
     machine = [m for m, _ in golden.machine_paths(GOLDEN)]  # this checkout, python, home
     for path in paths:
-        if path.suffix in (".json", ".log", ".txt", ".csv"):
+        if path.name.endswith(".json.gz"):
+            text = gzip.decompress(path.read_bytes()).decode("utf-8")
+        elif path.suffix in (".json", ".log", ".txt", ".csv", ".request"):
             text = path.read_text(encoding="utf-8")
-            assert not [m for m in machine if m in text], path
+        else:
+            continue
+        assert not [m for m in machine if m in text], (path, [m for m in machine if m in text])
