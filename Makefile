@@ -46,13 +46,13 @@ RUN_FLAGS = --model $(MODEL) --dataset $(DATASET) --epochs $(EPOCHS) --max-steps
             --batch-size $(BATCH) --runs-dir "$(RUNS)" $(PROFILE_FLAGS)
 
 .PHONY: help setup profile-single profile-dp profile-ddp profile-fsdp profile-zero1 profile-all profile-script report demo tensorboard \
-        bench-analysis hta-orphans-reference gpu-check test test-fast test-load docs lint format clean
+        bench-analysis hta-orphans-reference gpu-check test test-fast test-load golden docs lint format clean
 
 help:
 	@echo "dpscope targets: setup profile-single profile-dp profile-ddp profile-fsdp profile-zero1 profile-all"
 	@echo "                 profile-script profile-sweep report demo tensorboard tune-ddp bench-comm bench-projection bench-family"
 	@echo "                 bench bench-overhead bench-analysis bench-report bench-demo-load hta-orphans-reference gpu-check"
-	@echo "                 test test-fast test-load docs lint format clean"
+	@echo "                 test test-fast test-load golden docs lint format clean"
 	@echo "every target and variable: docs/reference/make.md; the dpscope command: docs/reference/cli.md"
 
 # Re-install only when requirements.txt or pyproject.toml changed (the stamp is newer otherwise):
@@ -149,13 +149,23 @@ format: setup
 	$(PY) -m ruff format .
 	$(PY) -m ruff check --fix .
 
-# Everything (18 minutes in CI on 2 cores); test-fast: the tests that start no process.
+# Everything (README: its measured time); test-fast: the tests that start no process.
 test: setup
 	$(PY) -m ruff check .
 	$(PY) -m pytest
 
+# The fast tier in FAST_WORKERS processes (pytest-xdist): its tests start no process and each
+# worker copies the golden runs into its own temporary folder, so two cores run it in about half
+# the time.
+FAST_WORKERS ?= 2
 test-fast: setup
-	$(PY) -m pytest -q -m "not integration"
+	$(PY) -m pytest -q -m "not integration" -n $(FAST_WORKERS)
+
+# The committed golden run set (tests/data/golden/: single, 2-rank DDP, comm and failed runs made
+# by the real launcher with tiny settings) that the analysis and report tests read. Re-run it
+# after a change of the run-folder format (tests/test_golden.py says when) and commit the folder.
+golden: setup
+	$(PY) -m bench.golden
 
 # The whole suite beside a CPU hog on every core (bench/cpuhog.py, on HOG_DUTY of each second):
 # it stops when the suite ends, or after HOG_DEADLINE_S whatever happens. CI runs plain `test`.

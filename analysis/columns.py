@@ -18,7 +18,6 @@ from analysis.jsonsafe import clip
 
 __all__ = [
     "BYTE_UNITS",
-    "C",
     "Column",
     "diff_columns",
     "fmt",
@@ -116,9 +115,6 @@ def without(cols: Sequence[Column], *keys: str) -> list[Column]:
     return [c for c in cols if c.key not in keys]
 
 
-C = Column  # short alias for the specs below
-
-
 def ms_of_us(*, key: str, label: str, unit: str = "ms/step") -> Column:
     """A time stored in µs, shown in ms with 2 digits (the traces JSON keeps µs, as HTA does)."""
     return Column(key=key, label=label, unit=unit, kind="num", digits=2, scale=1e-3)
@@ -143,15 +139,15 @@ def ci(stat: str, *, label: str, unit: str, digits: int = 2, scale: float = 1.0)
 
 # The figures over rounds (analysis.runs.rounds), shared by the speedup and headline tables.
 ROUND_COLS = [
-    C(key="n_rounds", label="Rounds", unit="runs", kind="int"),
+    Column(key="n_rounds", label="Rounds", unit="runs", kind="int"),
     ci("speedup", label="Speedup", unit="×"),
     ci("scaling_efficiency", label="Efficiency", unit="%", digits=1, scale=100.0),
-    C(key="throughput_basis", label="Steps used", unit="quiet | all | mixed"),
+    Column(key="throughput_basis", label="Steps used", unit="quiet | all | mixed"),
 ]
 
 
 # The baseline's noise: per run in the summary's CSV, per group on the speedup table's page.
-NOISE_COL = C(
+NOISE_COL = Column(
     key="baseline_noise_pct",
     label="Noise",
     unit="% spread of the single runs",
@@ -160,13 +156,13 @@ NOISE_COL = C(
 )
 
 SUMMARY_COLS = [
-    C(key="run_id", label="Run"),
-    C(key="status", label="Status"),
-    C(key="mode", label="Mode"),
-    C(key="backend", label="Backend"),
-    C(key="world_size", label="World size", unit="ranks", kind="int"),
-    C(key="samples_per_s", label="Throughput", unit="samples/s", kind="num", digits=1),
-    C(
+    Column(key="run_id", label="Run"),
+    Column(key="status", label="Status"),
+    Column(key="mode", label="Mode"),
+    Column(key="backend", label="Backend"),
+    Column(key="world_size", label="World size", unit="ranks", kind="int"),
+    Column(key="samples_per_s", label="Throughput", unit="samples/s", kind="num", digits=1),
+    Column(
         key="samples_per_s_quiet",
         label="Throughput, quiet steps",
         unit="samples/s (steps)",
@@ -175,16 +171,18 @@ SUMMARY_COLS = [
         count_key="quiet_steps",
         count_unit="steps",
     ),
-    C(key="quiet_steps", label="Quiet steps", unit="count", kind="int"),  # CSV only: in the above
-    C(key="throughput_basis", label="Steps used", unit="quiet | all"),
-    C(key="speedup", label="Speedup vs single", unit="×", kind="num"),
-    C(key="scaling_efficiency", label="Scaling efficiency", unit="%", kind="frac_pct"),
-    C(key="comm_pct", label="Comm share", unit="% of step", kind="num", digits=1),
-    C(key="exposed_comm_pct", label="Exposed comm", unit="% of step", kind="num", digits=1),
+    Column(
+        key="quiet_steps", label="Quiet steps", unit="count", kind="int"
+    ),  # CSV only: in the above
+    Column(key="throughput_basis", label="Steps used", unit="quiet | all"),
+    Column(key="speedup", label="Speedup vs single", unit="×", kind="num"),
+    Column(key="scaling_efficiency", label="Scaling efficiency", unit="%", kind="frac_pct"),
+    Column(key="comm_pct", label="Comm share", unit="% of step", kind="num", digits=1),
+    Column(key="exposed_comm_pct", label="Exposed comm", unit="% of step", kind="num", digits=1),
     mib(key="peak_memory_bytes", label="Peak memory"),
     num1(key="memory_imbalance_pct", label="Memory imbalance", unit="% more, fullest vs emptiest"),
     NOISE_COL,
-    C(
+    Column(
         key="profiler_overhead_pct",
         label="Profiler overhead",
         unit="% per traced step",
@@ -192,32 +190,36 @@ SUMMARY_COLS = [
         digits=1,
         text_key="profiler_overhead_note",
     ),  # fmt: skip
-    C(key="top1_pct", label="Top-1", unit="%", kind="num"),
-    C(key="os", label="Platform"),
-    C(key="label", label="Label"),
-    C(key="reason", label="Reason / notes", wrap=True),
+    Column(key="top1_pct", label="Top-1", unit="%", kind="num"),
+    Column(key="os", label="Platform"),
+    Column(key="label", label="Label"),
+    Column(key="reason", label="Reason / notes", wrap=True),
 ]
 PHASE_COLS = [
-    C(key="run_id", label="Run"),
-    C(key="rank", label="Rank", kind="int"),
-    C(key="data_s", label="Data wait", unit="ms/step", kind="num", digits=1, scale=1e3),
-    C(key="forward_s", label="Forward", unit="ms/step", kind="num", digits=1, scale=1e3),
+    Column(key="run_id", label="Run"),
+    Column(key="rank", label="Rank", kind="int"),
+    Column(key="data_s", label="Data wait", unit="ms/step", kind="num", digits=1, scale=1e3),
+    Column(key="forward_s", label="Forward", unit="ms/step", kind="num", digits=1, scale=1e3),
     num1(
         key="backward_compute_s", label="Backward (excl. exposed comm)", unit="ms/step", scale=1e3
     ),
-    C(key="exposed_comm_s", label="Exposed comm", unit="ms/step", kind="num", digits=1, scale=1e3),
-    C(key="optimizer_s", label="Optimizer", unit="ms/step", kind="num", digits=1, scale=1e3),
-    C(key="other_s", label="Other", unit="ms/step", kind="num", digits=1, scale=1e3),
-    C(key="step_time_s", label="Step", unit="ms/step", kind="num", digits=1, scale=1e3),
+    Column(
+        key="exposed_comm_s", label="Exposed comm", unit="ms/step", kind="num", digits=1, scale=1e3
+    ),
+    Column(key="optimizer_s", label="Optimizer", unit="ms/step", kind="num", digits=1, scale=1e3),
+    Column(key="other_s", label="Other", unit="ms/step", kind="num", digits=1, scale=1e3),
+    Column(key="step_time_s", label="Step", unit="ms/step", kind="num", digits=1, scale=1e3),
 ]
 COLLECTIVE_COLS = [
-    C(key="run_id", label="Run"),
-    C(key="name", label="Collective"),
-    C(key="algorithm", label="Moved by"),  # the backend's own op (analysis.trace.c10d)
-    C(key="calls", label="Calls", unit="count", kind="int"),
-    C(key="bytes_total", label="Bytes total", unit="MB", kind="bytes"),
-    C(key="bytes_avg", label="Bytes per call", unit="MB", kind="bytes"),
-    C(key="latency_us_avg", label="Latency per call", unit="ms", kind="num", digits=3, scale=1e-3),
+    Column(key="run_id", label="Run"),
+    Column(key="name", label="Collective"),
+    Column(key="algorithm", label="Moved by"),  # the backend's own op (analysis.trace.c10d)
+    Column(key="calls", label="Calls", unit="count", kind="int"),
+    Column(key="bytes_total", label="Bytes total", unit="MB", kind="bytes"),
+    Column(key="bytes_avg", label="Bytes per call", unit="MB", kind="bytes"),
+    Column(
+        key="latency_us_avg", label="Latency per call", unit="ms", kind="num", digits=3, scale=1e-3
+    ),
     ms_of_us(key="latency_us_total", label="Latency total", unit="ms"),
     ms_of_us(key="transfer_us_total", label="Transfer", unit="ms"),
     ms_of_us(key="sync_us_total", label="Sync wait", unit="ms"),
@@ -226,42 +228,42 @@ COLLECTIVE_COLS = [
         label="Latency union (extra: time any call was in flight)",
         unit="ms",
     ),
-    C(key="algbw_gbps", label="algbw", unit="GB/s", kind="num", digits=3),
-    C(key="busbw_gbps", label="busbw", unit="GB/s", kind="num", digits=3),
+    Column(key="algbw_gbps", label="algbw", unit="GB/s", kind="num", digits=3),
+    Column(key="busbw_gbps", label="busbw", unit="GB/s", kind="num", digits=3),
 ]
 OVERLAP_COLS = [
-    C(key="run_id", label="Run"),
-    C(key="rank", label="Rank", kind="int"),
-    C(key="steps", label="Steps analysed", unit="count", kind="int"),
+    Column(key="run_id", label="Run"),
+    Column(key="rank", label="Rank", kind="int"),
+    Column(key="steps", label="Steps analysed", unit="count", kind="int"),
     ms_of_us(key="step_time_us_mean", label="Step", unit="ms"),
     ms_of_us(key="comm_us", label="Comm"),
     ms_of_us(key="exposed_comm_us", label="Exposed comm"),
-    C(key="overlap_pct", label="Overlap (HTA)", unit="% of comm", kind="num", digits=1),
+    Column(key="overlap_pct", label="Overlap (HTA)", unit="% of comm", kind="num", digits=1),
     ms_of_us(key="tb_computation", label="tb: computation"),
     ms_of_us(key="tb_overlapping", label="tb: overlapping"),
     ms_of_us(key="tb_communication", label="tb: communication"),
     ms_of_us(key="tb_other", label="tb: other"),
 ]
 STRAGGLER_COLS = [
-    C(key="run_id", label="Run"),
-    C(key="rank", label="Rank", kind="int"),
+    Column(key="run_id", label="Run"),
+    Column(key="rank", label="Rank", kind="int"),
     ms_of_us(key="start_skew_us_mean", label="Collective start skew, mean", unit="ms"),
     ms_of_us(key="start_skew_us_max", label="Collective start skew, max", unit="ms"),
-    C(key="straggler_score", label="Straggler score", unit="ratio", kind="num"),
-    C(key="clock_offset_us", label="Clock offset vs rank 0", unit="µs", kind="num", digits=1),
-    C(key="clock_offset_uncertainty_us", label="± (offset)", unit="µs", kind="num", digits=1),
-    C(key="spread_pct", label="Step-time spread over ranks", unit="%", kind="num", digits=1),
+    Column(key="straggler_score", label="Straggler score", unit="ratio", kind="num"),
+    Column(key="clock_offset_us", label="Clock offset vs rank 0", unit="µs", kind="num", digits=1),
+    Column(key="clock_offset_uncertainty_us", label="± (offset)", unit="µs", kind="num", digits=1),
+    Column(key="spread_pct", label="Step-time spread over ranks", unit="%", kind="num", digits=1),
 ]
 MEMORY_COLS = [
-    C(key="run_id", label="Run"),
-    C(key="rank", label="Rank", kind="int"),
-    C(key="device", label="Device"),
+    Column(key="run_id", label="Run"),
+    Column(key="rank", label="Rank", kind="int"),
+    Column(key="device", label="Device"),
     mib(key="peak_allocated_bytes", label="Peak allocated"),
     mib(key="peak_reserved_bytes", label="Peak reserved"),
     mib(key="nvml_used_bytes", label="NVML used"),
     mib(key="peak_rss_bytes", label="Peak RSS"),
     num1(key="memory_imbalance_pct", label="Run imbalance", unit="% more, fullest vs emptiest"),
-    C(
+    Column(
         key="memory_imbalance_max_over_mean",
         label="Run imbalance (extra: fullest ÷ mean)",
         unit="ratio",
@@ -269,13 +271,13 @@ MEMORY_COLS = [
     ),
 ]
 SPEEDUP_COLS = [
-    C(key="model", label="Model"),
-    C(key="mode", label="Mode"),
-    C(key="backend", label="Backend"),
-    C(key="os", label="Platform"),
-    C(key="world_size", label="World size", unit="ranks", kind="int"),
-    C(key="n_seeds", label="Seeds", unit="count", kind="int"),
-    C(
+    Column(key="model", label="Model"),
+    Column(key="mode", label="Mode"),
+    Column(key="backend", label="Backend"),
+    Column(key="os", label="Platform"),
+    Column(key="world_size", label="World size", unit="ranks", kind="int"),
+    Column(key="n_seeds", label="Seeds", unit="count", kind="int"),
+    Column(
         key="samples_per_s_mean",
         label="Throughput",
         unit="samples/s, mean ± std",
@@ -283,16 +285,16 @@ SPEEDUP_COLS = [
         digits=1,
         std_key="samples_per_s_std",
     ),
-    C(key="samples_per_s_min", label="Throughput min", unit="samples/s", kind="num", digits=1),
-    C(key="samples_per_s_max", label="Throughput max", unit="samples/s", kind="num", digits=1),
-    C(
+    Column(key="samples_per_s_min", label="Throughput min", unit="samples/s", kind="num", digits=1),
+    Column(key="samples_per_s_max", label="Throughput max", unit="samples/s", kind="num", digits=1),
+    Column(
         key="speedup_mean",
         label="Speedup vs single",
         unit="×, mean ± std",
         kind="pm",
         std_key="speedup_std",
     ),
-    C(
+    Column(
         key="scaling_efficiency_mean",
         label="Scaling efficiency",
         unit="%, mean ± std",
@@ -302,8 +304,8 @@ SPEEDUP_COLS = [
         std_key="scaling_efficiency_std",
     ),
     *ROUND_COLS,
-    C(key="comm_pct_mean", label="Comm share", unit="% of step, mean", kind="num", digits=1),
-    C(
+    Column(key="comm_pct_mean", label="Comm share", unit="% of step, mean", kind="num", digits=1),
+    Column(
         key="exposed_comm_pct_mean",
         label="Exposed comm",
         unit="% of step, mean",
@@ -313,14 +315,14 @@ SPEEDUP_COLS = [
     NOISE_COL,  # the group its speedup is over
 ]
 ACCURACY_COLS = [
-    C(key="model", label="Model"),
-    C(key="dataset", label="Dataset"),
-    C(key="mode", label="Mode"),
-    C(key="backend", label="Backend"),
-    C(key="world_size", label="World size", unit="ranks", kind="int"),
-    C(key="os", label="Platform"),
-    C(key="n_seeds", label="Seeds", unit="count", kind="int"),
-    C(
+    Column(key="model", label="Model"),
+    Column(key="dataset", label="Dataset"),
+    Column(key="mode", label="Mode"),
+    Column(key="backend", label="Backend"),
+    Column(key="world_size", label="World size", unit="ranks", kind="int"),
+    Column(key="os", label="Platform"),
+    Column(key="n_seeds", label="Seeds", unit="count", kind="int"),
+    Column(
         key="test_loss_mean",
         label="Test loss",
         unit="the --loss (nats for cross_entropy), mean ± std",
@@ -328,17 +330,21 @@ ACCURACY_COLS = [
         std_key="test_loss_std",
         digits=4,
     ),
-    C(key="top1_pct_mean", label="Top-1", unit="%, mean ± std", kind="pm", std_key="top1_pct_std"),
-    C(key="top5_pct_mean", label="Top-5", unit="%, mean ± std", kind="pm", std_key="top5_pct_std"),
+    Column(
+        key="top1_pct_mean", label="Top-1", unit="%, mean ± std", kind="pm", std_key="top1_pct_std"
+    ),
+    Column(
+        key="top5_pct_mean", label="Top-5", unit="%, mean ± std", kind="pm", std_key="top5_pct_std"
+    ),
     # Sequence outputs (gpt): exp(mean token cross-entropy); empty for class scores.
-    C(
+    Column(
         key="perplexity_mean",
         label="Perplexity",
         unit="mean ± std",
         kind="pm",
         std_key="perplexity_std",
     ),
-    C(
+    Column(
         key="samples_per_s_mean",
         label="Throughput",
         unit="samples/s, mean ± std",
@@ -348,26 +354,26 @@ ACCURACY_COLS = [
     ),
 ]
 ENV_COLS = [
-    C(key="os", label="Platform"),
-    C(key="backend", label="Backend"),
-    C(key="run_id", label="Run"),
-    C(key="platform", label="OS release"),
-    C(key="cpu_model", label="CPU"),
-    C(key="gpus", label="GPUs"),
-    C(key="python", label="Python"),
-    C(key="torch", label="torch"),
-    C(key="cuda", label="CUDA"),
-    C(key="nccl", label="NCCL"),
-    C(key="devices", label="Devices"),
-    C(key="threads_per_rank", label="Threads per rank", unit="count", kind="int"),
-    C(key="hostname", label="Host"),
+    Column(key="os", label="Platform"),
+    Column(key="backend", label="Backend"),
+    Column(key="run_id", label="Run"),
+    Column(key="platform", label="OS release"),
+    Column(key="cpu_model", label="CPU"),
+    Column(key="gpus", label="GPUs"),
+    Column(key="python", label="Python"),
+    Column(key="torch", label="torch"),
+    Column(key="cuda", label="CUDA"),
+    Column(key="nccl", label="NCCL"),
+    Column(key="devices", label="Devices"),
+    Column(key="threads_per_rank", label="Threads per rank", unit="count", kind="int"),
+    Column(key="hostname", label="Host"),
 ]
 TRACE_COLS = [
-    C(key="run_id", label="Run"),
-    C(key="status", label="Status"),
-    C(key="kind", label="Trace kind"),
-    C(key="trace_links", label="Trace files", kind="links", wrap=True),
-    C(key="log_links", label="Logs", kind="links", wrap=True),
+    Column(key="run_id", label="Run"),
+    Column(key="status", label="Status"),
+    Column(key="kind", label="Trace kind"),
+    Column(key="trace_links", label="Trace files", kind="links", wrap=True),
+    Column(key="log_links", label="Logs", kind="links", wrap=True),
 ]
 
 
@@ -375,60 +381,64 @@ TRACE_COLS = [
 def diff_columns(a: str, b: str, *, digits: int, wrap: bool = False) -> list[Column]:
     """Columns of an operator diff (`analysis diff`, "What DDP adds"), sides named `a` and `b`."""
     return [
-        C(key="name", label="Operator", wrap=wrap),
-        C(key="kind", label="Kind"),
-        C(key="status", label="Status"),
-        C(key="calls_per_step_a", label=f"Calls{a}", unit="per step", kind="num", digits=1),
-        C(key="calls_per_step_b", label=f"Calls{b}", unit="per step", kind="num", digits=1),
-        C(key="self_us_per_step_a", label=f"Self{a}", unit="µs/step", kind="num", digits=digits),
-        C(key="self_us_per_step_b", label=f"Self{b}", unit="µs/step", kind="num", digits=digits),
-        C(key="delta_us_per_step", label="Δ self", unit="µs/step", kind="num", digits=digits),
-        C(key="delta_pct", label="Δ self", unit="%", kind="num", digits=1),
-        C(key="delta_us_per_sample", label="Δ self", unit="µs/sample", kind="num", digits=2),
+        Column(key="name", label="Operator", wrap=wrap),
+        Column(key="kind", label="Kind"),
+        Column(key="status", label="Status"),
+        Column(key="calls_per_step_a", label=f"Calls{a}", unit="per step", kind="num", digits=1),
+        Column(key="calls_per_step_b", label=f"Calls{b}", unit="per step", kind="num", digits=1),
+        Column(
+            key="self_us_per_step_a", label=f"Self{a}", unit="µs/step", kind="num", digits=digits
+        ),
+        Column(
+            key="self_us_per_step_b", label=f"Self{b}", unit="µs/step", kind="num", digits=digits
+        ),
+        Column(key="delta_us_per_step", label="Δ self", unit="µs/step", kind="num", digits=digits),
+        Column(key="delta_pct", label="Δ self", unit="%", kind="num", digits=1),
+        Column(key="delta_us_per_sample", label="Δ self", unit="µs/sample", kind="num", digits=2),
     ]
 
 
 DDP_ADDS_COLS = diff_columns(", single", ", DDP", digits=0, wrap=True)
 OPS_COLS = [
-    C(key="name", label="Operator", wrap=True),
-    C(key="kind", label="Kind"),
-    C(key="calls_per_step", label="Calls", unit="per step", kind="num", digits=1),
-    C(key="self_us_per_step", label="Self", unit="µs/step", kind="num", digits=0),
-    C(key="total_us_per_step", label="Total", unit="µs/step", kind="num", digits=0),
-    C(key="pct_of_step", label="Self", unit="% of step", kind="num", digits=1),
+    Column(key="name", label="Operator", wrap=True),
+    Column(key="kind", label="Kind"),
+    Column(key="calls_per_step", label="Calls", unit="per step", kind="num", digits=1),
+    Column(key="self_us_per_step", label="Self", unit="µs/step", kind="num", digits=0),
+    Column(key="total_us_per_step", label="Total", unit="µs/step", kind="num", digits=0),
+    Column(key="pct_of_step", label="Self", unit="% of step", kind="num", digits=1),
 ]
 
 
 # --- the CLI's tables (python -m analysis traces | runs): the report's columns, less the run id
 CLI_RANK_COLS = [
     *without(OVERLAP_COLS, "run_id"),
-    C(key="compute_us", label="Compute", unit="µs/step", kind="num", digits=0),
-    C(key="idle_pct", label="Idle", unit="% of step", kind="num", digits=1),
-    C(key="data_wait_us", label="Data wait", unit="µs/step", kind="num", digits=0),
+    Column(key="compute_us", label="Compute", unit="µs/step", kind="num", digits=0),
+    Column(key="idle_pct", label="Idle", unit="% of step", kind="num", digits=1),
+    Column(key="data_wait_us", label="Data wait", unit="µs/step", kind="num", digits=0),
 ]
 CLI_COLLECTIVE_COLS = without(COLLECTIVE_COLS, "run_id")
 CLI_STRAGGLER_COLS = without(STRAGGLER_COLS, "run_id", "spread_pct")
 CLI_RUN_COLS = [
     *without(SUMMARY_COLS, "peak_memory_bytes", "os", "label", "reason"),
-    C(key="phases_ms", label="Data/fwd/bwd/opt", unit="ms/step"),
-    C(key="overlap_pct", label="Overlap (HTA)", unit="% of comm", kind="num", digits=1),
-    C(key="test_loss", label="Test loss", unit="nats", kind="num", digits=4),
+    Column(key="phases_ms", label="Data/fwd/bwd/opt", unit="ms/step"),
+    Column(key="overlap_pct", label="Overlap (HTA)", unit="% of comm", kind="num", digits=1),
+    Column(key="test_loss", label="Test loss", unit="nats", kind="num", digits=4),
 ]
 CLI_GROUP_COLS = [*SPEEDUP_COLS, *(c for c in ACCURACY_COLS if c.key == "top1_pct_mean")]
 
 # The sweep headline (analysis.report.scaling.headline_rows): one row per group of seeds.
 HEADLINE_COLS = [
-    C(key="os", label="Platform"),
-    C(key="backend", label="Backend"),
-    C(key="mode", label="Mode"),
-    C(key="world_size", label="World size", unit="devices", kind="int"),
-    C(key="model", label="Model"),
-    C(key="dataset", label="Dataset"),
-    C(key="scaling", label="Scaling"),
-    C(key="batch", label="Batch", unit="global; per device for weak", kind="int"),
-    C(key="n_seeds", label="Seeds", unit="count", kind="int"),
-    C(key="epoch_time_s", label="Time per epoch", unit="s", kind="num", digits=2),
-    C(
+    Column(key="os", label="Platform"),
+    Column(key="backend", label="Backend"),
+    Column(key="mode", label="Mode"),
+    Column(key="world_size", label="World size", unit="devices", kind="int"),
+    Column(key="model", label="Model"),
+    Column(key="dataset", label="Dataset"),
+    Column(key="scaling", label="Scaling"),
+    Column(key="batch", label="Batch", unit="global; per device for weak", kind="int"),
+    Column(key="n_seeds", label="Seeds", unit="count", kind="int"),
+    Column(key="epoch_time_s", label="Time per epoch", unit="s", kind="num", digits=2),
+    Column(
         key="samples_per_s_mean",
         label="Throughput",
         unit="samples/s, mean ± std",
@@ -436,8 +446,10 @@ HEADLINE_COLS = [
         digits=1,
         std_key="samples_per_s_std",
     ),
-    C(key="speedup_mean", label="Speedup", unit="×, mean ± std", kind="pm", std_key="speedup_std"),
-    C(
+    Column(
+        key="speedup_mean", label="Speedup", unit="×, mean ± std", kind="pm", std_key="speedup_std"
+    ),
+    Column(
         key="scaling_efficiency_mean",
         label="Efficiency",
         unit="%, mean ± std",
@@ -448,18 +460,75 @@ HEADLINE_COLS = [
     ),
     *ROUND_COLS,
     mib(key="peak_memory_bytes", label="Peak memory / device"),
-    C(key="top1_pct_mean", label="Top-1", unit="%, mean ± std", kind="pm", std_key="top1_pct_std"),
+    Column(
+        key="top1_pct_mean", label="Top-1", unit="%, mean ± std", kind="pm", std_key="top1_pct_std"
+    ),
 ]
 # Where the efficiency went (analysis.runs.efficiency): one row per DDP group with a baseline.
 EFFICIENCY_LOSS_COLS = [
-    C(key="group", label="Group"),
-    C(key="scaling_efficiency_mean", label="Efficiency", unit="%", kind="frac_pct"),
-    C(key="loss_pts", label="Lost", unit="points", kind="num", digits=1),
-    C(key="exposed_comm", label="Exposed comm", unit="pts", kind="num", digits=1),
-    C(key="stragglers", label="Waiting for slowest rank", unit="pts", kind="num", digits=1),
-    C(key="data", label="Data loading", unit="pts", kind="num", digits=1),
-    C(key="ddp_overhead", label="DDP overhead", unit="pts", kind="num", digits=1),
-    C(key="host_contention", label="Host contention", unit="pts", kind="num", digits=1),
-    C(key="contention", label="Compute contention", unit="pts", kind="num", digits=1),
-    C(key="residual", label="Residual", unit="pts", kind="num", digits=1),
+    Column(key="group", label="Group"),
+    Column(key="scaling_efficiency_mean", label="Efficiency", unit="%", kind="frac_pct"),
+    Column(key="loss_pts", label="Lost", unit="points", kind="num", digits=1),
+    Column(key="exposed_comm", label="Exposed comm", unit="pts", kind="num", digits=1),
+    Column(key="stragglers", label="Waiting for slowest rank", unit="pts", kind="num", digits=1),
+    Column(key="data", label="Data loading", unit="pts", kind="num", digits=1),
+    Column(key="ddp_overhead", label="DDP overhead", unit="pts", kind="num", digits=1),
+    Column(key="host_contention", label="Host contention", unit="pts", kind="num", digits=1),
+    Column(key="contention", label="Compute contention", unit="pts", kind="num", digits=1),
+    Column(key="residual", label="Residual", unit="pts", kind="num", digits=1),
+]
+
+# The data-parallel family's tables (analysis.runs.family, .familyview) and the collectives split by the
+# phase that issued them, for the report (analysis.report.family_section) and `dpscope runs`.
+FAMILY_COLS = [
+    Column(key="model", label="Model"),
+    Column(key="backend", label="Backend"),
+    Column(key="world_size", label="Ranks", kind="int"),
+    Column(key="label", label="Mode"),
+    Column(key="runs", label="Runs", unit="count", kind="int"),
+    mib(key="model_state_bytes", label="Model state per rank"),
+    mib(key="saved_bytes", label="Saved vs DDP"),
+    Column(key="saved_pct", label="Saved vs DDP", unit="% of DDP's", kind="num", digits=1),
+    Column(key="samples_per_s_mean", label="Throughput", unit="samples/s", kind="num", digits=1),
+    Column(
+        key="throughput_vs_ddp_pct", label="Throughput", unit="% of DDP's", kind="num", digits=1
+    ),
+]
+CAPACITY_COLS = [
+    Column(key="model", label="Model"),
+    Column(key="world_size", label="Ranks", kind="int"),
+    Column(key="label", label="Mode"),
+    Column(
+        key="bytes_per_param", label="Model state", unit="B per parameter", kind="num", digits=2
+    ),
+    mib(key="fixed_bytes", label="Fixed (buffers)"),
+    Column(
+        key="max_params",
+        label="Largest model that fits",
+        unit="M parameters",
+        kind="num",
+        digits=1,
+        scale=1e-6,
+    ),
+    mib(key="budget_bytes", label="Budget per rank"),
+    Column(key="budget_source", label="Budget from", wrap=True),
+]
+PHASE_COLLECTIVE_COLS = [
+    Column(key="run_id", label="Run"),
+    Column(key="name", label="Collective"),
+    Column(key="phase", label="Issued in"),
+    Column(key="algorithm", label="Moved by"),
+    Column(key="calls", label="Calls", unit="count", kind="int"),
+    Column(key="bytes_avg", label="Bytes per call", unit="MB", kind="bytes"),
+    ms_of_us(key="latency_us_total", label="Latency total", unit="ms"),
+    ms_of_us(key="exposed_us_total", label="Exposed", unit="ms"),
+    ms_of_us(key="overlapped_us_total", label="Overlapped", unit="ms"),
+    Column(key="algbw_gbps", label="algbw", unit="GB/s", kind="num", digits=3),
+    Column(key="busbw_gbps", label="busbw", unit="GB/s", kind="num", digits=3),
+]
+CLI_FAMILY_COLS = [
+    *without(FAMILY_COLS, "model", "backend", "world_size", "runs"),
+    Column(
+        key="bytes_per_param", label="Model state", unit="B per parameter", kind="num", digits=2
+    ),
 ]

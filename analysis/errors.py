@@ -1,23 +1,20 @@
-"""The one exception type `analysis/` raises for bad input.
+"""How `analysis/` words an error that is not bad input of a kind it knows.
 
-Its message is a single line for the user: the file or argument at fault, what is wrong, and what to
-do about it. The CLI prints it as `<prog>: error: <message>` with exit code 2 (profiler.runfolder.errors.run_command); anything else is a bug and
-keeps its traceback.
+Bad input raises `profiler.runfolder.errors.InputError`, the one bad-input type of the whole
+project: it lives in the contract, below both halves, because the typed run-folder readers raise it
+too. Its message is a single line for the user (the file or argument at fault, what is wrong, what
+to do), which the CLI prints as `<prog>: error: <message>` with exit code 2
+(profiler.runfolder.errors.run_command). Anything else is a bug and keeps its traceback, except in
+a batch, where `unexpected` words it as one skipped item and the batch goes on.
 """
 
 from __future__ import annotations
 
-from profiler.runfolder.errors import InputError
-
-__all__ = ["AnalysisError", "unexpected"]
-
-# One bad-input type for the whole project: defined below both halves (profiler.runfolder.records, whose
-# typed run-folder readers raise it too), so `except AnalysisError` catches an invalid record.
-AnalysisError = InputError
+__all__ = ["unexpected"]
 
 
 def unexpected(err: BaseException) -> str:
-    """One line for an exception that is not an AnalysisError (a hostile or broken file hit a
+    """One line for an exception that is not an InputError (a hostile or broken file hit a
     path no rule covers): the batch records it as a skipped item and goes on."""
     if isinstance(err, RecursionError):
         what = "nested too deeply to analyse (RecursionError)"

@@ -21,7 +21,7 @@ from typing import Any
 from workloads.launch.child import PACKAGE_ROOT as REPO  # the clone: docs/ and reports/ are in it
 from workloads.tools.cli import COMMANDS, build_parser, command_parser
 
-__all__ = ["benchmarks_md", "cli_md", "main"]
+__all__ = ["KEPT_HEADING", "benchmarks_md", "cli_md", "kept_sections", "main"]
 
 CLI_MD = REPO / "docs" / "reference" / "cli.md"
 BENCH_MD = REPO / "docs" / "benchmarks.md"
@@ -187,6 +187,17 @@ def benchmarks_md(bench_dir: Path = BENCH_DIR) -> str:
     return "\n".join(lines).rstrip() + "\n"
 
 
+# Sections of benchmarks.md measured by hand rather than by a bench (the test suite's time on a
+# quiet and a loaded machine): make docs keeps them, from this heading to the end of the page.
+KEPT_HEADING = "## Test suite"
+
+
+def kept_sections(page: str) -> str:
+    """The hand-recorded end of a benchmarks.md page, from KEPT_HEADING on ("" without one)."""
+    at = page.find(f"\n{KEPT_HEADING}\n")
+    return "" if at < 0 else page[at:].rstrip() + "\n"
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m bench.docs", description=__doc__.split("\n")[0]
@@ -205,7 +216,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"wrote {CLI_MD.relative_to(REPO)}")
     # Without results here the page keeps the last recorded ones rather than losing them.
     if any(BENCH_DIR.glob("*.json")) or not BENCH_MD.exists():
-        BENCH_MD.write_text(benchmarks_md(), encoding="utf-8")
+        old = BENCH_MD.read_text(encoding="utf-8") if BENCH_MD.exists() else ""
+        BENCH_MD.write_text(benchmarks_md() + kept_sections(old), encoding="utf-8")
         print(f"wrote {BENCH_MD.relative_to(REPO)}")
     else:
         print(f"{BENCH_MD.relative_to(REPO)} kept: no reports/bench/*.json here (run make bench)")

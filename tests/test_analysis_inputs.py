@@ -12,16 +12,18 @@ from pathlib import Path
 
 import pytest
 
+from analysis.cli.main import main as analysis_main
 from analysis.trace.folder import analyze_trace_dir
 from profiler.runfolder.errors import InputError
-from tests.conftest import DATA, REPO, no_torch_env, run_in_repo
+from tests.conftest import DATA, REPO, in_process, no_torch_env
 
 PAIR = DATA / "hta" / "trace_filter"
 TB_NCCL = DATA / "tbplugin" / "test_distributed_nccl"
 
 
 def cli(*args: str) -> subprocess.CompletedProcess:
-    return run_in_repo([sys.executable, "-m", "analysis", *args, "--no-progress"])
+    """`python -m analysis ARGS --no-progress`, run in this process (in_process)."""
+    return in_process(analysis_main, [*args, "--no-progress"])
 
 
 @pytest.fixture(scope="module")
@@ -66,7 +68,6 @@ def test_each_bad_file_is_skipped_with_its_reason(bad_result, name, words):
     assert words in hit["reason"] and " — " in hit["reason"] and "\n" not in hit["reason"]
 
 
-@pytest.mark.integration
 def test_cli_lists_skipped_and_writes_json(bad_dir, tmp_path):
     out = tmp_path / "t.json"
     proc = cli("traces", str(bad_dir), "--json", str(out))
@@ -79,7 +80,6 @@ def test_cli_lists_skipped_and_writes_json(bad_dir, tmp_path):
     assert data["schema_version"] == 2 and len(data["ranks"]) == 2 and len(data["skipped"]) == 5
 
 
-@pytest.mark.integration
 def test_no_profiler_step_is_analysed_as_one_step_with_a_warning(tmp_path):
     traces = tmp_path / "traces"
     traces.mkdir()
@@ -118,7 +118,6 @@ def test_event_less_trace_and_spacing_of_distributed_info(tmp_path):
         ),
     ],
 )
-@pytest.mark.integration
 def test_nothing_usable_is_one_error_line_and_nonzero_exit(tmp_path, setup, words):
     setup(tmp_path)
     proc = cli("traces", str(tmp_path))
@@ -132,7 +131,6 @@ def test_nothing_usable_is_one_error_line_and_nonzero_exit(tmp_path, setup, word
     assert " — " in lines[0]
 
 
-@pytest.mark.integration
 def test_runs_cli_on_missing_folder(tmp_path):
     proc = cli("runs", str(tmp_path / "nope"))
     assert proc.returncode == 2 and proc.stderr.startswith("python -m analysis runs: error: ")
@@ -140,7 +138,6 @@ def test_runs_cli_on_missing_folder(tmp_path):
 
 
 @pytest.mark.parametrize("where", ["a folder", "under a file"])
-@pytest.mark.integration
 def test_unwritable_json_is_one_error_line(tmp_path, where):
     (tmp_path / "f").write_text("")
     out = tmp_path if where == "a folder" else tmp_path / "f" / "t.json"

@@ -1,6 +1,7 @@
 """Issue 21 item 1: dpscope's commands work from any folder. Run from a temp folder outside the
-repository with only PYTHONPATH pointing at it (as a pip or notebook user would), the launcher,
-the sweep and bench-comm write exactly where a relative path asks, and nothing into the repo.
+repository with only PYTHONPATH pointing at it (as a pip or notebook user would), `dpscope
+profile` and the launcher write exactly where a relative path asks, and nothing into the repo
+(the sweep: tests/test_sweep.py; bench-comm: tests/test_project_runs.py, from such folders too).
 Real launcher, real torchrun (gloo) on CPU, tiny sizes."""
 
 from __future__ import annotations
@@ -11,11 +12,13 @@ import json
 import os
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO, read_run
+from tests.conftest import REPO, in_repo, read_run
+from tests.source_trees import parse_file
 from workloads.launch import launcher
 from workloads.launch.child import PACKAGE_ROOT, child_env, user_path
 
@@ -40,9 +43,8 @@ def _from(
 
 def _nothing_in_repo(*names: str) -> None:
     """No file or folder of these names appeared anywhere in the repository."""
-    for name in names:
-        found = [p for p in REPO.rglob(name) if ".git" not in p.parts]
-        assert not found, f"written into the repository: {found}"
+    found = in_repo(*names)
+    assert not found, f"written into the repository: {found}"
 
 
 @pytest.fixture
@@ -54,22 +56,42 @@ def elsewhere(tmp_path: Path) -> Path:
     return folder
 
 
-@pytest.mark.parametrize(
-    ("rid", "mode"),
-    [
-        ("af-single", ["--mode", "single"]),
-        ("af-ddp", "--mode ddp --backend gloo --nproc 2".split()),
-    ],
-)
+# `dpscope profile` (the launcher inside the dpscope command) and the launcher itself.
+COMMANDS = {
+    "af-single": "workloads.tools.cli profile --mode single".split(),
+    "af-ddp": "workloads.launch --mode ddp --backend gloo --nproc 2".split(),
+}
+
+
+@pytest.fixture(scope="module")
+def from_elsewhere(tmp_path_factory) -> dict[str, tuple[Path, subprocess.CompletedProcess]]:
+    """Each of COMMANDS run from its own folder outside the repository (a space in its name),
+    both at once: {run id: (that folder, the finished process)}."""
+    folders = {}
+    for rid in COMMANDS:
+        folders[rid] = tmp_path_factory.mktemp(rid) / "user folder"
+        folders[rid].mkdir()
+        assert not folders[rid].resolve().is_relative_to(REPO.resolve())
+
+    def run(rid: str) -> subprocess.CompletedProcess:
+        module, *mode = COMMANDS[rid]
+        args = [*mode, "--runs-dir", "runs_x", "--run-id", rid, *TINY.split()]
+        return _from(folders[rid], module, *args)
+
+    with ThreadPoolExecutor(max_workers=len(COMMANDS)) as pool:
+        futures = {rid: pool.submit(run, rid) for rid in COMMANDS}
+    return {rid: (folders[rid], future.result()) for rid, future in futures.items()}
+
+
+@pytest.mark.parametrize("rid", list(COMMANDS))
 @pytest.mark.integration
-def test_the_launcher_writes_an_ok_run_folder_where_a_relative_runs_dir_says(elsewhere, rid, mode):
-    proc = _from(elsewhere, "workloads.launch", *mode, "--runs-dir", "runs_x", "--run-id", rid,
-                 *TINY.split())  # fmt: skip
+def test_the_launcher_writes_an_ok_run_folder_where_a_relative_runs_dir_says(from_elsewhere, rid):
+    elsewhere, proc = from_elsewhere[rid]
     assert proc.returncode == 0, proc.stdout + proc.stderr
     run_dir = elsewhere / "runs_x" / rid
     run = read_run(run_dir)
     assert run["status"] == "ok", run["error"]
-    assert run["config"]["world_size"] == (2 if "ddp" in mode else 1)
+    assert run["config"]["world_size"] == (2 if "ddp" in COMMANDS[rid] else 1)
     with open(run_dir / "steps.csv", newline="") as f:
         ranks = {row["rank"] for row in csv.DictReader(f)}
     assert len(ranks) == run["config"]["world_size"]  # every rank wrote its steps there
@@ -79,29 +101,6 @@ def test_the_launcher_writes_an_ok_run_folder_where_a_relative_runs_dir_says(els
     assert f"run folder: {run_dir}  status: ok" in proc.stdout
     assert sorted(p.name for p in elsewhere.iterdir()) == ["runs_x"]
     _nothing_in_repo("runs_x", rid)
-
-
-@pytest.mark.integration
-def test_sweep_from_another_folder_writes_its_runs_there(elsewhere):
-    args = ["--modes", "single", "--nprocs", "1", "--sweep", "afsweep", "--runs-dir", "out/sw"]
-    proc = _from(elsewhere, "workloads.tools.sweep", *args, *TINY.split(), timeout=300)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    runs = elsewhere / "out" / "sw"
-    assert read_run(runs / "afsweep-single-n1-s0")["status"] == "ok"
-    assert (runs / ".afsweep.log").is_file()
-    _nothing_in_repo("afsweep-single-n1-s0", ".afsweep.log")
-
-
-@pytest.mark.integration
-def test_bench_comm_from_another_folder_writes_its_run_there(elsewhere):
-    args = "--backend gloo --nproc 2 --sizes 1024 --iters 2 --warmup 1 --collectives all_reduce"
-    proc = _from(elsewhere, "workloads.comm.bench", *args.split(), "--runs-dir", "c",
-                 "--run-id", "af-comm")  # fmt: skip
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    run = read_run(elsewhere / "c" / "af-comm")
-    assert run["status"] == "ok" and run["metrics"]["checks"] == {"all_reduce": "ok"}
-    assert (elsewhere / "c" / "af-comm" / "comm.csv").is_file()
-    _nothing_in_repo("af-comm")
 
 
 def test_user_paths_are_resolved_against_the_users_folder_once(elsewhere, monkeypatch):
@@ -172,11 +171,11 @@ def test_no_command_starts_its_children_in_the_repository():
     """The rule, not case by case: outside the tests no call passes `cwd=` and no module keeps a
     REPO path of its own (PACKAGE_ROOT in workloads.launch.child is the one place)."""
     offenders = []
-    for path in sorted(REPO.glob("*/**/*.py")):
-        if path.relative_to(REPO).parts[0] in {"tests", ".venv"}:
-            continue
-        tree = ast.parse(path.read_text(encoding="utf-8"))
-        for node in ast.walk(tree):
+    # Each top folder of the clone but the tests and the virtual environment (walking into a
+    # .venv reads every installed package's sources).
+    tops = [p for p in sorted(REPO.iterdir()) if p.is_dir() and p.name not in {"tests", ".venv"}]
+    for path in sorted(p for top in tops for p in top.rglob("*.py")):
+        for node in ast.walk(parse_file(path)):
             cwd = isinstance(node, ast.Call) and any(k.arg == "cwd" for k in node.keywords)
             repo = isinstance(node, ast.Assign) and any(
                 isinstance(t, ast.Name) and t.id == "REPO" for t in node.targets

@@ -14,7 +14,8 @@ import pandas as pd
 import pytest
 
 import analysis as dp
-from tests.conftest import REPO, no_torch_env, read_run
+from analysis.cli.main import main as analysis_main
+from tests.conftest import REPO, in_process, no_torch_env, read_run
 
 FUNCTIONS = (
     "analyze_traces",
@@ -100,8 +101,8 @@ def test_collectives_match_the_traces_and_the_report(ddp_mlp_run, report) -> Non
 
 def test_compare_runs_is_the_cli_json(ddp_mlp_run, tmp_path) -> None:
     out = tmp_path / "runs.json"
-    cmd = [sys.executable, "-m", "analysis", "runs", str(ddp_mlp_run), "--json", str(out)]
-    proc = subprocess.run([*cmd, "--no-progress"], cwd=REPO, capture_output=True, text=True)
+    args = ["runs", str(ddp_mlp_run), "--json", str(out), "--no-progress"]
+    proc = in_process(analysis_main, args)  # `python -m analysis runs ...`
     assert proc.returncode == 0, proc.stderr
     cli = json.loads(out.read_text())
     api = json.loads(json.dumps(dp.compare_runs(ddp_mlp_run)))

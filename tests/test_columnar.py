@@ -10,7 +10,7 @@ import numpy as np
 
 from analysis.trace.classify import classify
 from analysis.trace.loader import load_trace
-from analysis.trace.ops import _self_times
+from analysis.trace.ops import self_times
 from analysis.trace.rank import summarize_file
 from analysis.trace.roles import Role, Vocab, role_of
 
@@ -94,4 +94,4 @@ def test_self_times_equal_the_stack_scan_bit_for_bit():
         )
         tids = rng.integers(0, 3, n)
         want = _stack_self_times(start, start + dur, tids)
-        assert _self_times(start, start + dur, tids).tobytes() == want.tobytes()
+        assert self_times(start, start + dur, tids).tobytes() == want.tobytes()

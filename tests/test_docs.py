@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from bench.common import write_json
-from bench.docs import CLI_MD, benchmarks_md, cli_md
+from bench.docs import CLI_MD, KEPT_HEADING, benchmarks_md, cli_md, kept_sections
 from tests.conftest import REPO
 from workloads.tools.cli import COMMANDS
 
@@ -50,6 +50,16 @@ def test_benchmarks_page_shows_date_commit_machine_and_results(tmp_path: Path) -
     assert f"cores {stamp['machine']['cores']}" in page
     assert "| `unprofiled_steps_ratio` | 1.016 |" in page and "| `goals.x` | 1 |" in page
     assert "No benchmark results" in benchmarks_md(tmp_path / "none")
+
+
+def test_make_docs_keeps_the_hand_recorded_test_suite_section() -> None:
+    """The suite's measured times are written by hand at the end of benchmarks.md (## Test
+    suite): regenerating the bench sections keeps them, and the committed page has them."""
+    page = "# Benchmarks\n\n## overhead\n\nx\n\n## Test suite\n\n- make test: 1 s\n"
+    assert kept_sections(page) == "\n## Test suite\n\n- make test: 1 s\n"
+    assert kept_sections("# Benchmarks\n") == ""
+    committed = (REPO / "docs" / "benchmarks.md").read_text(encoding="utf-8")
+    assert kept_sections(committed).startswith(f"\n{KEPT_HEADING}\n")
 
 
 def test_links_resolve_and_no_machine_paths() -> None:

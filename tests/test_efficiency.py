@@ -18,7 +18,7 @@ WORKLOAD = {"model": "m", "dataset": "d", "scaling": "strong", "fixed_batch": 64
             "device_type": "cpu", "os": "Linux"}  # fmt: skip
 
 
-def _run(run_id: str, mode: str, world: int, sps: float, phases: dict, **extra) -> RunEntry:
+def hand_run(run_id: str, mode: str, world: int, sps: float, phases: dict, **extra) -> RunEntry:
     # Every field the split does not read left empty: the entry as load_run would leave it.
     blank = {f.name: None for f in msgspec.structs.fields(RunEntry) if f.required}
     return RunEntry(**{**blank, "run_id": run_id, "status": "ok", "mode": mode,
@@ -33,7 +33,7 @@ def _key(run: RunEntry) -> tuple:
 
 def hand_built() -> tuple[RunEntry, RunEntry, RunEntry]:
     # Single: 1 s per step of 64 samples; data 0.1, forward 0.3, backward 0.5, optimizer 0.1.
-    single = _run(
+    single = hand_run(
         "single",
         "single",
         1,
@@ -41,7 +41,7 @@ def hand_built() -> tuple[RunEntry, RunEntry, RunEntry]:
         {"data": 0.1, "forward": 0.3, "backward": 0.5, "optimizer": 0.1, "step_time": 1.0},
     )
     # 1-rank DDP: the same step plus DDP's own 25 ms (reducer, bucket copies).
-    ddp1 = _run(
+    ddp1 = hand_run(
         "ddp1",
         "ddp",
         1,
@@ -51,7 +51,7 @@ def hand_built() -> tuple[RunEntry, RunEntry, RunEntry]:
     # 2-rank DDP, 0.625 s = the ideal 0.5 s (half of every phase) plus, by construction:
     # 50 ms exposed comm (12.5 ms of it sync wait), 12.5 ms extra data wait, 25 ms DDP overhead
     # (in backward), 25 ms contention (in forward) and 12.5 ms outside the phases (residual).
-    ddp2 = _run(
+    ddp2 = hand_run(
         "ddp2",
         "ddp",
         2,

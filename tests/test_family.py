@@ -304,12 +304,12 @@ def test_fsdp_efficiency_split_by_hand() -> None:
     from analysis.runs.compare import WORKLOAD_KEY
     from analysis.runs.efficiency import attach_efficiency_loss
     from analysis.runs.groups import GroupEntry
-    from tests.test_efficiency import _run, hand_built
+    from tests.test_efficiency import hand_built, hand_run
 
     single, ddp1, _ = hand_built()
-    fsdp1 = _run("fsdp1", "fsdp", 1, 64 / 1.05, {"data": 0.1, "forward": 0.32, "backward": 0.53,
+    fsdp1 = hand_run("fsdp1", "fsdp", 1, 64 / 1.05, {"data": 0.1, "forward": 0.32, "backward": 0.53,
                  "optimizer": 0.1, "step_time": 1.05}, strategy="fsdp")  # fmt: skip
-    fsdp2 = _run("fsdp2", "fsdp", 2, 64 / 1.0, {"data": 0.05, "forward": 0.15 + 0.3 + 0.02,
+    fsdp2 = hand_run("fsdp2", "fsdp", 2, 64 / 1.0, {"data": 0.05, "forward": 0.15 + 0.3 + 0.02,
                  "backward": 0.25 + 0.1 + 0.03, "optimizer": 0.05, "step_time": 1.0},
                  strategy="fsdp", exposed_comm_pct=40.0)  # fmt: skip
     for run in (fsdp1, fsdp2):
@@ -353,13 +353,13 @@ def test_sweep_and_demo_take_the_family_modes() -> None:
     args = {c.run_id("s"): c.launcher_args("s") for c in todo}
     assert args["s-zero1-gloo-n2-s0"][:4] == ["--mode", "ddp", "--zero", "1"]
     assert args["s-fsdp-gloo-n2-s0"][:2] == ["--mode", "fsdp"]
-    assert demo._modes("single ddp fsdp") == ["single", "ddp", "fsdp"]
+    assert demo.parse_modes("single ddp fsdp") == ["single", "ddp", "fsdp"]
     with pytest.raises(demo.DemoError, match="choose from single dp ddp zero1 fsdp"):
-        demo._modes("hsdp")
+        demo.parse_modes("hsdp")
 
 
 def test_a_comm_run_without_the_collective_is_one_line_naming_it_and_the_backend(tmp_path) -> None:
-    from analysis.project.sharded import _models
+    from analysis.project.sharded import collective_models
     from analysis.project.sharded_inputs import ShardedInputs
 
     inp = ShardedInputs(
@@ -371,7 +371,7 @@ def test_a_comm_run_without_the_collective_is_one_line_naming_it_and_the_backend
     comm = {"backend": "gloo", "models": {"all_reduce": {}}, "skipped": [
         {"collective": "all_gather_into_tensor", "reason": "RuntimeError: not supported"}]}  # fmt: skip
     with pytest.raises(InputError) as err:
-        _models(inp, comm, tmp_path, "fit")
+        collective_models(inp, comm, tmp_path, "fit")
     text = str(err.value)
     assert "has no all_gather_into_tensor fit" in text and "on gloo" in text
     assert "gloo lacks it: RuntimeError: not supported" in text and "\n" not in text

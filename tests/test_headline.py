@@ -8,8 +8,6 @@ import gzip
 import json
 import re
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -17,6 +15,7 @@ import pandas as pd
 import pytest
 from msgspec.structs import asdict
 
+from analysis.cli.main import main as analysis_main
 from analysis.report.build import write_report
 from analysis.report.findings import findings
 from analysis.report.scaling import group_labels, scaling_frame
@@ -26,7 +25,7 @@ from analysis.trace.crossrank import combine_collectives
 from analysis.trace.folder import analyze_trace_dir
 from profiler.runfolder.stepmetrics import step_metrics
 from profiler.session import ProfileConfig
-from tests.conftest import REPO, TINY, launch, read_run
+from tests.conftest import TINY, in_process, launch, read_run
 from tests.test_runfolder import step_rows
 
 
@@ -179,11 +178,10 @@ def test_memory_imbalance_is_one_number_everywhere(ddp_mlp_run, tmp_path):
     with open(tmp_path / "report" / "memory.csv", newline="") as f:
         rows = list(csv.DictReader(f))
     assert {float(r["memory_imbalance_pct"]) for r in rows} == {50.0}
-    cli = subprocess.run(
-        [sys.executable, "-m", "analysis", "runs", str(tmp_path / "runs"), "--no-traces",
-         "--no-progress"],
-        cwd=REPO, capture_output=True, text=True, timeout=120, check=True,
-    )  # fmt: skip
+    cli = in_process(
+        analysis_main, ["runs", str(tmp_path / "runs"), "--no-traces", "--no-progress"]
+    )
+    assert cli.returncode == 0, cli.stderr
     header, row = cli.stdout.splitlines()[:2]
     # The terminal table uses the report's column spec: the same header, unit and format.
     assert "Memory imbalance (% more, fullest vs emptiest)" in header and "max/mean" not in header

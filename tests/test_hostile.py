@@ -18,11 +18,10 @@ import pytest
 from analysis.cli.main import main as analysis_main
 from analysis.report.__main__ import main as report_main
 from analysis.runs.compare import compare_runs
-from tests.conftest import read_run
+from tests.conftest import in_process, read_run
 from tests.hostile_common import (
     EVENT_CASES,
     RUN_CASES,
-    cli,
     deep_top,
     load_gz_json,
     make_bad_runs,
@@ -109,12 +108,10 @@ def test_cut_off_steps_csv_of_a_failed_run_is_a_warning(tmp_path, ddp_mlp_run):
     assert any("steps.csv" in w and "line" in w for w in run["warnings"])
 
 
-@pytest.mark.integration
 def test_runs_cli_lists_invalid_and_writes_valid_json(bad_runs, tmp_path):
     out = tmp_path / "runs.json"
-    proc = cli(
-        "-m", "analysis", "runs", str(bad_runs), "--no-traces", "--no-progress", "--json", str(out)
-    )
+    args = ["runs", str(bad_runs), "--no-traces", "--no-progress", "--json", str(out)]
+    proc = in_process(analysis_main, args)
     assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr
     data = strict_json(out.read_text())
     assert len(data["invalid"]) == len(RUN_CASES) + 1

@@ -19,7 +19,7 @@ import pytest
 from analysis.cli.main import main as analysis_main
 from analysis.jsonsafe import finite_json
 from analysis.report.__main__ import main as report_main
-from tests.conftest import read_run
+from tests.conftest import in_process, read_run
 from tests.hostile_common import (
     EVENT_CASES,
     cli,
@@ -37,12 +37,12 @@ def test_non_finite_values_become_null_with_a_warning():
     json.dumps(out, allow_nan=False)
 
 
-@pytest.mark.integration
 def test_huge_dur_gives_valid_json_from_the_cli(tmp_path, ddp_traces):
     (tmp_path / "t").mkdir()
     with_bad_rank1(tmp_path / "t", ddp_traces, EVENT_CASES["huge-dur"])
     out = tmp_path / "t.json"
-    proc = cli("-m", "analysis", "traces", str(tmp_path / "t"), "--json", str(out), "--no-progress")
+    args = ["traces", str(tmp_path / "t"), "--json", str(out), "--no-progress"]
+    proc = in_process(analysis_main, args)
     assert proc.returncode == 0, proc.stderr
     data = strict_json(out.read_text())
     assert all(r["step_time_us_mean"] < 1e12 for r in data["ranks"])

@@ -13,8 +13,6 @@ import csv
 import json
 import os
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pandas as pd
@@ -25,33 +23,8 @@ from analysis.report.__main__ import main as report_main
 from analysis.runs.compare import compare_runs
 from profiler.runfolder.inputfile import BOM, MAX_DEPTH
 from profiler.runfolder.steps import MAX_CELL_CHARS, read_steps_frame
-from tests.conftest import REPO, read_run
+from tests.conftest import in_process, read_run
 from tests.hostile_common import cli
-
-
-@pytest.fixture(scope="module")
-def comm_run(tmp_path_factory) -> Path:
-    """A real 2-rank gloo comm benchmark (tiny sizes, few iterations)."""
-    runs = tmp_path_factory.mktemp("comm")
-    args = [*"--backend gloo --nproc 2 --iters 3 --warmup 1 --run-id comm-gloo".split()]
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "workloads.comm.bench",
-            *args,
-            "--sizes",
-            "4 4096",
-            "--runs-dir",
-            str(runs),
-        ],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    return runs / "comm-gloo"
 
 
 def _copy(src: Path, dst: Path, **rec_edits) -> Path:
@@ -108,7 +81,7 @@ def test_every_step_time_zero_or_huge_is_no_traceback(value, tmp_path, single_ml
         rec["metrics"]["step_time_s"] = {"mean": float(value), "p50": 0.0, "p95": float(value)}
         (run / "run.json").write_text(json.dumps(rec))
     out = tmp_path / "report"
-    proc = cli("-m", "analysis.report", str(runs), "--out", str(out), "--no-progress")
+    proc = in_process(report_main, [str(runs), "--out", str(out), "--no-progress"])
     assert proc.returncode == 0 and "Traceback" not in proc.stderr, proc.stderr
     json.loads((out / "summary.json").read_text())
 

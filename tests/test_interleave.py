@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
+import json
 import sys
 
 import pytest
 
-from profiler.runfolder.records import read_record
 from tests.conftest import run_in_repo
 from workloads.tools import sweep
 
@@ -21,20 +21,25 @@ def test_sweep_interleaves_world_sizes_and_modes_within_each_seed():
 
 @pytest.mark.integration
 def test_make_profile_all_with_several_seeds_runs_the_modes_in_turn(tmp_path):
-    """Real `make profile-all SEEDS="0 1"` (DP and NCCL skipped on CPU): the runs, in the order
-    they were created, alternate single and DDP seed by seed."""
+    """`make profile-all SEEDS="0 1"` starts `dpscope profile --mode all` once per seed, in
+    order: with --mode all running single, DP and DDP in that order within each launch
+    (test_launch's --mode all tests check the created_at order of real runs), the runs alternate
+    single and DDP seed by seed. PY is replaced by a script that prints its arguments, so make
+    and the shell really run the recipe (setup is taken as done)."""
+    argv = tmp_path / "argv.py"
+    argv.write_text(f"#!{sys.executable}\nimport json, sys\nprint(json.dumps(sys.argv[1:]))\n")
+    argv.chmod(0o755)
     args = ["make", "-s", "--no-print-directory", "-o", ".venv/.requirements.stamp",
-            f"PY={sys.executable}", "profile-all", "SEEDS=0 1", "MODEL=mlp", "STEPS=3",
+            f"PY={argv}", "profile-all", "SEEDS=0 1", "MODEL=mlp", "STEPS=3",
             "BATCH=16", "NPROC=2", f"RUNS={tmp_path}", "ARGS=--no-profile --threads 1"]  # fmt: skip
-    proc = run_in_repo(args, timeout=600)
+    proc = run_in_repo(args, timeout=120)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
-    recs = [
-        read_record(p / "run.json")[0] for p in tmp_path.iterdir() if (p / "run.json").is_file()
-    ]
-    ok = sorted((r for r in recs if r.status == "ok"), key=lambda r: r.created_at)
-    assert [(r.config.mode, r.config.seed) for r in ok] == [
-        ("single", 0), ("ddp", 0), ("single", 1), ("ddp", 1),
-    ]  # fmt: skip
+    calls = [json.loads(line) for line in proc.stdout.splitlines()]
+    assert [c[:5] for c in calls] == [["-m", "workloads.tools.cli", "profile", "--mode", "all"]] * 2
+    assert [c[c.index("--seed") + 1] for c in calls] == ["0", "1"]
+    seedless = [c[: c.index("--seed")] + c[c.index("--seed") + 2 :] for c in calls]
+    assert seedless[0] == seedless[1]  # the rest of each seed's command line is alike
+    assert seedless[0][-3:] == ["--no-profile", "--threads", "1"] and "--nproc" in seedless[0]
 
 
 @pytest.mark.integration  # make -n: prints the commands, runs none

@@ -8,6 +8,8 @@ import os
 import platform
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import pytest
 import torch
@@ -163,29 +165,26 @@ def test_make_passes_runs_with_a_space_as_one_folder(tmp_path):
 # --- real runs -------------------------------------------------------------------------------
 
 
-def test_a_crashing_rank_marks_the_run_failed(runs_dir, monkeypatch):
-    monkeypatch.setenv("DPSCOPE_FAIL_RANK", "1")
-    monkeypatch.setenv("DPSCOPE_FAIL_STEP", "2")
-    ddp = "--mode ddp --nproc 2 --backend gloo --run-id crash".split()
-    proc = launch([*ddp, "--runs-dir", str(runs_dir), *FAST], check=False)
-    assert proc.returncode == 1
-    run = read_run(runs_dir / "crash")
+def test_a_crashing_rank_marks_the_run_failed(fresh_golden):
+    """The golden failed run made now: DDP, rank 1 raises at step 2 (DPSCOPE_FAIL_RANK)."""
+    run = read_run(fresh_golden("failed-ddp-mlp"))  # the launcher exited with 1 (make_run)
     assert run["status"] == "failed"
     err = run["error"]
     assert (err["rank"], err["exit_code"]) == (1, 1)
     assert "rank 1 failed" in err["message"] and "injected failure on rank 1" in err["message"]
     assert any("RuntimeError: injected failure" in line for line in err["log_tail"])
     assert run["config"]["world_size"] == 2  # the launcher's record survives the crash
-    assert "status: failed" in proc.stdout
+    assert "status: failed" in fresh_golden.output("failed-ddp-mlp")
 
 
-def test_two_nodes_on_loopback(runs_dir):
+def _two_nodes(runs: Path) -> list[subprocess.CompletedProcess]:
+    """Two launchers, one per node, one rank each, rendezvous on a loopback port."""
     endpoint = f"127.0.0.1:{free_port()}"
     ddp = "-m workloads.launch --mode ddp --backend gloo --nproc 1 --nnodes 2 --run-id two-nodes"
     procs = [
         subprocess.Popen(
             [sys.executable, *ddp.split(), "--node-rank", str(node), "--rdzv-endpoint", endpoint]
-            + ["--runs-dir", str(runs_dir), *FAST],
+            + ["--runs-dir", str(runs), *FAST],
             cwd=REPO,
             env=dict(os.environ, PYTHONUNBUFFERED="1"),
             stdout=subprocess.PIPE,
@@ -195,8 +194,42 @@ def test_two_nodes_on_loopback(runs_dir):
         for node in (0, 1)
     ]
     outs = [p.communicate(timeout=240)[0] for p in procs]
+    return [
+        subprocess.CompletedProcess(p.args, p.returncode, out, "")
+        for p, out in zip(procs, outs, strict=True)
+    ]
+
+
+@pytest.fixture(scope="module")
+def launched(tmp_path_factory) -> dict[str, tuple[Path, list[subprocess.CompletedProcess]]]:
+    """The real launches of this module, started at once (each mostly waits on one core: two
+    cores finish them sooner together), each into its own runs folder: {name: (runs folder,
+    the finished launcher processes)}. `--mode all` only on a CPU-only machine."""
+    runs = {n: tmp_path_factory.mktemp(n) for n in ("two-nodes", "file-rdzv", "all-2", "all-3")}
+
+    def mode_all(name: str, nproc: int) -> list[subprocess.CompletedProcess]:
+        args = ["--mode", "all", "--nproc", str(nproc), "--runs-dir", str(runs[name]), *FAST]
+        return [launch(args, check=False)]
+
+    rdzv = ["--mode", "ddp", "--backend", "gloo", "--nproc", "2", "--run-id", "file-rdzv"]
+    rdzv += ["--rdzv-file", str(runs["file-rdzv"] / "rdzv" / "store")]
+    jobs = {
+        "two-nodes": lambda: _two_nodes(runs["two-nodes"]),
+        "file-rdzv": lambda: [launch([*rdzv, "--runs-dir", str(runs["file-rdzv"]), *FAST])],
+    }
+    if not torch.cuda.is_available():
+        jobs |= {"all-2": lambda: mode_all("all-2", 2), "all-3": lambda: mode_all("all-3", 3)}
+    with ThreadPoolExecutor(max_workers=len(jobs)) as pool:
+        futures = {name: pool.submit(job) for name, job in jobs.items()}
+    return {name: (runs[name], future.result()) for name, future in futures.items()}
+
+
+@pytest.mark.integration
+def test_two_nodes_on_loopback(launched):
+    runs, procs = launched["two-nodes"]
+    outs = [p.stdout for p in procs]
     assert [p.returncode for p in procs] == [0, 0], "\n".join(outs)
-    run = read_run(runs_dir / "two-nodes")
+    run = read_run(runs / "two-nodes")
     assert run["status"] == "ok"
     cfg = run["config"]
     assert (cfg["nnodes"], cfg["nproc_per_node"], cfg["world_size"]) == (2, 1, 2)
@@ -204,34 +237,38 @@ def test_two_nodes_on_loopback(runs_dir):
     assert "node 0 writes" in outs[1]
 
 
-def test_file_rendezvous(runs_dir, tmp_path):
-    rdzv = tmp_path / "rdzv" / "store"
-    ddp = "--mode ddp --backend gloo --nproc 2 --run-id file-rdzv".split()
-    launch([*ddp, "--rdzv-file", str(rdzv), "--runs-dir", str(runs_dir), *FAST])
-    run = read_run(runs_dir / "file-rdzv")
+@pytest.mark.integration
+def test_file_rendezvous(launched):
+    runs, _ = launched["file-rdzv"]
+    run = read_run(runs / "file-rdzv")
     assert run["status"] == "ok" and run["config"]["rendezvous"] == "file"
-    assert "--init-method file://" in (runs_dir / "file-rdzv" / "logs" / "launcher.log").read_text()
+    assert "--init-method file://" in (runs / "file-rdzv" / "logs" / "launcher.log").read_text()
 
 
 ALL = (("single", "none"), ("dp", "none"), ("ddp", "nccl"), ("ddp", "gloo"))
 
 
-def _mode_all(runs_dir, nproc: int) -> tuple[subprocess.CompletedProcess, dict, tuple]:
-    """Launch `--mode all`; return the process, {(mode, backend): run.json} of every run folder
-    it wrote, and the statuses in ALL's order."""
-    proc = launch(["--mode", "all", "--nproc", str(nproc), "--runs-dir", str(runs_dir), *FAST])
+def _mode_all(launched, name: str) -> tuple[subprocess.CompletedProcess, dict, tuple]:
+    """The `--mode all` launch `name`; return the process, {(mode, backend): run.json} of every
+    run folder it wrote, and the statuses in ALL's order."""
+    runs_dir, (proc,) = launched[name]
+    assert proc.returncode == 0, f"launcher failed\n{proc.stdout}\n{proc.stderr}"
     runs = {
         (r["config"]["mode"], r["config"]["backend"]): r
         for r in (read_run(d) for d in runs_dir.iterdir())
     }
     assert set(runs) == set(ALL)
+    # Made in ALL's order: each seed of `make profile-all` runs single, then DP, then DDP
+    # (test_interleave: the seeds in turn), so drift hits every mode alike.
+    made = sorted(runs, key=lambda k: (runs[k]["created_at"], ALL.index(k)))
+    assert made == list(ALL), made
     return proc, runs, tuple(runs[k]["status"] for k in ALL)
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="expects a CPU-only machine")
 @pytest.mark.integration
-def test_mode_all_runs_what_it_can_and_skips_the_rest(tmp_path):
-    proc, runs, statuses = _mode_all(tmp_path, 2)
+def test_mode_all_runs_what_it_can_and_skips_the_rest(launched):
+    proc, runs, statuses = _mode_all(launched, "all-2")
     assert statuses == ("ok", "skipped", "skipped", "ok")
     assert "CUDA" in runs[("dp", "none")]["error"]["message"]
     assert "nccl" in runs[("ddp", "nccl")]["error"]["message"]
@@ -246,17 +283,17 @@ def test_mode_all_runs_what_it_can_and_skips_the_rest(tmp_path):
     assert runs[("ddp", "gloo")]["config"]["per_device_batch"] == 16
     assert "make report" in proc.stdout
     # The analysis reads those null layouts as skipped runs, not as invalid records.
-    data = compare_runs([tmp_path], progress=False, traces=False)
+    data = compare_runs([launched["all-2"][0]], progress=False, traces=False)
     assert not data["invalid"]
     assert sorted(r["status"] for r in data["runs"]) == ["ok", "ok", "skipped", "skipped"]
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="expects a CPU-only machine")
 @pytest.mark.integration
-def test_mode_all_skips_a_mode_whose_batch_does_not_divide(tmp_path):
+def test_mode_all_skips_a_mode_whose_batch_does_not_divide(launched):
     """3 DDP ranks cannot share a global batch of 32: that mode is recorded as skipped with the
     reason, and the others still run (single here; dp/nccl need CUDA)."""
-    proc, runs, statuses = _mode_all(tmp_path, 3)
+    proc, runs, statuses = _mode_all(launched, "all-3")
     assert statuses == ("ok", "skipped", "skipped", "skipped")
     assert "not divisible by 3" in runs[("ddp", "gloo")]["error"]["message"]
     assert proc.returncode == 0

@@ -23,6 +23,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.source_trees import parse_file
+
 REPO = Path(__file__).resolve().parents[1]
 FIRST_PARTY = ("analysis", "bench", "profiler", "workloads")
 REPORT_GETS_MAX = 40  # `.get(` calls in analysis/report/*.py (keys of render-only mappings)
@@ -78,7 +80,7 @@ def import_graph(root: Path) -> dict[str, set[str]]:
     for name, path in files.items():
         package = name if path.name == "__init__.py" else name.rpartition(".")[0]
         edges: set[str] = set()
-        for module, names in _imports(ast.parse(path.read_text(), str(path)), package):
+        for module, names in _imports(parse_file(path), package):
             if module.split(".")[0] not in FIRST_PARTY:
                 continue
             subs = [f"{module}.{n}" for n in names if f"{module}.{n}" in files]
@@ -93,7 +95,7 @@ def external_imports(root: Path, top: str) -> dict[str, set[str]]:
     for path in (root / top).rglob("*.py"):
         name = _module_name(path, root)
         package = name if path.name == "__init__.py" else name.rpartition(".")[0]
-        tree = ast.parse(path.read_text(), str(path))
+        tree = parse_file(path)
         out[name] = {module.split(".")[0] for module, _ in _imports(tree, package) if module}
     return out
 

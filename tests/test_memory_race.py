@@ -31,7 +31,7 @@ class HeldProcess:
     def memory_info(self) -> types.SimpleNamespace:
         if threading.current_thread() is self.sampler:
             self.reading.set()
-            self.release.wait(timeout=10)
+            self.release.wait(timeout=60)
             return types.SimpleNamespace(rss=BEFORE)
         return types.SimpleNamespace(rss=AFTER)
 
@@ -43,13 +43,13 @@ def test_a_reading_from_before_a_reset_does_not_survive_it():
     sampler = threading.Thread(target=tracker._sample)
     process.sampler = sampler
     sampler.start()
-    assert process.reading.wait(timeout=10)  # the sampler holds a pre-reset reading
+    assert process.reading.wait(timeout=60)  # the sampler holds a pre-reset reading
     resetter = threading.Thread(target=tracker._reset_peaks)
     resetter.start()
     resetter.join(timeout=0.5)  # unlocked reads let the reset finish here, before the store
     process.release.set()
-    sampler.join(timeout=10)
-    resetter.join(timeout=10)
+    sampler.join(timeout=60)
+    resetter.join(timeout=60)
     assert not sampler.is_alive() and not resetter.is_alive()
     (entry,) = tracker.summary()
     assert entry["peak_rss_bytes"] == AFTER  # only readings taken after the reset count

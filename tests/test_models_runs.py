@@ -9,6 +9,7 @@ import math
 import os
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -34,6 +35,7 @@ GPT = [
 USER = ["--model", "userpkg.nets:tiny_net", "--dataset", "userpkg.nets:blobs"]
 pytestmark = pytest.mark.integration  # every test here starts the launcher
 DDP = ["--mode", "ddp", "--nproc", "2", "--backend", "gloo"]
+SHORT = ["--max-steps", "3", "--warmup-steps", "1", "--no-profile"]
 
 
 @pytest.fixture(scope="module")
@@ -75,30 +77,57 @@ def by_mode(runs_dir: Path) -> dict[str, dict]:
 # --- gpt / tokens: every mode this machine runs ------------------------------------------------
 
 
+def _launches(project: Path) -> dict[str, list[str]]:
+    """Every launch of this module: {name: launcher arguments}, each into its own runs folder."""
+    gpt = ["--mode", "all", *GPT, "--bucket-cap-mb", "0.05", "--batch-size", "16"]
+    tv = ["--mode", "all", "--nproc", "2", "--model", "torchvision:mobilenet_v3_small"]
+    tv += ["--dataset", "userpkg.nets:images", "--batch-size", "16", *SHORT]
+    user = [*USER, "--model-args", "hidden=24", "--batch-size", "32", "--max-steps", "12"]
+    user += ["--no-profile", "--checkpoint"]
+    crash = ["--mode", "single", "--run-id", "crash", "--model", "userpkg.nets:forward_fails"]
+    crash += ["--dataset", "userpkg.nets:blobs", "--batch-size", "16", *SHORT]
+    no_test = ["--mode", "single", "--run-id", "no-test", "--model", "userpkg.nets:tiny_net"]
+    no_test += ["--dataset", "userpkg.nets:blobs_no_test", "--batch-size", "32", *SHORT]
+    launches = {
+        "gpt-runs": [*gpt, "--max-steps", "8"],
+        "tv-runs": tv,
+        "user-runs": ["--mode", "single", "--run-id", "user-single", *user],
+        "user-runs-ddp": [*DDP, "--run-id", "user-ddp", *user],
+        "crash-runs": crash,
+        "no-test-runs": no_test,
+    }
+    folder = {"user-runs-ddp": "user-runs"}  # the user pair shares one folder
+    return {
+        name: [*args, *CPU, "--runs-dir", str(project / folder.get(name, name))]
+        for name, args in launches.items()
+    }
+
+
 @pytest.fixture(scope="module")
-def gpt_runs(project) -> Path:
+def launched(project) -> dict[str, subprocess.CompletedProcess]:
+    """Every launch of this module started at once (each mostly waits on one core: two cores
+    finish them sooner together), {name: the finished launcher}."""
+    with ThreadPoolExecutor(max_workers=len(_launches(project))) as pool:
+        futures = {
+            name: pool.submit(launch_in, project, args, check=False)
+            for name, args in _launches(project).items()
+        }
+    return {name: future.result() for name, future in futures.items()}
+
+
+def _ok(proc: subprocess.CompletedProcess) -> None:
+    assert proc.returncode == 0, (
+        f"launcher failed ({proc.returncode})\n{proc.stdout}\n{proc.stderr}"
+    )
+
+
+@pytest.fixture(scope="module")
+def gpt_runs(project, launched) -> Path:
     """`--mode all` of a tiny gpt on tokens, profiled: single and ddp-gloo run here; dp and
     ddp-nccl are skipped without CUDA (or run, where there is one). 0.05 MiB buckets: DDP (and
     the projection) put the 64 KiB tied embedding in a bucket of its own, the last."""
-    runs = project / "gpt-runs"
-    launch_in(
-        project,
-        [
-            "--mode",
-            "all",
-            *GPT,
-            "--bucket-cap-mb",
-            "0.05",
-            "--batch-size",
-            "16",
-            "--max-steps",
-            "8",
-            *CPU,
-            "--runs-dir",
-            str(runs),
-        ],
-    )
-    return runs
+    _ok(launched["gpt-runs"])
+    return project / "gpt-runs"
 
 
 def test_gpt_runs_in_every_mode_and_trains_identically(gpt_runs):
@@ -173,27 +202,11 @@ def test_gpt_buckets_as_ddp_made_them(gpt_runs):
 # --- torchvision:NAME and MODULE:FUNCTION, single and DDP -------------------------------------
 
 
-def test_torchvision_model_by_name_single_and_ddp(project):
+def test_torchvision_model_by_name_single_and_ddp(project, launched):
     import torchvision
 
+    _ok(launched["tv-runs"])  # --mode all: single and ddp-gloo here
     runs = project / "tv-runs"
-    args = [
-        "--model",
-        "torchvision:mobilenet_v3_small",
-        "--dataset",
-        "userpkg.nets:images",
-        "--batch-size",
-        "16",
-        "--max-steps",
-        "3",
-        "--warmup-steps",
-        "1",
-        "--no-profile",
-        *CPU,
-        "--runs-dir",
-        str(runs),
-    ]
-    launch_in(project, ["--mode", "all", "--nproc", "2", *args])  # single and ddp-gloo here
     want = sum(
         p.numel() for p in torchvision.models.mobilenet_v3_small(num_classes=10).parameters()
     )
@@ -206,26 +219,11 @@ def test_torchvision_model_by_name_single_and_ddp(project):
 
 
 @pytest.fixture(scope="module")
-def user_runs(project) -> Path:
+def user_runs(project, launched) -> Path:
     """A user factory and dataset from the user's folder, single and DDP-2 (no BatchNorm)."""
-    runs = project / "user-runs"
-    common = [
-        *USER,
-        "--model-args",
-        "hidden=24",
-        "--batch-size",
-        "32",
-        "--max-steps",
-        "12",
-        "--no-profile",
-        "--checkpoint",
-        *CPU,
-        "--runs-dir",
-        str(runs),
-    ]
-    launch_in(project, ["--mode", "single", "--run-id", "user-single", *common])
-    launch_in(project, [*DDP, "--run-id", "user-ddp", *common])
-    return runs
+    _ok(launched["user-runs"])
+    _ok(launched["user-runs-ddp"])
+    return project / "user-runs"
 
 
 def test_user_factory_trains_identically_single_and_ddp(user_runs):
@@ -269,27 +267,8 @@ def test_report_pairs_a_user_models_runs(user_runs, tmp_path):
 # --- what is not caught before the run, and a dataset without a test split ---------------------
 
 
-def test_a_forward_that_fails_is_a_crash_with_its_message(project):
-    runs = project / "crash-runs"
-    args = [
-        "--model",
-        "userpkg.nets:forward_fails",
-        "--dataset",
-        "userpkg.nets:blobs",
-        "--batch-size",
-        "16",
-        "--max-steps",
-        "3",
-        "--warmup-steps",
-        "1",
-        "--no-profile",
-        *CPU,
-    ]
-    proc = launch_in(
-        project,
-        ["--mode", "single", "--run-id", "crash", *args, "--runs-dir", str(runs)],
-        check=False,
-    )
+def test_a_forward_that_fails_is_a_crash_with_its_message(project, launched):
+    runs, proc = project / "crash-runs", launched["crash-runs"]
     assert proc.returncode == 1
     rec = read_run(runs / "crash")
     assert rec["status"] == "failed" and rec["error"]["kind"] == "crash"
@@ -297,31 +276,9 @@ def test_a_forward_that_fails_is_a_crash_with_its_message(project):
     assert rec["config"]["model_facts"]["parameters"] == 12 * 3 + 3  # recorded before it ran
 
 
-def test_no_test_split_means_no_eval_and_the_report_says_so(project, tmp_path):
+def test_no_test_split_means_no_eval_and_the_report_says_so(project, launched, tmp_path):
     runs = project / "no-test-runs"
-    launch_in(
-        project,
-        [
-            "--mode",
-            "single",
-            "--run-id",
-            "no-test",
-            "--model",
-            "userpkg.nets:tiny_net",
-            "--dataset",
-            "userpkg.nets:blobs_no_test",
-            "--batch-size",
-            "32",
-            "--max-steps",
-            "3",
-            "--warmup-steps",
-            "1",
-            "--no-profile",
-            *CPU,
-            "--runs-dir",
-            str(runs),
-        ],
-    )
+    _ok(launched["no-test-runs"])
     rec = read_run(runs / "no-test")
     assert rec["status"] == "ok" and rec["config"]["model_facts"]["has_test_split"] is False
     assert rec["eval"] == {

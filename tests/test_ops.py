@@ -13,7 +13,7 @@ from analysis.runs.compare import compare_runs
 from analysis.runs.opdiff import diff_runs
 from analysis.trace.folder import analyze_trace_dir
 from analysis.trace.ops import kernel_key
-from tests.conftest import TINY, launch, read_run
+from tests.conftest import read_run
 
 PINNED = {
     "name",
@@ -122,10 +122,13 @@ def test_run_without_traces_is_one_line(ddp_mlp_run, tmp_path, capsys):
 
 
 def test_different_workloads_warn_naming_the_difference(single_mlp_run, tmp_path):
-    other = tmp_path / "runs"
-    args = [a if a != "64" else "32" for a in TINY]  # same model and data, half the batch
-    launch(["--mode", "single", "--run-id", "single-b32", "--runs-dir", str(other), *args])
-    result = diff_runs(single_mlp_run, other / "single-b32")
+    other = tmp_path / "single-b32"  # the same model and data, half the batch
+    shutil.copytree(single_mlp_run, other)
+    rec = read_run(other)
+    rec["run_id"] = other.name
+    rec["config"].update(global_batch=32, per_device_batch=32, micro_batch=32)
+    (other / "run.json").write_text(json.dumps(rec))
+    result = diff_runs(single_mlp_run, other)
     (warning,) = result["warnings"]
     assert "different workloads" in warning and "global batch 64 vs 32" in warning
     assert result["per_sample"]  # 64 vs 32 samples per step

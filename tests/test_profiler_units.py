@@ -180,8 +180,8 @@ def test_memory_cpu_real_rss():
     for offset in range(0, len(block), mmap.PAGESIZE):
         block[offset] = 1
     # The daemon sampler alone must see the block. On a loaded machine its 10 ms wake-up can
-    # be late, so wait for it (bounded) instead of sleeping a fixed time.
-    deadline = time.monotonic() + 10.0
+    # be late, so wait for it (bounded, generously) instead of sleeping a fixed time.
+    deadline = time.monotonic() + 60.0
     while tracker._peak_rss < baseline + 60 * 1024 * 1024 and time.monotonic() < deadline:
         time.sleep(0.01)
     block.close()
@@ -190,7 +190,8 @@ def test_memory_cpu_real_rss():
     (early,) = tracker.summary_after_first_step()
     assert entry["rank"] == 3 and entry["device"] == "cpu"
     assert entry["peak_allocated_bytes"] is None and entry["nvml_used_bytes"] is None
-    assert entry["peak_rss_bytes"] >= baseline + 60 * 1024 * 1024
+    seen_mib = (entry["peak_rss_bytes"] - baseline) / 2**20
+    assert seen_mib >= 60, f"the sampler saw {seen_mib:.1f} MiB of the 64 MiB block"
 
 
 def test_memory_cuda_branch_per_device_and_nvml(monkeypatch):

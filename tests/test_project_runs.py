@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import shutil
+import subprocess
+import sys
 
 import pandas as pd
 import pytest
@@ -14,13 +16,12 @@ from analysis.project.comm import (
 )
 from analysis.project.projection import project
 from analysis.runs.compare import compare_runs
-from tests.conftest import read_run
+from tests.conftest import REPO, read_run
 from tests.test_project import (  # noqa: F401
     COLLECTIVES,
     error_line,
     fake_comm,
     fake_run,
-    run_bench_comm,
 )
 from tests.test_project import test_bench_comm_bad_input_is_one_line as _bench_comm_bad_input
 
@@ -136,21 +137,32 @@ def test_bench_comm_gap_sweep_and_collectives_reach_the_run(tmp_path):
     """A real run with --collectives and a gap sweep: only all_reduce is timed; the sweep times
     it after 0 and 40 ms of compute at both sizes (so the run cannot be shorter than sizes ×
     (iterations + 1 warm-up) × 40 ms), run.json holds a mean per comm.csv row, both means per
-    size and gap, and the host contention at 1 and 2 busy ranks."""
+    size and gap, and the host contention at 1 and 2 busy ranks. Started as a user starts it,
+    from a folder outside the repository with only PYTHONPATH naming dpscope: the run lands
+    under that folder's relative --runs-dir, nothing in the repository."""
+    import os
     import time
 
+    user = tmp_path / "user folder"
+    user.mkdir()
     args = "--backend gloo --nproc 2 --iters 4 --warmup 1 --run-id g --collectives all_reduce"
     t0 = time.perf_counter()
     sweep = ["--gaps-ms", "40 0", "--gap-iters", "2"]
-    proc = run_bench_comm(
-        [*args.split(), "--sizes", "64 4096", *sweep, "--runs-dir", str(tmp_path)]
-    )
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    proc = subprocess.run(
+        [sys.executable, "-m", "workloads.comm.bench", *args.split(), "--sizes", "64 4096",
+         *sweep, "--runs-dir", "c"],
+        cwd=user, env={**env, "PYTHONPATH": str(REPO)}, capture_output=True, text=True,
+        timeout=300,
+    )  # fmt: skip
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert time.perf_counter() - t0 > 2 * 3 * 0.040
-    rec = read_run(tmp_path / "g")
+    assert sorted(p.name for p in user.iterdir()) == ["c"] and not (REPO / "c").exists()
+    rec = read_run(user / "c" / "g")
+    assert rec["status"] == "ok" and rec["metrics"]["checks"] == {"all_reduce": "ok"}
     assert rec["config"]["gaps_ms"] == [0.0, 40.0] and rec["config"]["gap_iters"] == 2
     assert rec["config"]["collectives"] == ["all_reduce"]
-    rows = pd.read_csv(tmp_path / "g" / "comm.csv")
+    rows = pd.read_csv(user / "c" / "g" / "comm.csv")
     assert set(rows["collective"]) == {"all_reduce"} and list(rows["bytes"]) == [64, 4096]
     means = rec["metrics"]["time_us_mean"]
     assert [(m["collective"], m["bytes"]) for m in means] == [

@@ -9,12 +9,13 @@ from __future__ import annotations
 import json
 import math
 import subprocess
-import sys
 from html.parser import HTMLParser
 
 import pytest
 
-from tests.conftest import run_in_repo
+from analysis.cli.main import main as analysis_main
+from analysis.cli.report import main as report_main
+from tests.conftest import in_process
 
 SECTIONS = [
     "summary",
@@ -110,8 +111,13 @@ class Page(HTMLParser):
         return rows[0]
 
 
+COMMANDS = {"analysis": analysis_main, "analysis.report": report_main}
+
+
 def run_cli(*args: str) -> subprocess.CompletedProcess:
-    return run_in_repo([sys.executable, *args], timeout=180)
+    """`python -m MODULE ARGS` (`-m analysis` or `-m analysis.report`), run in this process."""
+    assert args[0] == "-m", args
+    return in_process(COMMANDS[args[1]], list(args[2:]))
 
 
 def same(cell_value: str | None, expected) -> bool:

@@ -30,6 +30,7 @@ from profiler.runfolder.stepmetrics import step_metrics, throughput_rows
 from profiler.runfolder.steps import read_steps
 from profiler.runfolder.versions import RUN_JSON_SCHEMA_VERSION
 from tests.conftest import REPO
+from tests.source_trees import parse_file
 from workloads.config import TrainConfig
 from workloads.plan import Environment, plan
 from workloads.runrecord import run_record
@@ -171,7 +172,7 @@ def test_every_run_json_write_goes_through_the_contract():
     purpose; analysis/runs reads through the same records)."""
     offenders = []
     for path in [*REPO.glob("workloads/**/*.py"), *REPO.glob("analysis/project/*.py")]:
-        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        for node in ast.walk(parse_file(path)):
             if isinstance(node, ast.Constant) and node.value == "run.json":
                 offenders.append(f"{path.relative_to(REPO)}:{node.lineno}")
     assert offenders == [], (

@@ -5,6 +5,8 @@ RunRecorder driven in-process by hand (docs/guides/own-script.md)."""
 from __future__ import annotations
 
 import json
+import subprocess
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -27,12 +29,41 @@ def user(tmp_path_factory) -> Path:
     return user_folder(tmp_path_factory.mktemp("user project"))
 
 
+# Every launch of this module, {run id: launcher arguments}: each script profiled once, unedited.
+LAUNCHES: dict[str, tuple[str, ...]] = {
+    **{
+        f"cnn-{mode}": tuple(
+            f"--script cnn_trainer.py --mode {mode} -- --steps 8 --batch 8".split()
+        )
+        for mode in ("single", "ddp")
+    },
+    "tf": ("--script", "tiny_transformer.py", "--no-profile", "--", "5"),
+    "acc": ("--script", "accumulate.py", "--mode", "ddp", "--no-profile"),
+    "crash": ("--script", "crash_rank.py", "--mode", "ddp", "--no-profile"),
+    "nostep": ("--script", "no_step.py", "--no-profile"),
+    "nogroup": ("--script", "no_group.py", "--mode", "ddp"),
+    "ownprof": ("--script", "own_profiler.py"),
+}
+
+
 @pytest.fixture(scope="module")
-def cnn_runs(user) -> Path:
+def launched(user) -> dict[str, subprocess.CompletedProcess]:
+    """Every launch of LAUNCHES started at once in the user's folder, each with its own run id
+    (start-up mostly waits on one core: two cores finish them sooner together), {run id: the
+    finished launcher}."""
+    with ThreadPoolExecutor(max_workers=len(LAUNCHES)) as pool:
+        futures = {
+            run_id: pool.submit(_profile, user, *args[:2], "--run-id", run_id, *args[2:])
+            for run_id, args in LAUNCHES.items()
+        }
+    return {run_id: future.result() for run_id, future in futures.items()}
+
+
+@pytest.fixture(scope="module")
+def cnn_runs(user, launched) -> Path:
     """The CNN trainer profiled as single and as 2-rank DDP, with the same arguments."""
     for mode in ("single", "ddp"):
-        _ok(_profile(user, "--script", "cnn_trainer.py", "--mode", mode, "--run-id", f"cnn-{mode}",
-                     "--", "--steps", "8", "--batch", "8"))  # fmt: skip
+        _ok(launched[f"cnn-{mode}"])
     return user / "runs"
 
 
@@ -103,9 +134,8 @@ def test_script_runs_get_advice_they_can_act_on_and_captions_naming_the_script(c
     assert "None" not in " ".join(group_labels(data).values())
 
 
-def test_a_transformer_with_dict_batches_adamw_and_clipping(user):
-    _ok(_profile(user, "--script", "tiny_transformer.py", "--run-id", "tf", "--no-profile",
-                 "--", "5"))  # fmt: skip
+def test_a_transformer_with_dict_batches_adamw_and_clipping(user, launched):
+    _ok(launched["tf"])
     rec = read_run(user / "runs" / "tf")
     rows = _steps(user / "runs" / "tf")
     assert rec["status"] == "ok" and rec["config"]["model"] == "TinyLM"
@@ -116,12 +146,8 @@ def test_a_transformer_with_dict_batches_adamw_and_clipping(user):
     assert rec["traces"] == []  # --no-profile
 
 
-def test_gradient_accumulation_counts_one_step_per_optimizer_step(user):
-    _ok(
-        _profile(
-            user, "--script", "accumulate.py", "--mode", "ddp", "--run-id", "acc", "--no-profile"
-        )
-    )
+def test_gradient_accumulation_counts_one_step_per_optimizer_step(user, launched):
+    _ok(launched["acc"])
     rec = read_run(user / "runs" / "acc")
     rows = _steps(user / "runs" / "acc")
     assert rec["config"]["mode"] == "ddp" and rec["config"]["grad_accum_steps"] == 2
@@ -129,11 +155,8 @@ def test_gradient_accumulation_counts_one_step_per_optimizer_step(user):
     assert rec["config"]["global_batch"] == 16
 
 
-def test_a_crashing_rank_fails_the_run_with_its_rank_code_and_log(user):
-    proc = _profile(
-        user, "--script", "crash_rank.py", "--mode", "ddp", "--run-id", "crash", "--no-profile"
-    )
-    assert proc.returncode == 1
+def test_a_crashing_rank_fails_the_run_with_its_rank_code_and_log(user, launched):
+    assert launched["crash"].returncode == 1
     rec = read_run(user / "runs" / "crash")
     err = rec["error"]
     assert rec["status"] == "failed"
@@ -144,16 +167,15 @@ def test_a_crashing_rank_fails_the_run_with_its_rank_code_and_log(user):
     assert steps == {0, 1, 2}  # what rank 1 recorded before it raised is kept
 
 
-def test_a_script_that_never_steps_is_ok_with_a_warning(user):
-    _ok(_profile(user, "--script", "no_step.py", "--run-id", "nostep", "--no-profile"))
+def test_a_script_that_never_steps_is_ok_with_a_warning(user, launched):
+    _ok(launched["nostep"])
     rec = read_run(user / "runs" / "nostep")
     assert rec["status"] == "ok" and _steps(user / "runs" / "nostep") == []
     assert any("no optimizer step was seen" in w for w in rec["warnings"])
 
 
-def test_a_script_that_ignores_world_size_is_recorded_as_what_it_was(user):
-    proc = _profile(user, "--script", "no_group.py", "--mode", "ddp", "--run-id", "nogroup")
-    _ok(proc)
+def test_a_script_that_ignores_world_size_is_recorded_as_what_it_was(user, launched):
+    _ok(proc := launched["nogroup"])
     run_dir = user / "runs" / "nogroup"
     rec = read_run(run_dir)
     assert (rec["config"]["mode"], rec["config"]["world_size"]) == ("single", 1)
@@ -172,8 +194,8 @@ def test_a_script_that_ignores_world_size_is_recorded_as_what_it_was(user):
     assert "another run" not in said
 
 
-def test_a_script_with_its_own_profiler_keeps_it(user):
-    _ok(_profile(user, "--script", "own_profiler.py", "--run-id", "ownprof"))
+def test_a_script_with_its_own_profiler_keeps_it(user, launched):
+    _ok(launched["ownprof"])
     rec = read_run(user / "runs" / "ownprof")
     assert any("its own torch.profiler" in w for w in rec["warnings"])
     assert len(_steps(user / "runs" / "ownprof")) == 5

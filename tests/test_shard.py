@@ -5,28 +5,23 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
+from analysis.cli.main import main as analysis_main
 from analysis.trace.folder import analyze_trace_dir
 from analysis.trace.shard import analyze_shard, merge_parts, parse_shard
 from bench.analysis import build_trace_set
 from profiler.runfolder.errors import InputError
-from tests.conftest import DATA, REPO
+from tests.conftest import DATA, in_process
 
 TRACE_FILTER = DATA / "hta" / "trace_filter"
 
 
 def cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "analysis", *args, "--no-progress"],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=180,
-    )
+    """`python -m analysis ARGS --no-progress`, run in this process (in_process)."""
+    return in_process(analysis_main, [*args, "--no-progress"])
 
 
 def _parts(trace_dir: Path, n: int, out: Path) -> list[Path]:
@@ -81,7 +76,6 @@ def test_merge_keeps_skipped_files_of_every_shard(tmp_path):
     assert [Path(s["file"]).name for s in merged["skipped"]] == ["zz-broken.json.gz"]
 
 
-@pytest.mark.integration
 def test_bad_shard_is_one_line():
     for shard in ("3/3", "1-3", "x/2", "0/0", "-1/2", ""):
         with pytest.raises(InputError, match="^--shard: .* is not K/N"):
@@ -94,7 +88,6 @@ def test_bad_shard_is_one_line():
         )
 
 
-@pytest.mark.integration
 def test_mismatched_parts_are_refused_naming_the_files(tmp_path):
     a, b = tmp_path / "a", tmp_path / "b"
     a.mkdir(), b.mkdir()

@@ -10,28 +10,17 @@ import sys
 
 import pytest
 
-from tests.conftest import REPO, read_run
+from tests.conftest import REPO, in_repo, read_run
 from workloads.tools import sweep
 
 FAST = "--model mlp --dataset synthetic --max-steps 4 --batch-size 32 --no-profile --device cpu"
 
 
-def _sweep(args: list[str], runs) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "workloads.tools.sweep",
-            *args,
-            "--runs-dir",
-            str(runs),
-            *FAST.split(),
-        ],
-        cwd=REPO,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+def _sweep(args: list[str], runs, capsys) -> tuple[int, str]:
+    """`python -m workloads.tools.sweep ARGS` in this process (each run is still a real launcher
+    process); its exit code and stdout."""
+    code = sweep.main([*args, "--runs-dir", str(runs), *FAST.split()])
+    return code, capsys.readouterr().out
 
 
 def test_combinations_include_ddp_at_world_one_and_one_single_per_seed():
@@ -43,34 +32,38 @@ def test_combinations_include_ddp_at_world_one_and_one_single_per_seed():
 
 
 @pytest.mark.integration
-def test_sweep_runs_skips_and_resumes(tmp_path):
+def test_sweep_runs_skips_and_resumes(tmp_path, capsys, monkeypatch):
+    """From a folder outside the repository with a relative RUNS (as a user runs it): the runs
+    land there, every launcher child started in that folder, nothing written into the repo."""
+    monkeypatch.chdir(tmp_path)
     args = ["--nprocs", "1", "--modes", "single ddp", "--backends", "gloo nccl", "--sweep", "t"]
-    proc = _sweep(args, tmp_path)
-    assert proc.returncode == 0, proc.stderr
-    status = {p.name: read_run(p)["status"] for p in tmp_path.iterdir() if p.is_dir()}
+    code, _ = _sweep(args, "out/sw", capsys)
+    assert code == 0
+    runs = tmp_path / "out" / "sw"
+    assert (runs / ".t.log").is_file()
+    assert not in_repo("t-single-n1-s0", ".t.log")
+    status = {p.name: read_run(p)["status"] for p in runs.iterdir() if p.is_dir()}
     assert status == {
         "t-single-n1-s0": "ok",
         "t-ddp-gloo-n1-s0": "ok",
         "t-ddp-nccl-n1-s0": "skipped",
     }
     for name in status:
-        assert read_run(tmp_path / name)["config"]["sweep_id"] == "t"
-    assert (
-        "--backend nccl needs CUDA" in read_run(tmp_path / "t-ddp-nccl-n1-s0")["error"]["message"]
-    )
+        assert read_run(runs / name)["config"]["sweep_id"] == "t"
+    assert "--backend nccl needs CUDA" in read_run(runs / "t-ddp-nccl-n1-s0")["error"]["message"]
 
     # An interrupted sweep: one run left `failed`. The re-run keeps the ok one untouched, moves
     # the failed attempt aside (not deleted) and runs it again.
-    ok_record = (tmp_path / "t-single-n1-s0" / "run.json").read_text()
-    failed = tmp_path / "t-ddp-gloo-n1-s0" / "run.json"
+    ok_record = (runs / "t-ddp-gloo-n1-s0" / "run.json").read_text()
+    failed = runs / "t-single-n1-s0" / "run.json"
     failed.write_text(json.dumps({**json.loads(failed.read_text()), "status": "failed"}))
-    proc = _sweep(args, tmp_path)
-    assert proc.returncode == 0, proc.stderr
-    assert "1 done earlier" in proc.stdout
-    assert (tmp_path / "t-single-n1-s0" / "run.json").read_text() == ok_record
-    assert read_run(tmp_path / "t-ddp-gloo-n1-s0")["status"] == "ok"
-    (moved,) = (tmp_path / ".replaced").iterdir()
-    assert moved.name.startswith("t-ddp-gloo-n1-s0-") and read_run(moved)["status"] == "failed"
+    code, out = _sweep(args, runs, capsys)
+    assert code == 0
+    assert "1 done earlier" in out
+    assert (runs / "t-ddp-gloo-n1-s0" / "run.json").read_text() == ok_record
+    assert read_run(runs / "t-single-n1-s0")["status"] == "ok"
+    (moved,) = (runs / ".replaced").iterdir()
+    assert moved.name.startswith("t-single-n1-s0-") and read_run(moved)["status"] == "failed"
 
 
 @pytest.mark.parametrize(
@@ -94,7 +87,17 @@ def test_bad_sweep_arguments_get_one_line(tmp_path, capsys, args, match):
 @pytest.mark.integration
 def test_make_profile_sweep_with_empty_nprocs_is_one_line(tmp_path):
     proc = subprocess.run(
-        ["make", "--no-print-directory", "-s", "profile-sweep", "NPROCS=", f"RUNS={tmp_path}"],
+        [
+            "make",
+            "--no-print-directory",
+            "-s",
+            "-o",
+            ".venv/.requirements.stamp",
+            f"PY={sys.executable}",
+            "profile-sweep",
+            "NPROCS=",
+            f"RUNS={tmp_path}",
+        ],  # fmt: skip
         cwd=REPO,
         capture_output=True,
         text=True,

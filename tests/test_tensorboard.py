@@ -98,7 +98,7 @@ def test_tensorboard_serves_runs_workers_and_distributed_view(tensorboard_server
     ddp, single = "ddp-gloo-mlp/traces", "single-mlp/traces"
 
     listing = _poll(
-        lambda: _get(port, "/data/plugins_listing"), timeout_s=60, what="TensorBoard to answer"
+        lambda: _get(port, "/data/plugins_listing"), timeout_s=180, what="TensorBoard to answer"
     )
     assert "pytorch_profiler" in listing, sorted(listing)
 
@@ -106,7 +106,7 @@ def test_tensorboard_serves_runs_workers_and_distributed_view(tensorboard_server
         runs = _get(port, f"{PLUGIN}/runs")
         return runs if not runs["loading"] and {ddp, single} <= set(runs["runs"]) else None
 
-    runs = _poll(loaded, timeout_s=90, what="the plugin to load both runs")
+    runs = _poll(loaded, timeout_s=180, what="the plugin to load both runs")
     assert sorted(runs["runs"]) == [ddp, single]  # one run per run folder
     assert _get(port, "/data/plugins_listing")["pytorch_profiler"]["enabled"] is True
 

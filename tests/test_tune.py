@@ -5,10 +5,10 @@ the trial run folders; nothing is timed."""
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
-import os
-import subprocess
-import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 import pandas as pd
@@ -17,7 +17,6 @@ from scipy.stats import mannwhitneyu
 
 from analysis.report.build import write_report
 from analysis.runs.compare import compare_runs
-from tests.conftest import REPO
 from workloads.tools import tune_stats
 from workloads.tools.tune import main as tune_main
 
@@ -25,15 +24,22 @@ TINY = "--model mlp --dataset synthetic --batch-size 64 --max-steps 6 --device c
 TINY += " --backend gloo --no-progress"
 
 
-def run_tune(args: list[str], *, env: dict | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run(
-        [sys.executable, "-m", "workloads.tools.tune", *TINY.split(), *args],
-        cwd=REPO,
-        env={**os.environ, "PYTHONUNBUFFERED": "1", **(env or {})},
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
+@dataclass
+class Tuned:
+    """What one tune printed and its exit code."""
+
+    returncode: int
+    stdout: str
+    stderr: str
+
+
+def run_tune(args: list[str]) -> Tuned:
+    """`python -m workloads.tools.tune TINY ARGS` in this process (every trial is still a real
+    launcher, torchrun and its ranks)."""
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = tune_main([*TINY.split(), *args])
+    return Tuned(code, out.getvalue(), err.getvalue())
 
 
 # --- statistics (pure) ------------------------------------------------------------------------
@@ -291,10 +297,11 @@ def test_report_shows_the_tuning_section_without_the_trial_runs(tune_dir, single
 
 
 @pytest.mark.integration
-def test_a_failing_trial_is_recorded_and_the_tune_goes_on(tmp_path):
+def test_a_failing_trial_is_recorded_and_the_tune_goes_on(tmp_path, monkeypatch):
+    monkeypatch.setenv("DPSCOPE_FAIL_RANK", "1")  # every trial's rank 1 fails at step 0
+    monkeypatch.setenv("DPSCOPE_FAIL_STEP", "0")
     proc = run_tune(
-        ["--trials", "1", "--candidates", "static-graph", "--runs-dir", str(tmp_path), "--tune-id", "t"],
-        env={"DPSCOPE_FAIL_RANK": "1", "DPSCOPE_FAIL_STEP": "0"},
+        ["--trials", "1", "--candidates", "static-graph", "--runs-dir", str(tmp_path), "--tune-id", "t"]
     )  # fmt: skip
     assert proc.returncode == 1, proc.stdout + proc.stderr  # no baseline trial succeeded
     rec = json.loads((tmp_path / "t" / "tune.json").read_text())

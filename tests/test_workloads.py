@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from profiler.runfolder.stepmetrics import step_metrics
-from tests.conftest import launch, read_run
+from tests.conftest import TINY, launch, read_run
 from tests.test_runfolder import step_rows
 from workloads.config import TrainConfig, to_argv
 from workloads.plan import Environment, batch_split, plan
@@ -26,6 +26,8 @@ from workloads.train.context import AutocastForward, unwrap_model
 from workloads.train.data import GlobalBatchSampler
 from workloads.train.loop import build_parser
 from workloads.train.losses import best_epoch
+
+STEPS = int(TINY[TINY.index("--max-steps") + 1])  # of the golden workload and its fresh runs
 
 # The field lists of docs/reference/run-folder.md.
 RUN_KEYS = set(
@@ -212,30 +214,10 @@ def test_every_mode_reports_the_same_eval(single_mlp_run, ddp_mlp_run):
 
 
 @pytest.fixture(scope="module")
-def equivalence_runs(runs_dir):
-    common = [
-        "--model",
-        "mlp",
-        "--dataset",
-        "synthetic",
-        "--max-steps",
-        "20",
-        "--batch-size",
-        "64",
-        "--epochs",
-        "1",
-        "--seed",
-        "7",
-        "--no-profile",
-        "--device",
-        "cpu",
-        "--checkpoint",
-        "--runs-dir",
-        str(runs_dir),
-    ]
-    launch(["--mode", "single", "--run-id", "eq-single", *common])
-    launch(["--mode", "ddp", "--nproc", "2", "--backend", "gloo", "--run-id", "eq-ddp", *common])
-    return runs_dir / "eq-single", runs_dir / "eq-ddp"
+def equivalence_runs(fresh_golden):
+    """Single device (global batch 64) and 2-rank gloo DDP (2 x 32) of the golden workload
+    (TINY: MLP, 8 steps, seed 0, profiled), made now by the real launcher, with checkpoints."""
+    return fresh_golden("single-mlp"), fresh_golden("ddp-gloo-mlp")
 
 
 @pytest.mark.integration
@@ -245,15 +227,18 @@ def test_single_and_ddp_train_identically(equivalence_runs):
     per_rank: dict[int, list[float]] = {}
     for r in read_steps(ddp_dir):
         per_rank.setdefault(int(r["step"]), []).append(float(r["loss"]))
-    assert sorted(single) == sorted(per_rank) == list(range(20))
+    assert sorted(single) == sorted(per_rank) == list(range(STEPS))
     for step, loss in single.items():
         assert len(per_rank[step]) == 2
         # DDP's loss is the mean of the two half-batch means = the single full-batch mean.
         assert sum(per_rank[step]) / 2 == pytest.approx(loss, abs=1e-5), f"step {step}"
-    assert single[19] < single[0]  # it actually trains
     a = load_checkpoint(single_dir / "checkpoint.pt")
     b = load_checkpoint(ddp_dir / "checkpoint.pt")
-    assert a["loop"]["step"] == b["loop"]["step"] == 20
+    # It actually trains: SGD's momentum is non-zero for every parameter (8 steps of this MLP
+    # barely move the loss, so the loss alone could not show it).
+    momenta = [s["momentum_buffer"] for s in a["optimizer"]["state"].values()]
+    assert len(momenta) == len(a["model"]) and all(m.abs().sum() > 0 for m in momenta)
+    assert a["loop"]["step"] == b["loop"]["step"] == STEPS
     assert a["model"].keys() == b["model"].keys()
     for name, w in a["model"].items():
         assert not name.startswith("module.")  # unwrapped state_dict
@@ -287,13 +272,13 @@ def test_grad_accum_splits_each_share_into_micro_batches():
 
 
 @pytest.fixture(scope="module")
-def accum_run(runs_dir, equivalence_runs):
+def accum_run(tmp_path_factory):
     """DDP, 2 ranks, K = 2 micro-batches of 16 per optimizer step (global batch 64), profiled so
     the traces show how many all-reduces each step makes; otherwise as `equivalence_runs`."""
-    args = "--model mlp --dataset synthetic --max-steps 20 --batch-size 64 --epochs 1 --seed 7"
-    args += " --device cpu --checkpoint --mode ddp --nproc 2 --backend gloo --grad-accum-steps 2"
-    launch([*args.split(), "--run-id", "eq-ddp-accum", "--runs-dir", str(runs_dir)])
-    return runs_dir / "eq-ddp-accum"
+    runs = tmp_path_factory.mktemp("accum")
+    args = [*TINY, "--checkpoint", "--mode", "ddp", "--nproc", "2", "--backend", "gloo"]
+    launch([*args, "--grad-accum-steps", "2", "--run-id", "eq-ddp-accum", "--runs-dir", str(runs)])
+    return runs / "eq-ddp-accum"
 
 
 @pytest.mark.integration
@@ -304,7 +289,7 @@ def test_ddp_grad_accum_trains_like_single_device(equivalence_runs, accum_run):
     for r in read_steps(accum_run):
         per_step.setdefault(int(r["step"]), []).append(float(r["loss"]))
         assert int(r["samples"]) == 32  # each rank's share of the step: 2 micro-batches of 16
-    assert sorted(per_step) == list(range(20))
+    assert sorted(per_step) == list(range(STEPS))
     for step, loss in single.items():
         assert sum(per_step[step]) / 2 == pytest.approx(loss, abs=1e-5), f"step {step}"
     a = load_checkpoint(single_dir / "checkpoint.pt")["model"]

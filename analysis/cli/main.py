@@ -22,6 +22,7 @@ from analysis.cli.project import run as run_projection
 from analysis.cli.table import say, table
 from analysis.columns import (
     CLI_COLLECTIVE_COLS,
+    CLI_FAMILY_COLS,
     CLI_GROUP_COLS,
     CLI_RANK_COLS,
     CLI_RUN_COLS,
@@ -29,7 +30,6 @@ from analysis.columns import (
     Column,
     fmt,
 )
-from analysis.family_columns import CLI_FAMILY_COLS
 from analysis.jsonsafe import clip, finite_json
 from analysis.outputs import check_json_out
 from analysis.runs.compare import compare_runs, find_run_dirs

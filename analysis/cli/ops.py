@@ -6,27 +6,27 @@ import argparse
 from pathlib import Path
 
 from analysis.cli.table import say, table
-from analysis.columns import OPS_COLS, C, diff_columns, fmt, without
+from analysis.columns import OPS_COLS, Column, diff_columns, fmt, without
 from analysis.runs.opdiff import diff_runs, run_ops
 
-US = C(key="us", label="", kind="num", digits=1)
+US = Column(key="us", label="", kind="num", digits=1)
 # A/B columns of `analysis diff`, in the report's Column spec (headers carry the units).
 DIFF_OP_COLS = diff_columns(" A", " B", digits=1)
 DIFF_PHASE_COLS = [
-    C(key="phase", label="Phase"),
-    C(key="a_s", label="A", unit="ms/step", kind="num", digits=2, scale=1e3),
-    C(key="b_s", label="B", unit="ms/step", kind="num", digits=2, scale=1e3),
-    C(key="delta_s", label="Δ", unit="ms/step", kind="num", digits=2, scale=1e3),
-    C(key="delta_pct", label="Δ", unit="%", kind="num", digits=2),
+    Column(key="phase", label="Phase"),
+    Column(key="a_s", label="A", unit="ms/step", kind="num", digits=2, scale=1e3),
+    Column(key="b_s", label="B", unit="ms/step", kind="num", digits=2, scale=1e3),
+    Column(key="delta_s", label="Δ", unit="ms/step", kind="num", digits=2, scale=1e3),
+    Column(key="delta_pct", label="Δ", unit="%", kind="num", digits=2),
 ]
 DIFF_COLLECTIVE_COLS = [
-    C(key="name", label="Collective"),
-    C(key="status", label="Status"),
-    C(key="calls_per_step_a", label="Calls A", unit="per step", kind="num", digits=1),
-    C(key="calls_per_step_b", label="Calls B", unit="per step", kind="num", digits=1),
-    C(key="latency_us_per_step_a", label="Latency A", unit="µs/step", kind="num", digits=1),
-    C(key="latency_us_per_step_b", label="Latency B", unit="µs/step", kind="num", digits=1),
-    C(key="delta_us_per_step", label="Δ latency", unit="µs/step", kind="num", digits=1),
+    Column(key="name", label="Collective"),
+    Column(key="status", label="Status"),
+    Column(key="calls_per_step_a", label="Calls A", unit="per step", kind="num", digits=1),
+    Column(key="calls_per_step_b", label="Calls B", unit="per step", kind="num", digits=1),
+    Column(key="latency_us_per_step_a", label="Latency A", unit="µs/step", kind="num", digits=1),
+    Column(key="latency_us_per_step_b", label="Latency B", unit="µs/step", kind="num", digits=1),
+    Column(key="delta_us_per_step", label="Δ latency", unit="µs/step", kind="num", digits=1),
 ]
 
 __all__ = ["add_parsers", "print_diff", "print_ops", "run"]

@@ -30,7 +30,7 @@ from analysis.project.step import Knobs, contention_ratio
 from profiler.runfolder.errors import InputError
 from profiler.runfolder.versions import PROJECTION_JSON_SCHEMA_VERSION
 
-__all__ = ["BENCH_NAMES", "project_any", "project_sharded"]
+__all__ = ["BENCH_NAMES", "collective_models", "project_any", "project_sharded"]
 
 # The comm benchmark's name of each collective (workloads/comm/ops.py).
 BENCH_NAMES = {
@@ -41,7 +41,9 @@ BENCH_NAMES = {
 }
 
 
-def _models(inp: ShardedInputs, comm: dict, comm_dir: Path, bandwidth: str) -> dict[str, dict]:
+def collective_models(
+    inp: ShardedInputs, comm: dict, comm_dir: Path, bandwidth: str
+) -> dict[str, dict]:
     """The comm run's model of the algorithm behind each collective the run makes; one line
     naming the collective and the backend when the comm run has none."""
     needed = ["broadcast"] if inp.strategy == "zero1" else ["all_gather", "reduce_scatter"]
@@ -143,7 +145,7 @@ def project_sharded(run_dir: Path, comm_dir: Path, ranks: list[int], *, gpus_per
                          f"pass a comm run made with BACKEND={asked} and NPROC >= 2")  # fmt: skip
     kw = {"scaling": scaling or inp.scaling, "gpn": gpus_per_node, "host": comm["host_contention"],
           "inter_gbps": parse_inter_node(inter_node), "bandwidth": bandwidth,
-          "models": _models(inp, comm, comm_dir, bandwidth)}  # fmt: skip
+          "models": collective_models(inp, comm, comm_dir, bandwidth)}  # fmt: skip
     kw["all_reduce"] = (
         comm_model(comm, "all_reduce", bandwidth) if inp.strategy == "zero1" else None
     )

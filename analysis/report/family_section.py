@@ -10,7 +10,7 @@ definitions in docs/reference/metrics.md §9 and §11a.
 
 from __future__ import annotations
 
-from analysis.family_columns import CAPACITY_COLS, FAMILY_COLS, PHASE_COLLECTIVE_COLS
+from analysis.columns import CAPACITY_COLS, FAMILY_COLS, PHASE_COLLECTIVE_COLS
 from analysis.report.tables import Table
 from analysis.runs.familyview import capacity_rows, collective_phase_rows, family_rows
 from analysis.runs.runsjson import RunsJson

@@ -15,7 +15,7 @@ import numpy as np
 import pandas as pd
 import seaborn as sns
 
-from analysis.columns import C, mib
+from analysis.columns import Column, mib
 from analysis.report.figures import MIB, png_uri, theme
 from analysis.report.findings import Finding, run_name
 from analysis.report.labels import Labels
@@ -47,10 +47,10 @@ MAX_PANELS = 12  # timeline panels (run × rank × device); more would be unread
 FIGURE_POINTS = 400
 
 BREAKDOWN_COLS = [
-    C(key="run_id", label="Run"),
-    C(key="mode", label="Mode"),
-    C(key="rank", label="Rank", kind="int"),
-    C(key="device", label="Device"),
+    Column(key="run_id", label="Run"),
+    Column(key="mode", label="Mode"),
+    Column(key="rank", label="Rank", kind="int"),
+    Column(key="device", label="Device"),
     mib(key="parameters_bytes", label="Parameters"),
     mib(key="gradients_bytes", label="Gradients"),
     mib(key="optimizer_state_bytes", label="Optimizer state"),

@@ -18,20 +18,19 @@ from analysis.runs.tune import TuneArm, TuneEntry
 
 __all__ = ["TUNE_COLS", "tune_figure", "tune_header", "tune_sections"]
 
-C = Column
 TUNE_COLS = [
-    C(key="name", label="Candidate"),
-    C(key="args_text", label="Arguments"),
-    C(key="status", label="Status"),
-    C(key="trials_text", label="Trials ok"),
-    C(key="samples_per_s_median", label="Median throughput", unit="samples/s", kind="num", digits=1),
-    C(key="spread_pct", label="Spread (max − min)", unit="% of median", kind="num", digits=1),
-    C(key="speedup_vs_baseline", label="Speedup", unit="×", kind="num", digits=3),
-    C(key="speedup_range", label="Speedup range", unit="×"),
-    C(key="p_value", label="p (Mann–Whitney)", kind="num", digits=3),
-    C(key="significant_text", label="Significant"),
-    C(key="loss_text", label="Max loss Δ", unit="nats"),
-    C(key="reason", label="Notes", wrap=True),
+    Column(key="name", label="Candidate"),
+    Column(key="args_text", label="Arguments"),
+    Column(key="status", label="Status"),
+    Column(key="trials_text", label="Trials ok"),
+    Column(key="samples_per_s_median", label="Median throughput", unit="samples/s", kind="num", digits=1),
+    Column(key="spread_pct", label="Spread (max − min)", unit="% of median", kind="num", digits=1),
+    Column(key="speedup_vs_baseline", label="Speedup", unit="×", kind="num", digits=3),
+    Column(key="speedup_range", label="Speedup range", unit="×"),
+    Column(key="p_value", label="p (Mann–Whitney)", kind="num", digits=3),
+    Column(key="significant_text", label="Significant"),
+    Column(key="loss_text", label="Max loss Δ", unit="nats"),
+    Column(key="reason", label="Notes", wrap=True),
 ]  # fmt: skip
 
 

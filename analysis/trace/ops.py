@@ -15,7 +15,7 @@ import numpy as np
 from analysis.trace.attribution import kernel_steps
 from analysis.trace.classify import Classified
 
-__all__ = ["kernel_key", "rank_ops"]
+__all__ = ["kernel_key", "rank_ops", "self_times"]
 
 _ARGS_RE = re.compile(r"\((?:[^()]|\([^()]*\))*\)\s*$")  # a trailing C++ parameter list
 _HEX_RE = re.compile(r"0x[0-9a-fA-F]+")
@@ -55,7 +55,7 @@ def _parents(s: np.ndarray, e: np.ndarray, t: np.ndarray) -> np.ndarray:
     return np.where((p >= 0) & ~is_barrier, index_of[np.clip(p, 0, None)], -1)
 
 
-def _self_times(start: np.ndarray, end: np.ndarray, tids: np.ndarray) -> np.ndarray:
+def self_times(start: np.ndarray, end: np.ndarray, tids: np.ndarray) -> np.ndarray:
     """Duration minus the time of direct children (ops nested in it on the same thread)."""
     order = np.lexsort((-end, start, tids))  # thread, then start, outer first
     s, e = start[order], end[order]
@@ -109,7 +109,7 @@ def rank_ops(
     n = max(1, lo.size)
     ev = c.op_events
     total = ev.end - ev.start
-    selfs = _self_times(ev.start, ev.end, ev.tids)
+    selfs = self_times(ev.start, ev.end, ev.tids)
     in_step = _step_index(ev.start, lo, hi) >= 0
     if len(c.steps):
         training = np.isin(ev.tids, c.steps.tids)

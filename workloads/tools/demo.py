@@ -24,7 +24,7 @@ from pathlib import Path
 
 from profiler.runfolder.errors import OneLineParser, UserError, run_command
 
-__all__ = ["DEMO_DEFAULTS", "build_parser", "main"]
+__all__ = ["DEMO_DEFAULTS", "build_parser", "main", "parse_modes"]
 
 # Launcher options the demo sets unless the user passes their own (a later option wins).
 DEMO_DEFAULTS = ("--mode", "all", "--model", "smallcnn", "--max-steps", "24", "--repeat", "auto")
@@ -80,7 +80,7 @@ def build_parser(prog: str = "python -m workloads.tools.demo") -> argparse.Argum
     return parser
 
 
-def _modes(text: str) -> list[str]:
+def parse_modes(text: str) -> list[str]:
     words = text.replace(",", " ").split()
     bad = [w for w in words if w not in (*BASE_MODES, *FAMILY)]
     if not words or bad:
@@ -103,7 +103,7 @@ def _demo(args: argparse.Namespace, extra: list[str], prog: str) -> int:
     from workloads.launch import launcher
 
     seeds = _seeds(args.seeds)
-    modes = _modes(args.modes)
+    modes = parse_modes(args.modes)
     chosen, unknown = launcher.build_parser().parse_known_args([*DEMO_DEFAULTS, *extra])
     if unknown:
         raise DemoError(
