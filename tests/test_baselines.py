@@ -30,7 +30,7 @@ def _rows(rank: int, step_s: list[float], profiled: set[int]) -> list[StepRow]:
     ]  # fmt: skip
 
 
-def _part(rank: int, world: int, step_s: list[float], *, active=(), profiled=()) -> RankPart:
+def rank_part(rank: int, world: int, step_s: list[float], *, active=(), profiled=()) -> RankPart:
     ddp = world > 1
     return msgspec.convert(
         {
@@ -64,7 +64,7 @@ def _part(rank: int, world: int, step_s: list[float], *, active=(), profiled=())
 def _run(runs: Path, run_id: str, samples_per_s: float, *, world: int = 1, seed=None) -> Path:
     """A script run whose every rank's measured steps give `samples_per_s` in total."""
     step_s = world * SAMPLES / samples_per_s
-    parts = [_part(r, world, [step_s] * 8) for r in range(world)]
+    parts = [rank_part(r, world, [step_s] * 8) for r in range(world)]
     extra = {"script": "/home/me/train.py", "script_args": ["--lr", "0.1"], "seed": seed,
              "workload": "script:0123456789abcdef --lr 0.1"}  # fmt: skip
     (runs / run_id / "logs").mkdir(parents=True)
@@ -142,7 +142,7 @@ def test_profiler_overhead_below_zero_or_within_noise_is_never_a_cost(tmp_path, 
     noise = 200 * (0.0 / 3 + s_c**2 / 7) ** 0.5 / mean_c  # identical traced steps: s_t = 0
     assert metrics.profiler_overhead_pct == pytest.approx((traced_s / mean_c - 1) * 100)
     assert metrics.profiler_overhead_noise_pct == pytest.approx(noise)
-    part = msgspec.structs.replace(_part(0, 1, [1.0] * 12), rows=rows, active_steps=[2, 3, 4])
+    part = msgspec.structs.replace(rank_part(0, 1, [1.0] * 12), rows=rows, active_steps=[2, 3, 4])
     (tmp_path / "r" / "logs").mkdir(parents=True)
     assemble(tmp_path / "r", [part], run_id="r", status="ok", profile=PROFILE, warmup_steps=2)
     data = compare_runs([tmp_path / "r"], progress=False, traces=False)

@@ -114,11 +114,11 @@ def test_a_default_id_that_is_taken_gets_a_suffix(tmp_path):
     ids = []
     for _ in range(2):
         cfg = TrainConfig(runs_dir=str(tmp_path), run_id="single-x-20240101T000000")
-        ids.append(launcher._claim(cfg, given=False).name)
+        ids.append(launcher.claim_run_dir(cfg, given=False).name)
         assert cfg.run_id == ids[-1]
     assert ids == ["single-x-20240101T000000", "single-x-20240101T000000-2"]
     with pytest.raises(RunFolderTaken):
-        launcher._claim(TrainConfig(runs_dir=str(tmp_path), run_id=ids[0]), given=True)
+        launcher.claim_run_dir(TrainConfig(runs_dir=str(tmp_path), run_id=ids[0]), given=True)
 
 
 @pytest.mark.parametrize("kind", ["file", "folder", "mode-single"])

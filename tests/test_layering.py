@@ -10,6 +10,8 @@ still a cycle); imports under `if TYPE_CHECKING:` don't, since they never run. R
   never torch: it is the ground floor both halves stand on;
 - analysis/ imports profiler/ only through profiler/runfolder/ (never the torch instruments);
 - workloads/ imports analysis/ only from workloads/tools/ (tools read finished run folders);
+- no module uses another's private (`_name`) names, and no class has a second name
+  (`AnalysisError = InputError`);
 - analysis/report/ only renders: it reads the typed entries of analysis/runs/ (and
   analysis/project/view.py) as attributes, so it makes fewer than 40 `.get(` calls (the
   dict-hub report it replaced made 349).
@@ -124,6 +126,79 @@ def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
                 path.append(nxt)
                 stack.append((nxt, sorted(graph[nxt])))
     return None
+
+
+def private_uses(root: Path) -> list[str]:
+    """`file:line name` for each use of another module's private name: `from m import _x`, or
+    `m._x` where `m` is a first-party module this file imports. A name with a leading underscore
+    is its module's own; a second module that needs it means it is public (rename it)."""
+    tops = (*FIRST_PARTY, "tests")
+    modules = {
+        _module_name(p, root)
+        for top in tops
+        if (root / top).is_dir()
+        for p in (root / top).rglob("*.py")
+    }
+    bad: list[str] = []
+    for top in tops:
+        for path in sorted((root / top).rglob("*.py")) if (root / top).is_dir() else []:
+            tree = ast.parse(path.read_text(), str(path))
+            bound: set[str] = set()
+            for node in ast.walk(tree):
+                if isinstance(node, ast.Import):
+                    bound.update(
+                        a.asname or a.name.split(".")[0]
+                        for a in node.names
+                        if a.name.split(".")[0] in tops
+                    )
+                elif isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] in tops:
+                    for a in node.names:
+                        if a.name.startswith("_") and not a.name.startswith("__"):
+                            bad.append(
+                                f"{path.relative_to(root)}:{node.lineno} {node.module}.{a.name}"
+                            )
+                        elif f"{node.module}.{a.name}" in modules:
+                            bound.add(a.asname or a.name)
+            for node in ast.walk(tree):
+                if (
+                    isinstance(node, ast.Attribute)
+                    and isinstance(node.value, ast.Name)
+                    and node.value.id in bound
+                    and node.attr.startswith("_")
+                    and not node.attr.startswith("__")
+                ):
+                    bad.append(
+                        f"{path.relative_to(root)}:{node.lineno} {node.value.id}.{node.attr}"
+                    )
+    return bad
+
+
+def class_aliases(root: Path) -> list[str]:
+    """`file:line A = B` for each module-level second name of a class (`AnalysisError =
+    InputError`): one class, one name."""
+    bad: list[str] = []
+    for top in FIRST_PARTY:
+        for path in sorted((root / top).rglob("*.py")):
+            tree = ast.parse(path.read_text(), str(path))
+            classes = {n.name for n in tree.body if isinstance(n, ast.ClassDef)}
+            for node in tree.body:
+                if isinstance(node, ast.ImportFrom):
+                    classes.update(
+                        a.asname or a.name
+                        for a in node.names
+                        if a.name[:1].isupper() and not a.name.isupper()
+                    )
+            for node in tree.body:
+                if (
+                    isinstance(node, ast.Assign)
+                    and isinstance(node.value, ast.Name)
+                    and node.value.id in classes
+                    and all(isinstance(t, ast.Name) for t in node.targets)
+                ):
+                    bad.append(
+                        f"{path.relative_to(root)}:{node.lineno} {node.targets[0].id} = {node.value.id}"
+                    )  # type: ignore[attr-defined]
+    return bad
 
 
 def test_no_first_party_import_cycle():
@@ -274,3 +349,25 @@ def test_checker_sees_contract_breaks(tmp_path):
         "profiler.runfolder.layout imports profiler.session",
         "profiler.runfolder.schema imports torch",
     ]
+
+
+def test_no_module_uses_another_modules_private_names():
+    bad = private_uses(REPO)
+    assert not bad, f"a name another module uses is public: drop its underscore: {bad}"
+
+
+def test_one_class_has_one_name():
+    bad = class_aliases(REPO)
+    assert not bad, bad
+
+
+def test_checkers_see_private_uses_and_class_aliases(tmp_path):
+    (tmp_path / "analysis").mkdir()
+    (tmp_path / "tests").mkdir()
+    (tmp_path / "analysis" / "a.py").write_text("def _x():\n    pass\n\n\nclass Kls:\n    pass\n")
+    (tmp_path / "analysis" / "b.py").write_text(
+        "from analysis.a import _x\nfrom analysis import a\n\nKK = a.Kls\na._x()\n"
+    )
+    (tmp_path / "analysis" / "c.py").write_text("from analysis.a import Kls\n\nAlias = Kls\n")
+    assert private_uses(tmp_path) == ["analysis/b.py:1 analysis.a._x", "analysis/b.py:5 a._x"]
+    assert class_aliases(tmp_path) == ["analysis/c.py:3 Alias = Kls"]

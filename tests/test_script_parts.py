@@ -15,9 +15,9 @@ from msgspec.structs import replace
 
 from profiler.runfolder.parts import assemble, read_parts, write_part
 from profiler.runfolder.schema import RankPart, RunRecord
-from tests.test_baselines import PROFILE, _part
+from tests.test_baselines import PROFILE, rank_part
 from workloads.launch.kinetolog import ProfilerLogFilter, is_profiler_line
-from workloads.launch.scriptend import _signal_of, exit_code
+from workloads.launch.scriptend import exit_code, signal_of
 from workloads.launch.supervise import Outcome
 
 
@@ -27,18 +27,18 @@ def _stopped(part: RankPart, name: str, at: float) -> RankPart:
 
 
 def test_a_signal_to_a_rank_interrupts_unless_a_rank_failed_by_itself():
-    a, b = _part(0, 2, [1.0] * 3), _part(1, 2, [1.0] * 3)
+    a, b = rank_part(0, 2, [1.0] * 3), rank_part(1, 2, [1.0] * 3)
     # SIGTERM reached rank 1 first; rank 0 got torchrun's later one: interrupted by rank 1's.
-    name, first = _signal_of(
+    name, first = signal_of(
         Outcome(1), [_stopped(a, "SIGTERM", 2.0), _stopped(b, "SIGTERM", 1.0)], 2
     )
     assert (name, first.rank) == ("SIGTERM", 1)
     # Rank 1 raised and torchrun stopped rank 0 with SIGTERM: a failure, not an interruption.
     failed = replace(b, ended="failed", exit_code=1)
-    assert _signal_of(Outcome(1), [_stopped(a, "SIGTERM", 1.0), failed], 2) == (None, None)
+    assert signal_of(Outcome(1), [_stopped(a, "SIGTERM", 1.0), failed], 2) == (None, None)
     # A rank without a part (SIGKILL) fails the run too; the launcher's own signal always wins.
-    assert _signal_of(Outcome(1), [_stopped(a, "SIGTERM", 1.0)], 2) == (None, None)
-    assert _signal_of(Outcome(-2, interrupted="SIGINT"), [failed], 2)[0] == "SIGINT"
+    assert signal_of(Outcome(1), [_stopped(a, "SIGTERM", 1.0)], 2) == (None, None)
+    assert signal_of(Outcome(-2, interrupted="SIGINT"), [failed], 2)[0] == "SIGINT"
 
 
 @pytest.mark.parametrize(
@@ -75,7 +75,7 @@ def test_processes_that_never_joined_a_group_leave_their_traces_out_with_the_rea
     for rank in (0, 1):
         name = f"traces/rank{rank}.1.pt.trace.json.gz"
         (run_dir / name).write_bytes(b"")
-        parts.append(replace(_part(rank, 1, [1.0] * 3), env_world_size=2, traces=[name]))
+        parts.append(replace(rank_part(rank, 1, [1.0] * 3), env_world_size=2, traces=[name]))
     rec = _assemble(run_dir, parts)
     assert rec.traces == ["traces/rank0.1.pt.trace.json.gz"]
     (left,) = rec.traces_left_out
@@ -87,7 +87,7 @@ def test_processes_that_never_joined_a_group_leave_their_traces_out_with_the_rea
 def test_a_script_that_failed_before_any_group_is_the_ddp_run_it_was_launched_as(tmp_path):
     run_dir = _folder(tmp_path)
     parts = [
-        replace(_part(r, 1, []), env_world_size=2, ended="failed", exit_code=1) for r in (0, 1)
+        replace(rank_part(r, 1, []), env_world_size=2, ended="failed", exit_code=1) for r in (0, 1)
     ]
     rec = _assemble(run_dir, parts, status="running")
     assert (rec.config.mode, rec.config.world_size) == ("ddp", 2)
@@ -102,7 +102,7 @@ def test_a_killed_ranks_traces_on_disk_are_listed(tmp_path):
     run_dir = _folder(tmp_path)
     for name in ("rank0.1.pt.trace.json.gz", "rank1.2.pt.trace.json.gz"):
         (run_dir / "traces" / name).write_bytes(b"")
-    part = replace(_part(0, 2, [1.0] * 3), traces=["traces/rank0.1.pt.trace.json.gz"])
+    part = replace(rank_part(0, 2, [1.0] * 3), traces=["traces/rank0.1.pt.trace.json.gz"])
     write_part(run_dir, part)
     assert read_parts(run_dir) == [part]  # a part file reads back as it was written
     rec = _assemble(run_dir, [part], status="running")

@@ -47,7 +47,7 @@ from workloads.plan import plan as plan_run
 from workloads.runrecord import device_type, run_record
 from workloads.train.workload import WorkloadFacts, check_workload
 
-__all__ = ["LaunchError", "build_parser", "main"]
+__all__ = ["LaunchError", "build_parser", "claim_run_dir", "main"]
 
 ALL_MODES = (("single", "auto"), ("dp", "auto"), ("ddp", "nccl"), ("ddp", "gloo"))
 
@@ -89,7 +89,7 @@ def _command(cfg: TrainConfig, plan: Plan, args: argparse.Namespace, extra: list
     return [*cmd, *restarts, "-m", "workloads.train", *train_argv]
 
 
-def _claim(cfg: TrainConfig, *, given: bool) -> Path:
+def claim_run_dir(cfg: TrainConfig, *, given: bool) -> Path:
     """Create and claim the run folder (exclusive); a default id that another run holds gets
     the next free `-<k>` suffix (cfg.run_id is updated), a given one is refused."""
     base = cfg.run_id
@@ -138,7 +138,7 @@ def _execute(
     is_record_node = args.node_rank == 0
     lease = None
     if is_record_node:
-        run_dir = _claim(cfg, given=bool(args.run_id))
+        run_dir = claim_run_dir(cfg, given=bool(args.run_id))
         write_run_json(run_dir, _record(cfg, plan, workload, status="running"))
         lease = Lease(run_dir, "launcher")
     else:
@@ -173,7 +173,7 @@ def _execute(
 
 
 def _skip(cfg: TrainConfig, plan: Plan, workload: WorkloadFacts, *, given: bool) -> None:
-    run_dir = _claim(cfg, given=given)
+    run_dir = claim_run_dir(cfg, given=given)
     error = ErrorInfo.written(message=plan.reason, rank=None, exit_code=None, log_tail=[])
     write_run_json(run_dir, _record(cfg, plan, workload, status="skipped", error=error))
     print(f"\nrun folder: {run_dir}  status: skipped ({plan.reason})")

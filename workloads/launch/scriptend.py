@@ -31,10 +31,10 @@ from workloads.launch.child import PACKAGE_ROOT
 from workloads.launch.runlog import finalize
 from workloads.launch.supervise import Outcome
 
-__all__ = ["end_script_run", "exit_code", "next_lines", "print_summary"]
+__all__ = ["end_script_run", "exit_code", "next_lines", "print_summary", "signal_of"]
 
 
-def _signal_of(
+def signal_of(
     outcome: Outcome, parts: list[RankPart], expected: int
 ) -> tuple[str | None, RankPart | None]:
     """(the signal that interrupted the run or None, the part of the rank it reached first)."""
@@ -70,7 +70,7 @@ def end_script_run(
     module docstring); return the run record. `assembly`: profiler.runfolder.parts.assemble's
     keywords."""
     parts = read_parts(run_dir)  # what the ranks recorded, also of a failed or stopped run
-    name, first = _signal_of(outcome, parts, expected)
+    name, first = signal_of(outcome, parts, expected)
     if name is not None:
         rank = None if outcome.interrupted or first is None else first.rank
         error = _interrupted_error(name, rank, parts)
