@@ -1,13 +1,17 @@
-"""`make docs`: the generated pages, docs/reference/cli.md and docs/benchmarks.md.
+"""`make docs`: the generated pages, docs/reference/cli.md, run-folder.md's field tables and
+docs/benchmarks.md.
 
 - cli.md is built from the argparse parsers `dpscope` itself uses (workloads/tools/cli.py), one
   table per command, so it cannot drift from `--help`; tests/test_docs.py fails when it is stale.
+- run-folder.md's field tables (between its two markers) are built from the run-folder Structs
+  (bench/schemadocs.py); the prose around them is hand-written; tests/test_docs.py fails when
+  the tables are stale.
 - benchmarks.md is built from the `make bench-*` results in reports/bench/*.json, each with the
   date, commit and machine bench/common.py stamps into it. The JSONs are not committed (they
   belong to the machine that ran them); the page is, as the record of the last run.
 
     python -m bench.docs            # write both
-    python -m bench.docs --check    # exit 1 if cli.md is not what the parsers give
+    python -m bench.docs --check    # exit 1 if cli.md or the field tables are stale
 """
 
 from __future__ import annotations
@@ -18,12 +22,14 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from bench.schemadocs import with_field_tables
 from workloads.launch.child import PACKAGE_ROOT as REPO  # the clone: docs/ and reports/ are in it
 from workloads.tools.cli import COMMANDS, build_parser, command_parser
 
-__all__ = ["KEPT_HEADING", "benchmarks_md", "cli_md", "kept_sections", "main"]
+__all__ = ["KEPT_HEADING", "RUN_FOLDER_MD", "benchmarks_md", "cli_md", "kept_sections", "main"]
 
 CLI_MD = REPO / "docs" / "reference" / "cli.md"
+RUN_FOLDER_MD = REPO / "docs" / "reference" / "run-folder.md"
 BENCH_MD = REPO / "docs" / "benchmarks.md"
 BENCH_DIR = REPO / "reports" / "bench"
 
@@ -202,18 +208,21 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m bench.docs", description=__doc__.split("\n")[0]
     )
-    parser.add_argument("--check", action="store_true", help="only check cli.md is current")
+    parser.add_argument(
+        "--check", action="store_true", help="only check cli.md and the field tables are current"
+    )
     args = parser.parse_args(argv)
-    text = cli_md()
+    page = RUN_FOLDER_MD.read_text(encoding="utf-8")
+    wanted = {CLI_MD: cli_md(), RUN_FOLDER_MD: with_field_tables(page)}
     if args.check:
-        current = CLI_MD.read_text(encoding="utf-8") if CLI_MD.is_file() else ""
-        if current != text:
-            print(f"{CLI_MD.relative_to(REPO)} is out of date: run `make docs`", file=sys.stderr)
-            return 1
-        return 0
-    CLI_MD.parent.mkdir(parents=True, exist_ok=True)
-    CLI_MD.write_text(text, encoding="utf-8")
-    print(f"wrote {CLI_MD.relative_to(REPO)}")
+        stale = [p for p, text in wanted.items() if not p.is_file() or p.read_text("utf-8") != text]
+        for path in stale:
+            print(f"{path.relative_to(REPO)} is out of date: run `make docs`", file=sys.stderr)
+        return 1 if stale else 0
+    for path, text in wanted.items():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text, encoding="utf-8")
+        print(f"wrote {path.relative_to(REPO)}")
     # Without results here the page keeps the last recorded ones rather than losing them.
     if any(BENCH_DIR.glob("*.json")) or not BENCH_MD.exists():
         old = BENCH_MD.read_text(encoding="utf-8") if BENCH_MD.exists() else ""

@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 
 from bench.common import write_json
-from bench.docs import CLI_MD, KEPT_HEADING, benchmarks_md, cli_md, kept_sections
+from bench.docs import CLI_MD, KEPT_HEADING, RUN_FOLDER_MD, benchmarks_md, cli_md, kept_sections
+from bench.schemadocs import ROOTS, field_docs, field_tables, reachable, with_field_tables
 from tests.conftest import REPO
 from workloads.tools.cli import COMMANDS
 
@@ -21,6 +22,30 @@ PAGES = [REPO / "README.md", *sorted((REPO / "docs").rglob("*.md"))]
 
 def test_cli_reference_is_current() -> None:
     assert CLI_MD.read_text(encoding="utf-8") == cli_md(), "run `make docs` and commit the result"
+
+
+def test_run_folder_field_tables_are_current() -> None:
+    page = RUN_FOLDER_MD.read_text(encoding="utf-8")
+    assert page == with_field_tables(page), "run `make docs` and commit the result"
+
+
+def test_every_run_folder_field_is_documented_in_its_struct() -> None:
+    """Each field of every Struct a run folder's files hold has a docstring, and so a row with a
+    meaning in the generated tables."""
+    import msgspec.inspect as mi
+
+    missing = [
+        f"{cls.__name__}.{f.name}"
+        for root in ROOTS
+        for cls in reachable(root)
+        for f in mi.type_info(cls).fields
+        if not field_docs(cls).get(f.name)
+    ]
+    assert not missing, missing
+    text = field_tables()
+    for root in ROOTS:
+        for cls in reachable(root):
+            assert f"### {cls.__name__}\n" in text, cls
 
 
 def test_cli_reference_has_every_command_and_option() -> None:
