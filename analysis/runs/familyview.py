@@ -15,6 +15,7 @@ import msgspec
 from msgspec.structs import asdict
 
 from analysis.runs.entry import RunEntry
+from analysis.runs.groups import WorkloadKey
 
 __all__ = [
     "Capacity",
@@ -57,22 +58,11 @@ class Capacity(msgspec.Struct, kw_only=True):
     max_params: int | None = None
 
 
-class FamilyEntry(msgspec.Struct, kw_only=True):
+class FamilyEntry(WorkloadKey, kw_only=True):
     """One workload (the same-workload key), backend and world size with a DDP run and a
     sharded one: DDP, the sharded members, the per-rank budget (bytes) and where it came from,
     and each measured strategy's capacity."""
 
-    workload: str | None = None
-    model: str | None = None
-    model_args: str = ""
-    dataset: str | None = None
-    dataset_args: str = ""
-    loss: str = "cross_entropy"
-    scaling: str | None = None
-    fixed_batch: int | None = None
-    amp: str | None = None
-    device_type: str | None = None
-    os: str | None = None
     backend: str | None = None
     world_size: int | None = None
     parameters: int | None = None

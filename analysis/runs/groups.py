@@ -19,6 +19,7 @@ __all__ = [
     "GROUP_STATS",
     "MODE_ORDER",
     "WORKLOAD_KEY",
+    "WorkloadKey",
     "GroupEntry",
     "group_runs",
     "same_workload",
@@ -33,19 +34,23 @@ __all__ = [
 # per-device for weak); runs from different OSes or device types are never pooled; a script
 # run's `workload` (its script's hash and arguments, or --workload) stands for the problem it
 # ran. Baselines, groups and findings all use this one key.
-WORKLOAD_KEY = (
-    "workload",
-    "model",
-    "model_args",
-    "dataset",
-    "dataset_args",
-    "loss",
-    "scaling",
-    "fixed_batch",
-    "amp",
-    "device_type",
-    "os",
-)
+class WorkloadKey(msgspec.Struct, kw_only=True):
+    """The same-workload key's fields, first in every group and family entry of the runs JSON."""
+
+    workload: str | None = None
+    model: str | None = None
+    model_args: str = ""
+    dataset: str | None = None
+    dataset_args: str = ""
+    loss: str = "cross_entropy"
+    scaling: str | None = None
+    fixed_batch: int | None = None
+    amp: str | None = None  # none | fp16 | bf16
+    device_type: str | None = None
+    os: str | None = None
+
+
+WORKLOAD_KEY = tuple(f.name for f in msgspec.structs.fields(WorkloadKey))
 # `strategy` tells DDP from ZeRO-1 and FSDP2 with and without resharding (analysis.runs.family).
 GROUP_KEY = (*WORKLOAD_KEY, "mode", "strategy", "backend", "world_size")
 GROUP_STATS = (
@@ -61,24 +66,13 @@ GROUP_STATS = (
 MODE_ORDER = {"single": 0, "dp": 1, "ddp": 2, "zero1": 3, "fsdp": 4, "fsdp_keep": 5}
 
 
-class GroupEntry(msgspec.Struct, kw_only=True):
+class GroupEntry(WorkloadKey, kw_only=True):
     """One group of the runs JSON (`groups[]`), in its field order: the GROUP_KEY values, the
     runs it pools, what they share (caption, script, advice, the baseline's noise), mean and
     sample std (n−1) over its runs of every GROUP_STATS statistic, the mean comm shares, the
     throughput's min, max and spread (`spread`) and the efficiency-loss split of its runs
     (analysis.runs.efficiency). A field a runs JSON lacks reads as empty."""
 
-    workload: str | None = None
-    model: str | None = None
-    model_args: str = ""
-    dataset: str | None = None
-    dataset_args: str = ""
-    loss: str = "cross_entropy"
-    scaling: str | None = None
-    fixed_batch: int | None = None
-    amp: str | None = None  # none | fp16 | bf16
-    device_type: str | None = None
-    os: str | None = None
     mode: str | None = None
     strategy: str | None = None  # ddp | zero1 | fsdp | fsdp_keep (analysis.runs.family)
     backend: str | None = None
