@@ -21,6 +21,7 @@ falls back to "unknown" (None, no hooks) rather than failing a training run.
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Iterable, Iterator
 
 import torch
@@ -33,27 +34,38 @@ __all__ = [
     "fsdp_groups",
     "fsdp_info",
     "is_fsdp",
+    "loaded_class",
     "local",
     "optimizer_state",
     "sharding_seen",
 ]
 
-try:  # FSDP2 (torch >= 2.6); a torch without it has no sharded models to read
-    from torch.distributed.fsdp import FSDPModule
-    from torch.distributed.tensor import DTensor
-except ImportError:  # pragma: no cover - torch 2.14 has both
-    FSDPModule = DTensor = ()  # type: ignore[assignment,misc]
+
+
+def loaded_class(module: str, name: str) -> type | tuple[()]:
+    """`module.name` when `module` is already imported, else `()` (which `isinstance` never
+    matches). A model is FSDP-sharded, a tensor a DTensor or an optimizer ZeRO's only once their
+    module was imported, so the check itself imports nothing: torch.distributed.fsdp and
+    .tensor cost about a second of every DDP or single rank's start-up, which never uses them."""
+    loaded = sys.modules.get(module)
+    return getattr(loaded, name, ()) if loaded is not None else ()
+
+
+def _fsdp_module() -> type | tuple[()]:
+    return loaded_class("torch.distributed.fsdp", "FSDPModule")
 
 
 def is_fsdp(model: nn.Module | None) -> bool:
     """`model` (or a module inside it) is FSDP2-sharded: fully_shard was applied."""
-    return model is not None and any(isinstance(m, FSDPModule) for m in model.modules())
+    fsdp_module = _fsdp_module()
+    return model is not None and any(isinstance(m, fsdp_module) for m in model.modules())
 
 
 def local(t: torch.Tensor) -> torch.Tensor:
     """The rank's own tensor: a DTensor's local shard (its storage is the padded shard), else
     `t` itself."""
-    return t._local_tensor if isinstance(t, DTensor) else t
+    dtensor = loaded_class("torch.distributed.tensor", "DTensor")
+    return t._local_tensor if isinstance(t, dtensor) else t
 
 
 def _is_zero(optimizer: torch.optim.Optimizer | None) -> bool:
@@ -93,7 +105,7 @@ def sharding_seen(
 def _groups(model: nn.Module) -> Iterator[tuple[str, object]]:
     """(qualified name, FSDPParamGroup) of every FSDP module that owns parameters."""
     for name, module in model.named_modules():
-        if isinstance(module, FSDPModule):
+        if isinstance(module, _fsdp_module()):
             try:
                 group = module._get_fsdp_state()._fsdp_param_group
             except AttributeError:
@@ -210,7 +222,7 @@ class GatheredPeak:
         if not self._groups:
             return
         for module in model.modules():
-            if isinstance(module, FSDPModule):
+            if isinstance(module, _fsdp_module()):
                 # appended: run after FSDP's pre-forward all-gather; the prepended post-hook runs
                 # before FSDP's post-forward reshard, the appended one after it.
                 self._handles += [

@@ -291,15 +291,10 @@ def optimizer_state(
 ) -> dict | None:
     """Collective for FSDP and ZeRO-1: the full optimizer state dict on rank 0 (None on the
     others)."""
-    if sharding.is_fsdp(model) or _is_zero(optimizer):
+    if sharding.is_fsdp(model) or sharding.is_zero(optimizer):
         state = sharding.full_optimizer_state(model, optimizer)
         return state if ctx.is_main else None
     return optimizer.state_dict() if ctx.is_main else None
-
-
-def _is_zero(optimizer: torch.optim.Optimizer) -> bool:
-    """The optimizer is ZeRO-1's."""
-    return isinstance(optimizer, sharding.ZeroRedundancyOptimizer)
 
 
 def load_model_state(model: nn.Module, state: dict) -> None:

@@ -33,16 +33,8 @@ from collections.abc import Iterator
 import torch
 import torch.distributed as dist
 from torch import nn
-from torch.distributed.checkpoint.state_dict import (
-    StateDictOptions,
-    get_model_state_dict,
-    get_optimizer_state_dict,
-    set_model_state_dict,
-    set_optimizer_state_dict,
-)
-from torch.distributed.fsdp import FSDPModule, fully_shard
-from torch.distributed.optim import ZeroRedundancyOptimizer
 
+from profiler.memory_sharded import loaded_class
 from workloads.config import TrainConfig
 from workloads.spec import SpecError
 from workloads.train.factory import last_line
@@ -54,6 +46,7 @@ __all__ = [
     "full_optimizer_state",
     "gradient_sync",
     "is_fsdp",
+    "is_zero",
     "load_model_state",
     "load_optimizer_state",
     "shard_model",
@@ -69,9 +62,19 @@ _TEMPLATES: weakref.WeakKeyDictionary[nn.Module, nn.Module] = weakref.WeakKeyDic
 _CONTAINERS = (nn.ModuleList, nn.Sequential)
 
 
+# torch.distributed.fsdp, .optim and .checkpoint are imported where a sharded member uses them,
+# not here: they cost about a second of every rank's start-up (profiler.memory_sharded's
+# loaded_class says why the isinstance checks need no import).
+
+
 def is_fsdp(model: nn.Module) -> bool:
     """The model is FSDP2-sharded (fully_shard was applied to it)."""
-    return isinstance(model, FSDPModule)
+    return isinstance(model, loaded_class("torch.distributed.fsdp", "FSDPModule"))
+
+
+def is_zero(optimizer: torch.optim.Optimizer) -> bool:
+    """The optimizer is ZeRO-1's (ZeroRedundancyOptimizer)."""
+    return isinstance(optimizer, loaded_class("torch.distributed.optim", "ZeroRedundancyOptimizer"))
 
 
 def _has_parameters(module: nn.Module) -> bool:
@@ -144,6 +147,8 @@ def _meta_template(model: nn.Module) -> nn.Module:
 def shard_model(model: nn.Module, cfg: TrainConfig) -> tuple[nn.Module, list[str]]:
     """fully_shard each wrap-rule block, then the root (`model`, already on its device); returns
     the sharded model and the names wrapped (root last, as "")."""
+    from torch.distributed.fsdp import fully_shard
+
     targets = wrap_targets(model, cfg)
     template = _meta_template(model)
     reshard = cfg.reshard_after_forward
@@ -158,11 +163,15 @@ def sgd(params, cfg: TrainConfig, *, zero: bool) -> torch.optim.Optimizer:
     """The run's SGD over `params`; with `zero`, wrapped in ZeroRedundancyOptimizer (ZeRO-1)."""
     kw = {"lr": cfg.lr, "momentum": cfg.momentum, "weight_decay": cfg.weight_decay}
     if zero:
+        from torch.distributed.optim import ZeroRedundancyOptimizer
+
         return ZeroRedundancyOptimizer(params, optimizer_class=torch.optim.SGD, **kw)
     return torch.optim.SGD(params, **kw)
 
 
-def _full_options(*, rank0_only: bool) -> StateDictOptions:
+def _full_options(*, rank0_only: bool):
+    from torch.distributed.checkpoint.state_dict import StateDictOptions
+
     # rank0_only: the full tensors land on rank 0's CPU (checkpoints); else on every rank.
     return StateDictOptions(full_state_dict=True, cpu_offload=rank0_only)
 
@@ -170,6 +179,8 @@ def _full_options(*, rank0_only: bool) -> StateDictOptions:
 def full_model_state(model: nn.Module, *, rank0_only: bool = True) -> dict:
     """Collective: the sharded model's full state dict (plain tensors; {} off rank 0 with
     `rank0_only`). Buffers are rank 0's, broadcast, as a checkpoint holds them."""
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict
+
     state = get_model_state_dict(model, options=_full_options(rank0_only=rank0_only))
     if not rank0_only:
         for name, _ in model.named_buffers():
@@ -181,13 +192,17 @@ def full_model_state(model: nn.Module, *, rank0_only: bool = True) -> dict:
 
 def load_model_state(model: nn.Module, state: dict) -> None:
     """Load a full state dict (a checkpoint's) into the sharded model, every rank."""
-    set_model_state_dict(model, state, options=StateDictOptions(full_state_dict=True))
+    from torch.distributed.checkpoint.state_dict import set_model_state_dict
+
+    set_model_state_dict(model, state, options=_full_options(rank0_only=False))
 
 
 def full_optimizer_state(model: nn.Module, optimizer: torch.optim.Optimizer) -> dict:
     """Collective: the optimizer's full state dict on rank 0 ({} elsewhere): ZeRO-1's shares
     consolidated to rank 0, FSDP's sharded state gathered."""
-    if isinstance(optimizer, ZeroRedundancyOptimizer):
+    from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
+
+    if is_zero(optimizer):
         optimizer.consolidate_state_dict(to=0)
         return optimizer.state_dict() if dist.get_rank() == 0 else {}
     return get_optimizer_state_dict(model, optimizer, options=_full_options(rank0_only=True))
@@ -195,10 +210,12 @@ def full_optimizer_state(model: nn.Module, optimizer: torch.optim.Optimizer) -> 
 
 def load_optimizer_state(model: nn.Module, optimizer: torch.optim.Optimizer, state: dict) -> None:
     """Load a full optimizer state dict (a checkpoint's) on every rank."""
-    if isinstance(optimizer, ZeroRedundancyOptimizer) or not is_fsdp(model):
+    from torch.distributed.checkpoint.state_dict import set_optimizer_state_dict
+
+    if is_zero(optimizer) or not is_fsdp(model):
         optimizer.load_state_dict(state)
         return
-    opts = StateDictOptions(full_state_dict=True)
+    opts = _full_options(rank0_only=False)
     set_optimizer_state_dict(model, optimizer, optim_state_dict=state, options=opts)
 
 
