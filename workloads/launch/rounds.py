@@ -21,7 +21,6 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from profiler.runfolder.errors import InputError, UserError
-from profiler.runfolder.quiet import run_headline
 from profiler.runfolder.rounds import bootstrap_ci, repeat_done
 
 __all__ = [
@@ -104,6 +103,9 @@ def repeat_id(args: argparse.Namespace) -> str:
 
 
 def _headline(run_dir: Path | None) -> float | None:
+    # Imported here: it needs pandas (a quarter of a second), and only rounds read headlines.
+    from profiler.runfolder.quiet import run_headline
+
     try:
         return run_headline(run_dir) if run_dir is not None else None
     except (InputError, UserError, OSError):
