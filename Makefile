@@ -150,9 +150,13 @@ format: setup
 	$(PY) -m ruff check --fix .
 
 # Everything (README: its measured time); test-fast: the tests that start no process.
+# The fast tier on FAST_WORKERS processes (it starts no process, so two workers share nothing),
+# then the tests that start processes one at a time: their launches already use every core, and
+# their bounded waits (hangs, watchdogs, quiet steps) hold on a machine loaded only by them.
 test: setup
 	$(PY) -m ruff check .
-	$(PY) -m pytest
+	$(PY) -m pytest -q -m "not integration" -n $(FAST_WORKERS)
+	$(PY) -m pytest -m integration --durations=15
 
 # The fast tier in FAST_WORKERS processes (pytest-xdist): its tests start no process and each
 # worker copies the golden runs into its own temporary folder, so two cores run it in about half
