@@ -20,6 +20,7 @@ collective timeout it ends the job, and `diagnose_hang` turns the last beats int
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
 import threading
@@ -79,7 +80,12 @@ class Heartbeat:
         self._lock = threading.Lock()
         path.parent.mkdir(parents=True, exist_ok=True)
         self._write()  # the first beat is on disk before training starts
-        threading.Thread(target=self._writer, daemon=True, name="heartbeat").start()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._writer, daemon=True, name="heartbeat")
+        self._thread.start()
+        # A daemon thread is cut wherever it is when the interpreter exits: between its temp file
+        # and the rename, that would leave logs/.rank<r>.heartbeat.json.*.tmp in the run folder.
+        atexit.register(self.close)
 
     @classmethod
     def of_rank(cls, run_dir: Path, rank: int, *, attempt: int, collectives: bool) -> Heartbeat:
@@ -133,13 +139,23 @@ class Heartbeat:
             self.version += 1
 
     def _writer(self) -> None:
-        while True:
-            time.sleep(WRITE_INTERVAL_S)
-            if self.version != self.written:
-                try:
-                    self._write()
-                except OSError:  # a full disk must not kill the rank; the watchdog may say hang
-                    pass
+        while not self._stop.wait(WRITE_INTERVAL_S):
+            self._write_if_changed()
+
+    def _write_if_changed(self) -> None:
+        if self.version != self.written:
+            try:
+                self._write()
+            except OSError:  # a full disk must not kill the rank; the watchdog may say hang
+                pass
+
+    def close(self) -> None:
+        """Stop the writer thread (waiting for a write in progress), then write the last state if
+        it changed since. Called at the interpreter's exit; idempotent."""
+        self._stop.set()
+        if self._thread is not threading.current_thread():
+            self._thread.join(timeout=2 * WRITE_INTERVAL_S + 5)
+        self._write_if_changed()
 
     def _write(self) -> None:
         with self._lock:
