@@ -57,12 +57,10 @@ help:
 
 # Re-install only when requirements.txt or pyproject.toml changed (the stamp is newer otherwise):
 # the pinned versions first, then dpscope itself, editable (the `dpscope` command).
-# --no-compile: byte-compiling every file of torch and its CUDA wheels is most of the install's
-# CPU; Python compiles only the modules it imports, on first import, into the same __pycache__.
 $(STAMP): requirements.txt pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install --no-compile -r requirements.txt
+	$(PY) -m pip install -r requirements.txt
 	$(PY) -m pip install -q -e .
 	@touch $(STAMP)
 
