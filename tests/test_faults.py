@@ -64,7 +64,10 @@ def fault_runs(runs_dir: Path) -> dict[str, tuple[int, float]]:
     failing = {
         rid: (hooks, [*common, "--run-id", rid, *extra]) for rid, (hooks, extra) in FAILING.items()
     }
-    return _run_together({**_resumed_specs(runs_dir), **failing}, timeout=300)
+    slow = {
+        rid: (hooks, [*common, "--run-id", rid, *extra]) for rid, (hooks, extra) in SLOW.items()
+    }
+    return _run_together({**_resumed_specs(runs_dir), **failing, **slow}, timeout=300)
 
 
 @pytest.fixture(scope="module")
@@ -132,6 +135,14 @@ FAILING = {
     "fault-hang-single": (
         {"DPSCOPE_HANG_RANK": "0", "DPSCOPE_HANG_STEP": "2"},
         ["--mode", "single", "--max-steps", "6", "--collective-timeout", "5"],
+    ),
+}
+
+# A set-up that takes longer than the watchdog's 2 s + 10 s: not a hang (its start-up bound).
+SLOW = {
+    "fault-slow-start": (
+        {"DPSCOPE_START_DELAY_S": "20"},
+        ["--mode", "single", "--max-steps", "3", "--collective-timeout", "2"],
     ),
 }
 
@@ -216,6 +227,17 @@ def test_the_watchdog_ends_a_hang_outside_any_collective(runs_dir, failed_runs):
     assert err["kind"] == "hang" and err["rank"] == 0 and err["step"] == 2
     assert err["phase"] == "forward" and err["waiting"] == []
     assert err["exit_code"] == -15  # the watchdog stopped it
+
+
+def test_a_slow_set_up_is_not_a_hang(runs_dir, fault_runs):
+    code, seconds = fault_runs["fault-slow-start"]
+    rec = read_run(runs_dir / "fault-slow-start")
+    assert (code, rec["status"], rec["error"]) == (0, "ok", None), rec["error"]
+    assert seconds > 20  # it did sleep past the 12 s a stall is allowed once training runs
+    assert (
+        "DPSCOPE_START_DELAY_S test hook"
+        in (runs_dir / "fault-slow-start" / "logs" / "rank0.log").read_text()
+    )
 
 
 def test_a_killed_rank_without_restarts_says_killed(runs_dir, failed_runs):

@@ -8,7 +8,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from workloads.launch.heartbeat import Heartbeat, read_heartbeats
+from workloads.launch.heartbeat import Heartbeat, in_startup, read_heartbeats
 
 
 def test_close_stops_the_writer_and_writes_the_last_state(tmp_path: Path) -> None:
@@ -23,3 +23,25 @@ def test_close_stops_the_writer_and_writes_the_last_state(tmp_path: Path) -> Non
     assert sorted(p.name for p in (tmp_path / "logs").iterdir()) == ["rank0.heartbeat.json"]
     beat.close()  # idempotent: atexit calls it again after a caller did
     assert json.loads((tmp_path / "logs" / "rank0.heartbeat.json").read_text()) == written
+
+
+def _written(beat: Heartbeat) -> dict:
+    beat.close()
+    return json.loads(beat.path.read_text())
+
+
+def test_set_up_lasts_until_a_first_step_or_collective(tmp_path: Path) -> None:
+    """The watchdog's start-up bound holds while every rank is still setting up: its first
+    beat (phase init, or a script's step 0 with no phase) and no collective entered."""
+    fresh = Heartbeat.of_rank(tmp_path / "a", 0, attempt=0, collectives=True)
+    script = Heartbeat.of_rank(tmp_path / "b", 1, attempt=0, collectives=False)
+    script.set(0, None, None, None, marker="train.py:12")
+    setting_up = {0: _written(fresh), 1: _written(script)}
+    assert in_startup(setting_up)
+    stepping = Heartbeat.of_rank(tmp_path / "c", 1, attempt=0, collectives=True)
+    stepping.beat(0, "data")
+    assert not in_startup({0: setting_up[0], 1: _written(stepping)})
+    # A script rank inside its first collective (DDP's broadcast at wrap): its timeout governs.
+    waiting = Heartbeat.of_rank(tmp_path / "d", 1, attempt=0, collectives=False)
+    waiting.set(0, None, {"name": "broadcast", "seq": 1}, None)
+    assert not in_startup({0: setting_up[0], 1: _written(waiting)})

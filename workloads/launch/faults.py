@@ -8,6 +8,9 @@ attempt of a job, so a restarted job runs clean):
 - `DPSCOPE_HANG_RANK` / `DPSCOPE_HANG_STEP`: that rank sleeps forever before its backward, so
   the other ranks wait in the gradient allreduce.
 - `DPSCOPE_NAN_STEP`: every rank's loss becomes NaN at that step (a divergence).
+- `DPSCOPE_START_DELAY_S`: every rank sleeps that many seconds at the run's start, after the
+  model and data are built and before the first step (a slow set-up, which the launcher's
+  watchdog must not call a hang).
 - `DPSCOPE_FAIL_RANK` / `DPSCOPE_FAIL_STEP` (default 0): that rank raises a RuntimeError at that
   optimizer step, in every attempt (the launcher's failed-rank record is tested with it).
 
@@ -58,6 +61,7 @@ __all__ = [
 KILL_RANK_ENV, KILL_STEP_ENV = "DPSCOPE_KILL_RANK", "DPSCOPE_KILL_STEP"
 HANG_RANK_ENV, HANG_STEP_ENV = "DPSCOPE_HANG_RANK", "DPSCOPE_HANG_STEP"
 NAN_STEP_ENV = "DPSCOPE_NAN_STEP"
+START_DELAY_ENV = "DPSCOPE_START_DELAY_S"
 FAIL_RANK_ENV, FAIL_STEP_ENV = "DPSCOPE_FAIL_RANK", "DPSCOPE_FAIL_STEP"
 # Phrases of the gloo/NCCL/store errors a rank raises when a collective or the store times out.
 _TIMEOUT_WORDS = ("timed out", "timeout", "watchdog caught collective operation")
@@ -79,6 +83,14 @@ def _int(env: Mapping[str, str], name: str) -> int | None:
         raise ValueError(f"{name} must be an integer; got {raw!r}") from None
 
 
+def _seconds(env: Mapping[str, str], name: str) -> float:
+    raw = env.get(name, "")
+    try:
+        return float(raw) if raw else 0.0
+    except ValueError:
+        raise ValueError(f"{name} must be a number of seconds; got {raw!r}") from None
+
+
 @dataclass(frozen=True, kw_only=True)
 class FaultHooks:
     """The test hooks as read once at start; all None when unset or after a restart."""
@@ -88,6 +100,7 @@ class FaultHooks:
     hang_rank: int | None = None
     hang_step: int | None = None
     nan_step: int | None = None
+    start_delay_s: float = 0.0
 
     @classmethod
     def from_env(cls, env: Mapping[str, str] = os.environ) -> FaultHooks:
@@ -99,7 +112,16 @@ class FaultHooks:
             hang_rank=_int(env, HANG_RANK_ENV),
             hang_step=_int(env, HANG_STEP_ENV),
             nan_step=_int(env, NAN_STEP_ENV),
+            start_delay_s=_seconds(env, START_DELAY_ENV),
         )
+
+    def at_start(self, rank: int) -> None:
+        if self.start_delay_s > 0:
+            print(
+                f"[rank{rank}] {START_DELAY_ENV} test hook: sleeping {self.start_delay_s} s",
+                flush=True,
+            )
+            time.sleep(self.start_delay_s)
 
     def before_forward(self, rank: int, step: int) -> None:
         if self.kill_rank == rank and self.kill_step == step:
@@ -148,8 +170,8 @@ def check_loss(value: float, *, rank: int, step: int, stop: bool) -> None:
 
 
 class FaultInjection(Callback):
-    """The test hooks and `--stop-on-nonfinite` at the loop's callback points: the injected
-    failure and the kill before the forward (`after_data`), the hang before the backward that
+    """The test hooks and `--stop-on-nonfinite` at the loop's callback points: the start-up delay
+    (`run_start`), the injected failure and the kill before the forward (`after_data`), the hang before the backward that
     all-reduces (`after_forward`), the NaN loss after the backward (`after_backward`) and the
     non-finite-loss check once the step's loss is read (`step_end`)."""
 
@@ -160,6 +182,9 @@ class FaultInjection(Callback):
     def from_env(cls, *, rank: int, stop: bool) -> FaultInjection:
         """The hooks as the environment sets them, read once."""
         return cls(FaultHooks.from_env(), rank=rank, fail_at=injected_failure_step(rank), stop=stop)
+
+    def run_start(self, state: StepState) -> None:
+        self.hooks.at_start(self.rank)
 
     def after_data(self, state: StepState) -> None:
         if state.step == self.fail_at:

@@ -35,6 +35,7 @@ __all__ = [
     "Heartbeat",
     "HeartbeatCallback",
     "diagnose_hang",
+    "in_startup",
     "latest_change",
     "read_heartbeats",
 ]
@@ -285,6 +286,16 @@ def diagnose_hang(beats: dict[int, dict], *, now: float | None = None) -> dict:
         "collective": inside[0]["collective"] if inside else None,
         "waiting": waiting,
     }
+
+
+def in_startup(beats: dict[int, dict]) -> bool:
+    """Every rank that has beaten is still before its first step (phase init, or no phase yet in
+    a script run, at step 0) and inside no collective: setting up, where no collective timeout
+    can fire first and a cold start is slow."""
+    return all(
+        b.get("phase") in ("init", None) and not b.get("step") and _waiting(b) is None
+        for b in beats.values()
+    )
 
 
 def latest_change(beats: dict[int, dict]) -> float | None:

@@ -3,7 +3,8 @@ and never leave a process behind.
 
 - Output goes raw (progress bars work) to the console and to `logs/launcher.log`.
 - A watchdog thread reads `logs/rank<r>.heartbeat.json` every second. Once the first beat has
-  appeared, if no rank's beat changes for `stall_s` seconds the job is declared hung: the
+  appeared, if no rank's beat changes for `stall_s` seconds (at least STARTUP_S while every
+  rank is still setting up, before its first step) the job is declared hung: the
   ranks' last beats are turned into the hang diagnosis, every rank is asked to dump its flight
   recorder (workloads.launch.flightrec, waited for a few seconds) and the process tree is ended.
 - Ctrl-C (SIGINT) or SIGTERM to the launcher ends the process tree too, and the outcome says
@@ -36,7 +37,7 @@ from profiler.runfolder.errors import disk_writes
 from workloads.launch.child import set_subreaper
 from workloads.launch.flightrec import PEER_WAIT_S, request_dumps, wait_for_dumps
 from workloads.launch.guard import guarded
-from workloads.launch.heartbeat import diagnose_hang, read_heartbeats
+from workloads.launch.heartbeat import diagnose_hang, in_startup, read_heartbeats
 
 __all__ = ["WATCHDOG_GRACE_S", "Outcome", "run_supervised"]
 
@@ -45,6 +46,11 @@ GRACE_S = 30.0
 WATCHDOG_GRACE_S = 10.0
 """The watchdog waits this much longer than --collective-timeout, so that a rank's own timeout
 error (and its flight-recorder dump) comes first when a rank hangs in a collective."""
+STARTUP_S = 120.0
+"""The least time the watchdog allows without progress while every rank is still before its
+first step (heartbeat.in_startup): model, data and process-group set-up run no collective whose
+timeout would fire first, and a cold start (first imports compiling their bytecode, several jobs
+starting at once on a small machine) can take longer than a short --collective-timeout."""
 LEFTOVER_GRACE_S = 6.0
 """How long processes left by a finished job get to end by themselves (DataLoader workers of a
 rank that exited at once notice within 5 s)."""
@@ -121,18 +127,19 @@ def _watch(
             last_change = time.monotonic()  # start-up: rendezvous has its own timeout
             continue
         sig = _signature(beats)
+        bound = max(stall_s, STARTUP_S) if in_startup(beats) else stall_s
         if sig != last_sig:
             last_sig, last_change = sig, time.monotonic()
-        elif time.monotonic() - last_change > stall_s:
+        elif time.monotonic() - last_change > bound:
             found.update(diagnose_hang(beats))
             print(
-                f"\nworkloads.launch: no heartbeat progress for {stall_s:.0f} s — {found['message']}; "
+                f"\nworkloads.launch: no heartbeat progress for {bound:.0f} s — {found['message']}; "
                 "stopping the job",
                 file=sys.stderr,
                 flush=True,
             )
             if len(beats) > 1:  # every live rank dumps its flight recorder first
-                since = request_dumps(logs, f"watchdog: no progress for {stall_s:.0f} s")
+                since = request_dumps(logs, f"watchdog: no progress for {bound:.0f} s")
                 wait_for_dumps(logs, sorted(beats), since, PEER_WAIT_S)
             _stop_tree(proc)
             return
