@@ -21,7 +21,8 @@ from analysis.trace.folder import analyze_trace_dir, find_trace_files, reduce_fi
 from profiler.clockshift import apply_clock_shift
 from tests.conftest import TINY, launch
 
-pytestmark = pytest.mark.integration
+# serial: its clock-offset uncertainty bounds assume an unloaded machine.
+pytestmark = [pytest.mark.integration, pytest.mark.serial]
 
 SHIFT_US = {1: -5000.0, 2: 2500.0, 3: 5000.0}
 _CLOCK_KEYS = ("clock_offset_us", "clock_offset_uncertainty_us", "clock_aligned")

@@ -27,6 +27,9 @@ from workloads.launch.heartbeat import read_heartbeats
 from workloads.launch.runlog import finalize
 from workloads.launch.supervise import Outcome
 
+# serial: its hang and restart bounds time the launcher's watchdog.
+pytestmark = pytest.mark.serial
+
 DDP = "--mode ddp --nproc 2 --backend gloo --model mlp --dataset synthetic --batch-size 64".split()
 CPU = ["--device", "cpu", "--seed", "0"]
 

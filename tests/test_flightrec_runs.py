@@ -25,7 +25,8 @@ import pytest
 from analysis.cli.main import main as analysis_main
 from tests.conftest import REPO, read_run
 
-pytestmark = pytest.mark.integration
+# serial: its bounds time the collective timeout and the watchdog.
+pytestmark = [pytest.mark.integration, pytest.mark.serial]
 
 RUNS = {
     "fr-hang": ["loss_hang.py"],

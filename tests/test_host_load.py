@@ -15,6 +15,9 @@ from analysis.report.findings import THRESHOLDS, findings
 from analysis.runs.compare import compare_runs
 from tests.conftest import launch, read_run
 
+# serial: it asserts the load its own busy processes put on the machine.
+pytestmark = pytest.mark.serial
+
 RUN = "--mode single --model mlp --dataset synthetic --max-steps 30 --batch-size 32 --epochs 1"
 RUN += " --no-profile --device cpu --threads 1 --run-id busy"
 

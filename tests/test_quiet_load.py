@@ -33,6 +33,9 @@ from profiler.runfolder.hostload import QUIET_OTHER_CORES_FRAC
 from profiler.runfolder.quiet import MIN_QUIET_STEPS
 from tests.conftest import launch
 
+# serial: it measures other processes' CPU and needs a machine loaded only by its own runs.
+pytestmark = pytest.mark.serial
+
 # About 6 s of steps on an idle 2-core machine (smallcnn: 25-30 ms a step), three hog periods.
 RUN = "--mode all --model smallcnn --dataset synthetic --batch-size 64 --epochs 8 --max-steps 240"
 RUN += " --no-profile --device cpu"
