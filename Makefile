@@ -56,12 +56,14 @@ help:
 	@echo "every target and variable: docs/reference/make.md; the dpscope command: docs/reference/cli.md"
 
 # Re-install only when requirements.txt or pyproject.toml changed (the stamp is newer otherwise):
-# the pinned versions first, then dpscope itself, editable (the `dpscope` command).
+# the pinned versions first, then dpscope itself, editable (the `dpscope` command). --no-compile:
+# Python compiles what it imports on first import instead (half the venv's build time on 2 cores;
+# docs/benchmarks.md, Test suite).
 $(STAMP): requirements.txt pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -r requirements.txt
-	$(PY) -m pip install -q -e .
+	$(PY) -m pip install --no-compile -r requirements.txt
+	$(PY) -m pip install -q --no-compile -e .
 	@touch $(STAMP)
 
 setup: $(STAMP)
@@ -150,13 +152,14 @@ format: setup
 	$(PY) -m ruff check --fix .
 
 # Everything (README: its measured time); test-fast: the tests that start no process.
-# The fast tier on FAST_WORKERS processes (it starts no process, so two workers share nothing),
-# then the tests that start processes one at a time: their launches already use every core, and
-# their bounded waits (hangs, watchdogs, quiet steps) hold on a machine loaded only by them.
+# Every test not marked `serial` on FAST_WORKERS processes, each test file on one worker (so its
+# module fixtures launch once), then the `serial` ones alone: their bounded waits (hangs, watchdogs,
+# restarts) and load measurements (quiet steps, host load, clock offsets) hold on a machine
+# loaded only by them.
 test: setup
 	$(PY) -m ruff check .
-	$(PY) -m pytest -q -m "not integration" -n $(FAST_WORKERS)
-	$(PY) -m pytest -m integration --durations=15
+	$(PY) -m pytest -q -m "not serial" -n $(FAST_WORKERS) --dist loadfile --durations=15
+	$(PY) -m pytest -q -m serial --durations=10
 
 # The fast tier in FAST_WORKERS processes (pytest-xdist): its tests start no process and each
 # worker copies the golden runs into its own temporary folder, so two cores run it in about half

@@ -20,6 +20,9 @@ from analysis.runs.compare import compare_runs
 from tests.conftest import REPO, read_run
 from workloads.launch.child import child_env
 
+# serial: its signals land at points timed by the launcher's progress.
+pytestmark = pytest.mark.serial
+
 FAST = "--max-steps 2 --warmup-steps 1 --batch-size 32 --no-profile --device cpu --threads 1"
 
 
@@ -34,9 +37,6 @@ def _poll(predicate, *, timeout: float, every: float = 0.2):
 LEAVER = """
 import subprocess, sys
 from torch import nn
-
-# serial: its signals land at points timed by the launcher's progress.
-pytestmark = pytest.mark.serial
 
 
 def net(num_classes=10, input_shape=(3, 32, 32)):
