@@ -242,7 +242,9 @@ def _write(root: Path, names: list[str], rounds: list[dict], args: argparse.Name
     table = markdown_table(summ, args.repeats, BANDED, COVERAGE_GOAL)
     (root / "bench-projection.md").write_text(table, encoding="utf-8")
     loads = [rnd["load_avg_1m"] for rnd in rounds]
-    record = {"repeats": args.repeats, "threads": args.threads, "runs": str(root),
+    # The runs folder as given (relative stays relative): the summary goes into the docs.
+    runs = Path(args.runs_dir) / root.name
+    record = {"repeats": args.repeats, "threads": args.threads, "runs": str(runs),
               "load_avg_1m_rounds": loads, "results": bench_results(summ)}  # fmt: skip
     write_json(bench_out("projection", args.json), json.loads(json.dumps(record, default=float)))
     return {"summary": summ, "table": table}
