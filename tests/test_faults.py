@@ -64,13 +64,11 @@ def fault_runs(runs_dir: Path) -> dict[str, tuple[int, float]]:
     """The resumed pair and the FAILING runs, all started together (a hang or a restart mostly
     waits): {run_id: (launcher exit code, seconds it took)}."""
     common = [*DDP, *CPU, "--runs-dir", str(runs_dir), "--no-profile"]
-    failing = {
-        rid: (hooks, [*common, "--run-id", rid, *extra]) for rid, (hooks, extra) in FAILING.items()
+    others = {
+        rid: (hooks, [*common, "--run-id", rid, *extra])
+        for rid, (hooks, extra) in {**FAILING, **SLOW}.items()
     }
-    slow = {
-        rid: (hooks, [*common, "--run-id", rid, *extra]) for rid, (hooks, extra) in SLOW.items()
-    }
-    return _run_together({**_resumed_specs(runs_dir), **failing, **slow}, timeout=300)
+    return _run_together({**_resumed_specs(runs_dir), **others}, timeout=300)
 
 
 @pytest.fixture(scope="module")

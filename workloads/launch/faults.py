@@ -73,22 +73,16 @@ def attempt(env: Mapping[str, str] = os.environ) -> int:
     return int(env.get("TORCHELASTIC_RESTART_COUNT", "0") or 0)
 
 
-def _int(env: Mapping[str, str], name: str) -> int | None:
+def _number(env: Mapping[str, str], name: str, kind: type = int) -> int | float | None:
+    """The hook's value as `kind` (None when unset); a ValueError naming it otherwise."""
     raw = env.get(name, "")
     if raw == "":
         return None
     try:
-        return int(raw)
+        return kind(raw)
     except ValueError:
-        raise ValueError(f"{name} must be an integer; got {raw!r}") from None
-
-
-def _seconds(env: Mapping[str, str], name: str) -> float:
-    raw = env.get(name, "")
-    try:
-        return float(raw) if raw else 0.0
-    except ValueError:
-        raise ValueError(f"{name} must be a number of seconds; got {raw!r}") from None
+        what = "an integer" if kind is int else "a number"
+        raise ValueError(f"{name} must be {what}; got {raw!r}") from None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -107,12 +101,12 @@ class FaultHooks:
         if attempt(env) > 0:
             return cls()  # a restarted job must not fail the same way again
         return cls(
-            kill_rank=_int(env, KILL_RANK_ENV),
-            kill_step=_int(env, KILL_STEP_ENV),
-            hang_rank=_int(env, HANG_RANK_ENV),
-            hang_step=_int(env, HANG_STEP_ENV),
-            nan_step=_int(env, NAN_STEP_ENV),
-            start_delay_s=_seconds(env, START_DELAY_ENV),
+            kill_rank=_number(env, KILL_RANK_ENV),
+            kill_step=_number(env, KILL_STEP_ENV),
+            hang_rank=_number(env, HANG_RANK_ENV),
+            hang_step=_number(env, HANG_STEP_ENV),
+            nan_step=_number(env, NAN_STEP_ENV),
+            start_delay_s=_number(env, START_DELAY_ENV, float) or 0.0,
         )
 
     def at_start(self, rank: int) -> None:
@@ -171,9 +165,9 @@ def check_loss(value: float, *, rank: int, step: int, stop: bool) -> None:
 
 class FaultInjection(Callback):
     """The test hooks and `--stop-on-nonfinite` at the loop's callback points: the start-up delay
-    (`run_start`), the injected failure and the kill before the forward (`after_data`), the hang before the backward that
-    all-reduces (`after_forward`), the NaN loss after the backward (`after_backward`) and the
-    non-finite-loss check once the step's loss is read (`step_end`)."""
+    (`run_start`), the injected failure and the kill before the forward (`after_data`), the hang
+    before the backward that all-reduces (`after_forward`), the NaN loss after the backward
+    (`after_backward`) and the non-finite-loss check once the step's loss is read (`step_end`)."""
 
     def __init__(self, hooks: FaultHooks, *, rank: int, fail_at: int | None, stop: bool) -> None:
         self.hooks, self.rank, self.fail_at, self.stop = hooks, rank, fail_at, stop
