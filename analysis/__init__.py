@@ -15,22 +15,47 @@ message is one line naming the path and the fix. Definitions of every number:
 docs/reference/metrics.md.
 """
 
-from analysis.api import (
-    analyze_traces,
-    build_report,
-    collectives,
-    compare_runs,
-    load_collectives,
-    load_memory,
-    load_ops,
-    load_runs,
-    load_steps,
-)
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
 from profiler.runfolder.errors import InputError, UserError
 
+if TYPE_CHECKING:
+    from analysis.api import (
+        analyze_traces,
+        build_report,
+        collectives,
+        compare_runs,
+        load_collectives,
+        load_memory,
+        load_ops,
+        load_runs,
+        load_steps,
+    )
+    from analysis.report.build import ReportError
 
-def __getattr__(name: str):
-    # ReportError lives with the report (jinja2, figures): loaded only when asked for.
+_API = (
+    "analyze_traces",
+    "build_report",
+    "collectives",
+    "compare_runs",
+    "load_collectives",
+    "load_memory",
+    "load_ops",
+    "load_runs",
+    "load_steps",
+)
+
+
+def __getattr__(name: str) -> Any:
+    # Lazy, for a real reason: `python -m analysis.report` (or any analysis module) imports this
+    # package before the entry point's Ctrl-C guard runs (profiler.runfolder.errors.import_main),
+    # so the package itself must load nothing heavy (pandas through api, jinja2 through the report).
+    if name in _API:
+        from analysis import api
+
+        return getattr(api, name)
     if name == "ReportError":
         from analysis.report.build import ReportError
 

@@ -2,10 +2,6 @@
 
 import sys
 
-try:  # Ctrl-C while the libraries load is one line too
-    from analysis.cli.main import main
-except KeyboardInterrupt:
-    print("python -m analysis: interrupted (Ctrl-C) — nothing was written", file=sys.stderr)
-    sys.exit(130)
+from profiler.runfolder.errors import import_main
 
-sys.exit(main())
+sys.exit(import_main("analysis.cli.main", "python -m analysis")())

@@ -41,7 +41,6 @@ __all__ = [
 ]
 
 
-
 def loaded_class(module: str, name: str) -> type | tuple[()]:
     """`module.name` when `module` is already imported, else `()` (which `isinstance` never
     matches). A model is FSDP-sharded, a tensor a DTensor or an optimizer ZeRO's only once their

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from profiler.runfolder.errors import UserError, run_command
+from profiler.runfolder.errors import UserError, import_main, run_command
 from tests.conftest import DATA, REPO, no_torch_env
 from workloads.tools.cli import COMMANDS, command_parser
 from workloads.tools.cli import main as dpscope
@@ -163,3 +163,41 @@ def test_the_old_module_entry_points_still_work(module, monkeypatch, capsys) -> 
         runpy.run_module(module, run_name="__main__", alter_sys=True)
     assert exit_.value.code in (0, None), module
     assert capsys.readouterr().out.startswith("usage: python -m"), module
+
+
+# What each entry point loads before its Ctrl-C guard (import_main) runs: the packages above its
+# module, the console script's own module, and the guard's.
+ENTRY_PACKAGES = (
+    "analysis analysis.report workloads workloads.launch workloads.train workloads.tools"
+    " workloads.tools.cli profiler profiler.runfolder profiler.runfolder.errors"
+).split()
+HEAVY = ("torch", "numpy", "pandas", "jinja2", "matplotlib", "pyarrow", "msgspec")
+
+
+@pytest.mark.integration
+def test_every_entry_point_loads_nothing_heavy_before_its_ctrl_c_guard() -> None:
+    """Ctrl-C while pandas or torch loads is one line only if the guard is already running: so
+    nothing heavy may load with the packages above the entry points."""
+    code = f"import sys\nfor m in {ENTRY_PACKAGES!r}: __import__(m)\n"
+    code += f"print([m for m in {HEAVY!r} if m in sys.modules])"
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    assert proc.returncode == 0 and proc.stdout.strip() == "[]", (proc.stdout, proc.stderr)
+    # The check can fail: the API itself does load pandas.
+    code = "import sys, analysis; analysis.load_runs; print('pandas' in sys.modules)"
+    proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    assert proc.stdout.strip() == "True", proc.stderr
+
+
+def test_ctrl_c_while_a_command_loads_is_one_line_with_exit_130(tmp_path, monkeypatch, capsys):
+    """A module whose import is interrupted (as a real Ctrl-C inside `import pandas` is)."""
+    (tmp_path / "slow_to_load.py").write_text("raise KeyboardInterrupt\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.raises(SystemExit) as exit_:
+        import_main("slow_to_load", "dpscope x")
+    assert exit_.value.code == 130
+    err = capsys.readouterr().err
+    assert err == "dpscope x: interrupted (Ctrl-C) while loading — nothing was written\n"
+    from analysis.cli import report
+
+    assert import_main("analysis.cli.report", "x") is report.main

@@ -2,11 +2,9 @@
 
 import sys
 
-try:  # Ctrl-C while the libraries load is one line too
-    from analysis.cli.report import main
-except KeyboardInterrupt:
-    print("python -m analysis.report: interrupted (Ctrl-C) — nothing was written", file=sys.stderr)
-    sys.exit(130)
+from profiler.runfolder.errors import import_main
+
+main = import_main("analysis.cli.report", "python -m analysis.report")
 
 __all__ = ["main"]
 

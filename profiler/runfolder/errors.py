@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import errno
+import importlib
 import os
 import re
 import sys
@@ -32,6 +33,7 @@ __all__ = [
     "UserError",
     "disk_error",
     "disk_writes",
+    "import_main",
     "run_command",
     "safe_text",
 ]
@@ -136,3 +138,19 @@ def run_command(prog: str, body: Callable[[], int], *, interrupted: str | None =
     except BrokenPipeError:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 1
+
+
+def import_main(module: str, prog: str) -> Callable[..., int]:
+    """`module.main`, imported so that Ctrl-C while its libraries load (pandas, torch: seconds on
+    a busy machine) is one `prog: interrupted (Ctrl-C) ...` line and exit code 130, not a
+    traceback from inside an import.
+
+    Every entry point (`dpscope NAME`, each `python -m` module) imports its command through this,
+    and the packages above it import nothing heavy (tests/test_cli.py), so the guard covers the
+    whole load.
+    """
+    try:
+        return importlib.import_module(module).main
+    except KeyboardInterrupt:
+        print(f"{prog}: interrupted (Ctrl-C) while loading — nothing was written", file=sys.stderr)
+        raise SystemExit(130) from None

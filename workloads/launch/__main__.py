@@ -2,6 +2,6 @@
 
 import sys
 
-from workloads.launch.launcher import main
+from profiler.runfolder.errors import import_main
 
-sys.exit(main())
+sys.exit(import_main("workloads.launch.launcher", "python -m workloads.launch")())

@@ -19,7 +19,7 @@ import sys
 from dataclasses import dataclass
 from importlib import metadata
 
-from profiler.runfolder.errors import OneLineParser
+from profiler.runfolder.errors import OneLineParser, import_main
 
 __all__ = ["COMMANDS", "Command", "build_parser", "command_parser", "main"]
 
@@ -170,10 +170,10 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     args = parser.parse_args(argv)
     command = COMMANDS[args.command]
-    module = importlib.import_module(command.module)
+    run = import_main(command.module, f"dpscope {command.name}")
     if command.module == ANALYSIS_MAIN:
-        return module.main([command.name, *args.args], prog="dpscope")
-    return module.main(args.args, prog=f"dpscope {command.name}")
+        return run([command.name, *args.args], prog="dpscope")
+    return run(args.args, prog=f"dpscope {command.name}")
 
 
 if __name__ == "__main__":

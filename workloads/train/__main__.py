@@ -2,6 +2,6 @@
 
 import sys
 
-from workloads.train.loop import main
+from profiler.runfolder.errors import import_main
 
-sys.exit(main())
+sys.exit(import_main("workloads.train.loop", "python -m workloads.train")())
