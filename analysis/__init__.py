@@ -17,23 +17,9 @@ docs/reference/metrics.md.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from profiler.runfolder.errors import InputError, UserError
-
-if TYPE_CHECKING:
-    from analysis.api import (
-        analyze_traces,
-        build_report,
-        collectives,
-        compare_runs,
-        load_collectives,
-        load_memory,
-        load_ops,
-        load_runs,
-        load_steps,
-    )
-    from analysis.report.build import ReportError
 
 _API = (
     "analyze_traces",
@@ -63,17 +49,4 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module 'analysis' has no attribute {name!r}")
 
 
-__all__ = [
-    "InputError",
-    "ReportError",
-    "UserError",
-    "analyze_traces",
-    "build_report",
-    "collectives",
-    "compare_runs",
-    "load_collectives",
-    "load_memory",
-    "load_ops",
-    "load_runs",
-    "load_steps",
-]
+__all__ = ["InputError", "ReportError", "UserError", *_API]
