@@ -238,6 +238,33 @@ def test_ctrl_c_inside_the_swap_leaves_the_previous_report_whole(at, tmp_path, m
     assert {p.name: p.read_bytes() for p in out.iterdir()} == before
 
 
+@pytest.mark.parametrize("previous", [True, False], ids=["over-a-report", "into-a-new-folder"])
+def test_ctrl_c_says_what_it_left(previous, tmp_path, single_mlp_run, monkeypatch, capsys):
+    """Ctrl-C during the analysis: the line says the previous report is whole only where there
+    was one, and a first report's folder is not left behind."""
+    from analysis.report import build
+
+    if previous:
+        args, out = _report_twice_setup(tmp_path, single_mlp_run)
+    else:
+        out = tmp_path / "report"
+        args = [str(single_mlp_run.parent), "--out", str(out), "--no-progress"]
+    capsys.readouterr()
+
+    def interrupted(*_args, **_kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(build, "build_report", interrupted)
+    assert report_main(args) == 130
+    err = capsys.readouterr().err
+    said = "the previous report in" if previous else "no report was written to"
+    assert (
+        err
+        == f"python -m analysis.report: interrupted (Ctrl-C) — {said} {out}{' is whole' if previous else ''}\n"
+    )
+    assert out.is_dir() == previous
+
+
 @pytest.mark.integration
 @pytest.mark.parametrize("cpu_s", [0.2, 1.0], ids=["while-loading", "while-analysing"])
 def test_real_sigint_gives_one_line_and_keeps_the_previous_report(cpu_s, tmp_path, single_mlp_run):

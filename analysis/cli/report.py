@@ -61,5 +61,12 @@ def main(argv: list[str] | None = None, *, prog: str = "python -m analysis.repor
         print(f"open:   {files.index_html.resolve().as_uri()}")
         return 0
 
-    # The folder swap undoes itself on any interruption before this line is printed.
-    return run_command(prog, body, interrupted=f"the previous report in {args.out} is whole")
+    # The folder swap undoes itself on any interruption before the report line is printed: what
+    # is left is what was there before, said as it is.
+    had = (Path(args.out) / "index.html").is_file()
+    left = (
+        f"the previous report in {args.out} is whole"
+        if had
+        else f"no report was written to {args.out}"
+    )
+    return run_command(prog, body, interrupted=left)
