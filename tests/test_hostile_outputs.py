@@ -240,29 +240,29 @@ def test_ctrl_c_inside_the_swap_leaves_the_previous_report_whole(at, tmp_path, m
 
 @pytest.mark.parametrize("previous", [True, False], ids=["over-a-report", "into-a-new-folder"])
 def test_ctrl_c_says_what_it_left(previous, tmp_path, single_mlp_run, monkeypatch, capsys):
-    """Ctrl-C during the analysis: the line says the previous report is whole only where there
-    was one, and a first report's folder is not left behind."""
-    from analysis.report import build
+    """Ctrl-C at the report's first rename, after the whole analysis: the line says the previous
+    report is whole only where there was one, and a first report leaves no folder behind."""
+    from analysis.report import outfolder
 
     if previous:
         args, out = _report_twice_setup(tmp_path, single_mlp_run)
     else:
         out = tmp_path / "report"
         args = [str(single_mlp_run.parent), "--out", str(out), "--no-progress"]
+    before = sorted(p.name for p in tmp_path.iterdir())
     capsys.readouterr()
 
     def interrupted(*_args, **_kwargs):
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(build, "build_report", interrupted)
+    monkeypatch.setattr(outfolder.os, "replace", interrupted)
     assert report_main(args) == 130
     err = capsys.readouterr().err
-    said = "the previous report in" if previous else "no report was written to"
-    assert (
-        err
-        == f"python -m analysis.report: interrupted (Ctrl-C) — {said} {out}{' is whole' if previous else ''}\n"
+    left = (
+        f"the previous report in {out} is whole" if previous else f"no report was written to {out}"
     )
-    assert out.is_dir() == previous
+    assert err == f"python -m analysis.report: interrupted (Ctrl-C) — {left}\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == before  # no folder, no temp left
 
 
 @pytest.mark.integration

@@ -90,10 +90,14 @@ def replace_folder(files: dict[str, str | bytes], out_dir: Path) -> None:
     not are removed only when its manifest lists them and their content still has the listed
     hash (the manifest is untrusted input). A name this report writes that is a folder, link or
     other non-regular file is refused. Any failure part-way, Ctrl-C included, moves everything
-    back, so the previous report stays whole; the ReportError names the file that failed."""
+    back, so the previous report stays whole (and the folders a first report created go again,
+    if empty); the ReportError names the file that failed."""
     stage: Path | None = None
     backup: Path | None = None
     done = False
+    # The folders this call creates (the deepest first): removed again, if still empty, when the
+    # report does not land, so that a first report interrupted leaves nothing behind.
+    created = [d for d in (out_dir, *out_dir.parents) if not d.exists()]
     try:
         out_dir.mkdir(parents=True, exist_ok=True)
         names = [*sorted(n for n in files if n != "index.html"), MANIFEST, "index.html"]
@@ -130,6 +134,18 @@ def replace_folder(files: dict[str, str | bytes], out_dir: Path) -> None:
         for folder in (stage, backup):
             if folder is not None and (done or folder == stage or not any(folder.iterdir())):
                 shutil.rmtree(folder, ignore_errors=True)
+        if not done:
+            _remove_empty(created)
+
+
+def _remove_empty(folders: list[Path]) -> None:
+    """rmdir each folder, deepest first, stopping at the first that is not empty (or is gone):
+    rmdir never removes anything inside, so nothing but what this call made goes."""
+    for folder in folders:
+        try:
+            folder.rmdir()
+        except OSError:
+            return
 
 
 class _Manifest(msgspec.Struct):
