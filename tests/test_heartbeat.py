@@ -25,6 +25,23 @@ def test_close_stops_the_writer_and_writes_the_last_state(tmp_path: Path) -> Non
     assert json.loads((tmp_path / "logs" / "rank0.heartbeat.json").read_text()) == written
 
 
+def test_a_refused_beat_neither_raises_nor_stops_the_writer(tmp_path: Path) -> None:
+    """A full disk, or logs/ gone and a file in its place: the atomic writer's DiskError (the
+    one-line error every refused write becomes) is swallowed in the writer thread and at
+    close, as an OSError was; the run goes on and the watchdog judges the stale beat."""
+    beat = Heartbeat.of_rank(tmp_path, 0, attempt=0, collectives=True)
+    logs = tmp_path / "logs"
+    for f in logs.iterdir():
+        f.unlink()
+    logs.rmdir()
+    logs.write_text("not a folder")
+    beat.beat(3, "backward")
+    beat._write_if_changed()  # what the writer thread runs every interval
+    assert beat._thread.is_alive()
+    beat.close()
+    assert logs.read_text() == "not a folder" and not beat._thread.is_alive()
+
+
 def _written(beat: Heartbeat) -> dict:
     beat.close()
     return json.loads(beat.path.read_text())

@@ -29,6 +29,7 @@ from pathlib import Path
 
 from profiler.callbacks import Callback, StepState
 from profiler.runfolder.atomic import write_text_atomic
+from profiler.runfolder.errors import DiskError
 
 __all__ = [
     "HEARTBEAT_PHASES",
@@ -147,8 +148,8 @@ class Heartbeat:
         if self.version != self.written:
             try:
                 self._write()
-            except OSError:  # a full disk must not kill the rank; the watchdog may say hang
-                pass
+            except (OSError, DiskError):  # a full disk must not kill the rank (the writers
+                pass  # say so as a DiskError); the watchdog may say hang
 
     def close(self) -> None:
         """Stop the writer thread (waiting for a write in progress), then write the last state if
