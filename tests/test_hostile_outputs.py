@@ -238,6 +238,18 @@ def test_ctrl_c_inside_the_swap_leaves_the_previous_report_whole(at, tmp_path, m
     assert {p.name: p.read_bytes() for p in out.iterdir()} == before
 
 
+def test_an_out_folder_name_too_long_is_one_line_and_creates_nothing(tmp_path):
+    """--out under a folder whose name is too long for the file system (ENAMETOOLONG): one
+    ReportError line naming it, and no folder left behind (the new folders' check included)."""
+    from analysis.report.build import ReportError
+    from analysis.report.outfolder import replace_folder
+
+    out = tmp_path / "new" / ("a" * 300) / "report"
+    with pytest.raises(ReportError, match=r"cannot write the report into .*File name too long"):
+        replace_folder({"index.html": "x"}, out)
+    assert not (tmp_path / "new").exists()
+
+
 @pytest.mark.parametrize("previous", [True, False], ids=["over-a-report", "into-a-new-folder"])
 def test_ctrl_c_says_what_it_left(previous, tmp_path, single_mlp_run, monkeypatch, capsys):
     """Ctrl-C at the report's first rename, after the whole analysis: the line says the previous

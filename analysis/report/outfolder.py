@@ -95,10 +95,11 @@ def replace_folder(files: dict[str, str | bytes], out_dir: Path) -> None:
     stage: Path | None = None
     backup: Path | None = None
     done = False
-    # The folders this call creates (the deepest first): removed again, if still empty, when the
-    # report does not land, so that a first report interrupted leaves nothing behind.
-    created = [d for d in (out_dir, *out_dir.parents) if not d.exists()]
+    created: list[Path] = []
     try:
+        # The folders this call creates (the deepest first): removed again, if still empty, when
+        # the report does not land, so that a first report interrupted leaves nothing behind.
+        created = [d for d in (out_dir, *out_dir.parents) if not _there(d)]
         out_dir.mkdir(parents=True, exist_ok=True)
         names = [*sorted(n for n in files if n != "index.html"), MANIFEST, "index.html"]
         _check_targets(out_dir, names)
@@ -138,14 +139,24 @@ def replace_folder(files: dict[str, str | bytes], out_dir: Path) -> None:
             _remove_empty(created)
 
 
+def _there(path: Path) -> bool:
+    """Something is at `path` (a link included); False where nothing can be (a name too long)."""
+    try:
+        path.lstat()
+    except OSError:
+        return False
+    return True
+
+
 def _remove_empty(folders: list[Path]) -> None:
-    """rmdir each folder, deepest first, stopping at the first that is not empty (or is gone):
-    rmdir never removes anything inside, so nothing but what this call made goes."""
+    """rmdir each folder, deepest first, stopping at the first still there (not empty): rmdir
+    never removes anything inside, so nothing but what this call made goes."""
     for folder in folders:
         try:
             folder.rmdir()
         except OSError:
-            return
+            if _there(folder):
+                return
 
 
 class _Manifest(msgspec.Struct):
