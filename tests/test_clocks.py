@@ -23,7 +23,7 @@ from profiler.clockshift import apply_clock_shift, clock_shift_us, shifted_host
 from profiler.runfolder.errors import InputError
 
 
-def _job(offsets: dict[int, float], *, calls: int = 60, seed: int = 0) -> dict[int, dict]:
+def hand_built_job(offsets: dict[int, float], *, calls: int = 60, seed: int = 0) -> dict[int, dict]:
     """Each rank's `all_reduce` calls of a job: call k starts on rank r at T_k + its lateness
     (0-400 µs, so every rank is sometimes last) and ends on every rank 20-80 µs after the last
     arrival; rank r's clock reads true time + offsets[r]."""
@@ -43,7 +43,7 @@ def _job(offsets: dict[int, float], *, calls: int = 60, seed: int = 0) -> dict[i
 
 def test_each_hosts_offset_is_recovered_within_its_uncertainty():
     truth = {0: 0.0, 1: -5000.0, 2: 2500.0, 3: 5000.0}
-    inst = _job(truth)
+    inst = hand_built_job(truth)
     offsets, warnings = estimate_offsets(inst, {0: "a", 1: "b", 2: "c", 3: "d"})
     assert warnings == []
     for r, true in truth.items():
@@ -55,7 +55,7 @@ def test_each_hosts_offset_is_recovered_within_its_uncertainty():
 
 def test_ranks_of_one_host_share_its_offset_and_the_reference_host_is_zero():
     truth = {0: 0.0, 1: 0.0, 2: 3000.0, 3: 3000.0}
-    offsets, _ = estimate_offsets(_job(truth), {0: "a", 1: "a", 2: "b", 3: "b"})
+    offsets, _ = estimate_offsets(hand_built_job(truth), {0: "a", 1: "a", 2: "b", 3: "b"})
     assert offsets[1].offset_us == 0.0 and offsets[1].uncertainty_us == 0.0
     assert offsets[2] == offsets[3] and offsets[2].calls == 4 * 60  # 2 ranks x 2 reference ranks
     assert abs(offsets[2].offset_us - 3000) <= offsets[2].uncertainty_us
@@ -64,13 +64,13 @@ def test_ranks_of_one_host_share_its_offset_and_the_reference_host_is_zero():
 def test_ranks_without_a_host_are_estimated_one_by_one():
     assert host_groups({0: "a", 1: None, 2: None, 3: "a"}) == {0: [0, 3], 1: [1], 2: [2]}
     truth = {0: 0.0, 1: 700.0, 2: -900.0}
-    offsets, _ = estimate_offsets(_job(truth), {0: None, 1: None, 2: None})
+    offsets, _ = estimate_offsets(hand_built_job(truth), {0: None, 1: None, 2: None})
     for r in (1, 2):
         assert abs(offsets[r].offset_us - truth[r]) <= offsets[r].uncertainty_us
 
 
 def test_a_few_mismatched_calls_do_not_move_the_estimate():
-    inst = _job({0: 0.0, 1: 4000.0}, calls=100)
+    inst = hand_built_job({0: 0.0, 1: 4000.0}, calls=100)
     clean, _ = estimate_offsets(inst, {0: "a", 1: "b"})
     bad = inst[1]["all_reduce"]
     bad["start_us"][:2] += 2000.0  # two calls matched with the wrong collective
@@ -82,13 +82,13 @@ def test_a_few_mismatched_calls_do_not_move_the_estimate():
 
 
 def test_too_few_or_contradicting_calls_leave_the_host_unaligned_with_one_warning():
-    few = _job({0: 0.0, 1: 1000.0}, calls=2)
+    few = hand_built_job({0: 0.0, 1: 1000.0}, calls=2)
     offsets, warnings = estimate_offsets(few, {0: "a", 1: "b"})
     assert offsets[1].offset_us is None and offsets[1].source == "unaligned"
     assert len(warnings) == 1 and "rank 1 (host b): clock left unaligned" in warnings[0]
     assert "2 collective call(s)" in warnings[0] and "fewer than 3" in warnings[0]
     # Calls that cannot all be the same collectives (another job's trace): no interval fits.
-    other = _job({0: 0.0, 1: 0.0}, calls=40)
+    other = hand_built_job({0: 0.0, 1: 0.0}, calls=40)
     other[1]["all_reduce"]["start_us"] = other[1]["all_reduce"]["start_us"][::-1].copy()
     other[1]["all_reduce"]["end_us"] = other[1]["all_reduce"]["end_us"][::-1].copy()
     offsets, warnings = estimate_offsets(other, {0: "a", 1: "b"})
@@ -98,7 +98,7 @@ def test_too_few_or_contradicting_calls_leave_the_host_unaligned_with_one_warnin
 
 
 def test_modes_decide_which_offsets_are_removed():
-    inst = _job({0: 0.0, 1: 5000.0, 2: 10.0})  # rank 2's offset is within its uncertainty
+    inst = hand_built_job({0: 0.0, 1: 5000.0, 2: 10.0})  # rank 2's offset is within its uncertainty
     hosts = {0: "a", 1: "b", 2: "c"}
     before = {r: inst[r]["all_reduce"]["start_us"].copy() for r in inst}
     offsets, shifted, _ = align_clocks(inst, hosts, "auto")
@@ -106,9 +106,9 @@ def test_modes_decide_which_offsets_are_removed():
     after = inst[1]["all_reduce"]["start_us"]
     assert np.allclose(after, before[1] - offsets[1].offset_us)
     assert np.array_equal(inst[2]["all_reduce"]["start_us"], before[2])
-    _, shifted, _ = align_clocks(_job({0: 0.0, 1: 5000.0, 2: 10.0}), hosts, "force")
+    _, shifted, _ = align_clocks(hand_built_job({0: 0.0, 1: 5000.0, 2: 10.0}), hosts, "force")
     assert shifted == {1, 2}
-    offsets, shifted, warnings = align_clocks(_job({0: 0.0, 1: 5.0}), hosts, "off")
+    offsets, shifted, warnings = align_clocks(hand_built_job({0: 0.0, 1: 5.0}), hosts, "off")
     assert offsets == {0: None, 1: None} and shifted == set() and warnings == []
     with pytest.raises(InputError, match="--clock-align: 'sometimes' is not a mode"):
         check_clock_align("sometimes")

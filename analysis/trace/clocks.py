@@ -22,6 +22,15 @@ that arrives late also finishes late, by the time its starved threads need to re
 message; measured on a 2-core machine against the wall clock, the median of end differences
 was off by 27 to 1,300 µs on one host, while [L, U] always held the true offset.
 
+A dpscope trace also carries a clock probe (profiler.runfolder.clockprobe): bounds on the same
+offset from timestamp pings with rank 0 just before the window, ±15 µs on one host's loopback
+where the collectives' bound is as wide as gloo's calls (milliseconds on CPU). Two ranks'
+probes give the offset between them: [low_r − high_q, high_r − low_q]. A host's offset then
+lies in the intersection of its probe interval and its collectives' [L, U]; when the two do not
+meet (the clocks drifted between the probe and the window, or the probes are from another
+job's window: different `probe_id`), the collectives' bound alone is used, with a warning. With
+no usable collectives, the probe alone gives the offset.
+
 Ranks on one host share one clock, so they share one offset: ranks whose traces name the same
 host (Kineto's `host_name`) are pooled, and the host of the reference rank (the lowest rank,
 normally 0) has offset 0 exactly. A rank whose trace names no host is estimated alone. Fewer
@@ -40,6 +49,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from profiler.runfolder.clockprobe import ClockProbe
 from profiler.runfolder.errors import InputError
 
 __all__ = [
@@ -52,6 +62,7 @@ __all__ = [
     "estimate_offsets",
     "host_groups",
     "offset_bounds",
+    "probe_bounds",
 ]
 
 CLOCK_ALIGN_MODES = ("off", "auto", "force")
@@ -74,7 +85,8 @@ class ClockOffset:
     calls: int
     """Matched collective calls the estimate used (0 for the reference host)."""
     source: str
-    """`reference host`, `estimated` or `unaligned` (with the reason in the warnings)."""
+    """`reference host`, `probe and collectives`, `clock probe`, `collectives` or `unaligned`
+    (with the reason in the warnings)."""
 
 
 def check_clock_align(mode: str) -> str:
@@ -136,12 +148,16 @@ def offset_bounds(lows: np.ndarray, highs: np.ndarray) -> tuple[float, float] | 
 
 
 def estimate_offsets(
-    instances: dict[int, dict[str, dict]], hosts: dict[int, str | None]
+    instances: dict[int, dict[str, dict]],
+    hosts: dict[int, str | None],
+    probes: dict[int, ClockProbe | None] | None = None,
 ) -> tuple[dict[int, ClockOffset], list[str]]:
     """Each rank's ClockOffset relative to the lowest rank, from its `rank_instances` (start_us
-    and end_us on the common origin), pooled per host; plus one warning per unaligned host."""
+    and end_us on the common origin) and its clock probe where it has one, pooled per host;
+    plus one warning per host left unaligned or whose probe was not used."""
     if not instances:
         return {}, []
+    probes = probes or {}
     ref_rank = min(instances)
     groups = host_groups({r: hosts.get(r) for r in instances})
     ref_group = next(g for g, members in groups.items() if ref_rank in members)
@@ -158,10 +174,13 @@ def estimate_offsets(
         ]
         lows = np.concatenate([p[0] for p in pairs])
         highs = np.concatenate([p[1] for p in pairs])
-        offset, reason = _one_host(lows, highs)
         who = _who(members, hosts.get(first))
+        probe = probe_bounds(members, groups[ref_group], probes)
+        offset, reason = _one_host(lows, highs, probe)
         if offset is None:
             warnings.append(f"{who}: clock left unaligned — {reason}")
+        elif reason:
+            warnings.append(f"{who}: {reason}")
         for r in members:
             out[r] = offset or ClockOffset(
                 offset_us=None, uncertainty_us=None, calls=int(lows.size), source="unaligned"
@@ -169,26 +188,64 @@ def estimate_offsets(
     return out, warnings
 
 
-def _one_host(lows: np.ndarray, highs: np.ndarray) -> tuple[ClockOffset | None, str]:
-    """The offset of one host from its pooled per-call bounds, or None and why not."""
+def probe_bounds(
+    members: list[int], ref_members: list[int], probes: dict[int, ClockProbe | None]
+) -> tuple[float, float] | None:
+    """[low, high] of (the host's clock − the reference host's) from the probes of one window
+    (the reference rank's `probe_id`): the intersection over every pair of a member and a
+    reference-host rank that both carry one; None without such a pair, or when they conflict."""
+    ref = [probes[q] for q in ref_members if probes.get(q) is not None]
+    if not ref:
+        return None
+    window = ref[0].probe_id
+    lo, hi = -np.inf, np.inf
+    for p in (probes.get(r) for r in members):
+        for q in ref:
+            if p is None or p.probe_id != window or q.probe_id != window:
+                continue
+            if p.reference_rank != q.reference_rank:
+                continue
+            lo = max(lo, p.offset_us_low - q.offset_us_high)
+            hi = min(hi, p.offset_us_high - q.offset_us_low)
+    return (float(lo), float(hi)) if np.isfinite(lo) and lo <= hi else None
+
+
+def _one_host(
+    lows: np.ndarray, highs: np.ndarray, probe: tuple[float, float] | None
+) -> tuple[ClockOffset | None, str]:
+    """The offset of one host from its pooled per-call bounds and its probe interval, or None
+    and why not; the reason is also set (with an offset) when the probe was not used."""
+    calls = offset_bounds(lows, highs) if lows.size >= MIN_SHARED_CALLS else None
+    n = int(lows.size)
+    if probe is not None and calls is not None:
+        lo, hi = max(probe[0], calls[0]), min(probe[1], calls[1])
+        if lo <= hi:
+            return _offset(lo, hi, n, "probe and collectives"), ""
+        return _offset(*calls, n, "collectives"), (
+            f"its clock probe ({probe[0]:.1f} to {probe[1]:.1f} µs) and its collectives "
+            f"({calls[0]:.1f} to {calls[1]:.1f} µs) disagree — the collectives' bound is used "
+            "(the clocks drifted between the probe and the traced window?)"
+        )
+    if probe is not None:
+        return _offset(*probe, n, "clock probe"), ""
+    if calls is not None:
+        return _offset(*calls, n, "collectives"), ""
     if lows.size < MIN_SHARED_CALLS:
         return None, (
             f"{lows.size} collective call(s) shared with the reference rank, fewer than "
-            f"{MIN_SHARED_CALLS}; profile more steps so the ranks share collectives"
+            f"{MIN_SHARED_CALLS}, and no clock probe; profile more steps so the ranks share "
+            "collectives"
         )
-    bounds = offset_bounds(lows, highs)
-    if bounds is None:
-        return None, (
-            "its collective calls contradict each other (the k-th calls are not the same "
-            "collective, or the traces are from different jobs or windows)"
-        )
-    lo, hi = bounds
-    return ClockOffset(
-        offset_us=(lo + hi) / 2,
-        uncertainty_us=(hi - lo) / 2,
-        calls=int(lows.size),
-        source="estimated",
-    ), ""
+    return None, (
+        "its collective calls contradict each other (the k-th calls are not the same "
+        "collective, or the traces are from different jobs or windows), and it has no clock "
+        "probe of the reference rank's window"
+    )
+
+
+def _offset(lo: float, hi: float, calls: int, source: str) -> ClockOffset:
+    return ClockOffset(offset_us=(lo + hi) / 2, uncertainty_us=(hi - lo) / 2, calls=calls,
+                       source=source)  # fmt: skip
 
 
 def _who(members: list[int], host: str | None) -> str:
@@ -197,7 +254,10 @@ def _who(members: list[int], host: str | None) -> str:
 
 
 def align_clocks(
-    instances: dict[int, dict[str, dict]], hosts: dict[int, str | None], mode: str
+    instances: dict[int, dict[str, dict]],
+    hosts: dict[int, str | None],
+    mode: str,
+    probes: dict[int, ClockProbe | None] | None = None,
 ) -> tuple[dict[int, ClockOffset | None], set[int], list[str]]:
     """Estimate the offsets (unless `mode` is off) and remove the applicable ones from each
     rank's instance start_us and end_us, in place: ({rank: offset or None}, ranks shifted,
@@ -205,7 +265,7 @@ def align_clocks(
     check_clock_align(mode)
     if mode == "off":
         return {r: None for r in instances}, set(), []
-    offsets, warnings = estimate_offsets(instances, hosts)
+    offsets, warnings = estimate_offsets(instances, hosts, probes)
     shifted = set()
     for r, off in offsets.items():
         if off.offset_us is None or off.source == "reference host":

@@ -268,7 +268,10 @@ def _clock_fields(ranks: list[RankSummary], clock_align: str, warnings: list[str
             if "end_us" in inst:  # absent in parts of older dpscope versions
                 inst["end_us"] = inst["end_us"] + shift_us
     offsets, shifted, notes = align_clocks(
-        {r.rank: r.instances for r in ranks}, {r.rank: r.host for r in ranks}, clock_align
+        {r.rank: r.instances for r in ranks},
+        {r.rank: r.host for r in ranks},
+        clock_align,
+        {r.rank: r.clock_probe for r in ranks},
     )
     warnings += notes
     return {

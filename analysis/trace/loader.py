@@ -29,6 +29,7 @@ import numpy as np
 from analysis.trace.events import Event, decode_events
 from analysis.trace.inflate import inflate_capped
 from analysis.trace.timebase import MAX_SPAN_US, median_base, needs_exact, rebase
+from profiler.runfolder.clockprobe import CLOCK_PROBE_KEY, ClockProbe, decode_clock_probe
 from profiler.runfolder.errors import InputError
 
 __all__ = [
@@ -53,6 +54,7 @@ class _Trace(msgspec.Struct):
     displayTimeUnit: str | None = None  # noqa: N815
     traceName: str | None = None  # noqa: N815
     host_name: msgspec.Raw = msgspec.Raw(b"")  # Raw: a bad one costs the host, not the rank
+    dpscope_clock_probe: msgspec.Raw = msgspec.Raw(b"")  # CLOCK_PROBE_KEY; a bad one: ignored
 
 
 _DECODER = msgspec.json.Decoder(_Trace)
@@ -99,6 +101,7 @@ class LoadedTrace:
     base_time_ns: int  # baseTimeNanoseconds, 0 when absent or not an integer
     warnings: list[str] = field(default_factory=list)  # header values ignored as impossible
     host: str | None = None  # Kineto's `host_name`: ranks on one host share one clock
+    clock_probe: ClockProbe | None = None  # the rank's clock against rank 0's (clockprobe)
     # Every event's `ts` is relative to this (integer µs): the first chunk's median `ts`.
     ts_base_us: int | None = None
     exact_ts: bool = False  # decode `ts` as Decimal too (timebase.needs_exact)
@@ -281,8 +284,22 @@ def load_trace(path: Path) -> LoadedTrace:
     base_ns = _base_ns(trace.baseTimeNanoseconds, path, warnings)
     raw = memoryview(trace.traceEvents).cast("B")
     return LoadedTrace(
-        path, raw.toreadonly(), rank, world, source, backend, base_ns, warnings, _host(trace)
-    )
+        path, raw.toreadonly(), rank, world, source, backend, base_ns, warnings, _host(trace),
+        _probe(trace.dpscope_clock_probe, path, warnings),
+    )  # fmt: skip
+
+
+def _probe(raw: msgspec.Raw, path: Path, warnings: list[str]) -> ClockProbe | None:
+    """The trace's clock probe; one that is not a probe record is ignored with a warning (the
+    rank's clock then comes from its collectives alone)."""
+    if not raw:
+        return None
+    if (probe := decode_clock_probe(raw)) is None:
+        warnings.append(
+            f"{path}: `{CLOCK_PROBE_KEY}` is not a dpscope clock probe — ignored; this rank's "
+            "clock offset comes from its collectives alone"
+        )
+    return probe
 
 
 def _host(trace: _Trace) -> str | None:

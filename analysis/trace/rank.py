@@ -23,6 +23,7 @@ from analysis.trace.loader import load_trace
 from analysis.trace.memory import memory_summary
 from analysis.trace.ops import rank_ops
 from analysis.trace.tbprofiler import tb_split
+from profiler.runfolder.clockprobe import ClockProbe
 from profiler.runfolder.errors import InputError
 
 __all__ = ["RankSummary", "summarize_file"]
@@ -177,6 +178,8 @@ class RankSummary(msgspec.Struct, kw_only=True):
     # The trace's host (Kineto's `host_name`), None when it has none: the clock alignment
     # gives ranks of one host one offset (analysis/trace/clocks.py).
     host: str | None = None
+    # The trace's clock probe (profiler.runfolder.clockprobe), None when it has none.
+    clock_probe: ClockProbe | None = None
     # The rank's first event on its own clock (ns, exact): the alignment origin; instance
     # `start_us` are relative to it.
     origin_ns: int
@@ -295,6 +298,7 @@ def summarize_file(path: Path) -> RankSummary:
         world_size=loaded.world_size,
         backend=loaded.backend,
         host=loaded.host,
+        clock_probe=loaded.clock_probe,
         kind="gpu" if gpu else "cpu",
         origin_ns=origin_ns,
         steps=len(per_step),

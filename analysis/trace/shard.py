@@ -57,6 +57,8 @@ def parse_shard(text: str) -> tuple[int, int]:
 def _to_json(summary: RankSummary) -> dict:
     """A rank summary as part JSON: every field, the instance arrays as lists."""
     out = {k: getattr(summary, k) for k in summary.__struct_fields__}
+    if summary.clock_probe is not None:  # a Struct: as its JSON fields
+        out["clock_probe"] = msgspec.structs.asdict(summary.clock_probe)
     out["instances"] = {
         name: {k: v.tolist() if isinstance(v, np.ndarray) else v for k, v in inst.items()}
         for name, inst in summary.instances.items()

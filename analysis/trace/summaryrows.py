@@ -86,7 +86,8 @@ def summary_table(
             if f == "instances":
                 v = _instances(v)
             elif _kind(f) == pa.string() and f not in _STR:
-                v = json.dumps(v, allow_nan=True)
+                v = json.dumps(msgspec.to_builtins(v) if isinstance(v, msgspec.Struct) else v,
+                               allow_nan=True)  # fmt: skip
             cols[f].append(v)
     meta = {META_KEY: json.dumps(header).encode(), _VERSION_KEY: str(schema_version).encode()}
     return pa.table(cols, schema=schema).replace_schema_metadata(meta)
