@@ -29,9 +29,12 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from types import TracebackType
 
+import msgspec
 from torch.profiler import ProfilerAction, ProfilerActivity, profile, schedule
 
+from profiler.clockexchange import probe_clock
 from profiler.clockshift import apply_clock_shift, clock_shift_us
+from profiler.runfolder.clockprobe import CLOCK_PROBE_KEY, ClockProbe
 from profiler.runfolder.errors import disk_writes
 from profiler.runfolder.layout import TRACE_GLOB, TRACE_NAME, trace_name
 from profiler.runfolder.schema import ProfileSettings
@@ -133,6 +136,7 @@ class ProfilerSession:
         self._steps = 0  # prof.step() calls since start(): the schedule's step number
         self._rank = int(os.environ.get("RANK", "0") or 0)
         self._clock_shift_us = clock_shift_us(self._rank)  # the test hook, read once
+        self._probe: ClockProbe | None = None  # measured, not yet in the trace
 
     def _on_trace_ready(self, prof: profile) -> None:
         # What torch's tensorboard_trace_handler does, with the name taken from our template so
@@ -180,7 +184,10 @@ class ProfilerSession:
             self._prof.current_action = self._prof.schedule(step)
             if hasattr(self._prof, "_prev_schedule_action"):
                 self._prof._prev_schedule_action = self._prof.current_action
+        if self._prof.schedule(self._prof.step_num) != ProfilerAction.NONE:
+            self._probe_clock()
         self._prof.start()
+        self._attach_probe()
         self._steps = 0
         self._running = True
         _ACTIVE.append(self)
@@ -199,8 +206,29 @@ class ProfilerSession:
         """Advance the schedule; call once at the end of every optimizer step."""
         if self._running:
             assert self._prof is not None
+            idle = self._prof.current_action == ProfilerAction.NONE
+            if idle and self._prof.schedule(self._prof.step_num + 1) != ProfilerAction.NONE:
+                self._probe_clock()  # the next step begins a traced window
             self._prof.step()
+            self._attach_probe()
             self._steps += 1
+
+    def _probe_clock(self) -> None:
+        """Measure this rank's clock against rank 0's while the profiler is idle, so the
+        exchange is in no trace (profiler.clockexchange); every rank calls it at the same step.
+        With `wait` 0 and several cycles, a cycle after the first starts while the previous one
+        records: it gets no probe, and the analysis uses its collectives alone."""
+        assert self._prof is not None
+        self._probe = probe_clock(str(self._prof.step_num))
+
+    def _attach_probe(self) -> None:
+        """Put the measured probe into the trace being recorded (a top-level key of its JSON)."""
+        if self._probe is not None and self._prof is not None:
+            if self._prof.current_action != ProfilerAction.NONE:
+                self._prof.add_metadata_json(
+                    CLOCK_PROBE_KEY, msgspec.json.encode(self._probe).decode()
+                )
+                self._probe = None
 
     def stop(self) -> None:
         """Stop profiling; a cycle cut short by the end of the run is still written. Idempotent."""
