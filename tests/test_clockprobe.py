@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 
 import pytest
+import torch.distributed as dist
 
 from analysis.trace.clocks import estimate_offsets, probe_bounds
 from analysis.trace.loader import load_trace
@@ -71,7 +72,11 @@ def test_probes_of_another_window_are_not_combined():
         hand_built_job({0: 0.0, 1: 3000.0}, calls=2), {0: "a", 1: "b"}, probes
     )
     assert offsets[1].offset_us is None
-    assert "fewer than 3, and no clock probe" in warnings[0]
+    assert warnings[0] == (
+        "rank 1 (host b): its clock probe is not used — the reference rank has none, or of "
+        "another window (a different probe_id), or its ranks' probes conflict"
+    )
+    assert "fewer than 3, and no usable clock probe" in warnings[1]
 
 
 def test_probes_of_one_host_intersect_and_a_reference_without_rank_0_still_works():
@@ -94,10 +99,17 @@ def test_the_exchange_bounds_hold_a_known_skew_and_refuse_a_stranger():
     def client(sock: socket.socket, their_token: bytes, out: list) -> None:
         sock.sendall(clockexchange.HELLO.pack(their_token, 1))
         try:
-            while (cmd := clockexchange.read_exact(sock, 1)) == b"p":
+            while (cmd := clockexchange.read_exact(sock, 1, time.monotonic() + 10)) == b"p":
                 t2 = time.time_ns() + skew_ns
                 sock.sendall(clockexchange.PONG.pack(t2, time.time_ns() + skew_ns))
-            out.append((cmd, clockexchange.RESULT.unpack(clockexchange.read_exact(sock, 20))))
+            out.append(
+                (
+                    cmd,
+                    clockexchange.RESULT.unpack(
+                        clockexchange.read_exact(sock, 20, time.monotonic() + 10)
+                    ),
+                )
+            )
         except OSError:
             out.append(None)
 
@@ -117,6 +129,42 @@ def test_the_exchange_bounds_hold_a_known_skew_and_refuse_a_stranger():
         [(cmd, (low, high, pings))] = got
         assert cmd == b"r" and pings == 16
         assert low <= skew_ns <= high and high - low < 2_000_000  # ns, well under the skew
+
+
+def test_a_stranger_trickling_bytes_is_cut_off_at_the_hello_timeout():
+    server_side, client_side = socket.socketpair()
+    with server_side, client_side:
+        client_side.sendall(b"x")  # one byte of a 20-byte hello, then silence
+        start = time.monotonic()
+        assert clockexchange.serve_one(server_side, b"k" * 16, 2, 4) is None
+        assert time.monotonic() - start < clockexchange.CONNECTION_S  # HELLO_S, not 5 s
+
+
+def test_rank_0_stops_waiting_once_every_rank_is_served_or_gave_up():
+    """A real TCPStore and listener: of ranks 1 and 2, rank 2 gives up (counts itself done
+    without connecting); rank 0 returns with rank 1 served, long before its deadline."""
+    store = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+    server = socket.create_server(("127.0.0.1", 0))
+    token, key = b"t" * 16, "dpscope/clock_probe/test"
+    got: list = []
+
+    def rank1() -> None:
+        with socket.create_connection(server.getsockname(), timeout=10) as conn:
+            conn.sendall(clockexchange.HELLO.pack(token, 1))
+            while clockexchange.read_exact(conn, 1, time.monotonic() + 10) == b"p":
+                conn.sendall(clockexchange.PONG.pack(time.time_ns(), time.time_ns()))
+            got.append(clockexchange.read_exact(conn, 20, time.monotonic() + 10))
+        store.add(f"{key}/done", 1)
+
+    thread = threading.Thread(target=rank1)
+    thread.start()
+    store.add(f"{key}/done", 1)  # rank 2 gave up
+    start = time.monotonic()
+    with server:
+        served = clockexchange.serve_all(server, store, key, token, 3, 8)
+    thread.join(10)
+    assert served == {1} and len(got) == 1
+    assert time.monotonic() - start < clockexchange.DEADLINE_S / 2
 
 
 def test_a_job_of_one_process_has_no_probe():

@@ -27,9 +27,10 @@ offset from timestamp pings with rank 0 just before the window, ±15 µs on one 
 where the collectives' bound is as wide as gloo's calls (milliseconds on CPU). Two ranks'
 probes give the offset between them: [low_r − high_q, high_r − low_q]. A host's offset then
 lies in the intersection of its probe interval and its collectives' [L, U]; when the two do not
-meet (the clocks drifted between the probe and the window, or the probes are from another
-job's window: different `probe_id`), the collectives' bound alone is used, with a warning. With
-no usable collectives, the probe alone gives the offset.
+meet (the clocks drifted between the probe and the window), the collectives' bound alone is
+used, with a warning naming both intervals. Probes of another window than the reference rank's
+(a different `probe_id`), or that conflict, are not used, with a warning. With no usable
+collectives, the probe alone gives the offset.
 
 Ranks on one host share one clock, so they share one offset: ranks whose traces name the same
 host (Kineto's `host_name`) are pooled, and the host of the reference rank (the lowest rank,
@@ -176,6 +177,11 @@ def estimate_offsets(
         highs = np.concatenate([p[1] for p in pairs])
         who = _who(members, hosts.get(first))
         probe = probe_bounds(members, groups[ref_group], probes)
+        if probe is None and any(probes.get(r) is not None for r in members):
+            warnings.append(
+                f"{who}: its clock probe is not used — the reference rank has none, or of "
+                "another window (a different probe_id), or its ranks' probes conflict"
+            )
         offset, reason = _one_host(lows, highs, probe)
         if offset is None:
             warnings.append(f"{who}: clock left unaligned — {reason}")
@@ -233,7 +239,7 @@ def _one_host(
     if lows.size < MIN_SHARED_CALLS:
         return None, (
             f"{lows.size} collective call(s) shared with the reference rank, fewer than "
-            f"{MIN_SHARED_CALLS}, and no clock probe; profile more steps so the ranks share "
+            f"{MIN_SHARED_CALLS}, and no usable clock probe; profile more steps so the ranks share "
             "collectives"
         )
     return None, (
