@@ -11,10 +11,16 @@ machines (steal) as theirs. When other jobs used more than 0.1 of a core per cor
 (three tries in all). A shared host also slows the whole machine in ways no counter shows
 (another VM's memory traffic, a lower clock: tens of percent between two launches here), so each
 try brackets the hogged run with a run without the hog before and after it, and the hogged
-run's quiet steps must come within 10% of one of them. A miss fails when the two references
-agree with each other (within the same 10%); references that disagree mean the machine's own
-speed moved between the launches, and the test tries again. When no try had a quiet, steady
-machine, there is nothing to compare with here, and the test says so and skips.
+run's quiet steps must come within 10% of one of them. A miss beside references that agree with
+each other (within the same 10%) fails when it happens twice; a single one, or references that
+disagree (the machine's own speed moved between the launches), makes the test try again. When no
+try had a quiet, steady machine, there is nothing to compare with here, and the test says so and
+skips. A broken quiet rule (busy steps counted as quiet: about 0.8× here) misses every try.
+
+Every run uses one torch thread per rank: a single-device run on two intra-op threads of a VM
+moved with what the rest of the machine did between its steps (its quiet steps beside the hog
+came out 15% faster than the runs without it on one VM, 13% slower in CI): most likely the
+hypervisor's handling of idle vCPUs between the hog's bursts, not the hog's share of a step.
 """
 
 from __future__ import annotations
@@ -38,7 +44,7 @@ pytestmark = pytest.mark.serial
 
 # About 6 s of steps on an idle 2-core machine (smallcnn: 25-30 ms a step), three hog periods.
 RUN = "--mode all --model smallcnn --dataset synthetic --batch-size 64 --epochs 8 --max-steps 240"
-RUN += " --no-profile --device cpu"
+RUN += " --no-profile --device cpu --threads 1"
 # On 1 s, off 1 s: a burst spans many steps, so few steps straddle its edges.
 PERIOD_S, DUTY = 2.0, 0.5
 CORES = psutil.cpu_count() or 1
@@ -115,7 +121,7 @@ def _speeds(refs: list[dict], hog: dict, mode: str) -> str:
 @pytest.mark.integration
 @pytest.mark.timeout(1500)
 def test_quiet_steps_beside_a_bursty_hog_give_the_quiet_runs_throughput(tmp_path):
-    seen = []
+    seen, misses = [], 0
     for attempt in range(ATTEMPTS):
         tmp = tmp_path / f"try{attempt}"
         others = _others(lambda: time.sleep(1.5))  # a busy machine now: no bracket worth running
@@ -129,9 +135,12 @@ def test_quiet_steps_beside_a_bursty_hog_give_the_quiet_runs_throughput(tmp_path
         if not missed:
             break
         steady = [m for m in missed if _near(refs[:1], refs[1], m) is not None]
-        assert not steady, "; ".join(_speeds(refs, hog, m) for m in steady)  # a real miss
-        seen.append("the runs without the hog moved between launches: " + "; ".join(
-            _speeds(refs, hog, m) for m in missed))  # fmt: skip
+        speeds = "; ".join(_speeds(refs, hog, m) for m in missed)
+        seen.append(f"missed beside {'steady' if steady else 'moving'} references: {speeds}")
+        # A miss beside references that agree counts once it repeats: one launch's speed on a
+        # shared host moves by tens of percent either way (CI: 750 against 861/875 samples/s).
+        misses += bool(steady)
+        assert misses < 2, " | ".join(seen)  # a real miss
     else:
         pytest.skip(f"no quiet, steady machine to compare with here: {' | '.join(seen)}")
     for mode in MODES:
