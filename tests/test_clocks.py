@@ -11,6 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from analysis.runs.entry import attach_trace, load_run
 from analysis.trace.clocks import (
     align_clocks,
     check_clock_align,
@@ -21,6 +22,7 @@ from analysis.trace.clocks import (
 from analysis.trace.loader import load_trace
 from profiler.clockshift import apply_clock_shift, clock_shift_us, shifted_host
 from profiler.runfolder.errors import InputError
+from tests.conftest import copy_golden
 
 
 def hand_built_job(offsets: dict[int, float], *, calls: int = 60, seed: int = 0) -> dict[int, dict]:
@@ -145,3 +147,39 @@ def test_the_clock_shift_hook_moves_every_time_and_names_a_host(tmp_path, monkey
     monkeypatch.setenv("DPSCOPE_CLOCK_SHIFT", "one:5")
     with pytest.raises(ValueError, match="DPSCOPE_CLOCK_SHIFT must be RANK:US"):
         clock_shift_us(1)
+
+
+def _hostless_run(tmp_path: Path, nnodes: int) -> Path:
+    """A copy of the golden 2-rank run whose rank 1 is 3 ms ahead and whose traces name no host
+    (traces of a tool that leaves `host_name` out), run.json saying `nnodes`."""
+    run = copy_golden("ddp-gloo-mlp", tmp_path)
+    for path in sorted((run / "traces").glob("rank*")):
+        if path.name.startswith("rank1."):
+            apply_clock_shift(path, 3000.0, 1)
+        body = json.loads(gzip.decompress(path.read_bytes()))
+        body.pop("host_name", None)
+        path.write_bytes(gzip.compress(json.dumps(body).encode()))
+    record = json.loads((run / "run.json").read_text())
+    record["config"]["nnodes"] = nnodes
+    (run / "run.json").write_text(json.dumps(record))
+    return run
+
+
+def _clock_row(run: Path) -> tuple[dict, list[str]]:
+    entry = load_run(run)
+    attach_trace(entry, run, progress=False)
+    return entry.trace["ranks"][1], [w for w in entry.trace["warnings"] if "clock" in w]
+
+
+def test_ranks_of_a_one_node_job_share_its_host_when_their_traces_name_none(tmp_path):
+    """One node (run.json `config.nnodes` 1): every rank was on `env.hostname`, one clock, so
+    nothing is estimated. The same traces as a 2-node job: rank 1 is estimated alone, and its 2
+    traced all_reduces are too few (one warning, left unaligned)."""
+    row, warnings = _clock_row(_hostless_run(tmp_path / "one", nnodes=1))
+    assert (row["host"], row["clock_offset_us"], row["clock_aligned"]) == (None, 0.0, False)
+    assert warnings == []
+    row, warnings = _clock_row(_hostless_run(tmp_path / "two", nnodes=2))
+    assert (row["clock_offset_us"], row["clock_aligned"]) == (None, False)
+    assert len(warnings) == 1 and warnings[0].startswith(
+        "rank 1 (no host in the trace): clock left"
+    )

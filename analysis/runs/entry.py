@@ -340,6 +340,16 @@ def _read_phases(entry: RunEntry, steps_csv: Path, rec: RunRecord, quiet_frac: f
         )
 
 
+def _one_node_host(run_dir: Path) -> str | None:
+    """run.json `env.hostname` when the job ran on one node (`config.nnodes` 1), so every rank
+    whose trace names no host was on it; None otherwise (it names one node of several)."""
+    try:
+        rec, _ = read_record(run_dir / "run.json")
+    except (InputError, InvalidRecord):
+        return None
+    return rec.env.hostname if rec.config.nnodes == 1 else None
+
+
 def attach_trace(
     entry: RunEntry, run_dir: Path, *, progress: bool, clock_align: str = "auto"
 ) -> None:
@@ -354,7 +364,11 @@ def attach_trace(
     left_out = frozenset(run_dir / t["file"] for t in entry.traces_left_out)
     try:
         trace = analyze_trace_dir(
-            trace_dir, progress=progress, exclude=left_out, clock_align=clock_align
+            trace_dir,
+            progress=progress,
+            exclude=left_out,
+            clock_align=clock_align,
+            host=_one_node_host(run_dir),
         )
     except InputError as err:
         entry.warnings.append(str(err))

@@ -239,9 +239,11 @@ def analyze_trace_dir(
     executor: Executor | None = None,
     exclude: frozenset[Path] = frozenset(),
     clock_align: str = "auto",
+    host: str | None = None,
 ) -> dict:
     """The traces JSON for every trace file in `path` but those in `exclude` (traces its run's
-    record leaves out; see docs/reference/metrics.md for each field).
+    record leaves out; see docs/reference/metrics.md for each field). `host`: the host of every
+    rank whose trace names none (a one-node job's run.json `env.hostname`).
 
     Raises InputError when no file could be analysed; otherwise bad files are listed in
     `skipped` with a one-line reason and the rest is analysed. `executor`: where the per-rank
@@ -253,10 +255,12 @@ def analyze_trace_dir(
     if not files:
         raise InputError(path, "no trace files of this run", "profile the run again")
     good, skipped = reduce_files(files, workers=workers, progress=progress, executor=executor)
-    return combine_summaries(path, good, skipped, clock_align=clock_align)
+    return combine_summaries(path, good, skipped, clock_align=clock_align, host=host)
 
 
-def _clock_fields(ranks: list[RankSummary], clock_align: str, warnings: list[str]) -> TracesResult:
+def _clock_fields(
+    ranks: list[RankSummary], clock_align: str, warnings: list[str], host: str | None
+) -> TracesResult:
     """Put every rank's instances on one origin (HTA's shift: the earliest event of all ranks
     is 0, exact integer ns), then estimate and remove the hosts' clock offsets
     (analysis/trace/clocks.py); returns {rank: its clock fields for `ranks[]`}."""
@@ -269,7 +273,7 @@ def _clock_fields(ranks: list[RankSummary], clock_align: str, warnings: list[str
                 inst["end_us"] = inst["end_us"] + shift_us
     offsets, shifted, notes = align_clocks(
         {r.rank: r.instances for r in ranks},
-        {r.rank: r.host for r in ranks},
+        {r.rank: r.host or host for r in ranks},
         clock_align,
         {r.rank: r.clock_probe for r in ranks},
     )
@@ -285,11 +289,17 @@ def _clock_fields(ranks: list[RankSummary], clock_align: str, warnings: list[str
 
 
 def combine_summaries(
-    path: Path | str, good: list[RankSummary], skipped: list[dict], *, clock_align: str = "auto"
+    path: Path | str,
+    good: list[RankSummary],
+    skipped: list[dict],
+    *,
+    clock_align: str = "auto",
+    host: str | None = None,
 ) -> TracesResult:
-    """The traces JSON from every rank's summary: ranks assigned, clocks aligned, collectives
-    matched across ranks. Depends only on the set of summaries, not their order, so a merge of
-    shards gives exactly the unsharded result. The per-call table rides along as `.calls`."""
+    """The traces JSON from every rank's summary: ranks assigned, clocks aligned (`host`: that of
+    ranks whose trace names none), collectives matched across ranks. Depends only on the set of
+    summaries, not their order, so a merge of shards gives exactly the unsharded result. The
+    per-call table rides along as `.calls`."""
     skipped = list(skipped)
     warnings: list[str] = []
     ranks = _assign_ranks(_one_attempt(good, skipped), skipped, warnings)
@@ -299,7 +309,7 @@ def combine_summaries(
         raise InputError(path, f"no usable trace ({reasons})", "fix or re-profile the traces")
     for r in ranks:
         warnings += r.warnings
-    clock = _clock_fields(ranks, clock_align, warnings)
+    clock = _clock_fields(ranks, clock_align, warnings, host)
     worlds = [r.world_size for r in ranks if r.world_size]
     world_size = max(worlds) if worlds else len(ranks)
     warnings += _mixed_job_warnings(path, ranks, worlds)
