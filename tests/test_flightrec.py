@@ -226,5 +226,16 @@ def test_gloos_abort_line_makes_a_desync_and_a_killed_rank_stays_killed(tmp_path
     assert out["kind"] == "desync"
     assert out["message"].startswith("desync at all_reduce #5: gloo aborted rank 1 (")
     assert "rank 0 last entered all_reduce #5 with input sizes [[1000]]" in out["message"]
+    # What each rank used: rank 0 from its dump, the aborted rank 1 from gloo's line alone.
+    assert out["flight_recorder"]["desync"] == [
+        {
+            "rank": 0,
+            "op": "all_reduce",
+            "input_sizes": [[1000]],
+            "output_sizes": [[1000]],
+            "dtypes": ["Float"],
+        },
+        {"rank": 1, "op": None, "received_bytes": 1000, "expected_bytes": 500},
+    ]
     single = {**record, "config": {"world_size": 1}}
     assert explain_failure(run_dir, killed, single, tail=lambda p: []) == killed

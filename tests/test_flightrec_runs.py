@@ -129,6 +129,12 @@ def test_ranks_that_all_reduce_different_sizes_are_a_desync(fr_runs):
     assert "Received data size doesn't match expected size" in err["message"]
     assert "rank 0 last entered all_reduce #5 with input sizes [[1000]] (Float)" in err["message"]
     assert fr["no_dump"] == [1]  # gloo kills that rank at once: no dump of its own
+    # What each used: rank 0's from its dump; rank 1's only record is gloo's line, a message
+    # larger than the buffer its (half as long) tensor gave it.
+    [mine, aborted] = fr["desync"]
+    assert (mine["rank"], mine["op"], mine["input_sizes"]) == (0, "all_reduce", [[1000]])
+    assert (aborted["rank"], aborted["op"]) == (1, None)
+    assert aborted["received_bytes"] > aborted["expected_bytes"] > 0
 
 
 def test_dpscope_flightrec_reads_the_dumps_and_bad_input_is_one_line(fr_runs, capsys):

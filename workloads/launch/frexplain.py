@@ -13,7 +13,9 @@ phase; a script run: the step hooks'):
 - **desync**: the ranks entered the same collective with different ops, sizes or dtypes, or
   gloo aborted a rank with its "Received data size doesn't match expected size ... Is there a
   distributed collective mismatch in your code?" (gloo kills that rank at once, so it leaves
-  no dump of its own; its log line names the mismatch).
+  no dump of its own; its log line names the mismatch). `desync` then lists the dumped ranks'
+  op and sizes at that collective, and for the aborted rank what gloo's line says: the bytes
+  it was sent and the bytes its buffer held.
 - A run that failed otherwise (a rank that raised, was killed or ran out of memory: the others
   then wait for it, a consequence) keeps its kind; the recorder's view is appended to the
   message.
@@ -24,11 +26,12 @@ Dump files that could not be read, and ranks that left none, are listed one line
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from datetime import datetime
 from pathlib import Path
 
-from profiler.runfolder.flightrec import read_dumps
+from profiler.runfolder.flightrec import Dump, read_dumps
 from profiler.runfolder.frdiag import diagnose_dumps, ranks_text
 from workloads.launch.faults import timed_out
 from workloads.launch.heartbeat import read_heartbeats
@@ -38,6 +41,9 @@ __all__ = ["GLOO_MISMATCH", "explain_failure"]
 GLOO_MISMATCH = "Is there a distributed collective mismatch in your code?"
 """The end of gloo's abort message when a rank receives more data than its tensor holds."""
 _SCAN_LINES = 200  # of each rank's log, from its end
+# gloo's enforce line: `op.preamble.length <= op.nbytes. 1000 vs 500. Received data size ...`:
+# the bytes the peer sent, then the bytes the aborted rank's buffer held for them.
+_GLOO_BYTES = re.compile(r"(\d+) vs (\d+)\. Received data size")
 
 
 def _mismatch_line(path: Path) -> str | None:
@@ -58,6 +64,31 @@ def _mismatch(logs: Path, world_size: int, error: dict) -> dict[int, str]:
         if line:
             out[error["rank"]] = line
     return out
+
+
+def _aborted_desync(dumps: dict[int, Dump], fr: dict, aborted: dict[int, str]) -> list[dict]:
+    """`desync` for a collective gloo aborted a rank in: each dumped rank's op, sizes and dtypes
+    at that collective, and each aborted rank's only record of it, gloo's line: the bytes it
+    was sent and the bytes its buffer held (`op` null: it died before any dump)."""
+    out = []
+    for r, dump in sorted(dumps.items()):
+        at = [e for e in dump.entries if (e.pg, e.seq) == (fr.get("process_group"), fr.get("seq"))]
+        out += [
+            {"rank": r, "op": e.op, "input_sizes": e.input_sizes,
+             "output_sizes": e.output_sizes, "dtypes": e.dtypes}
+            for e in at[-1:]
+        ]  # fmt: skip
+    for r, line in sorted(aborted.items()):
+        sent = _GLOO_BYTES.search(line)
+        out.append(
+            {
+                "rank": r,
+                "op": None,
+                "received_bytes": int(sent[1]) if sent else None,
+                "expected_bytes": int(sent[2]) if sent else None,
+            }
+        )
+    return sorted(out, key=lambda x: x["rank"])
 
 
 def _hung(error: dict) -> bool:
@@ -106,6 +137,7 @@ def explain_failure(
         out["kind"] = "desync"
         text = fr.get("message") or "no flight-recorder dump"
         if aborted:
+            out["flight_recorder"]["desync"] = _aborted_desync(dumps, fr, aborted)
             at = f" at {fr['collective']} #{fr['seq']}" if fr.get("seq") else ""
             why = next(iter(aborted.values())).rsplit("] ", 1)[-1]
             text = f"{at}: gloo aborted {ranks_text(list(aborted))} ({why}); {text}"
