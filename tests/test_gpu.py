@@ -27,7 +27,8 @@ pytestmark = [
 ]
 
 LINE = re.compile(r"^(PASS|FAIL)  (\S+)\s+(.*)$")
-# The runs every GPU machine makes; dp-bf16 (bf16 GPUs) and projection (2+ GPUs) when they apply.
+# The runs every GPU machine makes; dp-bf16 (bf16 GPUs), projection and the hang (2+ GPUs) when
+# they apply.
 LABELS = (
     "single",
     "dp",
@@ -39,6 +40,7 @@ LABELS = (
     "ddp-nccl-syncbn",
     "single-b32",
     "projection",
+    "ddp-nccl-hang",
 )
 
 
@@ -66,7 +68,7 @@ def _expected(label: str) -> bool:
     gpus = torch.cuda.device_count()
     if label == "dp-bf16":
         return torch.cuda.is_bf16_supported()
-    if label in ("single-b32", "projection"):
+    if label in ("single-b32", "projection", "ddp-nccl-hang"):
         return gpus > 1
     return True
 

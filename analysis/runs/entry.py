@@ -24,6 +24,7 @@ from analysis.runs.fields import (
     mean_std,
     memory_peaks,
     num_devices,
+    one_node_host,
 )
 from analysis.runs.notes import advice, overhead_note, workload_label
 from analysis.runs.quiet import apply_quiet, mark_noisy, phases_summary
@@ -340,16 +341,6 @@ def _read_phases(entry: RunEntry, steps_csv: Path, rec: RunRecord, quiet_frac: f
         )
 
 
-def _one_node_host(run_dir: Path) -> str | None:
-    """run.json `env.hostname` when the job ran on one node (`config.nnodes` 1), so every rank
-    whose trace names no host was on it; None otherwise (it names one node of several)."""
-    try:
-        rec, _ = read_record(run_dir / "run.json")
-    except (InputError, InvalidRecord):
-        return None
-    return rec.env.hostname if rec.config.nnodes == 1 else None
-
-
 def attach_trace(
     entry: RunEntry, run_dir: Path, *, progress: bool, clock_align: str = "auto"
 ) -> None:
@@ -363,12 +354,9 @@ def attach_trace(
         return
     left_out = frozenset(run_dir / t["file"] for t in entry.traces_left_out)
     try:
+        host = one_node_host(read_record(run_dir / "run.json")[0])
         trace = analyze_trace_dir(
-            trace_dir,
-            progress=progress,
-            exclude=left_out,
-            clock_align=clock_align,
-            host=_one_node_host(run_dir),
+            trace_dir, progress=progress, exclude=left_out, clock_align=clock_align, host=host
         )
     except InputError as err:
         entry.warnings.append(str(err))

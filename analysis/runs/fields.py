@@ -10,9 +10,23 @@ import statistics
 from collections.abc import Iterable
 from typing import Any
 
-from profiler.runfolder.schema import Config
+from profiler.runfolder.schema import Config, RunRecord
 
-__all__ = ["args_text", "device_type", "fixed_batch", "mean_std", "memory_peaks", "num_devices"]
+__all__ = [
+    "args_text",
+    "device_type",
+    "fixed_batch",
+    "mean_std",
+    "memory_peaks",
+    "num_devices",
+    "one_node_host",
+]
+
+
+def one_node_host(record: RunRecord) -> str | None:
+    """`env.hostname` when the job ran on one node (`config.nnodes` 1), so every rank whose trace
+    names no host was on it; None otherwise (it names one node of several)."""
+    return record.env.hostname if record.config.nnodes == 1 else None
 
 
 def memory_peaks(entries: list[dict]) -> dict:

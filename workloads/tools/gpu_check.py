@@ -10,7 +10,9 @@ allocator peak, CUDA memory in steps.csv, GPU kernels and the backend's collecti
 DDP bucket info, and per-step loss parity of dp and ddp-nccl against single (the MLP has no
 BatchNorm, so all three train the same model on the same global batches). With N > 1 GPUs also
 projected vs measured 1 -> N GPUs: a single run at DDP's per-device batch, an nccl comm benchmark,
-then `analysis project` of the single run to N ranks against ddp-nccl, and ddp-nccl's replay.
+then `analysis project` of the single run to N ranks against ddp-nccl, and ddp-nccl's replay;
+and a hang (rank 1 stops at step 3; --collective-timeout 30) that the error must name from NCCL's
+flight recorder: the all_reduce rank 1 never entered, with its number.
 The memory breakdown (MLP runs) on the CUDA allocator: parameters = gradients = momentum =
 Σ numel × 4 (DP: all on cuda:0), DDP buckets ≈ gradients (0 with the view, from an extra
 ddp-nccl --gradient-as-bucket-view run), the allocator's bytes at the end of a step at least the
@@ -44,7 +46,7 @@ PROJECTION_TOL_PCT = 25.0  # the goal is 10%; the check fails only well beyond i
 BATCH_SAMPLE_BYTES = 3 * 32 * 32 * 4 + 8
 
 
-def _launch(runs_dir: Path, run_id: str, args: list[str]) -> int:
+def _launch(runs_dir: Path, run_id: str, args: list[str], **env: str) -> int:
     cmd = [
         sys.executable,
         "-m",
@@ -56,7 +58,7 @@ def _launch(runs_dir: Path, run_id: str, args: list[str]) -> int:
         *args,
     ]
     print(f"\n$ {' '.join(cmd)}", flush=True)
-    return subprocess.run(cmd, env=child_env()).returncode
+    return subprocess.run(cmd, env=child_env(**env)).returncode
 
 
 def _trace_names(run_dir: Path, run: RunRecord) -> tuple[set[str], set[str]]:
@@ -319,6 +321,23 @@ def _run_checks(
     return usable
 
 
+def _hang_check(check: Checker, runs_dir: Path, stamp: str, gpus: int) -> None:
+    """NCCL's flight recorder names a hang: rank 1 stops before step 3's backward (the fault
+    hooks), so rank 0 waits in that step's gradient all_reduce until the collective timeout;
+    the run's error names that all_reduce, its number and the rank that never entered it."""
+    label, run_id = "ddp-nccl-hang", f"gpu-ddp-nccl-hang-{stamp}"
+    argv = f"--mode ddp --backend nccl --nproc {gpus} --model mlp --dataset synthetic "
+    argv += f"--max-steps 8 --batch-size {32 * gpus} --no-profile --collective-timeout 30"
+    rc = _launch(runs_dir, run_id, argv.split(), DPSCOPE_HANG_RANK="1", DPSCOPE_HANG_STEP="3")
+    check(label, "the hung job failed", rc != 0, f"exit code {rc}")
+    error = read_record(runs_dir / run_id / RUN_JSON)[1].get("error") or {}
+    fr, detail = error.get("flight_recorder") or {}, f"{error.get('kind')}: {error.get('message')}"
+    named = (error.get("kind"), error.get("rank"), fr.get("collective"), fr.get("never_entered"))
+    want = ("hang", 1, "all_reduce", [1])
+    check(label, "hang: rank 1 never entered the all_reduce", named == want, detail)
+    check(label, "flight recorder: the collective's number", isinstance(fr.get("seq"), int), detail)
+
+
 def _loss_parity(check: Checker, usable: dict[str, Path]) -> None:
     """dp and ddp-nccl train the same model on the same global batches as single: same losses."""
     reference = _losses(usable["single"])
@@ -367,6 +386,8 @@ def main(argv: list[str] | None = None) -> int:
         _loss_parity(check, usable)
     if gpus > 1 and {"single", "single-b32", "ddp-nccl"} <= usable.keys():
         _projection_check(check, runs_dir, stamp, gpus, usable)
+    if gpus > 1:
+        _hang_check(check, runs_dir, stamp, gpus)
     print(f"\ngpu-check: {check.passed} passed, {check.failed} failed; run folders in {runs_dir}")
     return 0 if check.failed == 0 else 1
 
