@@ -7,6 +7,7 @@ checks our bookkeeping (one host sync per step, one entry per device, UUID match
 
 from __future__ import annotations
 
+import gc
 import gzip
 import json
 import mmap
@@ -172,7 +173,10 @@ def test_memory_cpu_real_rss():
     tracker.mark_first_step()
     # The RSS right before the block, not the first sample's: the process may have returned
     # memory to the OS in between (a previous test's garbage), so the peak can sit below the
-    # first sample + 64 MiB while still having seen the whole block.
+    # first sample + 64 MiB while still having seen the whole block. Earlier tests' cyclic
+    # garbage is collected first: a collection during the block freed 23 MiB of it once (the
+    # sampler's peak then sat at baseline + 41 MiB, under pytest-xdist).
+    gc.collect()
     baseline = psutil.Process().memory_info().rss
     # An anonymous mapping: fresh pages, so touching them must raise the RSS. A bytearray could
     # reuse heap memory a previous test freed but the allocator kept resident (no rise at all).

@@ -15,10 +15,12 @@ import msgspec
 from msgspec.structs import asdict
 
 from analysis.runs.entry import load_run
+from analysis.runs.fields import one_node_host
 from analysis.runs.groups import GroupEntry
 from analysis.trace.folder import analyze_trace_dir, find_trace_files
 from profiler.runfolder.errors import InputError
 from profiler.runfolder.layout import STEP_PHASES
+from profiler.runfolder.records import read_record
 from profiler.runfolder.versions import DIFF_JSON_SCHEMA_VERSION, OPS_JSON_SCHEMA_VERSION
 
 __all__ = [
@@ -64,10 +66,10 @@ class DdpAdds(msgspec.Struct, kw_only=True):
 def load_run_with_traces(run: Path) -> dict[str, Any]:
     """The run's runs-JSON entry with its `trace` analysed; one InputError line when the run
     has no traces. RUN may also be a folder of trace files (no run.json)."""
-    run = Path(run)
+    run, host = Path(run), None
     if (run / "run.json").is_file():
         entry = asdict(load_run(run))  # as in the runs JSON: what diff_entries reads
-        trace_dir = run / "traces"
+        trace_dir, host = run / "traces", one_node_host(read_record(run / "run.json")[0])
     elif run.is_dir() and any(run.glob("*/run.json")):
         raise InputError(run, "is a folder of runs", "pass one run folder, e.g. RUNS/<run_id>")
     elif run.is_dir():
@@ -83,7 +85,7 @@ def load_run_with_traces(run: Path) -> dict[str, Any]:
             "has no traces (traces/ is missing or empty)",
             "profile the run (the launcher profiles unless --no-profile) or pick a profiled run",
         ) from None
-    entry["trace"] = analyze_trace_dir(trace_dir, progress=False)
+    entry["trace"] = analyze_trace_dir(trace_dir, progress=False, host=host)
     return entry
 
 

@@ -20,9 +20,20 @@ from collections import Counter
 
 from profiler.runfolder.flightrec import Dump, Entry
 
-__all__ = ["diagnose_dumps", "ranks_text"]
+__all__ = ["diagnose_dumps", "ranks_text", "used"]
 
 _SIZES_CHARS = 60  # one rank's sizes in the message; the record keeps them whole
+
+
+def used(rank: int, e: Entry) -> dict:
+    """One rank's entry of `desync`: what it entered the collective with."""
+    return {
+        "rank": rank,
+        "op": e.op,
+        "input_sizes": e.input_sizes,
+        "output_sizes": e.output_sizes,
+        "dtypes": e.dtypes,
+    }
 
 
 def ranks_text(ranks: list[int]) -> str:
@@ -171,18 +182,7 @@ def diagnose_dumps(
     _, _, pg, k, have, never = min(found, key=lambda f: f[:2])
     op = Counter(e.op for e in have.values()).most_common(1)[0][0] if have else "collective"
     waited = _waited(dumps, have, failed=bool(never))
-    desync = None
-    if not never:
-        desync = [
-            {
-                "rank": r,
-                "op": e.op,
-                "input_sizes": e.input_sizes,
-                "output_sizes": e.output_sizes,
-                "dtypes": e.dtypes,
-            }
-            for r, e in sorted(have.items())
-        ]
+    desync = [used(r, e) for r, e in sorted(have.items())] if not never else None
     return {
         **out,
         "process_group": pg,

@@ -187,7 +187,8 @@ class FlightRecorderView(Schema, kw_only=True):
     desync: list[dict[str, Any]] | None = None
     """Null, or per rank that entered it `{rank, op, input_sizes, output_sizes, dtypes}` when
     they differ; a rank gloo aborted (`aborted`) is `{rank, op: null, received_bytes,
-    expected_bytes}` from gloo's line: the bytes it was sent and those its buffer held."""
+    expected_bytes}` from gloo's line: the bytes it was sent and those its buffer held (null
+    where the line gives none)."""
     aborted: dict[str, str] = {}
     """`{rank: gloo's mismatch line}`: gloo ends such a rank at once (SIGABRT), so it leaves no
     dump."""

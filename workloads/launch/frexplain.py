@@ -32,7 +32,7 @@ from datetime import datetime
 from pathlib import Path
 
 from profiler.runfolder.flightrec import Dump, read_dumps
-from profiler.runfolder.frdiag import diagnose_dumps, ranks_text
+from profiler.runfolder.frdiag import diagnose_dumps, ranks_text, used
 from workloads.launch.faults import timed_out
 from workloads.launch.heartbeat import read_heartbeats
 
@@ -73,12 +73,8 @@ def _aborted_desync(dumps: dict[int, Dump], fr: dict, aborted: dict[int, str]) -
     out = []
     for r, dump in sorted(dumps.items()):
         at = [e for e in dump.entries if (e.pg, e.seq) == (fr.get("process_group"), fr.get("seq"))]
-        out += [
-            {"rank": r, "op": e.op, "input_sizes": e.input_sizes,
-             "output_sizes": e.output_sizes, "dtypes": e.dtypes}
-            for e in at[-1:]
-        ]  # fmt: skip
-    for r, line in sorted(aborted.items()):
+        out += [used(r, e) for e in at[-1:]]
+    for r, line in sorted(x for x in aborted.items() if x[0] not in dumps):  # a dump says more
         sent = _GLOO_BYTES.search(line)
         out.append(
             {

@@ -33,6 +33,7 @@ from pathlib import Path
 import torch
 
 from analysis.runs.compare import compare_runs
+from profiler.runfolder.errors import InputError
 from profiler.runfolder.layout import RUN_JSON, STEPS_CSV
 from profiler.runfolder.records import read_record
 from profiler.runfolder.schema import RunRecord
@@ -172,7 +173,6 @@ def _projection_check(
     """Projected vs measured 1 -> N GPUs: an nccl comm benchmark, then `analysis project` of the
     single-GPU run to N ranks against the measured ddp-nccl run, and the DDP run's replay."""
     from analysis.project.projection import project
-    from profiler.runfolder.errors import InputError
 
     comm = runs_dir / f"gpu-comm-nccl-{stamp}"
     cmd = [sys.executable, "-m", "workloads.comm.bench", "--backend", "nccl", "--nproc", str(gpus)]
@@ -330,7 +330,10 @@ def _hang_check(check: Checker, runs_dir: Path, stamp: str, gpus: int) -> None:
     argv += f"--max-steps 8 --batch-size {32 * gpus} --no-profile --collective-timeout 30"
     rc = _launch(runs_dir, run_id, argv.split(), DPSCOPE_HANG_RANK="1", DPSCOPE_HANG_STEP="3")
     check(label, "the hung job failed", rc != 0, f"exit code {rc}")
-    error = read_record(runs_dir / run_id / RUN_JSON)[1].get("error") or {}
+    try:
+        error = read_record(runs_dir / run_id / RUN_JSON)[1].get("error") or {}
+    except InputError as err:  # no record: a FAIL line, never the whole check's traceback
+        error = {"kind": None, "message": str(err)}
     fr, detail = error.get("flight_recorder") or {}, f"{error.get('kind')}: {error.get('message')}"
     named = (error.get("kind"), error.get("rank"), fr.get("collective"), fr.get("never_entered"))
     want = ("hang", 1, "all_reduce", [1])
