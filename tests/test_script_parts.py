@@ -97,6 +97,21 @@ def test_a_script_that_failed_before_any_group_is_the_ddp_run_it_was_launched_as
     assert not any("trained alone" in w for w in rec.warnings)
 
 
+@pytest.mark.parametrize(
+    ("hosts", "nnodes"), [((None, None), 1), (("a", "a"), 1), (("a", "b"), 2), (("a", None), 1)]
+)
+def test_config_nnodes_counts_the_hosts_the_ranks_wrote_from(tmp_path, hosts, nnodes):
+    # The one-node host rule (analysis.runs.fields.one_node_host) trusts this field: a
+    # RunRecorder job on two hosts must not say one node.
+    parts = [
+        replace(rank_part(r, 2, [1.0] * 3), env=replace(rank_part(r, 2, []).env, hostname=h))
+        for r, h in enumerate(hosts)
+    ]
+    rec = _assemble(_folder(tmp_path), parts)
+    assert rec.config.nnodes == nnodes
+    assert rec.env.hostname == hosts[0]
+
+
 def test_a_killed_ranks_traces_on_disk_are_listed(tmp_path):
     """Rank 1 was SIGKILLed after exporting its trace: no part, but its trace is the run's."""
     run_dir = _folder(tmp_path)

@@ -133,7 +133,8 @@ def recorded_config(
         mode=first.mode,
         backend=first.backend,
         world_size=first.world_size,
-        nnodes=1,
+        # The hosts the ranks wrote from (each part carries its own env); unnamed: one.
+        nnodes=len({p.env.hostname for p in parts if p.env.hostname}) or 1,
         nproc_per_node=len(parts) if first.mode in PROCESS_GROUP_MODES else 1,
         devices=[d for p in parts for d in p.devices],
         model=first.model,
