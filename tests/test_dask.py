@@ -126,7 +126,8 @@ def test_dask_not_installed_names_the_pip_command(monkeypatch, capsys):
 def test_a_process_worker_that_dies_costs_only_its_file(tmp_path, monkeypatch):
     """The process pool: the file in flight when a worker died is retried alone; the one that
     kills its worker again is named, the others analysed. Forked workers here, so that they carry
-    this test's patch (the default, forkserver, starts them clean)."""
+    this test's patch (dask is loaded in this process: the default would be forkserver, which
+    starts them clean)."""
     import analysis.trace.executors as ex
 
     build_trace_set(tmp_path, 4, SOURCE)

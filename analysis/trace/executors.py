@@ -6,11 +6,15 @@ caller's memory grows with the rank count, never with the trace sizes. A bad fil
 `skipped` line; a worker that dies (killed for memory, a crash) costs the file it held, named, and
 the rest is analysed, with `"worker_died": true` on that line (the result is then `partial`).
 
-Pool workers start from a fresh server process (forkserver; spawn where there is none), never
-forked from the caller: a caller that has torch, Dask or a notebook's threads loaded can hold
-objects a forked child crashes on (seen: a segfault in the child's garbage collector after torch
-and a Dask cluster had run in the parent). Nor do they re-run the caller's script, as forkserver
-and spawn children otherwise do to find its functions: a user's script without an
+Pool workers are forked from the caller only where that is safe: on Linux, from the main thread
+of a caller with no other thread (tqdm's idle monitor aside) and neither torch nor Dask loaded,
+which is what `dpscope traces` and `dpscope report` are. A fork starts in milliseconds, with
+everything already imported; a fresh server process costs every job ~0.4 s of imports (docs/
+benchmarks.md, hta). Anywhere else they start from a fresh server process (forkserver; spawn where
+there is none): a caller that has torch, Dask or a notebook's threads loaded can hold objects or
+locks a forked child crashes or hangs on (seen: a segfault in the child's garbage collector after
+torch and a Dask cluster had run in the parent). Nor do they re-run the caller's script, as
+forkserver and spawn children otherwise do to find its functions: a user's script without an
 `if __name__ == "__main__":` guard would run again, training and all, in every worker; the
 function they run lives here.
 """
@@ -20,6 +24,7 @@ from __future__ import annotations
 import multiprocessing
 import signal
 import sys
+import threading
 from collections.abc import Generator, Iterator
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from concurrent.futures.process import BrokenProcessPool
@@ -32,7 +37,15 @@ from analysis.trace.cache import summarize_cached
 from analysis.trace.rank import RankSummary
 from profiler.runfolder.errors import InputError
 
-__all__ = ["EXECUTORS", "Executor", "Outcome", "died", "process_summaries", "summarize_one"]
+__all__ = [
+    "EXECUTORS",
+    "Executor",
+    "Outcome",
+    "died",
+    "fork_is_safe",
+    "process_summaries",
+    "summarize_one",
+]
 
 EXECUTORS = ("process", "dask")
 Outcome = tuple[RankSummary | None, str | None, bool]  # (summary, error, the worker died)
@@ -48,7 +61,7 @@ class Executor:
     scheduler: str | None = None
     scheduler_file: Path | None = None
     cache: bool | None = None  # None: DPSCOPE_TRACE_CACHE decides (cache.cache_enabled)
-    # How pool workers start; None: forkserver where the OS has it, else spawn (module docstring).
+    # How pool workers start; None: fork where safe, else forkserver, else spawn (module docstring).
     start_method: str | None = None
 
     def __post_init__(self) -> None:
@@ -90,12 +103,31 @@ def _ignore_sigint() -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
+# Loaded in the caller, these keep threads, devices or sockets a forked child must not inherit.
+_NO_FORK_MODULES = ("torch", "dask", "distributed", "IPython")
+
+
+def fork_is_safe() -> bool:
+    """Whether pool workers may be forked from this process (module docstring): Linux, the main
+    thread, no other thread but tqdm's monitor (it only sleeps and reads its bars' counters),
+    and none of `_NO_FORK_MODULES` loaded."""
+    if sys.platform != "linux" or threading.current_thread() is not threading.main_thread():
+        return False
+    if any(m in sys.modules for m in _NO_FORK_MODULES):
+        return False
+    main = threading.main_thread()
+    return all(t is main or type(t).__name__ == "TMonitor" for t in threading.enumerate())
+
+
 def _context(start_method: str | None) -> multiprocessing.context.BaseContext:
-    """The pool's start method: `start_method`, else forkserver (with this module preloaded in the
-    server, so each worker starts with pandas and numpy imported), else spawn."""
+    """The pool's start method: `start_method`, else fork where `fork_is_safe()`, else forkserver
+    (with this module preloaded in the server, so each worker starts with pandas and numpy
+    imported), else spawn."""
     if start_method is None:
         start_method = "spawn"
-        if "forkserver" in multiprocessing.get_all_start_methods():
+        if fork_is_safe():
+            start_method = "fork"
+        elif "forkserver" in multiprocessing.get_all_start_methods():
             start_method = "forkserver"
     ctx = multiprocessing.get_context(start_method)
     if start_method == "forkserver":
