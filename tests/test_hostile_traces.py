@@ -97,6 +97,7 @@ MEMORY = {
     "9e18-bytes": _memory(**{"Total Allocated": 9 * 10**18}),
     "above-int64": _memory(**{"Total Allocated": 2**63 + 5}),
     "above-uint64": _memory(**{"Total Allocated": 10**30}),
+    "above-float64": _memory(**{"Total Allocated": 10**400}),  # valid JSON, beyond any float
     "negative-9e18-delta": _memory(Bytes=-(9 * 10**18)),
     "device-id-2e40": _memory(**{"Device Id": 2**40}),
     "device-type-negative": _memory(**{"Device Type": -3}),
