@@ -60,20 +60,19 @@ help:
 # then compileall on every core: pip byte-compiles on one core (half the venv's build time on 2
 # cores; docs/benchmarks.md, Test suite). The .pyc files must exist before anything runs: where
 # PYTHONDONTWRITEBYTECODE is set, nothing writes them later, and every process would compile
-# torch and pandas from source again (about 2 s of CPU each). torch's py312_* test helpers are in
-# newer syntax and never imported here.
+# torch and pandas from source again (about 2 s of CPU each). dpscope's own modules too (the
+# launched ranks, CLIs and test processes import them from this checkout; one edited later is
+# compiled in memory). torch's py312_* test helpers are in newer syntax and never imported here.
 $(STAMP): requirements.txt pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install --no-compile -r requirements.txt
 	$(PY) -m pip install -q --no-compile -e .
-	$(PY) -m compileall -qq -j 0 -x '/py3[0-9]+_[a-z_]+\.py$$' $(VENV)/lib
+	$(PY) -m compileall -qq -j 0 -x '/py3[0-9]+_[a-z_]+\.py$$' $(VENV)/lib \
+	    analysis profiler workloads bench tests
 	@touch $(STAMP)
 
-# dpscope's own modules too, each time (compileall skips what is current): the launched ranks,
-# CLIs and test processes import them from this checkout.
 setup: $(STAMP)
-	@$(PY) -m compileall -qq -j 0 analysis profiler workloads bench tests
 
 profile-single: setup
 	@for s in $(SEEDS); do $(DPSCOPE) profile --mode single --seed $$s $(RUN_FLAGS) $(ARGS) || exit $$?; done
