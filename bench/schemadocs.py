@@ -14,6 +14,7 @@ tables; tests/test_docs.py fails when the committed page is not what they give.
 from __future__ import annotations
 
 import ast
+import functools
 import inspect
 from collections.abc import Iterator
 
@@ -38,6 +39,7 @@ ROOTS: tuple[type[msgspec.Struct], ...] = (
 )
 
 
+@functools.cache  # getsource parses the whole module to find a class: once per class
 def field_docs(cls: type) -> dict[str, str]:
     """Each field's docstring (the string literal right under its annotation), joined to one line."""
     tree = ast.parse(inspect.getsource(cls))
