@@ -7,9 +7,10 @@ from __future__ import annotations
 import json
 
 import numpy as np
+import pytest
 
 from analysis.trace.classify import classify
-from analysis.trace.loader import load_trace
+from analysis.trace.loader import ChunkSplitError, load_trace
 from analysis.trace.ops import self_times
 from analysis.trace.rank import summarize_file
 from analysis.trace.roles import Role, Vocab, role_of
@@ -64,6 +65,32 @@ def test_roles_are_decided_once_per_distinct_key(tmp_path):
     assert roles == [Role.STEP, Role.STEP, Role.RUNTIME, Role.KERNEL, Role.NONE]
     assert role_of("X", "user_annotation", "gloo:all_reduce") == Role.ANCHOR
     assert role_of("X", "cpu_op", "c10d::allreduce_") == Role.ISSUE
+
+
+def test_a_chunk_split_inside_a_string_decodes_the_whole_trace_once_its_bytes_are_back(tmp_path):
+    """Chunks are bracketed in place (loader._chunks). A name holding `}, {` makes a split fall
+    inside a string: that piece is not JSON, and the events are decoded in one piece instead,
+    from bytes that must be the file's again (the written brackets put back)."""
+    trace = _trace({})
+    trace["traceEvents"][2]["name"] = "cudaLaunchKernel" + "}, {" * 40
+    path = _write(tmp_path, "rank0.split.json", trace)
+    loaded = load_trace(path)
+    original = bytes(loaded.raw_events)
+    # 64-byte chunks: a split after every event or so, one of them inside that name.
+    with pytest.raises(ChunkSplitError):
+        list(next(loaded.event_chunks(size=64)))
+    assert bytes(loaded.raw_events) == original  # put back as the pass failed
+    chunked = classify(load_trace(path).event_chunks(size=64))  # then decoded in one piece
+    whole = classify(load_trace(path).event_chunks(size=1 << 20))
+    assert chunked.kernels.names == whole.kernels.names == ["gemm"]
+    assert chunked.steps.names == whole.steps.names and len(chunked.steps) == 2
+    assert np.array_equal(chunked.launch_us, whole.launch_us) and not chunked.orphan.any()
+    # The same trace split only between events gives the same result, chunk by chunk.
+    trace["traceEvents"][2]["name"] = "cudaLaunchKernel"
+    plain = load_trace(_write(tmp_path, "rank0.plain.json", trace))
+    passes = plain.event_chunks(size=64)
+    assert len(list(next(passes))) == 5  # five chunks, none refused
+    assert bytes(plain.raw_events) == json.dumps(trace["traceEvents"]).encode()
 
 
 def _stack_self_times(start, end, tids):

@@ -1,7 +1,8 @@
 """Read one Kineto trace (`.json` or `.json.gz`) into typed events, decoding only what we use.
 
 The top level is decoded first with `traceEvents` kept raw; the events are then decoded by msgspec
-in ~512 KiB chunks (split between two events) into a Struct of the needed fields (ph, cat, name,
+in ~512 KiB chunks (split between two events, bracketed in place in the file's buffer, never
+copied out) into a Struct of the needed fields (ph, cat, name,
 tid, ts, dur) and of the `args` fields analysis reads (kernels, runtime launches, collectives,
 `[memory]` events), all in one pass over the JSON. The caller reduces each chunk to numpy columns
 before the next is decoded, so only one chunk of event objects is ever alive. An event of the
@@ -15,6 +16,7 @@ Gzip is inflated by analysis.trace.inflate (ISA-L where installed)."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import stat
@@ -77,14 +79,25 @@ class ChunkSplitError(Exception):
     """A chunk boundary fell inside an event (never seen in Kineto output): decode in one piece."""
 
 
-def _chunks(raw: memoryview, size: int) -> Iterator[bytes]:
-    """The `traceEvents` array in pieces split between two events (`}, {`), each a JSON array."""
+def _chunks(raw: memoryview, size: int) -> Iterator[memoryview]:
+    """The `traceEvents` array in pieces split between two events (`}, {`), each a JSON array.
+
+    In place, without copying: `raw` is writable, and each piece is its own bytes with the byte
+    before its first event written `[` and the byte after its last `]` (a separator's comma or
+    space; the array's own brackets at its ends). Both are put back when the next piece is asked
+    for or the generator closes, so at most one piece is ever written; copying each piece out
+    instead costs fresh memory for the whole trace (~30 ms of page faults per 54 MB)."""
     n = len(raw)
     lo = 1  # after the opening bracket
     while lo < n - 1:
         match = _EVENT_SPLIT_RE.search(raw, lo + size) if lo + size < n - 1 else None
-        hi = match.start() + 1 if match else n - 1  # up to and including this event's "}"
-        yield b"".join((b"[", raw[lo:hi], b"]"))
+        hi = match.start() + 1 if match else n - 1  # just after this event's "}"
+        before, after = raw[lo - 1], raw[hi]
+        raw[lo - 1], raw[hi] = 0x5B, 0x5D  # "[" and "]"
+        try:
+            yield raw[lo - 1 : hi + 1]
+        finally:
+            raw[lo - 1], raw[hi] = before, after
         lo = match.end() - 1 if match else n  # at the next event's "{"
 
 
@@ -93,7 +106,7 @@ class LoadedTrace:
     """A decoded trace header; `event_chunks()` yields its events a chunk at a time."""
 
     path: Path
-    raw_events: memoryview
+    raw_events: memoryview  # writable: event_chunks() brackets each chunk in place (_chunks)
     rank: int | None
     world_size: int | None
     rank_source: str  # "distributedInfo", "file name" or "none"
@@ -111,11 +124,18 @@ class LoadedTrace:
         return self.base_time_ns + 1000 * (self.ts_base_us or 0) + round(origin_us * 1000)
 
     def _pass(
-        self, buffers: Iterator[bytes | memoryview], *, split: bool
+        self, buffers: Iterator[memoryview], *, split: bool
     ) -> Iterator[tuple[list[Event], np.ndarray]]:
         """Decode each buffer: (events, their rebased times); a chunked pass (`split`) whose
         piece is not valid JSON raises ChunkSplitError, a whole pass that fails is one
-        InputError naming the file."""
+        InputError naming the file. Leaving (an error included) closes `buffers` first, so the
+        bytes _chunks wrote are back before anything else reads them."""
+        with contextlib.closing(buffers):
+            yield from self._decoded(buffers, split=split)
+
+    def _decoded(
+        self, buffers: Iterator[memoryview], *, split: bool
+    ) -> Iterator[tuple[list[Event], np.ndarray]]:
         for buf in buffers:
             if split:
                 try:
@@ -140,7 +160,7 @@ class LoadedTrace:
                 self.path, "`traceEvents` is not a list", "this is not a torch.profiler trace"
             )
         yield self._pass(_chunks(raw, size), split=True)
-        yield self._pass(iter([raw]), split=False)
+        yield self._pass((whole for whole in (raw,)), split=False)
 
 
 def _decode(decode: Callable, path: Path, raw: bytes | memoryview):
@@ -182,9 +202,10 @@ def _refuse_size(path: Path, what: str, limit: int) -> InputError:
     )
 
 
-def _read_regular(path: Path, limit: int) -> bytes:
-    """The bytes of `path`, a regular file of at most `limit` bytes; opened non-blocking, so a
-    FIFO or a device is refused at once instead of hanging."""
+def _read_regular(path: Path, limit: int) -> bytearray:
+    """The bytes of `path`, a regular file of at most `limit` bytes (one more when it grew past
+    it while read); opened non-blocking, so a FIFO or a device is refused at once instead of
+    hanging. Read into a bytearray: the chunks are bracketed in place (_chunks)."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
     except OSError as err:
@@ -200,7 +221,13 @@ def _read_regular(path: Path, limit: int) -> bytes:
         if st.st_size > limit:
             raise _refuse_size(path, "holds", limit)
         try:
-            return f.read(limit + 1)
+            data = bytearray(st.st_size + 1)  # one more: a file that grew since fstat
+            n = f.readinto(data) or 0
+            if n == len(data):
+                data += f.read(limit + 1 - n)
+            else:
+                del data[n:]
+            return data
         except OSError as err:
             raise InputError(
                 path, f"cannot read ({err.strerror})", "check the path/permissions"
@@ -220,7 +247,7 @@ def _inflate(path: Path, data: bytes, limit: int) -> bytes | bytearray:
     return inflate_capped(path, data, limit, fix)
 
 
-def _read_bytes(path: Path) -> bytes | bytearray:
+def _read_bytes(path: Path) -> bytearray:
     limit = max_trace_bytes()
     data = _read_regular(path, limit)
     if data[:2] == b"\x1f\x8b":  # gzip magic: trust the content, not the suffix
@@ -257,7 +284,8 @@ def load_trace(path: Path) -> LoadedTrace:
     try:
         trace = _DECODER.decode(data)
     except msgspec.DecodeError:  # a lone surrogate costs its characters, not the rank
-        data, fixed = _repair_surrogates(data)
+        repaired, fixed = _repair_surrogates(data)
+        data = bytearray(repaired)
         trace = _decode(_DECODER.decode, path, data)
         warnings.append(f"{path}: {fixed} lone UTF-16 surrogate(s) in strings replaced by U+FFFD")
     if not trace.traceEvents:
@@ -282,11 +310,22 @@ def load_trace(path: Path) -> LoadedTrace:
     if rank is None and (rank := rank_from_name(path)) is not None:
         source = "file name"
     base_ns = _base_ns(trace.baseTimeNanoseconds, path, warnings)
-    raw = memoryview(trace.traceEvents).cast("B")
     return LoadedTrace(
-        path, raw.toreadonly(), rank, world, source, backend, base_ns, warnings, _host(trace),
+        path, _events_view(data, trace.traceEvents), rank, world, source, backend, base_ns,
+        warnings, _host(trace),
         _probe(trace.dpscope_clock_probe, path, warnings),
     )  # fmt: skip
+
+
+def _events_view(data: bytearray, events: msgspec.Raw) -> memoryview:
+    """`traceEvents` as a writable view of `data`, the buffer it was decoded from: msgspec's Raw
+    points into that buffer, so its offset is the difference of the two addresses. A copy where
+    it does not (never seen)."""
+    view = memoryview(events).cast("B")
+    at = np.frombuffer(view, np.uint8).ctypes.data - np.frombuffer(data, np.uint8).ctypes.data
+    if 0 <= at <= len(data) - len(view):
+        return memoryview(data)[at : at + len(view)]
+    return memoryview(bytearray(view))
 
 
 def _probe(raw: msgspec.Raw, path: Path, warnings: list[str]) -> ClockProbe | None:
