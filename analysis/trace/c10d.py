@@ -30,6 +30,7 @@ process group directly) keeps its own name, size and algorithm.
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 
@@ -121,6 +122,7 @@ def _op_sizes(name: str, args) -> tuple[int | None, int | None]:
     return nbytes, _numel(dims[inp])
 
 
+@functools.lru_cache(maxsize=1024)  # per annotation, thousands a trace, a few distinct names
 def algorithm_of(anchor: str) -> str:
     """all_gather, reduce_scatter, all_reduce, ... of an annotation (`gloo:all_reduce`,
     `nccl:_all_gather_base`, `nccl:reduce_scatter_tensor_coalesced`)."""
