@@ -98,17 +98,27 @@ def test_a_script_that_failed_before_any_group_is_the_ddp_run_it_was_launched_as
 
 
 @pytest.mark.parametrize(
-    ("hosts", "nnodes"), [((None, None), 1), (("a", "a"), 1), (("a", "b"), 2), (("a", None), 1)]
+    ("hosts", "nnodes", "per_node"),
+    [
+        (("a", "a"), 1, 2),
+        (("a", "b"), 2, 1),
+        (("a", "b", "b"), 2, 2),
+        (("a", None), None, 2),  # a part without its host: unknown, never "one node"
+        (("a",), None, 1),  # rank 1 of 2 left no part (its node died): unknown
+    ],
 )
-def test_config_nnodes_counts_the_hosts_the_ranks_wrote_from(tmp_path, hosts, nnodes):
-    # The one-node host rule (analysis.runs.fields.one_node_host) trusts this field: a
+def test_config_counts_the_hosts_only_when_every_rank_named_its_own(
+    tmp_path, hosts, nnodes, per_node
+):
+    # The one-node host rule (analysis.runs.fields.one_node_host) trusts `nnodes`: a
     # RunRecorder job on two hosts must not say one node.
+    world = max(2, len(hosts))
     parts = [
-        replace(rank_part(r, 2, [1.0] * 3), env=replace(rank_part(r, 2, []).env, hostname=h))
+        replace(rank_part(r, world, [1.0] * 3), env=replace(rank_part(r, 2, []).env, hostname=h))
         for r, h in enumerate(hosts)
     ]
     rec = _assemble(_folder(tmp_path), parts)
-    assert rec.config.nnodes == nnodes
+    assert (rec.config.nnodes, rec.config.nproc_per_node) == (nnodes, per_node)
     assert rec.env.hostname == hosts[0]
 
 

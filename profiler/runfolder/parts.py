@@ -126,6 +126,12 @@ def recorded_config(
     the model they trained, and the samples per step (the most common per rank and summed over
     ranks)."""
     first = parts[0]
+    # Hosts are known only when every launched rank wrote a part naming its own: a node whose
+    # ranks all died, or a part without a host, would be miscounted, and the one-node host rule
+    # (analysis.runs.fields) trusts `nnodes`. Unknown: null, and the ranks counted as one host.
+    hosts = Counter(p.env.hostname for p in parts)
+    known = None not in hosts and "" not in hosts and len(parts) >= first.env_world_size
+    per_host = max(hosts.values()) if known else len(parts)
     per_step: dict[int, int] = {}
     for r in (r for p in parts for r in p.rows):
         per_step[r.step] = per_step.get(r.step, 0) + (r.samples or 0)
@@ -133,9 +139,8 @@ def recorded_config(
         mode=first.mode,
         backend=first.backend,
         world_size=first.world_size,
-        # The hosts the ranks wrote from (each part carries its own env); unnamed: one.
-        nnodes=len({p.env.hostname for p in parts if p.env.hostname}) or 1,
-        nproc_per_node=len(parts) if first.mode in PROCESS_GROUP_MODES else 1,
+        nnodes=len(hosts) if known else None,
+        nproc_per_node=per_host if first.mode in PROCESS_GROUP_MODES else 1,
         devices=[d for p in parts for d in p.devices],
         model=first.model,
         param_count=first.param_count,

@@ -339,7 +339,8 @@ class Config(Schema, kw_only=True):
     """Model replicas: DDP processes over all nodes, the GPUs DataParallel spreads over, 1 for
     single."""
     nnodes: Positive | None = None
-    """Nodes of the job (`--nnodes`; RunRecorder and `--script` runs: the hosts its ranks named)."""
+    """Nodes of the job (`--nnodes`; RunRecorder and `--script` runs: the hosts its ranks named,
+    null when a rank left no part or named no host)."""
     nproc_per_node: Positive | None = None
     """Processes per node."""
     devices: list[str] | None = []
