@@ -18,11 +18,11 @@ from typing import Any
 
 import jinja2
 import pandas as pd
-from tqdm import tqdm
 
 from analysis.jsonsafe import DISPLAY_CHARS, clip
 from analysis.outputs import check_report_out
 from analysis.parquet import runs_json_tables, table_bytes
+from analysis.progress import Bar
 from analysis.report import family_section, figures, memory_section
 from analysis.report.findings import THRESHOLDS, findings
 from analysis.report.labels import Labels, unique_labels
@@ -170,7 +170,7 @@ def _figures(
     }
     return {
         name: job()
-        for name, job in tqdm(jobs.items(), desc="figures", disable=not progress, leave=False)
+        for name, job in Bar(jobs.items(), desc="figures", disable=not progress, leave=False)
     }
 
 

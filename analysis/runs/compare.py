@@ -12,8 +12,8 @@ from pathlib import Path
 
 import msgspec
 from msgspec.structs import asdict
-from tqdm import tqdm
 
+from analysis.progress import Bar
 from analysis.errors import unexpected
 from analysis.jsonsafe import finite_json
 from analysis.project.comm import is_comm_run
@@ -164,7 +164,7 @@ def _load_runs(
     """The readable runs of `run_dirs` (their traces analysed when `traces`), each with a unique
     id; an invalid record goes to `invalid`, any other unreadable folder to `skipped`."""
     runs: list[RunEntry] = []
-    bar = tqdm(
+    bar = Bar(
         run_dirs, desc="runs", unit="run", leave=False, disable=not progress or len(run_dirs) < 2
     )
     for run_dir in bar:

@@ -6,8 +6,9 @@ caller's memory grows with the rank count, never with the trace sizes. A bad fil
 `skipped` line; a worker that dies (killed for memory, a crash) costs the file it held, named, and
 the rest is analysed, with `"worker_died": true` on that line (the result is then `partial`).
 
-Pool workers are forked from the caller only where that is safe: on Linux, from the main thread
-of a caller with no other thread (tqdm's idle monitor aside) and neither torch nor Dask loaded,
+Pool workers are forked from the caller only where that is safe: on Linux, from a caller with
+no thread but its main one (the analysis's own progress bars start none: analysis/progress.py)
+and none of the libraries that keep threads or devices of their own loaded (torch, Dask, ...),
 which is what `dpscope traces` and `dpscope report` are. A fork starts in milliseconds, with
 everything already imported; a fresh server process costs every job ~0.4 s of imports (docs/
 benchmarks.md, hta). Anywhere else they start from a fresh server process (forkserver; spawn where
@@ -97,26 +98,30 @@ def died(what: str, err: BaseException) -> str:
     )
 
 
-def _ignore_sigint() -> None:
+def _worker_signals() -> None:
     """In a pool worker: Ctrl-C is the parent's to handle (one line, run_command); a worker that
-    took it would print its own traceback, and one waiting for work is not inside any task."""
+    took it would print its own traceback, and one waiting for work is not inside any task.
+    SIGTERM ends it: a forked worker would otherwise run the caller's own handler."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
 
-# Loaded in the caller, these keep threads, devices or sockets a forked child must not inherit.
-_NO_FORK_MODULES = ("torch", "dask", "distributed", "IPython")
+# Loaded in the caller, these keep threads, devices, sockets or thread pools that are not
+# fork-safe (polars' and ray's pools, MPI's registered memory): a forked child must not inherit them.
+_NO_FORK_MODULES = (
+    "torch", "dask", "distributed", "IPython", "jax", "tensorflow", "polars", "ray", "mpi4py",
+    "cupy",
+)  # fmt: skip
 
 
 def fork_is_safe() -> bool:
     """Whether pool workers may be forked from this process (module docstring): Linux, the main
-    thread, no other thread but tqdm's monitor (it only sleeps and reads its bars' counters),
-    and none of `_NO_FORK_MODULES` loaded."""
+    thread and no other, and none of `_NO_FORK_MODULES` loaded."""
     if sys.platform != "linux" or threading.current_thread() is not threading.main_thread():
         return False
     if any(m in sys.modules for m in _NO_FORK_MODULES):
         return False
-    main = threading.main_thread()
-    return all(t is main or type(t).__name__ == "TMonitor" for t in threading.enumerate())
+    return threading.active_count() == 1
 
 
 def _context(start_method: str | None) -> multiprocessing.context.BaseContext:
@@ -160,7 +165,7 @@ def _pool_pass(
     broken: returns (files not started yet, files in flight then: the suspects)."""
     todo, cache = list(reversed(files)), ex.cache
     ctx = _context(ex.start_method)
-    with ProcessPoolExecutor(workers, mp_context=ctx, initializer=_ignore_sigint) as pool:
+    with ProcessPoolExecutor(workers, mp_context=ctx, initializer=_worker_signals) as pool:
         flight: dict = {}
         while todo or flight:
             with _main_script_hidden():  # a submit may start a worker; nothing yields inside

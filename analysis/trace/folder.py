@@ -13,9 +13,8 @@ from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
 
-from tqdm import tqdm
-
 from analysis.jsonsafe import finite_json
+from analysis.progress import Bar
 from analysis.trace.attribution import hta_filtered
 from analysis.trace.cache import cache_enabled
 from analysis.trace.calls import TracesResult, call_table
@@ -105,7 +104,7 @@ def _summaries(files: list[Path], ex: Executor, progress: bool) -> Iterator[tupl
     else:
         results = process_summaries(files, ex)
     show = progress and len(files) > 1
-    with tqdm(total=len(files), desc="traces", unit="file", disable=not show, leave=False) as bar:
+    with Bar(total=len(files), desc="traces", unit="file", disable=not show, leave=False) as bar:
         for item in results:
             yield item
             bar.update()

@@ -286,6 +286,7 @@ def load_trace(path: Path) -> LoadedTrace:
     except msgspec.DecodeError:  # a lone surrogate costs its characters, not the rank
         repaired, fixed = _repair_surrogates(data)
         data = bytearray(repaired)
+        del repaired  # two copies of the trace at most
         trace = _decode(_DECODER.decode, path, data)
         warnings.append(f"{path}: {fixed} lone UTF-16 surrogate(s) in strings replaced by U+FFFD")
     if not trace.traceEvents:
