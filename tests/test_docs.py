@@ -77,6 +77,19 @@ def test_benchmarks_page_shows_date_commit_machine_and_results(tmp_path: Path) -
     assert "No benchmark results" in benchmarks_md(tmp_path / "none")
 
 
+def test_a_bench_run_alone_keeps_the_other_benches_sections(tmp_path: Path) -> None:
+    """`make bench-analysis` then `make docs` on a machine without the other benches' results:
+    their sections stay as they were, the new one replaces its own."""
+    (tmp_path / "hta.json").write_text(json.dumps({"speedup_vs_hta": 9.5}))
+    old = ("# Benchmarks\n\nintro\n\n## family\n\n- date: d\n\n| `x` | 1 |\n\n"
+           "## hta\n\n| `speedup_vs_hta` | 7 |\n\n## Test suite\n\n- make test: 1 s\n")  # fmt: skip
+    page = benchmarks_md(tmp_path, previous=old)
+    assert "## family\n\n- date: d\n\n| `x` | 1 |\n" in page
+    assert "| `speedup_vs_hta` | 9.5 |" in page and "| 7 |" not in page
+    assert page.index("## family") < page.index("## hta") and KEPT_HEADING not in page
+    assert "No benchmark results" not in benchmarks_md(tmp_path / "none", previous=old)
+
+
 def test_make_docs_keeps_the_hand_recorded_test_suite_section() -> None:
     """The suite's measured times are written by hand at the end of benchmarks.md (## Test
     suite): regenerating the bench sections keeps them, and the committed page has them."""
