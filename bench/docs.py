@@ -123,6 +123,26 @@ def _fmt(value: Any) -> str:
     return "—" if value is None else _cell(value)
 
 
+def _result_section(name: str, path: Path) -> list[str]:
+    """The lines of one bench's section from its result file: its stamp, then every scalar."""
+    record = json.loads(path.read_text(encoding="utf-8"))
+    stamp = record.get("recorded") or {}
+    machine = stamp.get("machine") or record.get("machine") or {}
+    where = ", ".join(f"{k} {_cell(v)}" for k, v in machine.items()) or "not recorded"
+    return [
+        f"## {name}",
+        "",
+        f"- date: {stamp.get('date') or 'not recorded'}",
+        f"- commit: {stamp.get('commit') or 'not recorded'}",
+        f"- machine: {where}",
+        "",
+        "| result | value |",
+        "|---|---|",
+        *(f"| `{k}` | {_fmt(v)} |" for k, v in _scalars(record)),
+        "",
+    ]
+
+
 def benchmarks_md(bench_dir: Path = BENCH_DIR, previous: str = "") -> str:
     """docs/benchmarks.md from `bench_dir`/*.json: one section per benchmark, in name order. A
     benchmark of the `previous` page without a result here keeps its section as it was: a run
@@ -190,23 +210,7 @@ def benchmarks_md(bench_dir: Path = BENCH_DIR, previous: str = "") -> str:
         if name in kept:
             lines += [kept[name], ""]
             continue
-        path = files[name]
-        record = json.loads(path.read_text(encoding="utf-8"))
-        stamp = record.get("recorded") or {}
-        machine = stamp.get("machine") or record.get("machine") or {}
-        where = ", ".join(f"{k} {_cell(v)}" for k, v in machine.items()) or "not recorded"
-        lines += [
-            f"## {path.stem}",
-            "",
-            f"- date: {stamp.get('date') or 'not recorded'}",
-            f"- commit: {stamp.get('commit') or 'not recorded'}",
-            f"- machine: {where}",
-            "",
-            "| result | value |",
-            "|---|---|",
-            *(f"| `{k}` | {_fmt(v)} |" for k, v in _scalars(record)),
-            "",
-        ]
+        lines += _result_section(name, files[name])
     return "\n".join(lines).rstrip() + "\n"
 
 
