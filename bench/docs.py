@@ -219,19 +219,23 @@ def benchmarks_md(bench_dir: Path = BENCH_DIR, previous: str = "") -> str:
 KEPT_HEADING = "## Test suite"
 
 
+def _split_kept(page: str) -> tuple[str, str]:
+    """(the page up to KEPT_HEADING, the hand-recorded end from it on; "" without one)."""
+    at = page.find(f"\n{KEPT_HEADING}\n")
+    return (page, "") if at < 0 else (page[:at], page[at:])
+
+
 def bench_sections(page: str) -> dict[str, str]:
     """The bench sections of a benchmarks.md page by name (`## name` up to the next `## `), the
     hand-recorded end (KEPT_HEADING on) left out."""
-    at = page.find(f"\n{KEPT_HEADING}\n")
-    body = page if at < 0 else page[:at]
-    pieces = re.split(r"(?m)^## ", body)[1:]
+    pieces = re.split(r"(?m)^## ", _split_kept(page)[0])[1:]
     return {p.split("\n", 1)[0].strip(): ("## " + p).rstrip() for p in pieces}
 
 
 def kept_sections(page: str) -> str:
     """The hand-recorded end of a benchmarks.md page, from KEPT_HEADING on ("" without one)."""
-    at = page.find(f"\n{KEPT_HEADING}\n")
-    return "" if at < 0 else page[at:].rstrip() + "\n"
+    kept = _split_kept(page)[1]
+    return kept.rstrip() + "\n" if kept else ""
 
 
 def main(argv: list[str] | None = None) -> int:

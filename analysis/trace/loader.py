@@ -131,23 +131,18 @@ class LoadedTrace:
         InputError naming the file. Leaving (an error included) closes `buffers` first, so the
         bytes _chunks wrote are back before anything else reads them."""
         with contextlib.closing(buffers):
-            yield from self._decoded(buffers, split=split)
-
-    def _decoded(
-        self, buffers: Iterator[memoryview], *, split: bool
-    ) -> Iterator[tuple[list[Event], np.ndarray]]:
-        for buf in buffers:
-            if split:
-                try:
-                    events = decode_events(buf)
-                except msgspec.DecodeError:  # not valid JSON: the split fell inside a string
-                    raise ChunkSplitError from None
-            else:
-                events = _decode(decode_events, self.path, buf)
-            if self.ts_base_us is None:
-                self.ts_base_us = median_base([e.ts for e in events])
-                self.exact_ts = needs_exact(events, buf)
-            yield events, rebase(events, buf, self.ts_base_us, exact=self.exact_ts)
+            for buf in buffers:
+                if split:
+                    try:
+                        events = decode_events(buf)
+                    except msgspec.DecodeError:  # not valid JSON: the split fell inside a string
+                        raise ChunkSplitError from None
+                else:
+                    events = _decode(decode_events, self.path, buf)
+                if self.ts_base_us is None:
+                    self.ts_base_us = median_base([e.ts for e in events])
+                    self.exact_ts = needs_exact(events, buf)
+                yield events, rebase(events, buf, self.ts_base_us, exact=self.exact_ts)
 
     def event_chunks(
         self, *, size: int = CHUNK_BYTES
