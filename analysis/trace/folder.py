@@ -7,6 +7,8 @@ busbw), stragglers and step-time spread. A bad file costs one line in `skipped`,
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import os
 import re
 from collections.abc import Iterator
@@ -220,14 +222,31 @@ def reduce_files(
         ex = replace(ex, workers=max(1, min(workers or os.cpu_count() or 1, len(files) or 1)))
     skipped: list[dict] = []
     good: list[RankSummary] = []
-    for f, (summary, error, lost) in _summaries(files, ex, progress):
-        if error:
-            skipped.append(
-                {"file": str(f), "reason": error, **({"worker_died": True} if lost else {})}
-            )
-        else:
-            good.append(summary)
+    with _collector_paused():
+        for f, (summary, error, lost) in _summaries(files, ex, progress):
+            if error:
+                skipped.append(
+                    {"file": str(f), "reason": error, **({"worker_died": True} if lost else {})}
+                )
+            else:
+                good.append(summary)
     return good, skipped
+
+
+@contextlib.contextmanager
+def _collector_paused() -> Iterator[None]:
+    """Python's automatic garbage collection off while the summaries pile up, the caller's
+    setting back after. Each full collection walks every summary kept so far, and one runs each
+    time the kept objects grow by a quarter: ~25% of a 1,024-rank analysis in one process
+    (34 -> 25.5 s). A 54 MB trace's reduction leaves ~300 objects in cycles, which wait for the
+    next collection after this."""
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()
 
 
 def analyze_trace_dir(
