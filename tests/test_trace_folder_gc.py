@@ -17,18 +17,18 @@ from tests.hostile_common import ddp_traces  # noqa: F401  (fixture)
 def collector():
     """Whether the collector was on as each summary came in; the collector on after the test."""
     seen: list[bool] = []
-    real = folder._summaries
+    real = folder.process_summaries
 
     def watched(*args, **kw):
         for item in real(*args, **kw):
             seen.append(gc.isenabled())
             yield item
 
-    folder._summaries = watched
+    folder.process_summaries = watched
     try:
         yield seen
     finally:
-        folder._summaries = real
+        folder.process_summaries = real
         gc.enable()
 
 
@@ -53,9 +53,9 @@ def test_the_setting_comes_back_after_an_error(tmp_path, monkeypatch):
     def interrupted(*_args, **_kw):
         assert not gc.isenabled()
         raise KeyboardInterrupt
-        yield  # a generator, as _summaries is
+        yield  # a generator, as process_summaries is
 
-    monkeypatch.setattr(folder, "_summaries", interrupted)
+    monkeypatch.setattr(folder, "process_summaries", interrupted)
     (tmp_path / "rank0.pt.trace.json").write_text("{}")
     with pytest.raises(KeyboardInterrupt):
         folder.reduce_files(folder.find_trace_files(tmp_path), workers=1, progress=False)
