@@ -58,11 +58,11 @@ _DECODER = msgspec.json.Decoder(_Trace)
 _EVENT_SPLIT_RE = re.compile(rb"\}\s*,\s*\{")
 CHUNK_BYTES = 512 << 10  # ~2k events: cache-friendly, and freed chunks are reused at once
 # Where _split_header looks for the array's ends: Kineto writes its header (devices, metadata)
-# first, a few KiB, and after the array only `traceName`; a file laid out otherwise is decoded
-# whole, as before.
+# first, a few KiB, and after the array `traceName` and a few log lines; a file laid out
+# otherwise is decoded whole, as before.
 _EVENTS_KEY_RE = re.compile(rb'"traceEvents"\s*:\s*(?=\[)')
 HEADER_SCAN_BYTES = 1 << 20
-TAIL_SCAN_BYTES = 64 << 10
+TAIL_SCAN_BYTES = 1 << 20
 _TAIL_TRIES = 16
 _RANK_RE = re.compile(r"(?:rank|worker)[-_]?(\d+)", re.IGNORECASE)
 
@@ -221,14 +221,29 @@ def _decode_whole(path: Path, data: bytearray, warnings: list[str]) -> tuple[_Tr
 def _split_header(data: bytearray) -> tuple[_Trace, memoryview] | None:
     """The top level decoded from the bytes around `traceEvents` only, and the array's view; None
     when they cannot be found (the caller then decodes the whole file). The array opens after
-    the first `"traceEvents":` of the head; its end is tried at each of the last `]`s. A try
-    holds only when the file with `[]` in place of the array decodes with `traceEvents` exactly
-    there: then the whole file is valid JSON with the same top level as soon as the array
-    itself is, which the pass that decodes the events checks. Saves decoding 54 MB twice
-    (~33 ms of a trace's ~400)."""
+    the first `"traceEvents":` of the head; its end is tried at each of the last `]`s that
+    follow a `}` (an event's end) or the `[`, past what newer Kineto writes after the events
+    (`"INFO": [...]` log lines). A try holds only when the file with `[]` in place of the
+    array decodes with `traceEvents` exactly there: then the whole file is valid JSON with the
+    same top level as soon as the array itself is, which the pass that decodes the events
+    checks. Saves decoding 54 MB twice (~33 ms of a trace's ~400)."""
     key = _EVENTS_KEY_RE.search(data, 0, HEADER_SCAN_BYTES)
     if key is None:
         return None
+    start, end, tries = key.end(), len(data), 0
+    head, floor = bytes(data[:start]), max(start, len(data) - TAIL_SCAN_BYTES)
+    while tries < _TAIL_TRIES and (end := data.rfind(b"]", floor, end)) > start:
+        if data[max(start, end - 64) : end].rstrip(b" \t\r\n")[-1:] not in (b"}", b"["):
+            continue  # a `]` in a string or another array: not the events' end
+        tries += 1
+        header = b"".join((head, b"[]", data[end + 1 :]))
+        try:
+            trace = _DECODER.decode(header)
+        except msgspec.DecodeError:
+            continue
+        if len(trace.traceEvents) == 2 and _offset(header, trace.traceEvents) == start:
+            return trace, memoryview(data)[start : end + 1]
+    return None
     start, end = key.end(), len(data)
     head, floor = bytes(data[:start]), max(start, len(data) - TAIL_SCAN_BYTES)
     for _ in range(_TAIL_TRIES):
