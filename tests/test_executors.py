@@ -49,6 +49,16 @@ for method in (None, "forkserver"):
 print(json.dumps(out))
 """
 
+# A pool forked while the caller has garbage collection paused, as folder.reduce_files has it.
+FORKED_GC = """
+import gc
+from concurrent.futures import ProcessPoolExecutor
+from analysis.trace.executors import _context, _worker_init
+gc.disable()
+with ProcessPoolExecutor(1, mp_context=_context(None), initializer=_worker_init) as pool:
+    print(pool.submit(gc.isenabled).result(), gc.isenabled())
+"""
+
 
 def _python(code: str, *args: str) -> str:
     proc = subprocess.run([sys.executable, "-c", code, *args], cwd=REPO, capture_output=True,
@@ -76,3 +86,8 @@ def test_forked_workers_give_the_forkserver_result(tmp_path: Path):
     out = json.loads(_python(ANALYSE, str(tmp_path)))
     assert out["method"] == out["method_after"] == "fork"
     assert json.loads(out["default"])["ranks"] and out["default"] == out["forkserver"]
+
+
+@pytest.mark.integration
+def test_a_worker_collects_garbage_though_its_caller_paused_it():
+    assert _python(FORKED_GC) == "True False"

@@ -53,6 +53,11 @@ LAYOUTS = {
         lambda text: text.replace(b"{", b'{"meta": {"traceEvents": [1]}, ', 1),
         WHOLE,
     ),
+    # The file with `[]` spliced at the `}]` in "s" reads the next key as 3,000 nested arrays.
+    "a string after the array that reads as deep nesting once cut": (
+        _tail(b' "s": "}],", ":' + b"[" * 3000 + b"]" * 3000 + b'": 1,'),
+        HEADER,
+    ),
     "more `}]` after the array than the loader tries": (
         _tail(b' "x": "' + b"}]" * 40 + b'",'),
         WHOLE,

@@ -22,6 +22,7 @@ function they run lives here.
 
 from __future__ import annotations
 
+import gc
 import multiprocessing
 import signal
 import sys
@@ -98,12 +99,15 @@ def died(what: str, err: BaseException) -> str:
     )
 
 
-def _worker_signals() -> None:
+def _worker_init() -> None:
     """In a pool worker: Ctrl-C is the parent's to handle (one line, run_command); a worker that
     took it would print its own traceback, and one waiting for work is not inside any task.
-    SIGTERM ends it: a forked worker would otherwise run the caller's own handler."""
+    SIGTERM ends it: a forked worker would otherwise run the caller's own handler. Garbage
+    collection on: a worker forked while the caller paused it (folder.reduce_files) would
+    otherwise run without it for its whole life."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    gc.enable()
 
 
 # Loaded in the caller, these keep threads, devices, sockets or thread pools that are not
@@ -165,7 +169,7 @@ def _pool_pass(
     broken: returns (files not started yet, files in flight then: the suspects)."""
     todo, cache = list(reversed(files)), ex.cache
     ctx = _context(ex.start_method)
-    with ProcessPoolExecutor(workers, mp_context=ctx, initializer=_worker_signals) as pool:
+    with ProcessPoolExecutor(workers, mp_context=ctx, initializer=_worker_init) as pool:
         flight: dict = {}
         while todo or flight:
             with _main_script_hidden():  # a submit may start a worker; nothing yields inside

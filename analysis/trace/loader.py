@@ -63,7 +63,8 @@ CHUNK_BYTES = 512 << 10  # ~2k events: cache-friendly, and freed chunks are reus
 _EVENTS_KEY_RE = re.compile(rb'"traceEvents"\s*:\s*(?=\[)')
 HEADER_SCAN_BYTES = 1 << 20
 TAIL_SCAN_BYTES = 1 << 20
-_TAIL_TRIES = 16
+_TAIL_TRIES = 16  # decodes of the header around a candidate end
+_TAIL_LOOKS = 4096  # `]`s looked at: a tail of `]`s costs ~2 ms, not a scan of the whole MiB
 _RANK_RE = re.compile(r"(?:rank|worker)[-_]?(\d+)", re.IGNORECASE)
 
 
@@ -232,27 +233,16 @@ def _split_header(data: bytearray) -> tuple[_Trace, memoryview] | None:
         return None
     start, end, tries = key.end(), len(data), 0
     head, floor = bytes(data[:start]), max(start, len(data) - TAIL_SCAN_BYTES)
-    while tries < _TAIL_TRIES and (end := data.rfind(b"]", floor, end)) > start:
+    for _ in range(_TAIL_LOOKS):
+        if tries == _TAIL_TRIES or (end := data.rfind(b"]", floor, end)) <= start:
+            return None
         if data[max(start, end - 64) : end].rstrip(b" \t\r\n")[-1:] not in (b"}", b"["):
             continue  # a `]` in a string or another array: not the events' end
         tries += 1
         header = b"".join((head, b"[]", data[end + 1 :]))
         try:
             trace = _DECODER.decode(header)
-        except msgspec.DecodeError:
-            continue
-        if len(trace.traceEvents) == 2 and _offset(header, trace.traceEvents) == start:
-            return trace, memoryview(data)[start : end + 1]
-    return None
-    start, end = key.end(), len(data)
-    head, floor = bytes(data[:start]), max(start, len(data) - TAIL_SCAN_BYTES)
-    for _ in range(_TAIL_TRIES):
-        if (end := data.rfind(b"]", floor, end)) < 0:
-            return None
-        header = b"".join((head, b"[]", data[end + 1 :]))
-        try:
-            trace = _DECODER.decode(header)
-        except msgspec.DecodeError:
+        except (msgspec.DecodeError, RecursionError):  # a splice inside a string reads it as JSON
             continue
         if len(trace.traceEvents) == 2 and _offset(header, trace.traceEvents) == start:
             return trace, memoryview(data)[start : end + 1]
