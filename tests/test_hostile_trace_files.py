@@ -17,6 +17,8 @@ from pathlib import Path
 import pytest
 
 from analysis.runs.compare import compare_runs
+from analysis.trace.inflate import max_ratio, max_trace_bytes
+from profiler.runfolder.errors import InputError
 from tests.conftest import REPO
 from tests.hostile_common import ddp_traces  # noqa: F401  (fixture)
 
@@ -219,3 +221,17 @@ def test_a_consistent_run_has_no_consistency_warning(tmp_path, ddp_mlp_run):
     (entry,) = compare_runs([ddp_mlp_run], progress=False)["runs"]
     words = ("distributedInfo says", "no trace for rank", "not among", "symbolic link")
     assert not [w for w in entry["warnings"] if any(x in w for x in words)]
+
+
+@pytest.mark.parametrize(
+    ("var", "value"),
+    [("DPSCOPE_MAX_TRACE_RATIO", v) for v in ("nan", "0.5", "lots", "")]
+    + [("DPSCOPE_MAX_TRACE_BYTES", v) for v in ("0", "-1", "1e9", "lots", "")],
+)
+def test_a_bad_cap_is_one_line_naming_its_variable(var, value, monkeypatch):
+    monkeypatch.setenv(var, value)
+    cap = max_ratio if var.endswith("RATIO") else max_trace_bytes
+    with pytest.raises(InputError) as err:
+        cap()
+    line = str(err.value)
+    assert "\n" not in line and line.count(var) >= 2 and f"{value!r}" in line, line

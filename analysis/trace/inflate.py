@@ -56,18 +56,22 @@ INFLATE_STEP_BYTES = 1 << 20  # output stays in cache until copied out: ~8% fast
 
 def max_ratio() -> float:
     """The ratio cap: DPSCOPE_MAX_TRACE_RATIO when set to a number >= 1, else MAX_RATIO."""
-    text = os.environ.get(MAX_RATIO_ENV)
+    return _env_number(MAX_RATIO_ENV, MAX_RATIO, float, "a ratio >= 1", "a number such as 1000")
+
+
+def _env_number(name: str, default: float, parse: type, what: str, example: str) -> float:
+    """`name` parsed by `parse` when set (a value >= 1; NaN is not), else `default`; anything
+    else is one line naming the variable."""
+    text = os.environ.get(name)
     if text is None:
-        return MAX_RATIO
+        return default
     try:
-        value = float(text)
+        value = parse(text)
     except ValueError:
-        value = 0.0
+        value = 0
     if not value >= 1:  # also NaN
         raise InputError(
-            MAX_RATIO_ENV,
-            f"{MAX_RATIO_ENV}={text[:40]!r} is not a ratio >= 1",
-            f"set {MAX_RATIO_ENV} to a number such as 1000, or unset it",
+            name, f"{name}={text[:40]!r} is not {what}", f"set {name} to {example}, or unset it"
         )
     return value
 
@@ -119,20 +123,10 @@ def inflate_capped(path: Path, data: bytes, limit: int, size_fix: str) -> bytear
 def max_trace_bytes() -> int:
     """The cap on a trace's size (bytes of JSON, after gunzip): `DPSCOPE_MAX_TRACE_BYTES`, else
     MAX_TRACE_BYTES. A file or an inflated gzip beyond it is refused (a decompression bomb)."""
-    text = os.environ.get(MAX_TRACE_BYTES_ENV)
-    if text is None:
-        return MAX_TRACE_BYTES
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise InputError(
-            MAX_TRACE_BYTES_ENV,
-            f"{MAX_TRACE_BYTES_ENV}={text[:40]!r} is not a positive number of bytes",
-            f"set {MAX_TRACE_BYTES_ENV} to a byte count, e.g. 8589934592, or unset it",
-        )
-    return value
+    return _env_number(
+        MAX_TRACE_BYTES_ENV, MAX_TRACE_BYTES, int, "a positive number of bytes",
+        "a byte count, e.g. 8589934592",
+    )  # fmt: skip
 
 
 def _refuse_size(path: Path, what: str, limit: int) -> InputError:
