@@ -70,13 +70,23 @@ _PATH_KEYS = frozenset({"path", "file", "trace_files", "trace_dir"})
 FIGURE_CHARS = 40  # figure labels: a longer one squeezes the plot out of its canvas
 
 
+# dpscope's own one-line reasons ("<file>: <what is wrong> — <what to do>"): a long path ate
+# the what and the fix at DISPLAY_CHARS (a skipped projection read "… not a real step tim…"
+# under a 100-character folder), so they get 10x that (still bounded: a path and our text).
+_LINE_KEYS = frozenset({"reason"})
+
+
 def _display(obj: Any, limit: int = DISPLAY_CHARS, keep: frozenset = _PATH_KEYS) -> Any:
     """A copy of the runs JSON with long strings clipped for display (summary.json keeps all);
-    values under the `keep` keys are left as they are."""
+    values under the `keep` keys are left as they are, those under _LINE_KEYS clipped 10x
+    looser."""
     if isinstance(obj, str):
         return clip(obj, limit)
     if isinstance(obj, dict):
-        return {k: v if k in keep else _display(v, limit, keep) for k, v in obj.items()}
+        return {
+            k: v if k in keep else _display(v, 10 * limit if k in _LINE_KEYS else limit, keep)
+            for k, v in obj.items()
+        }
     if isinstance(obj, list | tuple):
         return [_display(v, limit, keep) for v in obj]
     return obj
