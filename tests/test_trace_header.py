@@ -64,6 +64,12 @@ LAYOUTS = {
     ),
     # The array's end is taken at the second one's `]`: the events' pass refuses that piece.
     "a second `traceEvents` after the first": (_tail(b' "traceEvents": [],'), RECHECK),
+    # The span ends at the `]` of "x": the last `traceEvents`, a number, is what the whole file
+    # holds, and it is refused as not a list.
+    "a second `traceEvents` that is not a list": (
+        _tail(b' "traceEvents": 5, "x": [{}],'),
+        RECHECK,
+    ),
     # The last of two keys counts (msgspec), and the first one's events come first: the pass
     # over the wrong span refuses it, and the right span is chunked afresh (its own time base).
     "an array of the events reversed before the real one": (

@@ -158,17 +158,23 @@ class LoadedTrace:
         only the header was decoded (`checked` False), a failed first pass is followed by the
         passes of a load that decoded the whole file: the whole file is decoded (repaired, or
         refused with one line), then chunked again, then decoded at once."""
+        raw = self._events_list()
+        yield self._pass(_chunks(raw, size), split=True)
+        if not self.checked:  # from here on, everything as a load that decoded the whole file
+            vars(self).update(vars(_load_whole(self.path, raw.obj)))
+            raw = self._events_list()
+            yield self._pass(_chunks(raw, size), split=True)
+        yield self._pass((whole for whole in (raw,)), split=False)
+
+    def _events_list(self) -> memoryview:
+        """`raw_events`, or one line when it is not a JSON array (checked again once the whole
+        file is decoded: its `traceEvents` may be another key's value than the header's span)."""
         raw = self.raw_events
         if raw.nbytes < 2 or bytes(raw[:1]) != b"[" or bytes(raw[-1:]) != b"]":
             raise InputError(
                 self.path, "`traceEvents` is not a list", "this is not a torch.profiler trace"
             )
-        yield self._pass(_chunks(raw, size), split=True)
-        if not self.checked:  # from here on, everything as a load that decoded the whole file
-            vars(self).update(vars(_load_whole(self.path, raw.obj)))
-            raw = self.raw_events
-            yield self._pass(_chunks(raw, size), split=True)
-        yield self._pass((whole for whole in (raw,)), split=False)
+        return raw
 
 
 def _decode(decode: Callable, path: Path, raw: bytes | memoryview):
