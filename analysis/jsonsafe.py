@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-__all__ = ["DISPLAY_CHARS", "clip", "finite_json"]
+__all__ = ["DISPLAY_CHARS", "OWN_LINE_CHARS", "clip", "finite_json"]
 
 MAX_WARNINGS = 20  # one line per replaced value, up to this many; then one line with the count
 
@@ -42,6 +42,9 @@ def finite_json(obj: Any, warnings: list[str]) -> Any:
 
 
 DISPLAY_CHARS = 200  # strings from records are shown up to this long; JSON outputs keep them whole
+# dpscope's own long lines (a skipped input's reason, which starts with a path; tune commands):
+# a long path must not cut off what is wrong and what to do. Still bounded: a path and our text.
+OWN_LINE_CHARS = 10 * DISPLAY_CHARS
 
 
 def clip(value: Any, limit: int = DISPLAY_CHARS) -> Any:

@@ -7,12 +7,12 @@ import pytest
 
 from bench.common import run_tree
 
-# The job starts one child that touches 200 MB and holds it for a second, then exits.
+# The job starts one child that touches 200 MB and holds it for 2 s (20 listings), then exits.
 JOB = """
 import subprocess, sys
 subprocess.run([sys.executable, "-c",
                 "import time; b = bytearray(200 << 20); b[::4096] = b'x' * len(b[::4096]); "
-                "time.sleep(1.0)"], check=True)
+                "time.sleep(2.0)"], check=True)
 print("done")
 """
 

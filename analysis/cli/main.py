@@ -30,7 +30,7 @@ from analysis.columns import (
     Column,
     fmt,
 )
-from analysis.jsonsafe import DISPLAY_CHARS, clip, finite_json
+from analysis.jsonsafe import OWN_LINE_CHARS, clip, finite_json
 from analysis.outputs import check_json_out
 from analysis.runs.compare import compare_runs, find_run_dirs
 from analysis.runs.family import budget_bytes
@@ -113,7 +113,7 @@ def print_runs(result: dict) -> None:
     if result.get("invalid"):
         say(f"\ninvalid {len(result['invalid'])}:")
         for bad in result["invalid"]:
-            say(f"  {clip(bad['reason'], 10 * DISPLAY_CHARS)}")  # a path first: as the report
+            say(f"  {clip(bad['reason'], OWN_LINE_CHARS)}")
     if result["groups"]:
         say("\ngroups (mean ± sample std over seeds)")
         say(table(result["groups"], CLI_GROUP_COLS))

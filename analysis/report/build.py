@@ -19,7 +19,7 @@ from typing import Any
 import jinja2
 import pandas as pd
 
-from analysis.jsonsafe import DISPLAY_CHARS, clip
+from analysis.jsonsafe import DISPLAY_CHARS, OWN_LINE_CHARS, clip
 from analysis.outputs import check_report_out
 from analysis.parquet import runs_json_tables, table_bytes
 from analysis.progress import Bar
@@ -70,21 +70,20 @@ _PATH_KEYS = frozenset({"path", "file", "trace_files", "trace_dir"})
 FIGURE_CHARS = 40  # figure labels: a longer one squeezes the plot out of its canvas
 
 
-# dpscope's own one-line reasons ("<file>: <what is wrong> — <what to do>"): a long path ate
-# the what and the fix at DISPLAY_CHARS (a skipped projection read "… not a real step tim…"
-# under a 100-character folder), so they get 10x that (still bounded: a path and our text).
+# dpscope's own one-line reasons ("<file>: <what is wrong> — <what to do>"): at DISPLAY_CHARS a
+# long path ate the what and the fix (a skipped projection read "… not a real step tim…").
 _LINE_KEYS = frozenset({"reason"})
 
 
 def _display(obj: Any, limit: int = DISPLAY_CHARS, keep: frozenset = _PATH_KEYS) -> Any:
     """A copy of the runs JSON with long strings clipped for display (summary.json keeps all);
-    values under the `keep` keys are left as they are, those under _LINE_KEYS clipped 10x
-    looser."""
+    values under the `keep` keys are left as they are, those under _LINE_KEYS clipped at
+    OWN_LINE_CHARS."""
     if isinstance(obj, str):
         return clip(obj, limit)
     if isinstance(obj, dict):
         return {
-            k: v if k in keep else _display(v, 10 * limit if k in _LINE_KEYS else limit, keep)
+            k: v if k in keep else _display(v, OWN_LINE_CHARS if k in _LINE_KEYS else limit, keep)
             for k, v in obj.items()
         }
     if isinstance(obj, list | tuple):
@@ -255,7 +254,7 @@ def write_report(data: dict[str, Any], out_dir: Path, *, progress: bool = True) 
         {**full, "findings": [f.to_dict() for f in found], "thresholds": THRESHOLDS}
     )
     # Tune commands and notes are dpscope's own long lines: a looser clip keeps them whole.
-    tunes = _read({"tunes": _display(full["tunes"], 10 * DISPLAY_CHARS)} if "tunes" in full else {})
+    tunes = _read({"tunes": _display(full["tunes"], OWN_LINE_CHARS)} if "tunes" in full else {})
     html = (
         _environment()
         .get_template("index.html.j2")

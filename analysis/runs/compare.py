@@ -13,9 +13,9 @@ from pathlib import Path
 import msgspec
 from msgspec.structs import asdict
 
-from analysis.progress import Bar
 from analysis.errors import unexpected
 from analysis.jsonsafe import finite_json
+from analysis.progress import Bar
 from analysis.project.comm import is_comm_run
 from analysis.project.runs import comm_and_projections
 from analysis.runs.efficiency import attach_efficiency_loss
