@@ -43,8 +43,10 @@ from tests.conftest import launch
 # serial: it measures other processes' CPU and needs a machine loaded only by its own runs.
 pytestmark = pytest.mark.serial
 
-# About 6 s of steps on an idle 2-core machine (smallcnn: 25-30 ms a step), three hog periods.
-RUN = "--mode all --model smallcnn --dataset synthetic --batch-size 64 --epochs 8 --max-steps 240"
+# At least three hog periods of steps on an idle 2-core machine at one thread a rank: single
+# about 90 ms a step (9 s), each DDP rank about 60 ms (6 s). More steps only lengthen the serial
+# part of `make test` (240 took 21 s a run here) without another burst's worth of evidence.
+RUN = "--mode all --model smallcnn --dataset synthetic --batch-size 64 --epochs 8 --max-steps 100"
 RUN += " --no-profile --device cpu --threads 1"
 # On 1 s, off 1 s: a burst spans many steps, so few steps straddle its edges.
 PERIOD_S, DUTY = 2.0, 0.5
