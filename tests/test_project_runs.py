@@ -175,6 +175,8 @@ def test_bench_comm_gap_sweep_and_collectives_reach_the_run(tmp_path):
     assert rec["metrics"]["idle_sweep_s"] > 2 * 3 * 0.040
     host = rec["metrics"]["host_contention"]
     assert host["ranks"] == [1, 2] and host["slowdown"][0] == 1.0 and host["slowdown"][1] > 0
+    assert host["windows"] == 3  # before the sizes, before the idle sweep, after it
+    assert host["slowdown_min"][1] <= host["slowdown"][1] <= host["slowdown_max"][1]
     assert "idle-penalty sweep" in proc.stdout and "host contention" in proc.stdout
     load = rec["env"]["host_load"]  # how busy the host was while it timed
     assert load["cores"] >= 1 and load["other_cpu_cores_mean"] >= 0

@@ -6,11 +6,13 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from analysis.project.comm import collective_time_us, idle_penalty_us, idle_table
 from analysis.project.projection import project
 from tests.test_project import fake_comm, fake_run
+from workloads.comm.host import contention_from_times
 
 PHASE_TIMES_S = {"data": 0.001, "forward": 0.004, "backward": 0.008, "optimizer": 0.002}
 AR = {"collective": "all_reduce", "alpha_us": 50.0, "bus_gbps": 2.0}
@@ -161,3 +163,33 @@ def test_a_comm_run_measured_on_a_busy_host_is_warned_about(tmp_path):
     rec["env"]["host_load"]["other_cpu_cores_mean"] = 1.0  # exactly half: not busy
     (comm / "run.json").write_text(json.dumps(rec))
     assert not [w for w in project(single, comm, [2])["warnings"] if "comm run was measured" in w]
+
+
+def _contention_times(window_ratios: list[float], alone_s: list[float]) -> np.ndarray:
+    """times[k − 1, round, rank] of 2 ranks: per window 7 rounds, rank 0 alone at that window's
+    speed, both ranks busy at the window's ratio × that."""
+    rounds = [(a, r) for a, r in zip(alone_s, window_ratios, strict=True) for _ in range(7)]
+    t = np.zeros((2, len(rounds), 2))
+    for i, (a, r) in enumerate(rounds):
+        t[0, i, 0] = a
+        t[1, i, :] = a * r
+    return t
+
+
+def test_one_windows_transient_does_not_set_the_contention_factor():
+    # one window of three measured the VM in a bad moment (×1.9); the others ×1.1
+    host = contention_from_times(_contention_times([1.9, 1.1, 1.1], [0.012] * 3))
+    assert host["slowdown"] == pytest.approx([1.0, 1.1])
+    assert host["slowdown_min"] == pytest.approx([1.0, 1.1])
+    assert host["slowdown_max"] == pytest.approx([1.0, 1.9])  # the band still spans it
+    assert host["time_ms_alone"] == pytest.approx(12.0)
+
+
+def test_the_contention_ratio_is_paired_within_a_round():
+    # the machine's speed moves between windows (10, 20, 30 ms alone) and the fast window is
+    # also contended: each round against its own time alone gives ×1.0 in two windows of three;
+    # the medians of all busy and all alone times, unpaired, would read 25 ÷ 20 = ×1.25
+    host = contention_from_times(_contention_times([2.5, 1.0, 1.0], [0.010, 0.020, 0.030]))
+    assert host["slowdown"] == pytest.approx([1.0, 1.0])
+    assert host["slowdown_max"] == pytest.approx([1.0, 2.5])
+    assert host["time_ms_alone"] == pytest.approx(20.0)

@@ -1018,7 +1018,8 @@ class Contention(Schema, kw_only=True):
     ranks: list[int] = []
     """Ranks busy at once."""
     slowdown: list[float] = []
-    """`slowdown[i]`: the compute slowdown with `ranks[i]` ranks busy."""
+    """`slowdown[i]`: the compute slowdown with `ranks[i]` ranks busy (the median over the rounds;
+    newer runs: of each round's ratio to its own time alone)."""
     slowdown_min: list[float] | None = None
     """Its minimum over the rounds."""
     slowdown_max: list[float] | None = None
@@ -1029,6 +1030,8 @@ class Contention(Schema, kw_only=True):
     """What the kernel computes."""
     threads_per_rank: int | None = None
     """torch threads per rank."""
+    windows: int | None = None
+    """How many windows of rounds, spread over the comm run, were measured (newer runs: 3)."""
     note: str | None = None
     """GPU: why it was not measured."""
 

@@ -67,7 +67,7 @@ from profiler.runfolder.lease import Lease
 from profiler.runfolder.records import read_comm_record_to_update
 from profiler.runfolder.schema import CommConfig, CommMetrics, CommRunRecord, ErrorInfo
 from profiler.runfolder.versions import RUN_JSON_SCHEMA_VERSION
-from workloads.comm.host import measure_contention
+from workloads.comm.host import ContentionSampler
 from workloads.comm.idle import SWEPT, extra_lines, idle_sweep, sweep_bound_s, sweep_sizes
 from workloads.comm.ops import COLLECTIVES, agreed_check, time_one
 from workloads.comm.options import (
@@ -167,6 +167,9 @@ def worker(args: argparse.Namespace) -> int:
     meter = HostLoadMeter() if rank == 0 else None  # env.host_load: how busy the host was
     if meter is not None:
         meter.start()
+    # host contention in three windows spread over the run (workloads.comm.host)
+    contention = ContentionSampler(n, rank, dev, threads=max(1, args.threads))
+    contention.sample()
     bar = tqdm(total=len(names) * len(sizes), desc="bench-comm", disable=rank != 0)
     for name in names:
         verdict, reason = agreed_check(name, n, rank, dev)
@@ -186,10 +189,12 @@ def worker(args: argparse.Namespace) -> int:
         bound = sweep_bound_s(swept, sizes, gaps, args.gap_iters)
         print(f"idle-penalty sweep: {', '.join(swept)} at {len(sweep_sizes(sizes))} sizes after "
               f"{' '.join(f'{g:g}' for g in gaps)} ms of compute: at least {bound:.0f} s", flush=True)  # fmt: skip
+    contention.sample()
     t0 = time.perf_counter()
     idle = idle_sweep(swept, sizes, n, dev, args) if gaps else []
     extra = {"idle_penalty": idle, "idle_sweep_s": time.perf_counter() - t0}
-    extra["host_contention"] = measure_contention(n, rank, dev, threads=max(1, args.threads))
+    contention.sample()
+    extra["host_contention"] = contention.result()
     if meter is not None:
         extra["host_load"] = meter.stop()
     if rank == 0:
