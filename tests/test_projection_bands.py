@@ -152,6 +152,32 @@ def test_bucket_pays_the_penalty_of_its_own_gap(ready_ms, want_gaps_ms, want_pen
     assert [1e6 * p for p in pens] == pytest.approx(want_pen_us, rel=1e-9, abs=1e-9)
 
 
+def test_the_ranks_arrival_skew_hides_that_much_of_the_idle_penalty(tmp_path):
+    """Weak scaling to 2 ranks of the 10..20 ms steps, one bucket ready when backward ends, about
+    19 ms of compute after the previous step's bucket: the sweep (ranks arriving together) says
+    a call after that gap pays 3 ms more (flat past its 10 ms cell). In a step the first rank
+    waits E[max of 2] − mean of the steps (× the contention ×1.25, like all compute) for the
+    last, its transport awake: the point estimate pays 3 ms less that; the band's high end all 3
+    ms, its low end none."""
+    comm = _band_comm(tmp_path / "comm")
+    rec = json.loads((comm / "run.json").read_text())
+    rec["metrics"]["idle_penalty"] = [
+        {"collective": "all_reduce", "bytes": b, "gap_ms": g, "time_us_mean": t,
+         "time_us_mean_back_to_back": 1000.0, "time_us_mean_last_arrival": t}
+        for b in (65536, BUCKET) for g, t in ((0.0, 1400.0), (10.0, 4400.0))
+    ]  # fmt: skip
+    (comm / "run.json").write_text(json.dumps(rec))
+    (two,) = project(_spread_run(tmp_path / "s"), comm, [2])["predictions"]
+    skew = (sum(x * (2 * k - 1) for k, x in enumerate(TIMES, start=1)) / 121 - 0.015) * 1.25
+    assert 0 < skew < 0.003  # partly hidden
+    t = collective_time_us(AR, BUCKET, 2) / 1e6
+    assert two["idle_penalty_s"] == pytest.approx(0.003 - skew, rel=1e-9)
+    assert two["exposed_comm_s"] == pytest.approx(t + 0.003 - skew, rel=1e-9)
+    sources = {s["term"]: (s["low"], s["high"]) for s in two["band_sources"]}
+    assert sources["exposed_comm_s"] == pytest.approx((t / 2, 2 * t + 0.003), rel=1e-9)
+    assert two["step_time_s_low"] <= two["step_time_s"] <= two["step_time_s_high"]
+
+
 def _rank(exposed: list[float], starts: list[float], lats: list[float], fwd_bcast: float) -> dict:
     """A rank row of two 10 ms traced steps: forward at 0 and 10 ms (1 ms long, one broadcast of
     `fwd_bcast` µs at its start), backward from 2 to 8 ms of each step, one bucket per step."""

@@ -17,6 +17,7 @@ from profiler.runfolder.errors import InputError
 __all__ = [
     "FIRST_BUCKET_BYTES",
     "ProjectionInputs",
+    "arrival_skew_s",
     "INTER_NODE_ALPHA_US",
     "INTER_NODE_PRESETS",
     "hierarchical_us",
@@ -187,6 +188,17 @@ def assumptions(
             "call whatever n"
         )
     return [a for a in out if a]
+
+
+def arrival_skew_s(run: ProjectionInputs, n: int) -> float:
+    """How long the other ranks have already waited, on average, when the last of n reaches a
+    collective: E[max of n] − E[one draw] of RUN's per-step compute (0 at one rank or without
+    samples). An early rank's transport is awake while it waits, so this much of a call's idle
+    penalty is hidden (docs/reference/metrics.md §10, "Idle penalty")."""
+    x = run.step_samples_s
+    if x.size == 0 or n < 2:
+        return 0.0
+    return max(0.0, expected_max(x, n) - float(np.mean(x)))
 
 
 def straggler_s(run: ProjectionInputs, n: int) -> float:

@@ -170,7 +170,11 @@ def _band_ends(run: ProjectionInputs, comm: dict, kw: dict, bandwidth: str,
         "contention": "the comm run's host-contention range over its rounds (min–max)",
     }  # fmt: skip
     low = {"knobs": Knobs(lo_c, "slowdown_min", 0.0), "comm_model": lo_m, "bcast": lo_b}
-    high = {"knobs": Knobs(hi_c, "slowdown_max", 1.0), "comm_model": hi_m, "bcast": hi_b}
+    high = {
+        "knobs": Knobs(hi_c, "slowdown_max", 1.0, skew_hides=False),
+        "comm_model": hi_m,
+        "bcast": hi_b,
+    }
     return {"low": low, "high": high, "words": words}
 
 

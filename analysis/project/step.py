@@ -8,7 +8,9 @@
   Its gap is start_k − the end of the collective before it (for the first bucket: the compute
   since the step's previous collective, the buffer broadcast at forward's start when the model
   has buffers, else the previous step's last bucket); it takes the α–β time plus the comm run's
-  idle penalty at that gap and its size (analysis.project.comm.idle_penalty_us).
+  idle penalty at that gap and its size (analysis.project.comm.idle_penalty_us), less the ranks'
+  arrival skew (analysis.project.model.arrival_skew_s), at least 0: the sweep times ranks that
+  arrive together, and in a step the early ranks' transports wake while they wait.
 - buffer broadcast: one call per buffer dtype at the start of forward, nothing overlapping it;
   the first after the compute since the step's last bucket, the others back-to-back.
 """
@@ -23,6 +25,7 @@ import numpy as np
 from analysis.project.comm import contention_factor, idle_penalty_us
 from analysis.project.model import (
     ProjectionInputs,
+    arrival_skew_s,
     compute_phases,
     hierarchical_us,
     straggler_s,
@@ -61,9 +64,17 @@ def _calls_s(sizes: list[float], n: int, gpn: int, model: dict, inter_gbps: floa
     return [hierarchical_us(b, n, gpn, model, inter_gbps) / 1e6 for b in sizes]
 
 
-def _penalty(model: dict, sizes: list[float], scale: float = 1.0) -> Callable[[int, float], float]:
-    """Bucket k's idle penalty (s) at its gap (s): the comm model's, × `scale`."""
-    return lambda k, gap_s: scale * idle_penalty_us(model, sizes[k], 1e3 * gap_s) / 1e6
+def _paid_s(model: dict, nbytes: float, gap_s: float, scale: float, hidden_s: float) -> float:
+    """The idle penalty (s) a call of `nbytes` pays after `gap_s`: the comm model's × `scale`,
+    less the `hidden_s` its peers' transports spent awake waiting for it, at least 0."""
+    return max(0.0, scale * idle_penalty_us(model, nbytes, 1e3 * gap_s) / 1e6 - hidden_s)
+
+
+def _penalty(
+    model: dict, sizes: list[float], scale: float, hidden_s: float
+) -> Callable[[int, float], float]:
+    """Bucket k's idle penalty (s) at its gap (s): _paid_s."""
+    return lambda k, gap_s: _paid_s(model, sizes[k], gap_s, scale, hidden_s)
 
 
 def contention_ratio(
@@ -78,18 +89,18 @@ def contention_ratio(
     return contention_factor(host, at, which) / contention_factor(host, own, which)
 
 
-def _broadcasts(groups: list[int], after_s: float, n: int, kw: dict, penalty_scale: float,
+def _broadcasts(groups: list[int], after_s: float, n: int, kw: dict, penalty: tuple[float, float],
                 traced: list[float] | None) -> tuple[float, float]:  # fmt: skip
     """(seconds, idle-penalty seconds) of the buffer broadcasts that open forward: the first
-    after `after_s` of compute since the last bucket, the others back-to-back; `traced`: the
-    run's own traced broadcast times instead of the comm model."""
+    after `after_s` of compute since the last bucket, the others back-to-back; `penalty`: (scale,
+    hidden seconds) as _paid_s takes them; `traced`: the run's own traced broadcast times instead
+    of the comm model."""
     if traced is not None:
         return float(sum(traced)), 0.0
     bcast = kw["bcast"]
     calls = _calls_s(groups, n, kw["gpn"], bcast, kw["inter_gbps"])
-    gaps_ms = [1e3 * after_s] + [0.0] * (len(groups) - 1)
-    pens = [penalty_scale * idle_penalty_us(bcast, b, g) / 1e6
-            for b, g in zip(groups, gaps_ms, strict=True)]  # fmt: skip
+    gaps_s = [after_s] + [0.0] * (len(groups) - 1)
+    pens = [_paid_s(bcast, b, g, *penalty) for b, g in zip(groups, gaps_s, strict=True)]
     return sum(calls) + sum(pens), sum(pens)
 
 
@@ -103,6 +114,8 @@ class Knobs:
     """The contention factor: the median `slowdown`, or `slowdown_min` / `slowdown_max`."""
     penalty_scale: float = 1.0
     """Every idle penalty × this."""
+    skew_hides: bool = True
+    """The ranks' arrival skew hides that much of each idle penalty (False: all of it paid)."""
 
 
 POINT = Knobs()
@@ -112,7 +125,8 @@ def _gradient_timeline(sizes: list[float], backward: float, lead: float, n: int,
                        traced: dict | None) -> tuple[list, list[float], float]:  # fmt: skip
     """(bucket_timeline, the buckets' comm seconds, the backward compute before the comm): ready
     times in proportion to the bytes and the comm model's calls with their idle penalties
-    (`model` = (comm model, gpn, inter-node Gb/s, penalty scale)), or the traced ones."""
+    (`model` = (comm model, gpn, inter-node Gb/s, (penalty scale, hidden s))), or the traced
+    ones."""
     total = sum(sizes)
     ready = list(np.cumsum(sizes) / total * backward) if total else []
     if traced is not None:
@@ -122,9 +136,9 @@ def _gradient_timeline(sizes: list[float], backward: float, lead: float, n: int,
         comm = list(traced["bucket_s"])
         lanes = traced.get("lanes", 1)
         return bucket_timeline(ready, comm, lead_s=lead, lanes=lanes), comm, pre
-    comm_model, gpn, inter_gbps, penalty_scale = model
+    comm_model, gpn, inter_gbps, penalty = model
     comm = _calls_s(sizes, n, gpn, comm_model, inter_gbps)
-    pen = _penalty(comm_model, sizes, penalty_scale) if n > 1 else None
+    pen = _penalty(comm_model, sizes, *penalty) if n > 1 else None
     return bucket_timeline(ready, comm, lead_s=lead, penalty=pen), comm, backward
 
 
@@ -137,7 +151,6 @@ def predict_step(run: ProjectionInputs, n: int, *, scaling: str, comm_model: dic
     compute after the last one; `lanes`, how many ran at once): those times instead of the comm
     model's, no idle penalty on top, and the exposure counted from the end of the backward
     compute before the finalize."""
-    penalty_scale = knobs.penalty_scale
     batch = run.global_batch / n if scaling == "strong" else run.per_device_batch
     ph, source = compute_phases(run, batch, batch_runs, n)
     ratio = contention_ratio(run, n, gpn, host, knobs.contention)
@@ -147,8 +160,12 @@ def predict_step(run: ProjectionInputs, n: int, *, scaling: str, comm_model: dic
     groups = run.buffer_groups_bytes if bcast or traced else []
     lead = ph["forward"] if groups else compute - ph["backward"]
     multi = n > 1
+    # the skew and the straggler wait scale like the compute they come from
+    per_compute = compute / run.compute_s if run.compute_s else 1.0
+    hidden = arrival_skew_s(run, n) * per_compute if knobs.skew_hides else 0.0
+    penalty = (knobs.penalty_scale, hidden)
     line, comm, pre = _gradient_timeline(
-        sizes, ph["backward"], lead, n, (comm_model, gpn, inter_gbps, penalty_scale), traced
+        sizes, ph["backward"], lead, n, (comm_model, gpn, inter_gbps, penalty), traced
     )
     end = max((start + dur for start, _, dur in line), default=0.0)
     exposed = max(0.0, end - pre) if multi else 0.0
@@ -157,11 +174,10 @@ def predict_step(run: ProjectionInputs, n: int, *, scaling: str, comm_model: dic
     if groups and multi:  # the first after the compute since the last bucket, then back-to-back
         kw = {"bcast": bcast, "gpn": gpn, "inter_gbps": inter_gbps}
         after = compute - ph["forward"] - ph["backward"]
-        broadcast, pens = _broadcasts(groups, after, n, kw, penalty_scale,
+        broadcast, pens = _broadcasts(groups, after, n, kw, penalty,
                                       traced["broadcast_s"] if traced else None)  # fmt: skip
         idle += pens
-    # the slowest rank's compute, scaled like the compute it stretches
-    wait = straggler_s(run, n) * compute / run.compute_s if multi else 0.0
+    wait = straggler_s(run, n) * per_compute if multi else 0.0  # the slowest rank's compute
     step = compute + wait + exposed + broadcast
     return {
         "ranks": n,
