@@ -5,7 +5,7 @@ Every rank holds the same fixed compute kernel (matrix products at the rank's to
 passes over a buffer larger than a core's cache: the mix a training step's forward and backward
 make). A round runs, for k = 1 .. n in turn, the kernel on ranks 0 .. k−1 at once while the
 others wait in a barrier (a blocked receive, no CPU). `ROUNDS` rounds are taken in each of
-`WINDOWS` windows spread over the comm run (before the size sweep, before the idle sweep, after
+three windows spread over the comm run (before the size sweep, before the idle sweep, after
 it: `ContentionSampler`), because a shared VM's state moves for seconds at a time: one comm run
 with a single window measured ×1.89, the six after it on the same quiet VM ×1.04–1.16, and two
 single-device trainings at once ran within 10% of one alone (2026-12-07).
@@ -26,12 +26,10 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
-__all__ = ["KERNEL", "ROUNDS", "WINDOWS", "ContentionSampler", "contention_from_times"]
+__all__ = ["KERNEL", "ROUNDS", "ContentionSampler", "contention_from_times"]
 
 ROUNDS = 7
-"""Rounds per window."""
-WINDOWS = 3
-"""Windows per comm run (workloads.comm.bench takes one at each of its three phases)."""
+"""Rounds per window (workloads.comm.bench takes a window at each of its three phases)."""
 KERNEL = "8 matmuls of 384×384 float32, then 4 passes over a 16 MiB buffer"
 
 
