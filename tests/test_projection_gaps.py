@@ -9,8 +9,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from analysis.cli.main import main as analysis_main
+from analysis.cli.project import ranks_list
 from analysis.project.comm import collective_time_us, idle_penalty_us, idle_table
 from analysis.project.projection import project
+from profiler.runfolder.errors import InputError
 from tests.test_project import fake_comm, fake_run
 from workloads.comm.host import contention_from_times
 
@@ -193,3 +196,29 @@ def test_the_contention_ratio_is_paired_within_a_round():
     assert host["slowdown"] == pytest.approx([1.0, 1.0])
     assert host["slowdown_max"] == pytest.approx([1.0, 2.5])
     assert host["time_ms_alone"] == pytest.approx(20.0)
+
+
+@pytest.mark.parametrize("text", ["2,4,8", "2 4 8", " 2, 4 ,8 ", "2\t4,8"])
+def test_ranks_take_commas_or_spaces(tmp_path, text):
+    # "2 4 8" once read as rank count 248: a wrong projection, not an error
+    assert ranks_list(text) == [2, 4, 8]
+    run = fake_run(tmp_path / "s", mode="single", n=1, phases=PHASE_TIMES_S, buckets=[65536])
+    comm = fake_comm(tmp_path / "comm", alpha_us=50.0, bus_gbps=2.0)
+    argv = [
+        "project",
+        str(run),
+        "--comm",
+        str(comm),
+        "--ranks",
+        text,
+        "--json",
+        str(tmp_path / "p"),
+    ]
+    assert analysis_main(argv) == 0
+    out = json.loads((tmp_path / "p").read_text())
+    assert [p["ranks"] for p in out["predictions"]] == [2, 4, 8]
+
+
+def test_ranks_that_are_not_integers_are_one_line():
+    with pytest.raises(InputError, match=r"--ranks: '2 4x' is not a list of integers"):
+        ranks_list("2 4x")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import re
 from pathlib import Path
 
 from analysis.cli.table import say
@@ -10,15 +11,17 @@ from analysis.project.bands import band_text
 from analysis.project.sharded import project_any
 from profiler.runfolder.errors import InputError
 
-__all__ = ["add_parser", "headline", "print_projection", "run"]
+__all__ = ["add_parser", "headline", "print_projection", "ranks_list", "run"]
 
 
-def _ranks(text: str) -> list[int]:
+def ranks_list(text: str) -> list[int]:
+    """--ranks: integers separated by commas and/or spaces ("2,4,8" or "2 4 8", as the make
+    variables' lists are written; spaces were once dropped, which read "2 4 8" as 248)."""
     try:
-        return [int(t) for t in text.replace(" ", "").split(",") if t]
+        return [int(t) for t in re.split(r"[,\s]+", text.strip()) if t]
     except ValueError:
         raise InputError(
-            "--ranks", f"{text!r} is not a comma list of integers", "e.g. --ranks 2,4,8,64"
+            "--ranks", f"{text!r} is not a list of integers", "e.g. --ranks 2,4,8,64"
         ) from None
 
 
@@ -31,7 +34,11 @@ def add_parser(sub: argparse._SubParsersAction) -> argparse.ArgumentParser:
     p.add_argument(
         "--comm", type=Path, required=True, metavar="COMM_RUN", help="make bench-comm run"
     )
-    p.add_argument("--ranks", default="1,2,4,8,16,32,64", help="world sizes, e.g. 2,4,8,64,1024")
+    p.add_argument(
+        "--ranks",
+        default="1,2,4,8,16,32,64",
+        help="world sizes, commas or spaces between, e.g. 2,4,8,64,1024",
+    )
     p.add_argument("--gpus-per-node", type=int, default=8, help="ranks per node (default 8)")
     p.add_argument(
         "--inter-node", default="100", help="link between nodes: preset 25|100|200|400 or Gb/s"
@@ -168,7 +175,7 @@ def run(args: argparse.Namespace) -> dict:
     return project_any(
         args.run,
         args.comm,
-        _ranks(args.ranks),
+        ranks_list(args.ranks),
         gpus_per_node=args.gpus_per_node,
         inter_node=args.inter_node,
         scaling=args.scaling,
