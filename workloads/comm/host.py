@@ -7,7 +7,7 @@ make). A round runs, for k = 1 .. n in turn, the kernel on ranks 0 .. k−1 at o
 others wait in a barrier (a blocked receive, no CPU). `ROUNDS` rounds are taken in each of
 three windows spread over the comm run (before the size sweep, before the idle sweep, after
 it: `ContentionSampler`), because a shared VM's state moves for seconds at a time: one comm run
-with a single window measured ×1.89, the six after it on the same quiet VM ×1.04–1.16, and two
+with a single window measured ×1.89, the nine after it on the same quiet VM ×1.04–1.16, and two
 single-device trainings at once ran within 10% of one alone (2026-12-07).
 - A round's ratio at k = the median kernel time of its busy ranks at k ÷ rank 0's time alone in
   the same round (paired, so the machine's speed moving between windows cancels).
