@@ -178,6 +178,7 @@ def test_bench_comm_gap_sweep_and_collectives_reach_the_run(tmp_path):
     assert host["windows"] == 3  # before the sizes, before the idle sweep, after it
     assert host["slowdown_min"][1] <= host["slowdown"][1] <= host["slowdown_max"][1]
     assert "idle-penalty sweep" in proc.stdout and "host contention" in proc.stdout
+    assert "median of 3 windows' rounds" in proc.stdout  # and the range the band takes
     load = rec["env"]["host_load"]  # how busy the host was while it timed
     assert load["cores"] >= 1 and load["other_cpu_cores_mean"] >= 0
 

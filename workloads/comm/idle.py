@@ -73,6 +73,11 @@ def extra_lines(extra: dict) -> list[str]:
             f"×{s:.3f} at {k}" for k, s in zip(host["ranks"], host["slowdown"], strict=True)
         )
         out.append(f"# host contention (compute slowdown with k ranks busy at once): {pairs}")  # fmt: skip
+        # the range the projection's band takes
+        if host.get("slowdown_max") and host.get("windows"):
+            lo, hi = host["slowdown_min"][-1], host["slowdown_max"][-1]
+            out.append(f"  (median of {host['windows']} windows' rounds; ×{lo:.3f}–×{hi:.3f} at "
+                       f"{host['ranks'][-1]} over the rounds)")  # fmt: skip
     elif host.get("note"):
         out.append(f"# host contention: {host['note']}")
     return out
